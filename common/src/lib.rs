@@ -1,0 +1,13 @@
+//! fedrl-common: what both sides of a fedrl deployment share.
+//!
+//! - [`privacy`]: mechanisms, clipping, noise, accountants (RDP, PLD) and the durable ledger.
+//!   Pure Rust, no candle or tokio, so it is fast to build and to test.
+//! - [`protocol`]: the versioned wire messages and their one codec.
+//! - [`scenario`]: the TOML scenario schema with documented defaults.
+//! - `nn` (feature `nn`): candle models and RL losses.
+
+#[cfg(feature = "nn")]
+pub mod nn;
+pub mod privacy;
+pub mod protocol;
+pub mod scenario;

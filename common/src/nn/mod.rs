@@ -1,0 +1,1 @@
+//! Neural models (candle) and RL losses shared by the client agent and the aggregator.

@@ -1,0 +1,1 @@
+//! Scenario configuration (TOML). Every field has a documented default.
