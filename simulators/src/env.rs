@@ -1,0 +1,68 @@
+//! The one environment interface every simulator implements.
+
+use thiserror::Error;
+
+/// An observation or action space.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Space {
+    /// Actions `0..n`.
+    Discrete { n: usize },
+    /// A box of `low.len()` reals; bounds may be infinite.
+    Box { low: Vec<f32>, high: Vec<f32> },
+}
+
+impl Space {
+    /// Number of components of a vector in this space (1 for a discrete space).
+    pub fn dim(&self) -> usize {
+        match self {
+            Space::Discrete { .. } => 1,
+            Space::Box { low, .. } => low.len(),
+        }
+    }
+}
+
+/// An action, borrowed so that stepping does not allocate.
+#[derive(Clone, Copy, Debug)]
+pub enum Action<'a> {
+    Discrete(usize),
+    Continuous(&'a [f32]),
+}
+
+/// What one step produced besides the observation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Step {
+    pub reward: f64,
+    /// The MDP reached a terminal state (no bootstrapping past it).
+    pub terminated: bool,
+    /// The episode was cut by a time limit (bootstrapping is still valid).
+    pub truncated: bool,
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum SimError {
+    #[error("{env}: action {action} is not valid (expected {expected})")]
+    InvalidAction { env: &'static str, action: String, expected: String },
+    #[error("{env}: state has {got} components, expected {expected}")]
+    StateLength { env: &'static str, got: usize, expected: usize },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A simulator. Object-safe, so one client agent can host users of different environments.
+///
+/// Observations are written into caller-provided buffers of length
+/// `observation_space().dim()`: stepping never allocates.
+pub trait Env: Send {
+    /// Identifier, e.g. `CartPole-v1`.
+    fn id(&self) -> &'static str;
+    fn observation_space(&self) -> &Space;
+    fn action_space(&self) -> &Space;
+    /// Starts an episode with the given seed and writes the first observation.
+    fn reset(&mut self, seed: u64, obs: &mut [f32]);
+    /// Applies `action`, writes the next observation.
+    fn step(&mut self, action: Action<'_>, obs: &mut [f32]) -> Result<Step, SimError>;
+    /// The full internal state (for replay and checkpoints).
+    fn state(&self) -> Vec<f64>;
+    /// Sets the internal state (e.g. a trace's initial state) and writes the matching observation.
+    fn set_state(&mut self, state: &[f64], obs: &mut [f32]) -> Result<(), SimError>;
+}
