@@ -19,15 +19,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a whole deployment on this machine (aggregator + client agents over QUIC on loopback).
+    Run(cmd::run::Args),
+    /// Start an aggregator (QUIC server, round engine, ledger).
+    Aggregator(cmd::aggregator::Args),
+    /// Start a client agent hosting simulated users.
+    Client(cmd::client::Args),
     /// Privacy calculator: epsilon from noise, noise from epsilon (PLD or RDP accountant).
-    #[command(subcommand)]
-    Privacy(cmd::privacy::PrivacyCommand),
+    Privacy(cmd::privacy::Args),
+    /// Read a privacy ledger: rounds, units, total and per-unit epsilon.
+    Ledger(cmd::ledger::Args),
+    /// Evaluate a saved policy.
+    Eval(cmd::eval::Args),
+    /// Exercise and validate simulators.
+    Sim(cmd::sim::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Privacy(c) => cmd::privacy::run(c),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Aggregator(a) => cmd::aggregator::run(a),
+        Command::Client(a) => cmd::client::run(a),
+        Command::Privacy(a) => cmd::privacy::run(a),
+        Command::Ledger(a) => cmd::ledger::run(a),
+        Command::Eval(a) => cmd::eval::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
     };
     match result {
         Ok(code) => code,

@@ -41,9 +41,17 @@ pub struct Step {
 #[derive(Debug, Error, PartialEq)]
 pub enum SimError {
     #[error("{env}: action {action} is not valid (expected {expected})")]
-    InvalidAction { env: &'static str, action: String, expected: String },
+    InvalidAction {
+        env: &'static str,
+        action: String,
+        expected: String,
+    },
     #[error("{env}: state has {got} components, expected {expected}")]
-    StateLength { env: &'static str, got: usize, expected: usize },
+    StateLength {
+        env: &'static str,
+        got: usize,
+        expected: usize,
+    },
     #[error("{0}")]
     Invalid(String),
 }

@@ -1,6 +1,12 @@
-//! One module per `fedrl` subcommand.
+//! One module per `fedrl` subcommand. Each exposes `Args` (clap) and `run(Args)`.
 
+pub mod aggregator;
+pub mod client;
+pub mod eval;
+pub mod ledger;
 pub mod privacy;
+pub mod run;
+pub mod sim;
 
 use std::process::ExitCode;
 

@@ -1,12 +1,10 @@
-//! `fedrl privacy ...`: the accountants as a calculator.
+//! `fedrl privacy ...`: the accountants as a calculator (not implemented yet).
 
 use std::process::ExitCode;
 
-use clap::Subcommand;
+#[derive(clap::Args)]
+pub struct Args {}
 
-#[derive(Subcommand)]
-pub enum PrivacyCommand {}
-
-pub fn run(cmd: PrivacyCommand) -> anyhow::Result<ExitCode> {
-    match cmd {}
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`fedrl privacy` is not implemented yet")
 }

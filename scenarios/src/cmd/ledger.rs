@@ -1,0 +1,10 @@
+//! `fedrl ledger` (not implemented yet).
+
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`fedrl ledger` is not implemented yet")
+}
