@@ -3,5 +3,6 @@
 //! No networking and no candle: simulators are plain, fast Rust.
 
 pub mod env;
+pub mod replay;
 
 pub use env::{Action, Env, SimError, Space, Step};

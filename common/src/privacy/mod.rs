@@ -1,4 +1,19 @@
-//! The privacy core: what ran ([`event::DpEvent`]), how it is accounted (RDP, PLD, analytic
-//! Gaussian), clipping, noise and the append-only ledger. No candle, no tokio.
+//! The privacy core: what ran ([`event::DpEvent`]), how it is accounted (analytic Gaussian, RDP,
+//! PLD), clipping, noise and the append-only ledger. No candle, no tokio.
 
+pub mod accountant;
+pub mod clipping;
+pub mod composition;
+pub mod error;
 pub mod event;
+pub mod expert_release;
+pub mod gaussian;
+pub mod laplace;
+pub mod ledger;
+pub mod noise;
+pub mod pld;
+pub mod rdp;
+pub mod svt;
+
+pub use error::PrivacyError;
+pub use event::DpEvent;
