@@ -52,6 +52,16 @@ pub enum SimError {
         got: usize,
         expected: usize,
     },
+    /// The caller's observation buffer is shorter than `observation_space().dim()`.
+    #[error("{env}: observation buffer has {got} slots, expected {expected}")]
+    ObsBuffer {
+        env: &'static str,
+        got: usize,
+        expected: usize,
+    },
+    /// A trace file could not be read, parsed or recognised.
+    #[error("trace: {0}")]
+    Trace(String),
     #[error("{0}")]
     Invalid(String),
 }
