@@ -26,14 +26,40 @@ fn boxed<E: Env + 'static>(e: E) -> Result<Box<dyn Env>, SimError> {
 }
 
 fn entries() -> Vec<Entry> {
-    vec![Entry {
-        info: EnvInfo {
-            id: "CartPole-v1",
-            summary: "Gymnasium 1.4.0 cart-pole balancing, 2 discrete pushes of 10 N",
-            max_episode_steps: 500,
+    vec![
+        Entry {
+            info: EnvInfo {
+                id: "CartPole-v1",
+                summary: "Gymnasium 1.4.0 cart-pole balancing, 2 discrete pushes of 10 N",
+                max_episode_steps: 500,
+            },
+            make: || boxed(classic::CartPole::new()),
         },
-        make: || boxed(classic::CartPole::new()),
-    }]
+        Entry {
+            info: EnvInfo {
+                id: "Acrobot-v1",
+                summary: "Gymnasium 1.4.0 two-link acrobot swing-up (book dynamics, RK4), torques -1/0/+1 N m",
+                max_episode_steps: 500,
+            },
+            make: || boxed(classic::Acrobot::new()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: "Pendulum-v1",
+                summary: "Gymnasium 1.4.0 pendulum swing-up, continuous torque clipped to [-2, 2] N m",
+                max_episode_steps: 200,
+            },
+            make: || boxed(classic::Pendulum::new()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: "MountainCar-v0",
+                summary: "Gymnasium 1.4.0 mountain car, 3 discrete accelerations",
+                max_episode_steps: 200,
+            },
+            make: || boxed(classic::MountainCar::new()),
+        },
+    ]
 }
 
 /// Builds the environment `id` with its default parameters.

@@ -9,9 +9,15 @@
 //! taken in the episode; `set_state()` accepts either that vector or the bare Gymnasium state
 //! (which starts the episode clock at zero, as after `reset`).
 
+mod acrobot;
 mod cartpole;
+mod mountain_car;
+mod pendulum;
 
+pub use acrobot::{Acrobot, AcrobotDynamics};
 pub use cartpole::{CartPole, CartPoleIntegrator};
+pub use mountain_car::MountainCar;
+pub use pendulum::Pendulum;
 
 use crate::env::SimError;
 
