@@ -5,10 +5,13 @@
 //! Start with [`make`] (an environment by id) and [`list`] (every id).
 
 pub mod classic;
+pub mod dmc_cartpole;
 pub mod env;
 pub mod np_rng;
+pub mod population;
 pub mod registry;
 pub mod replay;
+pub mod riverswim;
 
 // The healthcare simulators and their shared ODE solver (written by another helper).
 pub mod dosing;
@@ -17,4 +20,5 @@ pub mod ode;
 pub mod uva_padova;
 
 pub use env::{Action, Env, SimError, Space, Step};
+pub use population::Population;
 pub use registry::{EnvInfo, list, make};

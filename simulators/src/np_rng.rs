@@ -115,6 +115,17 @@ impl NpPcg64 {
     }
 }
 
+impl NpPcg64 {
+    /// A standard normal draw (Box-Muller on two uniforms). Deterministic, but not the ziggurat
+    /// numpy's `standard_normal` uses: only for simulators that do not claim numpy's streams.
+    pub fn standard_normal(&mut self) -> f64 {
+        // 1 - u is in (0, 1], so the logarithm is finite.
+        let u1 = 1.0 - self.next_f64();
+        let u2 = self.next_f64();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

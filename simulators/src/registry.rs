@@ -3,7 +3,12 @@
 use serde::Serialize;
 
 use crate::classic;
+use crate::dmc_cartpole::{CartpoleTask, DmcCartpole};
+use crate::dosing::DosingEnv;
 use crate::env::{Env, SimError};
+use crate::hiv::HivEnv;
+use crate::riverswim::RiverSwim;
+use crate::uva_padova::{UvaPadovaEnv, UvaPadovaOptions};
 
 /// What [`list`] tells about one environment.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -58,6 +63,91 @@ fn entries() -> Vec<Entry> {
                 max_episode_steps: 200,
             },
             make: || boxed(classic::MountainCar::new()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: "RiverSwim-v0",
+                summary: "Osband et al. 2013 RiverSwim: 6 states, 2 actions, one-hot observation",
+                max_episode_steps: 20,
+            },
+            make: || boxed(RiverSwim::new()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: "cartpole-balance",
+                summary: "DeepMind Control Suite cart-pole balance, force in [-1, 1] x 10 N, smooth reward",
+                max_episode_steps: 1000,
+            },
+            make: || boxed(DmcCartpole::new(CartpoleTask::Balance, false)),
+        },
+        Entry {
+            info: EnvInfo {
+                id: "cartpole-swingup",
+                summary: "DeepMind Control Suite cart-pole swing-up, force in [-1, 1] x 10 N, smooth reward",
+                max_episode_steps: 1000,
+            },
+            make: || boxed(DmcCartpole::new(CartpoleTask::Swingup, false)),
+        },
+        Entry {
+            info: EnvInfo {
+                id: "cartpole-balance_sparse",
+                summary: "DeepMind Control Suite cart-pole balance, sparse 0/1 reward",
+                max_episode_steps: 1000,
+            },
+            make: || boxed(DmcCartpole::new(CartpoleTask::Balance, true)),
+        },
+        Entry {
+            info: EnvInfo {
+                id: "cartpole-swingup_sparse",
+                summary: "DeepMind Control Suite cart-pole swing-up, sparse 0/1 reward",
+                max_episode_steps: 1000,
+            },
+            make: || boxed(DmcCartpole::new(CartpoleTask::Swingup, true)),
+        },
+        Entry {
+            info: EnvInfo {
+                id: HivEnv::ID,
+                summary: "HIV treatment (Ernst et al. 2006, as RLPy): 4 drug combinations, 5-day steps",
+                max_episode_steps: 200,
+            },
+            make: || boxed(HivEnv::rlpy()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: HivEnv::ID_20D,
+                summary: "HIV treatment, seed 000 setting: 20-day steps, 50 per episode",
+                max_episode_steps: 50,
+            },
+            make: || boxed(HivEnv::seed000()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: DosingEnv::ID_V0,
+                summary: "seed 004 Dosing (dosing-rl-gym Diabetic-v0): insulin in mU/min, fixed meals, 10-minute steps",
+                max_episode_steps: 143,
+            },
+            make: || boxed(DosingEnv::v0()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: DosingEnv::ID_V1,
+                summary: "seed 004 Dosing (dosing-rl-gym Diabetic-v1): insulin in mU/min, random meals per episode",
+                max_episode_steps: 143,
+            },
+            make: || boxed(DosingEnv::v1()),
+        },
+        Entry {
+            info: EnvInfo {
+                id: UvaPadovaEnv::ID,
+                summary: "UVA/Padova T1D patient (simglucose 0.2.11), basal insulin in U/min, patient adolescent#001",
+                max_episode_steps: 480,
+            },
+            make: || {
+                Ok(Box::new(UvaPadovaEnv::new(
+                    "adolescent#001",
+                    UvaPadovaOptions::default(),
+                )?))
+            },
         },
     ]
 }

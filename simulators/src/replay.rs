@@ -91,10 +91,9 @@ pub fn replay_file(path: impl AsRef<Path>) -> Result<Vec<ReplayResult>, SimError
 pub fn replay_value(trace: &Value) -> Result<Vec<ReplayResult>, SimError> {
     match detect_format(trace)? {
         TraceFormat::Gymnasium => replay_gymnasium(trace),
-        // TODO(issue 4): dispatch to crate::{uva_padova,hiv,dosing}::replay_traces once they land.
-        f => Err(SimError::Trace(format!(
-            "{f:?} replay is not available yet"
-        ))),
+        TraceFormat::Simglucose => crate::uva_padova::replay_traces(trace),
+        TraceFormat::Dosing => crate::dosing::replay_traces(trace),
+        TraceFormat::Hiv => crate::hiv::replay_traces(trace),
     }
 }
 

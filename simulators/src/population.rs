@@ -1,0 +1,428 @@
+//! User populations: how each user's environment differs.
+//!
+//! User `i`'s parameters are a pure function of (population name, seed, `i`): a ChaCha8 stream
+//! keyed by a hash of the three (counter-based, no shared state), so the same user gets the same
+//! simulator on every machine and in every process, in any order of creation.
+//!
+//! Populations (see [`list`]):
+//! - `cartpole-b1`: seed 000 appendix B.1 — gravity in linspace(8.75, 11.0, 10) m/s^2, push
+//!   force in linspace(9.0, 11.25, 10) N, cart mass in linspace(0.8, 1.25, 10) kg; each user
+//!   draws one of the 1,000 grid cells uniformly.
+//! - `acrobot-b1`: seed 000 B.1 — both link lengths in linspace(0.8, 1.2, 10) m, link masses in
+//!   linspace(0.9, 1.1, 10) kg each; 1,000 cells. As in Gymnasium (whose attributes the paper
+//!   changed), link length 1 enters the dynamics and link length 2 does not.
+//! - `hiv-b1`: seed 000 B.1 — HIV treatment (20-day steps x 50) with the drug-1 penalty in
+//!   linspace(18750, 21250, 50), the drug-2 penalty in linspace(1850, 2150, 20) and efficacy
+//!   noise off or N(0, 0.01); each user draws one of the 2,000 settings.
+//! - `uva-padova`, `uva-padova-adolescents`, `uva-padova-adults`, `uva-padova-children`: each
+//!   user is one of simglucose's 30 (or 10) virtual patients, drawn uniformly.
+//! - `dosing-fixed-meals`: each user eats the same personal day every day, drawn once from
+//!   Dosing-v1's meal generator (seed 004: "each patient has a different meal pattern").
+//! - `dosing-meal-habits`: each user has personal habits (meal times shifted by N(0, 0.5 h),
+//!   meal sizes scaled by U(0.8, 1.2), meal probabilities scaled by U(0.8, 1.2)) and a new random
+//!   day every episode.
+//! - any environment id (e.g. `CartPole-v1`): every user gets the default environment.
+
+use rand::rngs::ChaCha8Rng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use rand::RngExt;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::classic::{Acrobot, CartPole};
+use crate::dosing::{DosingEnv, DosingMeals, DosingOptions, MealGenerator};
+use crate::env::{Env, SimError};
+use crate::hiv::{HivEnv, HivParams};
+
+/// What [`list`] tells about one population.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PopulationInfo {
+    /// The name [`Population::new`] accepts.
+    pub name: &'static str,
+    /// The environment every user runs (with user-specific parameters).
+    pub env_id: &'static str,
+    /// Number of distinct user settings (0 = continuous or unbounded).
+    pub settings: u64,
+    pub summary: &'static str,
+}
+
+/// Every named population (environment ids are accepted too, as homogeneous populations).
+pub fn list() -> Vec<PopulationInfo> {
+    vec![
+        PopulationInfo {
+            name: "cartpole-b1",
+            env_id: "CartPole-v1",
+            settings: 1000,
+            summary: "seed 000 B.1: gravity x push force x cart mass, 10 values each",
+        },
+        PopulationInfo {
+            name: "acrobot-b1",
+            env_id: "Acrobot-v1",
+            settings: 1000,
+            summary: "seed 000 B.1: link length (both) x mass 1 x mass 2, 10 values each",
+        },
+        PopulationInfo {
+            name: "hiv-b1",
+            env_id: "HIVTreatment20d-v0",
+            settings: 2000,
+            summary: "seed 000 B.1: drug penalties (50 x 20) x efficacy noise (off, 0.01)",
+        },
+        PopulationInfo {
+            name: "uva-padova",
+            env_id: "UvaPadova-v0",
+            settings: 30,
+            summary: "simglucose's 30 virtual patients (adolescents, adults, children)",
+        },
+        PopulationInfo {
+            name: "uva-padova-adolescents",
+            env_id: "UvaPadova-v0",
+            settings: 10,
+            summary: "simglucose's 10 virtual adolescents",
+        },
+        PopulationInfo {
+            name: "uva-padova-adults",
+            env_id: "UvaPadova-v0",
+            settings: 10,
+            summary: "simglucose's 10 virtual adults",
+        },
+        PopulationInfo {
+            name: "uva-padova-children",
+            env_id: "UvaPadova-v0",
+            settings: 10,
+            summary: "simglucose's 10 virtual children",
+        },
+        PopulationInfo {
+            name: "dosing-fixed-meals",
+            env_id: "Dosing-v0",
+            settings: 0,
+            summary: "seed 004 Dosing: a personal fixed meal day per user",
+        },
+        PopulationInfo {
+            name: "dosing-meal-habits",
+            env_id: "Dosing-v1",
+            settings: 0,
+            summary: "seed 004 Dosing: personal meal times, sizes and probabilities, random days",
+        },
+    ]
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Kind {
+    Homogeneous(String),
+    CartPoleB1,
+    AcrobotB1,
+    HivB1,
+    UvaPadova(Option<&'static str>),
+    DosingFixedMeals,
+    DosingMealHabits,
+}
+
+/// A population of users with their own simulator parameters. Cheap to clone and share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Population {
+    name: String,
+    seed: u64,
+    kind: Kind,
+}
+
+/// One user's parameters.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum UserParams {
+    /// The environment's defaults.
+    Default { env_id: String },
+    /// CartPole with seed 000 B.1 parameters; `cell` = grid indices (gravity, force, mass).
+    CartPole {
+        gravity: f64,
+        force_mag: f64,
+        masscart: f64,
+        cell: [u32; 3],
+    },
+    /// Acrobot with seed 000 B.1 parameters; `cell` = grid indices (length, mass 1, mass 2).
+    Acrobot {
+        link_length: f64,
+        link_mass_1: f64,
+        link_mass_2: f64,
+        cell: [u32; 3],
+    },
+    /// HIV treatment with seed 000 B.1 settings; `setting` indexes
+    /// [`HivParams::expert_variation`].
+    Hiv {
+        eps1_penalty: f64,
+        eps2_penalty: f64,
+        efficacy_noise_sd: f64,
+        setting: u32,
+    },
+    /// A UVA/Padova virtual patient.
+    Patient { name: String },
+    /// Dosing with a personal fixed day: the disturbance at every grid point.
+    DosingFixedMeals { disturbance: Vec<f64> },
+    /// Dosing with personal meal habits (Dosing-v1's generator, adjusted).
+    DosingMealHabits {
+        /// Meal time means (hours after midnight).
+        time_mu_h: [f64; 6],
+        /// Meal size means (disturbance units).
+        amount_mu: [f64; 6],
+        /// Probabilities of taking each meal.
+        prob: [f64; 6],
+    },
+}
+
+/// numpy's `linspace(lo, hi, n)[k]` (the last point is exactly `hi`).
+fn linspace(lo: f64, hi: f64, n: u32, k: u32) -> f64 {
+    if k + 1 == n {
+        return hi;
+    }
+    lo + f64::from(k) * ((hi - lo) / f64::from(n - 1))
+}
+
+/// SplitMix64's finaliser: a bijective 64-bit mixer.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A uniform integer in `0..n` from 64 random bits (multiply-shift; bias below 2^-50 here).
+fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    ((u128::from(rng.next_u64()) * u128::from(n)) >> 64) as u64
+}
+
+/// Dosing's grid: 24 h at 10-minute intervals, both ends included.
+const DOSING_GRID_POINTS: usize = 24 * 60 / 10 + 1;
+
+const PATIENT_GROUPS: [&str; 3] = ["adolescent", "adult", "child"];
+
+impl Population {
+    /// A named population (see [`list`]) or, for an environment id, a homogeneous one.
+    pub fn new(name: &str, seed: u64) -> Result<Self, SimError> {
+        let kind = match name {
+            "cartpole-b1" => Kind::CartPoleB1,
+            "acrobot-b1" => Kind::AcrobotB1,
+            "hiv-b1" => Kind::HivB1,
+            "uva-padova" => Kind::UvaPadova(None),
+            "uva-padova-adolescents" => Kind::UvaPadova(Some("adolescent")),
+            "uva-padova-adults" => Kind::UvaPadova(Some("adult")),
+            "uva-padova-children" => Kind::UvaPadova(Some("child")),
+            "dosing-fixed-meals" => Kind::DosingFixedMeals,
+            "dosing-meal-habits" => Kind::DosingMealHabits,
+            id => {
+                // Fails early for unknown names.
+                crate::make(id).map_err(|_| {
+                    SimError::Invalid(format!(
+                        "unknown population {id:?}: expected one of {} or an environment id",
+                        list().iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+                    ))
+                })?;
+                Kind::Homogeneous(id.to_string())
+            }
+        };
+        Ok(Population {
+            name: name.to_string(),
+            seed,
+            kind,
+        })
+    }
+
+    /// Every user gets `env_id` with default parameters.
+    pub fn homogeneous(env_id: &str) -> Result<Self, SimError> {
+        crate::make(env_id)?;
+        Ok(Population {
+            name: env_id.to_string(),
+            seed: 0,
+            kind: Kind::Homogeneous(env_id.to_string()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The environment id every user of this population runs.
+    pub fn env_id(&self) -> &str {
+        match &self.kind {
+            Kind::Homogeneous(id) => id,
+            Kind::CartPoleB1 => "CartPole-v1",
+            Kind::AcrobotB1 => "Acrobot-v1",
+            Kind::HivB1 => HivEnv::ID_20D,
+            Kind::UvaPadova(_) => "UvaPadova-v0",
+            Kind::DosingFixedMeals => "Dosing-v0",
+            Kind::DosingMealHabits => "Dosing-v1",
+        }
+    }
+
+    /// The generator of user `user`: keyed by (population name, seed, user) only.
+    fn user_rng(&self, user: u64) -> ChaCha8Rng {
+        // FNV-1a over the name, then SplitMix over the three words, fill a 256-bit key.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.name.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let mut key = [0u8; 32];
+        let words = [
+            mix64(h),
+            mix64(self.seed ^ 0x6a09_e667_f3bc_c908),
+            mix64(user ^ 0xbb67_ae85_84ca_a73b),
+            mix64(h ^ self.seed.rotate_left(17) ^ user.rotate_left(41)),
+        ];
+        for (chunk, w) in key.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        ChaCha8Rng::from_seed(key)
+    }
+
+    /// User `user`'s parameters.
+    pub fn user_params(&self, user: u64) -> Result<UserParams, SimError> {
+        let mut rng = self.user_rng(user);
+        let cell3 = |rng: &mut ChaCha8Rng| {
+            let c = below(rng, 1000) as u32;
+            [c / 100, (c / 10) % 10, c % 10]
+        };
+        Ok(match &self.kind {
+            Kind::Homogeneous(id) => UserParams::Default { env_id: id.clone() },
+            Kind::CartPoleB1 => {
+                let cell = cell3(&mut rng);
+                UserParams::CartPole {
+                    gravity: linspace(8.75, 11.0, 10, cell[0]),
+                    force_mag: linspace(9.0, 11.25, 10, cell[1]),
+                    masscart: linspace(0.8, 1.25, 10, cell[2]),
+                    cell,
+                }
+            }
+            Kind::AcrobotB1 => {
+                let cell = cell3(&mut rng);
+                UserParams::Acrobot {
+                    link_length: linspace(0.8, 1.2, 10, cell[0]),
+                    link_mass_1: linspace(0.9, 1.1, 10, cell[1]),
+                    link_mass_2: linspace(0.9, 1.1, 10, cell[2]),
+                    cell,
+                }
+            }
+            Kind::HivB1 => {
+                let setting = below(&mut rng, HivParams::EXPERT_SETTINGS as u64) as u32;
+                let p = HivParams::expert_variation(setting as usize)?;
+                UserParams::Hiv {
+                    eps1_penalty: p.eps1_penalty,
+                    eps2_penalty: p.eps2_penalty,
+                    efficacy_noise_sd: p.efficacy_noise_sd,
+                    setting,
+                }
+            }
+            Kind::UvaPadova(group) => {
+                let groups: &[&str] = match group {
+                    Some(g) => std::slice::from_ref(g),
+                    None => &PATIENT_GROUPS,
+                };
+                let k = below(&mut rng, 10 * groups.len() as u64);
+                let g = groups[(k / 10) as usize];
+                UserParams::Patient {
+                    name: format!("{g}#{:03}", k % 10 + 1),
+                }
+            }
+            Kind::DosingFixedMeals => {
+                let generator = MealGenerator::default();
+                UserParams::DosingFixedMeals {
+                    disturbance: generator.sample(&mut rng, DOSING_GRID_POINTS, 10),
+                }
+            }
+            Kind::DosingMealHabits => {
+                let base = MealGenerator::default();
+                let mut time_mu_h = base.time_mu_h;
+                let mut amount_mu = base.amount_mu;
+                let mut prob = base.prob;
+                for i in 0..6 {
+                    let shift: f64 = StandardNormal.sample(&mut rng);
+                    time_mu_h[i] =
+                        (time_mu_h[i] + 0.5 * shift).clamp(base.time_lb_h[i], base.time_ub_h[i]);
+                    amount_mu[i] *= rng.random_range(0.8..1.2);
+                    prob[i] = (prob[i] * rng.random_range(0.8..1.2)).min(1.0);
+                }
+                UserParams::DosingMealHabits {
+                    time_mu_h,
+                    amount_mu,
+                    prob,
+                }
+            }
+        })
+    }
+
+    /// User `user`'s environment, built with that user's parameters.
+    pub fn user_env(&self, user: u64) -> Result<Box<dyn Env>, SimError> {
+        Ok(match self.user_params(user)? {
+            UserParams::Default { env_id } => crate::make(&env_id)?,
+            UserParams::CartPole {
+                gravity,
+                force_mag,
+                masscart,
+                ..
+            } => {
+                let mut e = CartPole::new();
+                e.gravity = gravity;
+                e.force_mag = force_mag;
+                e.masscart = masscart;
+                Box::new(e)
+            }
+            UserParams::Acrobot {
+                link_length,
+                link_mass_1,
+                link_mass_2,
+                ..
+            } => {
+                let mut e = Acrobot::new();
+                e.link_length_1 = link_length;
+                e.link_length_2 = link_length;
+                e.link_mass_1 = link_mass_1;
+                e.link_mass_2 = link_mass_2;
+                Box::new(e)
+            }
+            UserParams::DosingFixedMeals { disturbance } => {
+                let mut opts = DosingOptions::v0();
+                opts.meals = DosingMeals::Fixed {
+                    base: disturbance.first().copied().unwrap_or(1000.0),
+                    start: 0,
+                    profile: disturbance,
+                };
+                Box::new(DosingEnv::new(opts)?)
+            }
+            UserParams::DosingMealHabits {
+                time_mu_h,
+                amount_mu,
+                prob,
+            } => {
+                let mut opts = DosingOptions::v1();
+                opts.meals = DosingMeals::Random(MealGenerator {
+                    time_mu_h,
+                    amount_mu,
+                    prob,
+                    ..MealGenerator::default()
+                });
+                Box::new(DosingEnv::new(opts)?)
+            }
+            UserParams::Hiv { setting, .. } => {
+                Box::new(HivEnv::new(HivParams::expert_variation(setting as usize)?)?)
+            }
+            UserParams::Patient { name } => Box::new(crate::uva_padova::UvaPadovaEnv::new(
+                &name,
+                crate::uva_padova::UvaPadovaOptions::default(),
+            )?),
+        })
+    }
+
+    /// User `user` in JSON: population, seed, user index, environment id and parameters.
+    pub fn describe_user(&self, user: u64) -> Result<Value, SimError> {
+        let params = self.user_params(user)?;
+        Ok(json!({
+            "population": self.name,
+            "seed": self.seed,
+            "user": user,
+            "env_id": self.env_id(),
+            "params": params,
+        }))
+    }
+}
