@@ -4,12 +4,13 @@
 //! allocation-free integrator with a preallocated workspace and a plain `FnMut(t, y, dy)`
 //! right-hand side, which fits in a few hundred lines.
 //!
-//! [`Dopri5`] is the Dormand–Prince 5(4) embedded Runge–Kutta pair with the step-size controller of
-//! Hairer, Nørsett & Wanner (PI control, FSAL, Hairer's initial-step heuristic). Run at tight
-//! tolerances (1e-8 to 1e-10, chosen per model) it agrees with scipy's `odeint` (LSODA at 1.49e-8) far inside the
-//! replay tolerances of the reference traces, including on the moderately stiff HIV model, whose
-//! stiffness ratio over one treatment interval is small enough for an explicit method to stay
-//! stable and fast (thousands of 5-day steps per second). The workspace is preallocated: no allocation per step.
+//! [`Dopri5`] is the Dormand–Prince 5(4) embedded Runge–Kutta pair with the step-size
+//! controller of Hairer, Nørsett & Wanner (PI control, FSAL, Hairer's initial-step heuristic).
+//! Run at tight tolerances (1e-8 to 1e-10, chosen per model) it agrees with scipy's `odeint`
+//! (LSODA at 1.49e-8) far inside the replay tolerances of the reference traces, including on the
+//! moderately stiff HIV model, whose stiffness ratio over one treatment interval is small enough
+//! for an explicit method to stay stable and fast (thousands of 5-day steps per second). The
+//! workspace is preallocated: no allocation per step.
 
 // Stage updates combine several arrays element by element; indexed loops read like the tableau.
 #![allow(clippy::needless_range_loop)]

@@ -14,7 +14,7 @@ fn replays_hiv_traces() {
     assert_eq!(results.len(), 2);
     for r in &results {
         eprintln!(
-            "{}: {} episodes, {} steps, max |d log10 obs| {:.3e}, max rel reward err {:.3e}, flags {}",
+            "{}: {} episodes, {} steps, obs err {:.3e}, rel reward err {:.3e}, flags {}",
             r.name, r.episodes, r.steps, r.max_error, r.max_reward_error, r.mismatched_flags
         );
         assert!(r.pass, "{r:?}");

@@ -174,7 +174,8 @@ fn state_round_trip_replays_exactly_and_seeds_are_deterministic() {
     assert_ne!(run(5), run(6));
 }
 
-/// Throughput report (no assertion): `cargo test --release --test uva_padova -- --ignored --nocapture`.
+/// Throughput report (no assertion):
+/// `cargo test --release --test uva_padova -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn throughput() {
