@@ -220,6 +220,9 @@ impl Dopri5 {
 
         f(t0, y, &mut self.k[0]);
         stats.rhs_evals += 1;
+        if !all_finite(y) || !all_finite(&self.k[0]) {
+            return Err(OdeError::NonFinite { t: t0 });
+        }
         let mut h = self.initial_step(&mut f, t0, y, dir, span);
         stats.rhs_evals += 1;
         let mut t = t0;
@@ -322,6 +325,62 @@ mod tests {
         s.integrate(|_, y, dy| dy[0] = -2.0 * y[0], 0.0, 3.0, &mut y)
             .expect("integrates");
         assert!((y[0] - (-6.0f64).exp()).abs() < 1e-11);
+    }
+
+    #[test]
+    fn stiff_linear_decay_stays_stable() {
+        // lambda = -1000 over one time unit: the explicit method must respect stability.
+        let mut s = Dopri5::new(2, OdeOptions::default());
+        let mut y = [1.0, 1.0];
+        let st = s
+            .integrate(
+                |_, y, dy| {
+                    dy[0] = -1000.0 * (y[0] - y[1]);
+                    dy[1] = -y[1];
+                },
+                0.0,
+                1.0,
+                &mut y,
+            )
+            .expect("integrates");
+        assert!((y[1] - (-1.0f64).exp()).abs() < 1e-10);
+        assert!((y[0] - y[1]).abs() < 1e-3);
+        assert!(st.accepted > 100);
+    }
+
+    #[test]
+    fn errors_are_reported() {
+        let mut s = Dopri5::new(1, OdeOptions::default());
+        let mut y2 = [1.0, 2.0];
+        assert!(matches!(
+            s.integrate(|_, _, dy| dy[0] = 0.0, 0.0, 1.0, &mut y2),
+            Err(OdeError::Dimension { .. })
+        ));
+        let mut y = [1.0];
+        assert!(matches!(
+            s.integrate(|_, _, dy| dy[0] = f64::NAN, 0.0, 1.0, &mut y),
+            Err(OdeError::NonFinite { .. })
+        ));
+        let mut tight = Dopri5::new(
+            1,
+            OdeOptions {
+                max_steps: 5,
+                ..OdeOptions::default()
+            },
+        );
+        let mut y = [1.0];
+        assert!(matches!(
+            tight.integrate(|t, _, dy| dy[0] = (50.0 * t).sin(), 0.0, 100.0, &mut y),
+            Err(OdeError::TooManySteps { .. })
+        ));
+        // A zero-length interval is a no-op; backwards integration works.
+        let mut y = [2.0];
+        s.integrate(|_, y, dy| dy[0] = y[0], 1.0, 1.0, &mut y)
+            .expect("no-op");
+        assert_eq!(y[0], 2.0);
+        s.integrate(|_, y, dy| dy[0] = y[0], 1.0, 0.0, &mut y)
+            .expect("backwards");
+        assert!((y[0] - 2.0 * (-1.0f64).exp()).abs() < 1e-10);
     }
 
     #[test]
