@@ -1,1 +1,225 @@
-//! (to be written)
+//! The parameter formulas of DataRelease, Algorithm 2 of seed 002 ("expert-level differentially
+//! private offline RL": experts are the privacy units; stable trajectory prefixes, found with a
+//! sparse-vector style test, are released without noise).
+//!
+//! Inputs: the release budget (epsilon_1, delta_1) in nats, the minimum action probability
+//! p_min of every expert policy (Assumption 1), the number T of trajectories examined (unstable
+//! query cutoff) and the trajectory length L. Algorithm 2, line 2-3 and 7:
+//!
+//! ```text
+//! epsilon' = epsilon_1 / sqrt(32 T ln(2/delta_1))      delta' = delta_1 / (2 T L)
+//! c_min    = e^epsilon' / (e^epsilon' - 1)             theta  = c_min / p_min
+//! theta^   = theta + (4/epsilon') ln(1/delta') + Lap(2/epsilon')     (per trajectory)
+//! ```
+//!
+//! PrefixQuery (Algorithm 1) then answers "stable" when count + Lap(4/epsilon') > theta^.
+//! Theorem 5.3: one trajectory's pass is (2 epsilon', delta_1/(2T))-DP; Theorem 5.5 composes the
+//! T passes with advanced composition (Dwork & Roth, Corollary 3.21) into (epsilon_1,
+//! delta_1)-DP. That corollary assumes epsilon_1 <= 1: [`release_guarantee`] evaluates the
+//! advanced-composition bound exactly, and [`release_event`] lets the PLD accountant compose the
+//! T passes tightly instead.
+
+use rand::Rng;
+
+use super::{DpEvent, PrivacyError, composition, laplace};
+
+fn check(eps1: f64, delta1: f64, trajectories: u64) -> Result<(), PrivacyError> {
+    let valid = eps1.is_finite() && eps1 > 0.0 && delta1 > 0.0 && delta1 < 1.0 && trajectories > 0;
+    if !valid {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "need epsilon_1 > 0, delta_1 in (0, 1) and T >= 1, got ({eps1}, {delta1}, {trajectories})"
+        )));
+    }
+    Ok(())
+}
+
+/// epsilon' = epsilon_1 / sqrt(32 T ln(2/delta_1)) (nats): the per-query budget of PrefixQuery.
+pub fn epsilon_prime(epsilon_1: f64, delta_1: f64, trajectories: u64) -> Result<f64, PrivacyError> {
+    check(epsilon_1, delta_1, trajectories)?;
+    Ok(epsilon_1 / (32.0 * trajectories as f64 * (2.0 / delta_1).ln()).sqrt())
+}
+
+/// delta' = delta_1 / (2 T L): the chance budget of one unstable prefix passing the test.
+pub fn delta_prime(delta_1: f64, trajectories: u64, horizon: u64) -> Result<f64, PrivacyError> {
+    if !(delta_1 > 0.0 && delta_1 < 1.0) || trajectories == 0 || horizon == 0 {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "need delta_1 in (0, 1), T >= 1 and L >= 1, got ({delta_1}, {trajectories}, {horizon})"
+        )));
+    }
+    Ok(delta_1 / (2.0 * trajectories as f64 * horizon as f64))
+}
+
+/// c_min = e^epsilon' / (e^epsilon' - 1): the smallest expected count (sum over experts of the
+/// prefix probability) for which removing one expert changes the prefix's sampling probability
+/// by at most e^epsilon' (Lemma 5.1).
+pub fn c_min(epsilon_prime: f64) -> Result<f64, PrivacyError> {
+    if !(epsilon_prime.is_finite() && epsilon_prime > 0.0) {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "epsilon' must be positive, got {epsilon_prime}"
+        )));
+    }
+    // e^x / (e^x - 1) = 1 / (1 - e^-x), stable for small x.
+    Ok(-1.0 / (-epsilon_prime).exp_m1())
+}
+
+/// theta = c_min / p_min: the count threshold of a stable prefix (p_min in (0, 1]).
+pub fn theta(c_min: f64, p_min: f64) -> Result<f64, PrivacyError> {
+    let valid = p_min > 0.0 && p_min <= 1.0 && c_min.is_finite() && c_min > 0.0;
+    if !valid {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "need c_min > 0 and p_min in (0, 1], got ({c_min}, {p_min})"
+        )));
+    }
+    Ok(c_min / p_min)
+}
+
+/// The noise-free part of theta^: theta + (4/epsilon') ln(1/delta').
+pub fn theta_hat_offset(
+    theta: f64,
+    epsilon_prime: f64,
+    delta_prime: f64,
+) -> Result<f64, PrivacyError> {
+    let valid =
+        epsilon_prime.is_finite() && epsilon_prime > 0.0 && delta_prime > 0.0 && delta_prime < 1.0;
+    if !valid {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "need epsilon' > 0 and delta' in (0, 1), got ({epsilon_prime}, {delta_prime})"
+        )));
+    }
+    Ok(theta + 4.0 / epsilon_prime * (1.0 / delta_prime).ln())
+}
+
+/// Scale of the Laplace noise on the threshold, 2/epsilon' (Algorithm 2, line 7).
+pub fn threshold_noise_scale(epsilon_prime: f64) -> f64 {
+    2.0 / epsilon_prime
+}
+
+/// Scale of the Laplace noise on each prefix count, 4/epsilon' (Algorithm 1, line 4).
+pub fn query_noise_scale(epsilon_prime: f64) -> f64 {
+    4.0 / epsilon_prime
+}
+
+/// One draw of theta^ = theta + (4/epsilon') ln(1/delta') + Lap(2/epsilon'), redrawn per
+/// trajectory.
+pub fn theta_hat<R: Rng + ?Sized>(
+    theta: f64,
+    epsilon_prime: f64,
+    delta_prime: f64,
+    rng: &mut R,
+) -> Result<f64, PrivacyError> {
+    let offset = theta_hat_offset(theta, epsilon_prime, delta_prime)?;
+    Ok(offset + laplace::sample(threshold_noise_scale(epsilon_prime), rng)?)
+}
+
+/// PrefixQuery (Algorithm 1): true ("stable") when count + Lap(4/epsilon') > theta^.
+pub fn prefix_query<R: Rng + ?Sized>(
+    count: f64,
+    theta_hat: f64,
+    epsilon_prime: f64,
+    rng: &mut R,
+) -> Result<bool, PrivacyError> {
+    Ok(count + laplace::sample(query_noise_scale(epsilon_prime), rng)? > theta_hat)
+}
+
+/// All parameters of one DataRelease run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReleaseParameters {
+    /// epsilon' (nats).
+    pub epsilon_prime: f64,
+    /// delta'.
+    pub delta_prime: f64,
+    /// c_min (expected number of experts).
+    pub c_min: f64,
+    /// theta = c_min / p_min.
+    pub theta: f64,
+    /// theta + (4/epsilon') ln(1/delta'), before the per-trajectory Laplace noise.
+    pub theta_hat_offset: f64,
+}
+
+impl ReleaseParameters {
+    /// The parameters for budget (`epsilon_1`, `delta_1`), minimum action probability `p_min`,
+    /// `trajectories` examined (T) of length `horizon` (L).
+    pub fn new(
+        epsilon_1: f64,
+        delta_1: f64,
+        p_min: f64,
+        trajectories: u64,
+        horizon: u64,
+    ) -> Result<Self, PrivacyError> {
+        let epsilon_prime = epsilon_prime(epsilon_1, delta_1, trajectories)?;
+        let delta_prime = delta_prime(delta_1, trajectories, horizon)?;
+        let c_min = c_min(epsilon_prime)?;
+        let theta = theta(c_min, p_min)?;
+        let theta_hat_offset = theta_hat_offset(theta, epsilon_prime, delta_prime)?;
+        Ok(Self {
+            epsilon_prime,
+            delta_prime,
+            c_min,
+            theta,
+            theta_hat_offset,
+        })
+    }
+}
+
+/// Theorem 5.3: the guarantee of one trajectory's pass, (2 epsilon', delta_1 / (2T)).
+pub fn per_trajectory_guarantee(
+    epsilon_1: f64,
+    delta_1: f64,
+    trajectories: u64,
+) -> Result<(f64, f64), PrivacyError> {
+    let e = epsilon_prime(epsilon_1, delta_1, trajectories)?;
+    Ok((2.0 * e, delta_1 / (2.0 * trajectories as f64)))
+}
+
+/// The guarantee of the whole release by advanced composition of the T passes with slack
+/// delta_1/2, evaluated exactly: delta is delta_1, epsilon is at most epsilon_1 when
+/// epsilon_1 <= 1 (Theorem 5.5) and may exceed it above.
+pub fn release_guarantee(
+    epsilon_1: f64,
+    delta_1: f64,
+    trajectories: u64,
+) -> Result<(f64, f64), PrivacyError> {
+    let (e, d) = per_trajectory_guarantee(epsilon_1, delta_1, trajectories)?;
+    composition::advanced(e, d, trajectories, delta_1 / 2.0)
+}
+
+/// The release as an accounting event: T passes, each (2 epsilon', delta_1/(2T))-DP. The PLD
+/// accountant composes it more tightly than advanced composition.
+pub fn release_event(
+    epsilon_1: f64,
+    delta_1: f64,
+    trajectories: u64,
+) -> Result<DpEvent, PrivacyError> {
+    let (epsilon, delta) = per_trajectory_guarantee(epsilon_1, delta_1, trajectories)?;
+    Ok(DpEvent::SelfComposed {
+        event: Box::new(DpEvent::EpsilonDelta { epsilon, delta }),
+        count: trajectories,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formulas_follow_algorithm_2() {
+        let p = ReleaseParameters::new(1.0, 1e-5, 0.02, 100, 50).unwrap_or_else(|e| panic!("{e}"));
+        let eps = 1.0 / (3200.0 * (2e5_f64).ln()).sqrt();
+        assert!((p.epsilon_prime - eps).abs() < 1e-15);
+        assert!((p.delta_prime - 1e-5 / 10_000.0).abs() < 1e-20);
+        assert!((p.c_min - eps.exp() / (eps.exp() - 1.0)).abs() < 1e-9 * p.c_min);
+        assert!((p.theta - p.c_min / 0.02).abs() < 1e-9 * p.theta);
+        assert!(
+            (p.theta_hat_offset - (p.theta + 4.0 / eps * (1.0 / p.delta_prime).ln())).abs()
+                < 1e-9 * p.theta_hat_offset
+        );
+    }
+
+    #[test]
+    fn theorem_5_5_holds_for_epsilon_at_most_one() {
+        for t in [1, 10, 1000] {
+            let (e, d) = release_guarantee(1.0, 1e-5, t).unwrap_or((f64::NAN, 0.0));
+            assert!(e <= 1.0 && (d - 1e-5).abs() < 1e-18, "T={t}: ({e}, {d})");
+        }
+    }
+}
