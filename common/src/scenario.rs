@@ -1,1 +1,565 @@
 //! Scenario configuration (TOML). Every field has a documented default.
+//!
+//! A scenario says who takes part (users, client agents, participation model), how rounds run
+//! (cohort, quorum, deadline), the privacy parameters (clip norm C, noise multiplier z, delta,
+//! budget), the stress model (churn) and the task. The task is a tagged enum ([`Task`]): adding a
+//! task is adding a variant and its parameter struct.
+//!
+//! ```toml
+//! name = "mean-estimation"
+//! seed = 7                       # optional: seeded noise, reproducible, NOT private
+//! rounds = 20
+//! users = 400
+//! client_agents = 2
+//! participation = { kind = "fresh" }        # or { kind = "sampled", rate = 0.05 }
+//! cohort_size = 20
+//! quorum = 15
+//! round_deadline_s = 5.0
+//! clip_norm = 1.0
+//! noise_multiplier = 1.0
+//! delta = 1e-5
+//! target_epsilon = 10.0
+//!
+//! [churn]
+//! drop_before_upload = 0.1
+//!
+//! [task]
+//! kind = "mean_estimation"
+//! dim = 16
+//! ```
+
+use std::path::Path;
+
+use rand::SeedableRng;
+use rand::rngs::ChaCha20Rng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::privacy::ledger::{LedgerConfig, Participation, UnitKind};
+use crate::protocol::DEFAULT_MAX_FRAME_BYTES;
+
+/// Why a scenario could not be loaded.
+#[derive(Debug, Error)]
+pub enum ScenarioError {
+    #[error("cannot read scenario {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid scenario{}: {message}", .path.as_ref().map(|p| format!(" {p}")).unwrap_or_default())]
+    Parse {
+        path: Option<String>,
+        message: String,
+    },
+    #[error("invalid scenario: {0}")]
+    Invalid(String),
+}
+
+/// A whole deployment: see the module documentation for an example.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Name used in reports. Default `"unnamed"`.
+    #[serde(default = "d_name")]
+    pub name: String,
+    /// When set, noise is drawn from a seeded generator (reproducible, **not private**; the ledger
+    /// and report say so) and cohorts and simulated data are reproducible. Default: none (noise
+    /// from the OS CSPRNG).
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Number of rounds to attempt (released plus abandoned). Default 10.
+    #[serde(default = "d_rounds")]
+    pub rounds: u64,
+    /// Size of the population: units `0..users`. Default 100.
+    #[serde(default = "d_users")]
+    pub users: u64,
+    /// Client-agent processes `fedrl run` starts; the users are split evenly. Default 1.
+    #[serde(default = "d_one")]
+    pub client_agents: u32,
+    /// `fresh` (each unit contributes at most once ever) or `sampled` with `rate` (the
+    /// aggregator draws a Poisson sample every round). Default `fresh`.
+    #[serde(default = "d_participation")]
+    pub participation: Participation,
+    /// Units per round under `fresh` participation; this is also the fixed public denominator.
+    /// Ignored under `sampled` (the denominator is `rate x users`). Default 10.
+    #[serde(default = "d_cohort")]
+    pub cohort_size: u64,
+    /// Minimum number of accepted updates for a round to be released; fewer at the deadline and
+    /// the round is abandoned. Default: half the expected cohort, rounded up (at least 1).
+    #[serde(default)]
+    pub quorum: Option<u64>,
+    /// Seconds from the round offer to its close. Default 10.
+    #[serde(default = "d_deadline")]
+    pub round_deadline_s: f64,
+    /// Seconds the aggregator waits for the whole population to be connected before the first
+    /// round (it starts earlier if everybody is there). Default 30.
+    #[serde(default = "d_start_timeout")]
+    pub start_timeout_s: f64,
+    /// L2 clip norm C of one unit's update. Default 1.
+    #[serde(default = "d_clip")]
+    pub clip_norm: f64,
+    /// Noise multiplier z: the sum gets N(0, (z C)^2 I). Default 1.
+    #[serde(default = "d_noise")]
+    pub noise_multiplier: f64,
+    /// The delta every epsilon is reported at. Default 1e-5.
+    #[serde(default = "d_delta")]
+    pub delta: f64,
+    /// Budget: a round that would push the reported epsilon above it is refused and the run
+    /// stops. Default 10.
+    #[serde(default = "d_target_epsilon")]
+    pub target_epsilon: f64,
+    /// What a unit is: `user`, `trajectory` or `expert`. Default `user`.
+    #[serde(default = "d_unit_kind")]
+    pub unit_kind: UnitKind,
+    /// Checkpoint every K released rounds (and at shutdown). Default 10.
+    #[serde(default = "d_checkpoint")]
+    pub checkpoint_every: u64,
+    /// Hard maximum frame size in bytes, checked before allocation. Default 64 MiB.
+    #[serde(default = "d_max_frame")]
+    pub max_frame_bytes: u64,
+    /// Stress-test misbehaviour of client agents. Default: none.
+    #[serde(default)]
+    pub churn: Churn,
+    /// What is trained.
+    pub task: Task,
+}
+
+/// Churn model applied by client agents to each offered unit independently (stress tests).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Churn {
+    /// Probability that a unit computes its update but never uploads it. Default 0.
+    #[serde(default)]
+    pub drop_before_upload: f64,
+    /// Probability, per round offer, that the agent drops its connection half-way through
+    /// uploading (it reconnects with backoff). Default 0.
+    #[serde(default)]
+    pub disconnect_mid_upload: f64,
+    /// Extra delay before each upload, uniform in `[0, added_latency_s]` seconds. Default 0.
+    #[serde(default)]
+    pub added_latency_s: f64,
+}
+
+impl Churn {
+    /// True when the model does nothing.
+    pub fn is_none(&self) -> bool {
+        self.drop_before_upload == 0.0
+            && self.disconnect_mid_upload == 0.0
+            && self.added_latency_s == 0.0
+    }
+}
+
+/// The task: a tagged enum (`kind = "..."` in TOML). Add a variant per task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Task {
+    /// DP federated mean estimation: each user holds a private vector; the aggregator learns
+    /// their mean (needs no RL; proves the transport, engine and ledger on their own).
+    MeanEstimation(MeanEstimationTask),
+}
+
+impl Task {
+    /// Length of the model and of every update (number of f32).
+    pub fn dim(&self) -> usize {
+        match self {
+            Task::MeanEstimation(t) => t.dim,
+        }
+    }
+
+    /// The JSON form carried on the wire.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "{}".into())
+    }
+
+    /// Parses the JSON form carried on the wire.
+    pub fn from_json(text: &str) -> Result<Self, ScenarioError> {
+        serde_json::from_str(text).map_err(|e| ScenarioError::Parse {
+            path: None,
+            message: format!("task specification: {e}"),
+        })
+    }
+}
+
+/// Parameters of [`Task::MeanEstimation`].
+///
+/// User `u` holds `x_u = mu + user_std * g_u`, with `g_u` standard normal from a generator seeded
+/// by `(data_seed, u)` and `mu` a fixed vector of norm `mean_norm` derived from `data_seed`. Its
+/// update in a round is `x_u - theta` (theta: the global estimate); the server applies
+/// `theta += server_lr * noisy_mean_update`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeanEstimationTask {
+    /// Dimension of the vectors. Default 16.
+    #[serde(default = "d_dim")]
+    pub dim: usize,
+    /// L2 norm of the true mean. Default 0.5.
+    #[serde(default = "d_mean_norm")]
+    pub mean_norm: f64,
+    /// Per-coordinate standard deviation of users around the mean. Default 0.1.
+    #[serde(default = "d_user_std")]
+    pub user_std: f64,
+    /// Server learning rate. Default 1.
+    #[serde(default = "d_one_f")]
+    pub server_lr: f64,
+    /// Seed of the simulated users' data (public: it is the simulation, not the noise).
+    /// Default 0.
+    #[serde(default)]
+    pub data_seed: u64,
+}
+
+impl MeanEstimationTask {
+    /// The true mean `mu` (simulation ground truth).
+    pub fn true_mean(&self) -> Vec<f32> {
+        let mut rng = ChaCha20Rng::seed_from_u64(self.data_seed ^ 0x6d65_616e_6d75_0000);
+        let g: Vec<f64> = (0..self.dim)
+            .map(|_| StandardNormal.sample(&mut rng))
+            .collect();
+        let norm = g
+            .iter()
+            .map(|x| x * x)
+            .sum::<f64>()
+            .sqrt()
+            .max(f64::MIN_POSITIVE);
+        g.iter()
+            .map(|x| (x / norm * self.mean_norm) as f32)
+            .collect()
+    }
+
+    /// User `unit`'s private vector, given the true mean from [`Self::true_mean`].
+    pub fn user_vector(&self, mu: &[f32], unit: u64) -> Vec<f32> {
+        let mut rng =
+            ChaCha20Rng::seed_from_u64(self.data_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ unit);
+        mu.iter()
+            .map(|m| {
+                let g: f64 = StandardNormal.sample(&mut rng);
+                (*m as f64 + self.user_std * g) as f32
+            })
+            .collect()
+    }
+}
+
+fn d_name() -> String {
+    "unnamed".into()
+}
+fn d_rounds() -> u64 {
+    10
+}
+fn d_users() -> u64 {
+    100
+}
+fn d_one() -> u32 {
+    1
+}
+fn d_one_f() -> f64 {
+    1.0
+}
+fn d_participation() -> Participation {
+    Participation::Fresh
+}
+fn d_cohort() -> u64 {
+    10
+}
+fn d_deadline() -> f64 {
+    10.0
+}
+fn d_start_timeout() -> f64 {
+    30.0
+}
+fn d_clip() -> f64 {
+    1.0
+}
+fn d_noise() -> f64 {
+    1.0
+}
+fn d_delta() -> f64 {
+    1e-5
+}
+fn d_target_epsilon() -> f64 {
+    10.0
+}
+fn d_unit_kind() -> UnitKind {
+    UnitKind::User
+}
+fn d_checkpoint() -> u64 {
+    10
+}
+fn d_max_frame() -> u64 {
+    DEFAULT_MAX_FRAME_BYTES
+}
+fn d_dim() -> usize {
+    16
+}
+fn d_mean_norm() -> f64 {
+    0.5
+}
+fn d_user_std() -> f64 {
+    0.1
+}
+
+impl Scenario {
+    /// Parses and validates TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Self, ScenarioError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+            path: None,
+            message: e.to_string(),
+        })?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ScenarioError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let s: Scenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse {
+            path: Some(path.display().to_string()),
+            message: e.to_string(),
+        })?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// The TOML form (for writing a resolved scenario next to a run's results).
+    pub fn to_toml_string(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    /// The fixed public denominator: `cohort_size` under `fresh`, `rate x users` under `sampled`.
+    pub fn expected_cohort(&self) -> f64 {
+        match self.participation {
+            Participation::Fresh => self.cohort_size as f64,
+            Participation::Sampled { rate } => rate * self.users as f64,
+        }
+    }
+
+    /// The quorum, with its default resolved.
+    pub fn quorum(&self) -> u64 {
+        self.quorum
+            .unwrap_or_else(|| ((self.expected_cohort() / 2.0).ceil() as u64).max(1))
+    }
+
+    /// The ledger header this scenario runs under.
+    pub fn ledger_config(&self) -> LedgerConfig {
+        LedgerConfig {
+            target_epsilon: self.target_epsilon,
+            delta: self.delta,
+            unit_kind: self.unit_kind,
+            participation: self.participation,
+        }
+    }
+
+    /// The unit range client agent `index` of `client_agents` hosts (an even split).
+    pub fn agent_units(&self, index: u32) -> crate::protocol::UnitRange {
+        let n = self.client_agents.max(1) as u64;
+        let i = index as u64;
+        crate::protocol::UnitRange {
+            start: self.users * i / n,
+            end: self.users * (i + 1) / n,
+        }
+    }
+
+    /// Checks every field; the message names the field and the allowed values.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        let bad = |m: String| Err(ScenarioError::Invalid(m));
+        let finite_pos = |x: f64| x.is_finite() && x > 0.0;
+        if self.rounds == 0 {
+            return bad("rounds must be at least 1".into());
+        }
+        if self.users == 0 {
+            return bad("users must be at least 1".into());
+        }
+        if self.client_agents == 0 || self.client_agents as u64 > self.users {
+            return bad(format!(
+                "client_agents must be between 1 and users ({}), got {}",
+                self.users, self.client_agents
+            ));
+        }
+        match self.participation {
+            Participation::Fresh => {
+                if self.cohort_size == 0 || self.cohort_size > self.users {
+                    return bad(format!(
+                        "cohort_size must be between 1 and users ({}), got {}",
+                        self.users, self.cohort_size
+                    ));
+                }
+            }
+            Participation::Sampled { rate } => {
+                if !(rate > 0.0 && rate <= 1.0) {
+                    return bad(format!("participation rate must be in (0, 1], got {rate}"));
+                }
+            }
+        }
+        if let Some(q) = self.quorum
+            && (q == 0 || q > self.users)
+        {
+            return bad(format!(
+                "quorum must be between 1 and users ({}), got {q}",
+                self.users
+            ));
+        }
+        if !finite_pos(self.round_deadline_s) {
+            return bad(format!(
+                "round_deadline_s must be > 0, got {}",
+                self.round_deadline_s
+            ));
+        }
+        if !(self.start_timeout_s.is_finite() && self.start_timeout_s >= 0.0) {
+            return bad(format!(
+                "start_timeout_s must be >= 0, got {}",
+                self.start_timeout_s
+            ));
+        }
+        if !finite_pos(self.clip_norm) {
+            return bad(format!("clip_norm must be > 0, got {}", self.clip_norm));
+        }
+        if !finite_pos(self.noise_multiplier) {
+            return bad(format!(
+                "noise_multiplier must be > 0, got {}",
+                self.noise_multiplier
+            ));
+        }
+        if !(self.delta > 0.0 && self.delta < 1.0) {
+            return bad(format!("delta must be in (0, 1), got {}", self.delta));
+        }
+        if !finite_pos(self.target_epsilon) {
+            return bad(format!(
+                "target_epsilon must be > 0, got {}",
+                self.target_epsilon
+            ));
+        }
+        if self.checkpoint_every == 0 {
+            return bad("checkpoint_every must be at least 1".into());
+        }
+        for (name, p) in [
+            ("churn.drop_before_upload", self.churn.drop_before_upload),
+            (
+                "churn.disconnect_mid_upload",
+                self.churn.disconnect_mid_upload,
+            ),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return bad(format!("{name} must be a probability in [0, 1], got {p}"));
+            }
+        }
+        if !(self.churn.added_latency_s.is_finite() && self.churn.added_latency_s >= 0.0) {
+            return bad(format!(
+                "churn.added_latency_s must be >= 0, got {}",
+                self.churn.added_latency_s
+            ));
+        }
+        let dim = self.task.dim();
+        if dim == 0 || dim > (u32::MAX / 4) as usize {
+            return bad(format!(
+                "task dim must be between 1 and {}, got {dim}",
+                u32::MAX / 4
+            ));
+        }
+        let need = dim as u64 * 4 + 4096;
+        if self.max_frame_bytes < need {
+            return bad(format!(
+                "max_frame_bytes ({}) is too small for vectors of dim {dim} (need at least {need})",
+                self.max_frame_bytes
+            ));
+        }
+        match &self.task {
+            Task::MeanEstimation(t) => {
+                if !(t.mean_norm.is_finite() && t.user_std.is_finite() && t.user_std >= 0.0) {
+                    return bad(
+                        "task.mean_norm and task.user_std must be finite, user_std >= 0".into(),
+                    );
+                }
+                if !t.server_lr.is_finite() {
+                    return bad("task.server_lr must be finite".into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_scenario_gets_defaults() {
+        let s = Scenario::from_toml_str("[task]\nkind = \"mean_estimation\"\n").unwrap();
+        assert_eq!(s.rounds, 10);
+        assert_eq!(s.participation, Participation::Fresh);
+        assert_eq!(s.quorum(), 5);
+        assert_eq!(s.task.dim(), 16);
+        assert_eq!(s.expected_cohort(), 10.0);
+    }
+
+    #[test]
+    fn sampled_and_round_trip() {
+        let text = r#"
+            name = "t"
+            seed = 3
+            users = 200
+            participation = { kind = "sampled", rate = 0.1 }
+            [churn]
+            drop_before_upload = 0.3
+            [task]
+            kind = "mean_estimation"
+            dim = 4
+        "#;
+        let s = Scenario::from_toml_str(text).unwrap();
+        assert_eq!(s.expected_cohort(), 20.0);
+        assert_eq!(s.quorum(), 10);
+        let again = Scenario::from_toml_str(&s.to_toml_string()).unwrap();
+        assert_eq!(again, s);
+        assert_eq!(Task::from_json(&s.task.to_json()).unwrap(), s.task);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_named() {
+        let err = Scenario::from_toml_str("roundz = 3\n[task]\nkind = \"mean_estimation\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("roundz"), "{err}");
+        let err = Scenario::from_toml_str("[task]\nkind = \"mean_estimation\"\ndimm = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dimm"), "{err}");
+        let err = Scenario::from_toml_str("[task]\nkind = \"nope\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nope"), "{err}");
+        let err = Scenario::from_toml_str("clip_norm = -1.0\n[task]\nkind = \"mean_estimation\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("clip_norm"), "{err}");
+    }
+
+    #[test]
+    fn agents_split_users_evenly() {
+        let mut s =
+            Scenario::from_toml_str("users = 10\n[task]\nkind = \"mean_estimation\"\n").unwrap();
+        s.client_agents = 3;
+        let ranges: Vec<_> = (0..3).map(|i| s.agent_units(i)).collect();
+        assert_eq!(ranges[0].start, 0);
+        assert_eq!(ranges[2].end, 10);
+        assert_eq!(ranges.iter().map(|r| r.len()).sum::<u64>(), 10);
+    }
+
+    #[test]
+    fn mean_estimation_data_is_deterministic() {
+        let t = MeanEstimationTask {
+            dim: 5,
+            mean_norm: 2.0,
+            user_std: 0.1,
+            server_lr: 1.0,
+            data_seed: 9,
+        };
+        let mu = t.true_mean();
+        let n: f64 = mu.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!((n - 2.0).abs() < 1e-5);
+        assert_eq!(t.user_vector(&mu, 3), t.user_vector(&mu, 3));
+        assert_ne!(t.user_vector(&mu, 3), t.user_vector(&mu, 4));
+    }
+}

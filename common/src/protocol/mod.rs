@@ -1,1 +1,28 @@
 //! Versioned wire messages and the single codec (bincode 2 header + raw little-endian f32 payloads).
+//!
+//! - [`messages`]: every type that crosses the wire ([`Message`] and its parts).
+//! - [`codec`]: the one codec: length-prefixed frames, a fixed protocol-version field, a bincode
+//!   header and an optional raw f32 payload, with a hard maximum size checked before allocation.
+//! - [`auth`]: enrolment tokens (HMAC-SHA256) and certificate fingerprints (SHA-256).
+//!
+//! Connection layout (QUIC): the client opens **one** bidirectional control stream and sends
+//! [`Message::Join`]; the server answers [`Message::Welcome`] or [`Message::Error`], and later
+//! sends acknowledgements, errors and [`Message::Leave`] on it. Model parameters travel on a
+//! server-opened unidirectional stream per round offer; updates travel on client-opened
+//! unidirectional streams (one or more [`Message::Update`] frames each). Large payloads therefore
+//! never block the control stream.
+
+pub mod auth;
+pub mod codec;
+pub mod messages;
+
+pub use codec::{
+    DEFAULT_MAX_FRAME_BYTES, DecodeError, Frame, MAX_CONTROL_FRAME_BYTES, MAX_HEADER_BYTES,
+    PREFIX_BYTES, decode_body, decode_frame, encode_frame, encode_payload, frame_prefix,
+    parse_length,
+};
+pub use messages::*;
+
+/// The protocol version every frame carries. A peer speaking another version gets
+/// [`ErrorCode::UnsupportedVersion`] and is disconnected.
+pub const PROTOCOL_VERSION: u16 = 1;

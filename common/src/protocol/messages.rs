@@ -1,0 +1,239 @@
+//! The wire messages. They are serde types encoded by [`super::codec`] (bincode 2, standard
+//! configuration); vectors (model parameters, updates) never appear here: they travel as the raw
+//! little-endian f32 payload of the frame that carries the message.
+//!
+//! Task specifications cross the wire as JSON text (`task_json`), because the scenario's task enum
+//! is internally tagged for TOML, which bincode cannot decode; JSON keeps new task variants free.
+
+use serde::{Deserialize, Serialize};
+
+/// A privacy unit (user, trajectory or expert) id.
+pub type UnitId = u64;
+
+/// A half-open range of unit ids `[start, end)` hosted by one client agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitRange {
+    pub start: UnitId,
+    pub end: UnitId,
+}
+
+impl UnitRange {
+    /// Number of units in the range (0 if `end <= start`).
+    pub fn len(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn contains(&self, unit: UnitId) -> bool {
+        unit >= self.start && unit < self.end
+    }
+}
+
+impl std::fmt::Display for UnitRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..{}", self.start, self.end)
+    }
+}
+
+impl std::str::FromStr for UnitRange {
+    type Err = String;
+    /// Parses `A..B` (half-open) or a single id `A`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let parse = |t: &str| {
+            t.trim()
+                .parse::<u64>()
+                .map_err(|e| format!("bad unit id {t:?} in range {s:?}: {e}"))
+        };
+        match s.split_once("..") {
+            Some((a, b)) => {
+                let (start, end) = (parse(a)?, parse(b)?);
+                if end <= start {
+                    return Err(format!("empty unit range {s:?} (expected A..B with A < B)"));
+                }
+                Ok(UnitRange { start, end })
+            }
+            None => {
+                let start = parse(s)?;
+                Ok(UnitRange {
+                    start,
+                    end: start + 1,
+                })
+            }
+        }
+    }
+}
+
+/// Client -> server, first message on the control stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Join {
+    /// The enrolment token, `<client_id>.<hex HMAC-SHA256>` (see [`super::auth`]).
+    pub token: String,
+    /// The units this agent hosts. They must not overlap units hosted by another client id.
+    pub units: Vec<UnitRange>,
+    /// Free text identifying the agent software (logged only).
+    pub agent: String,
+}
+
+/// Server -> client, answer to an accepted [`Join`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The session id the server assigned to this connection.
+    pub session: u64,
+    /// The scenario's task specification (JSON of `fedrl_common::scenario::Task`).
+    pub task_json: String,
+    /// The scenario's churn model (JSON of `fedrl_common::scenario::Churn`), applied by client
+    /// agents in stress tests.
+    pub churn_json: String,
+    /// Length of model and update vectors (number of f32).
+    pub dim: u32,
+    /// The L2 bound C every update is clipped to (by the client, and again by the server).
+    pub clip_norm: f64,
+    /// The largest frame the server accepts, in bytes (length prefix included).
+    pub max_frame_bytes: u64,
+    /// The scenario seed, when the run is seeded (clients derive their users' data from it).
+    pub seed: Option<u64>,
+}
+
+/// What a round asks of the units it selected.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundSpec {
+    pub round: u64,
+    /// Length of the model and of every update (number of f32).
+    pub dim: u32,
+    /// The L2 bound C.
+    pub clip_norm: f64,
+    /// Seconds from the offer until the round closes; later updates are discarded.
+    pub deadline_s: f64,
+    /// The task specification (JSON of `fedrl_common::scenario::Task`).
+    pub task_json: String,
+}
+
+/// Server -> client on its own unidirectional stream; the frame's payload is the current global
+/// model (`spec.dim` f32).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundOffer {
+    pub spec: RoundSpec,
+    /// Units hosted by this client that are in the round's cohort.
+    pub units: Vec<UnitId>,
+}
+
+/// Client -> server on an update stream; the frame's payload is the unit's clipped update.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Update {
+    pub round: u64,
+    pub unit: UnitId,
+}
+
+/// Server -> client on the control stream: an update was accepted into the round's sum.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ack {
+    pub round: u64,
+    pub unit: UnitId,
+    /// The L2 norm the server measured before its own clipping.
+    pub norm: f64,
+    /// True if the server had to scale the update down to the clip norm.
+    pub clipped: bool,
+}
+
+/// Why something was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// Bytes that do not decode as a frame or message.
+    BadFrame,
+    /// A length prefix above the hard maximum.
+    FrameTooLarge,
+    /// A protocol version this server does not speak.
+    UnsupportedVersion,
+    /// The enrolment token was not valid.
+    AuthFailed,
+    /// A message that is not allowed in the current state (e.g. an update before joining).
+    Unexpected,
+    /// The join claimed units hosted by another client.
+    UnitsInUse,
+    /// The unit is not hosted by this client, or not in this round's cohort.
+    NotInCohort,
+    /// A second contribution of the same unit in the same round.
+    DuplicateUnit,
+    /// The update is for a round that is closed (or not open yet).
+    LateUpdate,
+    /// The update does not have the model's length.
+    WrongLength,
+    /// The update contains NaN or infinity.
+    NonFinite,
+    /// The server is shutting down or the run is over.
+    Closing,
+    /// Anything else on the server's side.
+    Internal,
+}
+
+/// An error report. Errors about one update leave the connection open; protocol errors
+/// (bad frames, versions, authentication) are followed by closing the connection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorMsg {
+    pub code: ErrorCode,
+    pub message: String,
+    pub round: Option<u64>,
+    pub unit: Option<UnitId>,
+}
+
+/// Why a peer leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaveReason {
+    /// The run is over (server -> client): do not reconnect.
+    Finished,
+    /// The peer is shutting down; a client may reconnect later.
+    Shutdown,
+}
+
+/// Either side, on the control stream, before closing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Leave {
+    pub reason: LeaveReason,
+    pub message: String,
+}
+
+/// Every message of the protocol. The protocol version is carried by every frame
+/// ([`super::codec`]), outside the bincode header, so a version mismatch is detected before the
+/// header is decoded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    Join(Join),
+    Welcome(Welcome),
+    RoundOffer(RoundOffer),
+    Update(Update),
+    Ack(Ack),
+    Error(ErrorMsg),
+    Leave(Leave),
+}
+
+impl Message {
+    /// A short name for logs and errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Join(_) => "join",
+            Message::Welcome(_) => "welcome",
+            Message::RoundOffer(_) => "round offer",
+            Message::Update(_) => "update",
+            Message::Ack(_) => "ack",
+            Message::Error(_) => "error",
+            Message::Leave(_) => "leave",
+        }
+    }
+
+    /// Shorthand for an error message.
+    pub fn error(
+        code: ErrorCode,
+        message: impl Into<String>,
+        round: Option<u64>,
+        unit: Option<UnitId>,
+    ) -> Self {
+        Message::Error(ErrorMsg {
+            code,
+            message: message.into(),
+            round,
+            unit,
+        })
+    }
+}
