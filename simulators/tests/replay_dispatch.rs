@@ -38,3 +38,18 @@ fn unreadable_unparsable_and_unknown_files_are_errors() {
     assert!(replay_file(csv).is_err());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn healthcare_trace_files_replay_through_the_dispatcher() {
+    for file in [
+        "hiv_traces.json",
+        "dosing_traces.json",
+        "simglucose_traces.json",
+    ] {
+        let results = replay_file(testdata(file)).unwrap();
+        assert!(!results.is_empty(), "{file}");
+        for r in &results {
+            assert!(r.pass, "{file}: {r:?}");
+        }
+    }
+}
