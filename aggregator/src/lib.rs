@@ -1,2 +1,20 @@
 //! fedrl-aggregator: the QUIC server, the sans-IO round engine, server-side clipping and noise,
 //! the privacy ledger, central training and checkpoints.
+//!
+//! - [`engine`]: the round engine, a pure state machine (events in, actions out).
+//! - [`model`]: the [`ServerModel`] trait (the central model and its server optimizer) and the
+//!   mean-estimation model; [`tasks::server_model`] picks one for a scenario.
+//! - [`service`]: the QUIC service that drives the engine ([`service::run`]).
+//! - [`checkpoint`], [`state`], [`tls`], [`net`]: durable state, TLS identity, frame I/O.
+
+pub mod checkpoint;
+pub mod engine;
+pub mod model;
+pub mod net;
+pub mod service;
+pub mod state;
+pub mod tasks;
+pub mod tls;
+
+pub use model::{ModelError, ModelState, ServerModel, ServerSgd};
+pub use service::{AggregatorOptions, RunReport};

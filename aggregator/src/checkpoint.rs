@@ -1,0 +1,148 @@
+//! Checkpoints: model (parameters + optimizer state), round counters and ledger position, in one
+//! file written atomically (temporary file, fsync, rename, fsync of the directory).
+//!
+//! File layout: `b"FRCK"`, u32 LE length of a JSON header ([`CheckpointMeta`]), the header, then
+//! the model's tensors as raw little-endian f32. The header stores the SHA-256 of the tensor bytes.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use fedrl_common::protocol::auth::sha256_fingerprint;
+use fedrl_common::protocol::codec::decode_f32s;
+use fedrl_common::protocol::encode_payload;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::model::ModelState;
+
+const MAGIC: &[u8; 4] = b"FRCK";
+/// File name inside the state directory.
+pub const CHECKPOINT_FILE: &str = "checkpoint";
+
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    #[error("checkpoint {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("checkpoint {path} is corrupt: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+/// What a checkpoint records besides the tensors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// The last round attempted when the checkpoint was taken (released or abandoned).
+    pub round: u64,
+    pub rounds_completed: u64,
+    pub rounds_abandoned: u64,
+    /// Number of ledger records covered by this model (the ledger position).
+    pub ledger_records: u64,
+    /// The model's own metadata.
+    pub model_meta: serde_json::Value,
+    /// Number of f32 in the tensor section.
+    pub tensors: u64,
+    /// SHA-256 (hex) of the tensor bytes.
+    pub tensors_sha256: String,
+}
+
+/// Writes a checkpoint atomically into `dir`.
+pub fn save(
+    dir: &Path,
+    mut meta: CheckpointMeta,
+    state: &ModelState,
+) -> Result<(), CheckpointError> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+    let io = |source| CheckpointError::Io {
+        path: path.clone(),
+        source,
+    };
+    let bytes = encode_payload(&state.tensors);
+    meta.tensors = state.tensors.len() as u64;
+    meta.tensors_sha256 = sha256_fingerprint(&bytes);
+    meta.model_meta = state.meta.clone();
+    let header = serde_json::to_vec(&meta).map_err(|e| io(std::io::Error::other(e)))?;
+    let mut f = File::create(&tmp).map_err(io)?;
+    f.write_all(MAGIC).map_err(io)?;
+    f.write_all(&(header.len() as u32).to_le_bytes())
+        .map_err(io)?;
+    f.write_all(&header).map_err(io)?;
+    f.write_all(&bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(io)?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    Ok(())
+}
+
+/// Loads the checkpoint in `dir`, if there is one.
+pub fn load(dir: &Path) -> Result<Option<(CheckpointMeta, ModelState)>, CheckpointError> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CheckpointError::Io { path, source }),
+    };
+    let corrupt = |reason: String| CheckpointError::Corrupt {
+        path: path.clone(),
+        reason,
+    };
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err(corrupt("bad magic".into()));
+    }
+    let hlen = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    let rest = &bytes[8..];
+    if hlen > rest.len() {
+        return Err(corrupt("truncated header".into()));
+    }
+    let meta: CheckpointMeta =
+        serde_json::from_slice(&rest[..hlen]).map_err(|e| corrupt(format!("header: {e}")))?;
+    let data = &rest[hlen..];
+    if data.len() as u64 != meta.tensors * 4 || sha256_fingerprint(data) != meta.tensors_sha256 {
+        return Err(corrupt(
+            "tensor section does not match its length or checksum".into(),
+        ));
+    }
+    let state = ModelState {
+        meta: meta.model_meta.clone(),
+        tensors: decode_f32s(data),
+    };
+    Ok(Some((meta, state)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_load_round_trip_and_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load(dir.path()).unwrap().is_none());
+        let meta = CheckpointMeta {
+            round: 7,
+            rounds_completed: 6,
+            rounds_abandoned: 1,
+            ledger_records: 6,
+            model_meta: serde_json::Value::Null,
+            tensors: 0,
+            tensors_sha256: String::new(),
+        };
+        let st = ModelState {
+            meta: serde_json::json!({"m": 1}),
+            tensors: vec![1.0, -2.0, 3.5],
+        };
+        save(dir.path(), meta, &st).unwrap();
+        let (m, s) = load(dir.path()).unwrap().unwrap();
+        assert_eq!(m.round, 7);
+        assert_eq!(s, st);
+        let p = dir.path().join(CHECKPOINT_FILE);
+        let mut b = fs::read(&p).unwrap();
+        let n = b.len();
+        b[n - 1] ^= 1;
+        fs::write(&p, b).unwrap();
+        assert!(load(dir.path()).is_err());
+    }
+}

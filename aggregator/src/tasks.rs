@@ -1,0 +1,12 @@
+//! Server-side task registry: which [`ServerModel`] a scenario's task uses. Add an arm per task.
+
+use fedrl_common::scenario::{Scenario, Task};
+
+use crate::model::{MeanEstimationModel, ServerModel};
+
+/// The server model for `scenario`'s task, freshly initialised.
+pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>> {
+    match &scenario.task {
+        Task::MeanEstimation(t) => Ok(Box::new(MeanEstimationModel::new(t))),
+    }
+}

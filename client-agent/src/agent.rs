@@ -1,0 +1,502 @@
+//! The client-agent runtime: connect (pinned certificate), join with the enrolment token, answer
+//! round offers for the hosted users, reconnect with backoff, and misbehave on purpose when the
+//! scenario's churn model says so.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fedrl_common::privacy::clipping::clip_l2;
+use fedrl_common::protocol::{
+    ErrorCode, Join, LeaveReason, MAX_CONTROL_FRAME_BYTES, Message, RoundOffer, UnitId, UnitRange,
+    Update, Welcome, encode_payload, frame_prefix,
+};
+use fedrl_common::scenario::Churn;
+use quinn::{Connection, ConnectionError, VarInt};
+use rand::rngs::ChaCha20Rng;
+use rand::{RngExt, SeedableRng};
+use tokio::sync::Semaphore;
+
+use crate::net::{ReadFrameError, read_frame, write_frame};
+use crate::tls;
+use crate::trainer::{LocalTrainer, TrainerFactory};
+
+/// The server's close code for a finished run (mirrors the aggregator's `close_code::FINISHED`).
+const CLOSE_FINISHED: u32 = 0;
+const CLOSE_AUTH: u32 = 2;
+const CLOSE_REFUSED: u32 = 3;
+const CLOSE_PROTOCOL: u32 = 1;
+
+/// How to run a client agent.
+#[derive(Clone)]
+pub struct AgentOptions {
+    pub server: SocketAddr,
+    /// SHA-256 of the aggregator's certificate.
+    pub fingerprint: [u8; 32],
+    /// Enrolment token (`<client-id>.<hex>`).
+    pub token: String,
+    /// Units hosted by this agent.
+    pub units: Vec<UnitRange>,
+    /// TLS server name (the aggregator's certificate names `fedrl-aggregator` and `localhost`;
+    /// with pinning the name is not what is checked).
+    pub server_name: String,
+    /// Longest wait between reconnection attempts, seconds. Default 2.
+    pub max_backoff_s: f64,
+    /// Give up after this many seconds without a successful join. Default 60.
+    pub give_up_after_s: f64,
+    /// Overrides the churn model the server announces (load generators, tests).
+    pub churn_override: Option<Churn>,
+    /// Share one endpoint among many agents (load generator); `None`: the agent makes its own.
+    pub endpoint: Option<quinn::Endpoint>,
+    /// Limits concurrent handshakes across agents sharing it (RUST-NOTES: 64 keeps thousands of
+    /// connections from timing out).
+    pub handshake_limit: Option<Arc<Semaphore>>,
+    /// Updates per upload stream. Default 64.
+    pub updates_per_stream: usize,
+    /// Seed for the churn model's random choices (`None`: from the OS).
+    pub churn_seed: Option<u64>,
+}
+
+impl AgentOptions {
+    pub fn new(
+        server: SocketAddr,
+        fingerprint: [u8; 32],
+        token: String,
+        units: Vec<UnitRange>,
+    ) -> Self {
+        AgentOptions {
+            server,
+            fingerprint,
+            token,
+            units,
+            server_name: "fedrl-aggregator".into(),
+            max_backoff_s: 2.0,
+            give_up_after_s: 60.0,
+            churn_override: None,
+            endpoint: None,
+            handshake_limit: None,
+            updates_per_stream: 64,
+            churn_seed: None,
+        }
+    }
+}
+
+/// What an agent did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct AgentSummary {
+    pub offers: u64,
+    pub updates_sent: u64,
+    pub acks: u64,
+    /// Error messages received about single updates (the first 20).
+    pub errors: Vec<String>,
+    pub error_count: u64,
+    pub dropped_by_churn: u64,
+    pub disconnects_by_churn: u64,
+    pub sessions: u64,
+    /// Why the agent stopped.
+    pub finished: String,
+}
+
+/// Why an agent stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The server refused us for good (bad token, wrong version, units in use, pinning failure).
+    #[error("refused by the aggregator: {0}")]
+    Refused(String),
+    /// No successful join for too long.
+    #[error("gave up after {secs:.0} s without reaching the aggregator; last error: {last}")]
+    GaveUp { secs: f64, last: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+enum SessionEnd {
+    Finished(String),
+    Fatal(String),
+    Retry(String),
+}
+
+struct Agent {
+    opts: AgentOptions,
+    factory: TrainerFactory,
+    trainer: Option<Arc<Mutex<Box<dyn LocalTrainer>>>>,
+    churn: Churn,
+    rng: ChaCha20Rng,
+    summary: AgentSummary,
+}
+
+/// Runs an agent until the aggregator says the run is over. Reconnects with exponential backoff
+/// (100 ms doubling to `max_backoff_s`, with jitter) after any connection loss.
+pub async fn run_agent(
+    opts: AgentOptions,
+    factory: TrainerFactory,
+) -> Result<AgentSummary, AgentError> {
+    let endpoint = match &opts.endpoint {
+        Some(ep) => ep.clone(),
+        None => {
+            tls::client_endpoint(opts.server).map_err(|e| AgentError::Other(format!("{e:#}")))?
+        }
+    };
+    let rng = match opts.churn_seed {
+        Some(s) => ChaCha20Rng::seed_from_u64(s),
+        None => rand::make_rng::<ChaCha20Rng>(),
+    };
+    let mut agent = Agent {
+        churn: opts.churn_override.clone().unwrap_or_default(),
+        opts,
+        factory,
+        trainer: None,
+        rng,
+        summary: AgentSummary::default(),
+    };
+    let client_cfg = tls::client_config(agent.opts.fingerprint)
+        .map_err(|e| AgentError::Other(format!("{e:#}")))?;
+    let mut backoff = 0.1f64;
+    let mut last_ok = Instant::now();
+    loop {
+        let (end, joined) = agent.session(&endpoint, &client_cfg).await;
+        if joined {
+            last_ok = Instant::now();
+            backoff = 0.1;
+        }
+        match end {
+            SessionEnd::Finished(why) => {
+                agent.summary.finished = why;
+                if agent.opts.endpoint.is_none() {
+                    endpoint.close(VarInt::from_u32(0), b"done");
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+                }
+                return Ok(agent.summary);
+            }
+            SessionEnd::Fatal(why) => return Err(AgentError::Refused(why)),
+            SessionEnd::Retry(why) => {
+                let waited = last_ok.elapsed().as_secs_f64();
+                if waited > agent.opts.give_up_after_s {
+                    return Err(AgentError::GaveUp {
+                        secs: waited,
+                        last: why,
+                    });
+                }
+                tracing::info!(reason = %why, backoff, "reconnecting");
+                let jitter = 0.75 + 0.5 * agent.rng.random::<f64>();
+                tokio::time::sleep(Duration::from_secs_f64(backoff * jitter)).await;
+                backoff = (backoff * 2.0).min(agent.opts.max_backoff_s);
+            }
+        }
+    }
+}
+
+fn close_end(e: &ConnectionError) -> SessionEnd {
+    match e {
+        ConnectionError::ApplicationClosed(c) => {
+            let reason = String::from_utf8_lossy(&c.reason).to_string();
+            let code = c.error_code.into_inner();
+            if code == CLOSE_FINISHED as u64 {
+                SessionEnd::Finished(reason)
+            } else if code == CLOSE_AUTH as u64
+                || code == CLOSE_REFUSED as u64
+                || code == CLOSE_PROTOCOL as u64
+            {
+                SessionEnd::Fatal(reason)
+            } else {
+                SessionEnd::Retry(format!("closed by the aggregator ({code}): {reason}"))
+            }
+        }
+        other => SessionEnd::Retry(other.to_string()),
+    }
+}
+
+impl Agent {
+    /// One connection. Returns how it ended and whether the join succeeded.
+    async fn session(
+        &mut self,
+        endpoint: &quinn::Endpoint,
+        cfg: &quinn::ClientConfig,
+    ) -> (SessionEnd, bool) {
+        let conn = {
+            let _permit = match &self.opts.handshake_limit {
+                Some(s) => s.clone().acquire_owned().await.ok(),
+                None => None,
+            };
+            let connecting = match endpoint.connect_with(
+                cfg.clone(),
+                self.opts.server,
+                &self.opts.server_name,
+            ) {
+                Ok(c) => c,
+                Err(e) => return (SessionEnd::Retry(e.to_string()), false),
+            };
+            match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    let s = e.to_string();
+                    if s.contains("fingerprint mismatch") {
+                        return (SessionEnd::Fatal(s), false);
+                    }
+                    return (close_end(&e), false);
+                }
+                Err(_) => return (SessionEnd::Retry("handshake timed out".into()), false),
+            }
+        };
+        self.summary.sessions += 1;
+        let (mut send, mut recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(e) => return (close_end(&e), false),
+        };
+        let join = Message::Join(Join {
+            token: self.opts.token.clone(),
+            units: self.opts.units.clone(),
+            agent: format!("fedrl-client {}", env!("CARGO_PKG_VERSION")),
+        });
+        if let Err(e) = write_frame(&mut send, &join, &[]).await {
+            return (SessionEnd::Retry(e), false);
+        }
+        let welcome =
+            match read_frame(&mut recv, MAX_CONTROL_FRAME_BYTES, Duration::from_secs(10)).await {
+                Ok(Some(f)) => match f.message {
+                    Message::Welcome(w) => w,
+                    Message::Error(e) => {
+                        let why = format!("{:?}: {}", e.code, e.message);
+                        return (SessionEnd::Fatal(why), false);
+                    }
+                    other => {
+                        return (
+                            SessionEnd::Fatal(format!("expected a welcome, got {}", other.kind())),
+                            false,
+                        );
+                    }
+                },
+                Ok(None) => {
+                    return (
+                        SessionEnd::Retry("control stream closed before the welcome".into()),
+                        false,
+                    );
+                }
+                Err(ReadFrameError::Decode(e)) => return (SessionEnd::Fatal(e.to_string()), false),
+                Err(e) => {
+                    // The server may have closed with a reason (e.g. authentication failed).
+                    if let Some(reason) = conn.close_reason() {
+                        return (close_end(&reason), false);
+                    }
+                    return (SessionEnd::Retry(e.to_string()), false);
+                }
+            };
+        if self.trainer.is_none() {
+            match (self.factory)(&welcome, &self.opts.units) {
+                Ok(t) => self.trainer = Some(Arc::new(Mutex::new(t))),
+                Err(e) => {
+                    return (
+                        SessionEnd::Fatal(format!("cannot build the trainer: {e:#}")),
+                        true,
+                    );
+                }
+            }
+            if self.opts.churn_override.is_none() {
+                self.churn = serde_json::from_str(&welcome.churn_json).unwrap_or_default();
+            }
+        }
+        let end = self.serve(&conn, recv, &welcome).await;
+        (end, true)
+    }
+
+    async fn serve(
+        &mut self,
+        conn: &Connection,
+        mut recv: quinn::RecvStream,
+        welcome: &Welcome,
+    ) -> SessionEnd {
+        // The control stream is read by its own task (`read_frame` is not cancellation-safe and
+        // must not sit in a `select!`).
+        let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel(1024);
+        let reader = tokio::spawn(async move {
+            loop {
+                let r = read_frame(
+                    &mut recv,
+                    MAX_CONTROL_FRAME_BYTES,
+                    Duration::from_secs(3600),
+                )
+                .await;
+                let end = !matches!(r, Ok(Some(_)));
+                if ctl_tx.send(r).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        let end = self.serve_inner(conn, &mut ctl_rx, welcome).await;
+        reader.abort();
+        end
+    }
+
+    async fn serve_inner(
+        &mut self,
+        conn: &Connection,
+        ctl_rx: &mut tokio::sync::mpsc::Receiver<
+            Result<Option<fedrl_common::protocol::Frame>, ReadFrameError>,
+        >,
+        welcome: &Welcome,
+    ) -> SessionEnd {
+        let mut control_open = true;
+        loop {
+            tokio::select! {
+                frame = ctl_rx.recv(), if control_open => {
+                    match frame {
+                        Some(Ok(Some(f))) => match f.message {
+                            Message::Ack(_) => self.summary.acks += 1,
+                            Message::Error(e) => {
+                                self.summary.error_count += 1;
+                                if self.summary.errors.len() < 20 {
+                                    self.summary.errors.push(format!("{:?}: {}", e.code, e.message));
+                                }
+                                tracing::warn!(code = ?e.code, message = %e.message, "aggregator error");
+                                if matches!(e.code, ErrorCode::AuthFailed | ErrorCode::UnsupportedVersion | ErrorCode::UnitsInUse) {
+                                    return SessionEnd::Fatal(format!("{:?}: {}", e.code, e.message));
+                                }
+                            }
+                            Message::Leave(l) => match l.reason {
+                                LeaveReason::Finished => return SessionEnd::Finished(l.message),
+                                LeaveReason::Shutdown => return SessionEnd::Retry(l.message),
+                            },
+                            _ => {}
+                        },
+                        _ => control_open = false,
+                    }
+                }
+                stream = conn.accept_uni() => {
+                    let mut s = match stream {
+                        Ok(s) => s,
+                        Err(e) => return close_end(&e),
+                    };
+                    let frame = match read_frame(&mut s, welcome.max_frame_bytes, Duration::from_secs(60)).await {
+                        Ok(Some(f)) => f,
+                        _ => continue,
+                    };
+                    if let Message::RoundOffer(offer) = frame.message
+                        && let Some(end) = self.answer(conn, offer, frame.payload).await
+                    {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Computes, clips and uploads the offered units' updates. `Some` when the session must end
+    /// (a simulated disconnect).
+    async fn answer(
+        &mut self,
+        conn: &Connection,
+        offer: RoundOffer,
+        global: Vec<f32>,
+    ) -> Option<SessionEnd> {
+        self.summary.offers += 1;
+        let spec = offer.spec;
+        if global.len() != spec.dim as usize {
+            return None;
+        }
+        let trainer = self.trainer.clone()?;
+        let units = offer.units;
+        let spec2 = spec.clone();
+        let updates = tokio::task::spawn_blocking(move || {
+            let mut t = trainer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ups = t.local_updates(&spec2, &global, &units);
+            for (_, v) in ups.iter_mut() {
+                clip_l2(v, spec2.clip_norm);
+            }
+            ups
+        })
+        .await
+        .ok()?;
+        let mut kept: Vec<(UnitId, Vec<f32>)> = Vec::with_capacity(updates.len());
+        for (u, v) in updates {
+            if v.len() != spec.dim as usize {
+                continue;
+            }
+            if self.churn.drop_before_upload > 0.0
+                && self.rng.random::<f64>() < self.churn.drop_before_upload
+            {
+                self.summary.dropped_by_churn += 1;
+                continue;
+            }
+            kept.push((u, v));
+        }
+        if self.churn.added_latency_s > 0.0 {
+            let d = self.rng.random::<f64>() * self.churn.added_latency_s;
+            tokio::time::sleep(Duration::from_secs_f64(d)).await;
+        }
+        let disconnect = self.churn.disconnect_mid_upload > 0.0
+            && self.rng.random::<f64>() < self.churn.disconnect_mid_upload;
+        if disconnect {
+            // Upload half, then die in the middle of a frame.
+            self.summary.disconnects_by_churn += 1;
+            let half = kept.len() / 2;
+            let (first, rest) = kept.split_at(half);
+            let _ = upload(conn, spec.round, first).await;
+            self.summary.updates_sent += first.len() as u64;
+            if let Some((u, v)) = rest.first()
+                && let Ok(mut s) = conn.open_uni().await
+            {
+                let msg = Message::Update(Update {
+                    round: spec.round,
+                    unit: *u,
+                });
+                if let Ok(prefix) = frame_prefix(&msg, v.len() * 4) {
+                    let bytes = encode_payload(v);
+                    let _ = s.write_all(&prefix).await;
+                    let _ = s.write_all(&bytes[..bytes.len() / 2]).await;
+                }
+            }
+            conn.close(
+                VarInt::from_u32(7),
+                b"churn: simulated disconnect mid-upload",
+            );
+            return Some(SessionEnd::Retry(
+                "churn: simulated disconnect mid-upload".into(),
+            ));
+        }
+        let per = self.opts.updates_per_stream.max(1);
+        let mut tasks = tokio::task::JoinSet::new();
+        for chunk in kept.chunks(per) {
+            let conn = conn.clone();
+            let chunk = chunk.to_vec();
+            let round = spec.round;
+            tasks.spawn(async move { upload(&conn, round, &chunk).await });
+        }
+        while let Some(r) = tasks.join_next().await {
+            if let Ok(Ok(n)) = r {
+                self.summary.updates_sent += n as u64;
+            }
+        }
+        None
+    }
+}
+
+/// Uploads `updates` on one new stream, one frame each.
+async fn upload(
+    conn: &Connection,
+    round: u64,
+    updates: &[(UnitId, Vec<f32>)],
+) -> Result<usize, String> {
+    if updates.is_empty() {
+        return Ok(0);
+    }
+    let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+    for (u, v) in updates {
+        let msg = Message::Update(Update { round, unit: *u });
+        let prefix = frame_prefix(&msg, v.len() * 4).map_err(|e| e.to_string())?;
+        s.write_all(&prefix).await.map_err(|e| e.to_string())?;
+        s.write_all(&encode_payload(v))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    s.finish().map_err(|e| e.to_string())?;
+    Ok(updates.len())
+}
+
+/// Parses `A..B[,C..D...]` into unit ranges.
+pub fn parse_unit_ranges(text: &str) -> Result<Vec<UnitRange>, String> {
+    text.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.parse())
+        .collect()
+}

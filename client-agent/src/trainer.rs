@@ -1,0 +1,72 @@
+//! The client-side task trait and the mean-estimation trainer.
+
+use std::sync::Arc;
+
+use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange, Welcome};
+use fedrl_common::scenario::{MeanEstimationTask, Task};
+
+/// Computes local updates for the units a client agent hosts.
+///
+/// Called once per round offer with every offered unit of this agent, so implementations can
+/// batch many users into one tensor job. It runs on a blocking thread (`spawn_blocking`), never on
+/// a tokio worker. Rules (DESIGN §3): a unit's update may depend only on that unit's data and the
+/// global model (no optimizer state carried from one unit to another). The agent clips every
+/// returned update to `round.clip_norm` before sending; returning fewer units than asked simply
+/// means those units do not contribute this round.
+pub trait LocalTrainer: Send {
+    /// `global` has `round.dim` values; each returned vector must have `round.dim` values.
+    fn local_updates(
+        &mut self,
+        round: &RoundSpec,
+        global: &[f32],
+        units: &[UnitId],
+    ) -> Vec<(UnitId, Vec<f32>)>;
+}
+
+/// Builds an agent's trainer from the server's welcome (task JSON, dimension, seed) and the unit
+/// ranges the agent hosts. Called once per agent process, at the first successful join.
+pub type TrainerFactory =
+    Arc<dyn Fn(&Welcome, &[UnitRange]) -> anyhow::Result<Box<dyn LocalTrainer>> + Send + Sync>;
+
+/// The factory for the built-in tasks; add an arm per task.
+pub fn default_factory() -> TrainerFactory {
+    Arc::new(|welcome: &Welcome, _units: &[UnitRange]| {
+        let task = Task::from_json(&welcome.task_json)?;
+        match task {
+            Task::MeanEstimation(t) => {
+                Ok(Box::new(MeanEstimationTrainer::new(t)) as Box<dyn LocalTrainer>)
+            }
+        }
+    })
+}
+
+/// DP mean estimation, client side: user `u`'s update is `x_u - global`.
+pub struct MeanEstimationTrainer {
+    task: MeanEstimationTask,
+    mu: Vec<f32>,
+}
+
+impl MeanEstimationTrainer {
+    pub fn new(task: MeanEstimationTask) -> Self {
+        let mu = task.true_mean();
+        MeanEstimationTrainer { task, mu }
+    }
+}
+
+impl LocalTrainer for MeanEstimationTrainer {
+    fn local_updates(
+        &mut self,
+        _round: &RoundSpec,
+        global: &[f32],
+        units: &[UnitId],
+    ) -> Vec<(UnitId, Vec<f32>)> {
+        units
+            .iter()
+            .map(|u| {
+                let x = self.task.user_vector(&self.mu, *u);
+                let delta = x.iter().zip(global).map(|(a, b)| a - b).collect();
+                (*u, delta)
+            })
+            .collect()
+    }
+}
