@@ -1,1 +1,51 @@
 //! Neural models (candle) and RL losses shared by the client agent and the aggregator.
+//!
+//! The pieces of the DPPG client step (seed 004, Algorithms 2 and 3):
+//! - [`mlp`]: the model description ([`ModelSpec`]), the flat parameter layout ([`ParamLayout`]),
+//!   seeded orthogonal initialisation and the batched tanh-MLP forward pass;
+//! - [`policy`] / [`value`]: categorical and diagonal-Gaussian policy heads, the value network;
+//! - [`io`]: safetensors save/load with PyTorch-compatible names (`policy.0.weight`, ...);
+//! - [`ppo`]: GAE and the PPO loss over many users' stacked parameter copies;
+//! - [`rollout`]: acting in many environments at once with one forward pass per step;
+//! - [`local_update`]: the per-user local PPO update, batched across users, clipped to C;
+//! - [`evaluate`]: mean return of a policy on held-out users.
+//!
+//! Parameters travel as one `Vec<f32>`: every tensor of [`ParamLayout`] in order, each in
+//! PyTorch's row-major layout (`weight` is `[out, in]`). Internally the stacked copies keep
+//! weights as `[users, in, out]` so that the batched matmul needs no transpose.
+
+pub mod evaluate;
+pub mod io;
+pub mod local_update;
+pub mod mlp;
+pub mod policy;
+pub mod ppo;
+pub mod rollout;
+pub mod value;
+
+pub use evaluate::{EvalConfig, EvalResult, evaluate};
+pub use local_update::{LocalUpdate, LocalUpdateConfig, local_updates, local_updates_from_batches};
+pub use mlp::{ActionKind, ModelSpec, ParamLayout, ParamSpec};
+pub use rollout::{RolloutConfig, UserBatch, collect_rollouts};
+
+use thiserror::Error;
+
+/// Errors of the neural-network layer.
+#[derive(Debug, Error)]
+pub enum NnError {
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error("simulator: {0}")]
+    Sim(#[from] fedrl_sim::SimError),
+    #[error("safetensors: {0}")]
+    SafeTensors(#[from] safetensors::SafeTensorError),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("parameter vector has {got} values, the layout needs {expected}")]
+    ParamLength { got: usize, expected: usize },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result type of the `nn` module.
+pub type Result<T> = std::result::Result<T, NnError>;

@@ -1,0 +1,302 @@
+//! Acting in many environments at once: every step, one batched forward pass over all active
+//! users' observations under the shared global parameters, then each user's own RNG samples its
+//! action and its own environment steps.
+
+use candle_core::{Device, Tensor};
+use fedrl_sim::{Action, Env, Space};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use serde::{Deserialize, Serialize};
+
+use super::mlp::{ActionKind, ModelSpec, ParamLayout, forward, policy_layers, value_layers};
+use super::{NnError, Result, policy};
+
+/// How a user's data is collected.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RolloutConfig {
+    /// Episodes each user plays with the current policy.
+    pub episodes_per_user: usize,
+    /// Cap on steps per episode (0: only the environment's own limit). A capped episode is
+    /// *truncated*: GAE bootstraps from the value of its last observation.
+    pub max_episode_steps: usize,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            episodes_per_user: 1,
+            max_episode_steps: 0,
+        }
+    }
+}
+
+/// One user's on-policy data (all episodes concatenated), `n` steps.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UserBatch {
+    /// `n * obs_dim` observations.
+    pub obs: Vec<f32>,
+    /// `n * action_dim` actions (the index as f32 for discrete policies; the unclipped sample
+    /// for Gaussian policies).
+    pub actions: Vec<f32>,
+    /// Log-probability of each action under the acting policy (nats).
+    pub logp: Vec<f32>,
+    /// Value estimates of the acting value network.
+    pub values: Vec<f32>,
+    /// Rewards (environment units).
+    pub rewards: Vec<f32>,
+    /// The step ended the episode in a terminal state (no bootstrap).
+    pub terminated: Vec<bool>,
+    /// The step ended the episode by a time limit (bootstrap from `bootstrap`).
+    pub truncated: Vec<bool>,
+    /// Value of the observation after a truncated step (0 elsewhere).
+    pub bootstrap: Vec<f32>,
+    /// Undiscounted return of each episode.
+    pub episode_returns: Vec<f64>,
+}
+
+impl UserBatch {
+    /// Number of steps.
+    pub fn len(&self) -> usize {
+        self.logp.len()
+    }
+
+    /// Whether the batch holds no step.
+    pub fn is_empty(&self) -> bool {
+        self.logp.is_empty()
+    }
+}
+
+/// Action vector length stored per step.
+pub(crate) fn action_dim(kind: &ActionKind) -> usize {
+    match kind {
+        ActionKind::Discrete { .. } => 1,
+        ActionKind::Gaussian { dim } => *dim,
+    }
+}
+
+/// A seed for episode `k` of a user, from the user's seed (SplitMix64 finaliser).
+pub(crate) fn mix(seed: u64, k: u64) -> u64 {
+    let mut z = seed
+        ^ k.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+struct Actor<'a> {
+    layout: &'a ParamLayout,
+    params: Vec<Tensor>,
+    log_std: Vec<f32>,
+    device: Device,
+}
+
+impl<'a> Actor<'a> {
+    fn new(layout: &'a ParamLayout, global: &[f32]) -> Result<Self> {
+        let device = Device::Cpu;
+        let params = layout.stack(&[global], &device)?;
+        let log_std = match layout.log_std {
+            Some(i) => {
+                let p = &layout.params[i];
+                global[p.offset..p.offset + p.numel()].to_vec()
+            }
+            None => Vec::new(),
+        };
+        Ok(Self {
+            layout,
+            params,
+            log_std,
+            device,
+        })
+    }
+
+    /// Policy head rows `[n, A]` and (optionally) values `[n]` for `n` observations.
+    fn run(&self, obs: &[f32], n: usize, with_value: bool) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        let obs_dim = obs.len() / n.max(1);
+        let x = Tensor::from_slice(obs, (1, n, obs_dim), &self.device)?;
+        let head = forward(&x, &policy_layers(self.layout, &self.params))?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let v = if with_value {
+            Some(self.values(&x)?)
+        } else {
+            None
+        };
+        Ok((head, v))
+    }
+
+    fn values(&self, x: &Tensor) -> Result<Vec<f32>> {
+        Ok(forward(x, &value_layers(self.layout, &self.params))?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    }
+}
+
+/// Writes a policy sample into the environment's action, clipping Gaussian actions to the box.
+fn env_action<'b>(
+    kind: &ActionKind,
+    space: &Space,
+    a: &[f32],
+    clipped: &'b mut Vec<f32>,
+) -> Action<'b> {
+    match kind {
+        ActionKind::Discrete { .. } => Action::Discrete(a[0] as usize),
+        ActionKind::Gaussian { .. } => {
+            clipped.clear();
+            clipped.extend_from_slice(a);
+            if let Space::Box { low, high } = space {
+                for ((x, lo), hi) in clipped.iter_mut().zip(low).zip(high) {
+                    *x = x.clamp(*lo, *hi);
+                }
+            }
+            Action::Continuous(clipped)
+        }
+    }
+}
+
+/// Runs every user's episodes in lockstep and returns each user's data.
+///
+/// `seeds[u]` drives user `u`'s episode resets and action sampling, so a user's data depends
+/// only on its seed, its environment and `global`. `greedy` acts with the most likely action
+/// (for evaluation). When `record` is false only episode returns are kept.
+pub(crate) fn run_users(
+    spec: &ModelSpec,
+    layout: &ParamLayout,
+    global: &[f32],
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    cfg: &RolloutConfig,
+    greedy: bool,
+    record: bool,
+) -> Result<Vec<UserBatch>> {
+    layout.check(global)?;
+    if envs.len() != seeds.len() {
+        return Err(NnError::Invalid(format!(
+            "{} environments but {} seeds",
+            envs.len(),
+            seeds.len()
+        )));
+    }
+    let users = envs.len();
+    let obs_dim = spec.obs_dim;
+    let a_dim = action_dim(&spec.action);
+    let head_w = spec.action.head_width();
+    for env in envs.iter() {
+        if env.observation_space().dim() != obs_dim {
+            return Err(NnError::Invalid(format!(
+                "{}: observation length {} but the model expects {obs_dim}",
+                env.id(),
+                env.observation_space().dim()
+            )));
+        }
+    }
+    let actor = Actor::new(layout, global)?;
+    let spaces: Vec<Space> = envs.iter().map(|e| e.action_space().clone()).collect();
+    let mut rngs: Vec<Xoshiro256PlusPlus> = seeds
+        .iter()
+        .map(|&s| Xoshiro256PlusPlus::seed_from_u64(mix(s, u64::MAX)))
+        .collect();
+    let mut out: Vec<UserBatch> = (0..users).map(|_| UserBatch::default()).collect();
+    let mut cur_obs = vec![0.0f32; users * obs_dim];
+    let mut episode = vec![0usize; users];
+    let mut ep_steps = vec![0usize; users];
+    let mut ep_return = vec![0.0f64; users];
+    for u in 0..users {
+        envs[u].reset(
+            mix(seeds[u], 0),
+            &mut cur_obs[u * obs_dim..(u + 1) * obs_dim],
+        );
+    }
+    let mut active: Vec<usize> = if cfg.episodes_per_user == 0 {
+        Vec::new()
+    } else {
+        (0..users).collect()
+    };
+    // (user, step index, observation) of truncated steps awaiting their bootstrap value.
+    let mut pending: Vec<(usize, usize)> = Vec::new();
+    let mut pending_obs: Vec<f32> = Vec::new();
+    let mut batch_obs = Vec::with_capacity(users * obs_dim);
+    let mut act = vec![0.0f32; a_dim];
+    let mut clipped = Vec::with_capacity(a_dim);
+    let mut next_obs = vec![0.0f32; obs_dim];
+    while !active.is_empty() {
+        batch_obs.clear();
+        for &u in &active {
+            batch_obs.extend_from_slice(&cur_obs[u * obs_dim..(u + 1) * obs_dim]);
+        }
+        let (head, vals) = actor.run(&batch_obs, active.len(), record)?;
+        let mut still = Vec::with_capacity(active.len());
+        for (row, &u) in active.iter().enumerate() {
+            let logp = policy::sample(
+                &spec.action,
+                &head[row * head_w..(row + 1) * head_w],
+                &actor.log_std,
+                greedy,
+                &mut rngs[u],
+                &mut act,
+            );
+            let action = env_action(&spec.action, &spaces[u], &act, &mut clipped);
+            let step = envs[u].step(action, &mut next_obs)?;
+            ep_steps[u] += 1;
+            ep_return[u] += step.reward;
+            let capped = cfg.max_episode_steps > 0 && ep_steps[u] >= cfg.max_episode_steps;
+            let terminated = step.terminated;
+            let truncated = !terminated && (step.truncated || capped);
+            if record {
+                let b = &mut out[u];
+                b.obs
+                    .extend_from_slice(&cur_obs[u * obs_dim..(u + 1) * obs_dim]);
+                b.actions.extend_from_slice(&act);
+                b.logp.push(logp);
+                b.values.push(vals.as_ref().map_or(0.0, |v| v[row]));
+                b.rewards.push(step.reward as f32);
+                b.terminated.push(terminated);
+                b.truncated.push(truncated);
+                b.bootstrap.push(0.0);
+                if truncated {
+                    pending.push((u, b.logp.len() - 1));
+                    pending_obs.extend_from_slice(&next_obs);
+                }
+            }
+            if terminated || truncated {
+                out[u].episode_returns.push(ep_return[u]);
+                episode[u] += 1;
+                ep_steps[u] = 0;
+                ep_return[u] = 0.0;
+                if episode[u] < cfg.episodes_per_user {
+                    envs[u].reset(
+                        mix(seeds[u], episode[u] as u64),
+                        &mut cur_obs[u * obs_dim..(u + 1) * obs_dim],
+                    );
+                    still.push(u);
+                }
+            } else {
+                cur_obs[u * obs_dim..(u + 1) * obs_dim].copy_from_slice(&next_obs);
+                still.push(u);
+            }
+        }
+        active = still;
+    }
+    if !pending.is_empty() {
+        let x = Tensor::from_slice(&pending_obs, (1, pending.len(), obs_dim), &actor.device)?;
+        let v = actor.values(&x)?;
+        for (&(u, t), v) in pending.iter().zip(v) {
+            out[u].bootstrap[t] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// Collects each user's on-policy data with the global parameters, sampling actions.
+/// `seeds[u]` makes user `u`'s data reproducible and independent of the other users.
+pub fn collect_rollouts(
+    spec: &ModelSpec,
+    global: &[f32],
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    cfg: &RolloutConfig,
+) -> Result<Vec<UserBatch>> {
+    let layout = spec.layout();
+    run_users(spec, &layout, global, envs, seeds, cfg, false, true)
+}
