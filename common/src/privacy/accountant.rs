@@ -151,36 +151,57 @@ pub fn noise_multiplier(
             "steps must be at least 1".into(),
         ));
     }
-    // Too little noise can make the PLD grid exceed its limit; that z is then far from meeting
-    // the target, so it counts as infeasible.
-    let meets = |z: f64| -> Result<bool, PrivacyError> {
+    // The gap eps(z) - target; too little noise can make the PLD grid exceed its limit, and that
+    // z is then far from meeting the target: +inf.
+    let gap = |z: f64| -> Result<f64, PrivacyError> {
         match epsilon(
             &sampled_gaussian_rounds(z, sampling_rate, steps),
             delta,
             kind,
         ) {
-            Ok(e) => Ok(e <= target_epsilon),
-            Err(PrivacyError::Unsupported(_)) if kind == AccountantKind::Pld => Ok(false),
+            Ok(e) => Ok(e - target_epsilon),
+            Err(PrivacyError::Unsupported(_)) if kind == AccountantKind::Pld => Ok(f64::INFINITY),
             Err(e) => Err(e),
         }
     };
-    // Bracket [lo, hi] with lo infeasible and hi feasible, starting from z = 1.
-    let (mut lo, mut hi);
-    if meets(1.0)? {
-        hi = 1.0;
-        lo = 0.5;
-        while meets(lo)? {
-            hi = lo;
-            lo *= 0.5;
+    // Bracket [lo, hi] with lo infeasible (gap > 0) and hi feasible (gap <= 0). PLD starts from
+    // the RDP answer (cheap, and PLD is tighter, so it is feasible or nearly so), which also
+    // spares PLD the huge grids of tiny noise levels; RDP starts from z = 1.
+    let (start, factor) = match kind {
+        AccountantKind::Pld => {
+            match noise_multiplier(
+                target_epsilon,
+                delta,
+                sampling_rate,
+                steps,
+                AccountantKind::Rdp,
+            ) {
+                Ok(z) => (z, 0.8),
+                Err(_) => (1.0, 0.5),
+            }
+        }
+        AccountantKind::Rdp => (1.0, 0.5),
+    };
+    let (mut lo, mut hi, mut g_lo, mut g_hi);
+    let g_start = gap(start)?;
+    if g_start <= 0.0 {
+        (hi, g_hi) = (start, g_start);
+        lo = start * factor;
+        g_lo = gap(lo)?;
+        while g_lo <= 0.0 {
+            (hi, g_hi) = (lo, g_lo);
+            lo *= factor;
             if lo < 1e-6 {
                 return Ok(hi);
             }
+            g_lo = gap(lo)?;
         }
     } else {
-        lo = 1.0;
-        hi = 2.0;
-        while !meets(hi)? {
-            lo = hi;
+        (lo, g_lo) = (start, g_start);
+        hi = start * 2.0;
+        g_hi = gap(hi)?;
+        while g_hi > 0.0 {
+            (lo, g_lo) = (hi, g_hi);
             hi *= 2.0;
             if hi > MAX_NOISE_MULTIPLIER {
                 return Err(PrivacyError::NoSolution(format!(
@@ -188,15 +209,41 @@ pub fn noise_multiplier(
                      {target_epsilon} at delta {delta} over {steps} steps at rate {sampling_rate}"
                 )));
             }
+            g_hi = gap(hi)?;
         }
     }
-    // Bisect on log z: the ratio hi/lo halves its logarithm each step.
+    // Shrink the bracket on log z by regula falsi with the Illinois correction (epsilon is
+    // smooth in z, so this converges in a handful of steps), bisecting every third step and
+    // whenever interpolation is impossible; `hi` stays feasible throughout.
+    let mut kept = 0i8;
+    let mut step = 0u32;
     while hi - lo > NOISE_RELATIVE_TOLERANCE * hi {
-        let mid = (lo * hi).sqrt();
-        if meets(mid)? {
-            hi = mid;
+        step += 1;
+        let (a, b) = (lo.ln(), hi.ln());
+        let mut x = 0.5 * (a + b);
+        if step % 3 != 0 && g_lo.is_finite() && g_lo > g_hi {
+            let interpolated = b - g_hi * (b - a) / (g_hi - g_lo);
+            if interpolated > a && interpolated < b {
+                x = interpolated;
+            }
+        }
+        let z = x.exp();
+        if z <= lo || z >= hi {
+            break;
+        }
+        let g = gap(z)?;
+        if g <= 0.0 {
+            (hi, g_hi) = (z, g);
+            if kept == -1 {
+                g_lo *= 0.5;
+            }
+            kept = -1;
         } else {
-            lo = mid;
+            (lo, g_lo) = (z, g);
+            if kept == 1 {
+                g_hi *= 0.5;
+            }
+            kept = 1;
         }
     }
     Ok(hi)
