@@ -1,6 +1,7 @@
 //! `fedrl`: the one command-line program of fedrl (DESIGN §5).
 
 mod cmd;
+mod deploy;
 
 use std::process::ExitCode;
 

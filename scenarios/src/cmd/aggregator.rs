@@ -1,10 +1,65 @@
-//! `fedrl aggregator` (not implemented yet).
+//! `fedrl aggregator`: the QUIC server, round engine and ledger of one deployment.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use fedrl_aggregator::service::{self, AggregatorOptions};
+use fedrl_aggregator::{state, tasks};
+use fedrl_common::protocol::auth::issue_token;
+use fedrl_common::scenario::Scenario;
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`fedrl aggregator` is not implemented yet")
+use crate::cmd::UsageError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Scenario file (TOML).
+    #[arg(long)]
+    pub scenario: PathBuf,
+    /// UDP address to listen on; port 0 lets the OS choose (the address is written to
+    /// STATE_DIR/address.json).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// State directory: certificate, enrolment secret, ledger, checkpoints, metrics. Reusing it
+    /// after a crash resumes the run.
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    /// Print the enrolment token of this client id (repeatable) and exit.
+    #[arg(long, value_name = "CLIENT_ID")]
+    pub issue_token: Vec<String>,
+    /// Update frames read concurrently (bounds memory: each holds about 8 x dim bytes).
+    #[arg(long, default_value_t = 8)]
+    pub max_inflight_updates: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let scenario = Scenario::from_file(&args.scenario).map_err(|e| UsageError(e.to_string()))?;
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("creating {}", args.state_dir.display()))?;
+    if !args.issue_token.is_empty() {
+        let secret = state::load_or_create_secret(&args.state_dir)?;
+        for id in &args.issue_token {
+            let token = issue_token(&secret, id)
+                .map_err(|e| UsageError(format!("client id {id:?}: {e}")))?;
+            println!("{token}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let model = tasks::server_model(&scenario)?;
+    let mut opts = AggregatorOptions::new(scenario, args.listen, args.state_dir);
+    opts.max_inflight_updates = args.max_inflight_updates;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(async move {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            let _ = tx.send(());
+        });
+        service::run(opts, model, Some(rx)).await
+    })?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,10 +1,59 @@
-//! `fedrl client` (not implemented yet).
+//! `fedrl client`: a client agent hosting simulated users.
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use fedrl_client::{AgentOptions, default_factory, parse_unit_ranges, run_agent};
+use fedrl_common::protocol::auth::parse_fingerprint;
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`fedrl client` is not implemented yet")
+use crate::cmd::UsageError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Aggregator address (HOST:PORT, UDP).
+    #[arg(long)]
+    pub server: String,
+    /// SHA-256 fingerprint of the aggregator's certificate (printed by `fedrl aggregator`).
+    #[arg(long = "server-cert-sha256", value_name = "HEX")]
+    pub server_cert_sha256: String,
+    /// Enrolment token (`fedrl aggregator --issue-token ID` prints one).
+    #[arg(long)]
+    pub token: String,
+    /// Users hosted, `A..B` (half-open), comma-separated; default: every user no other agent
+    /// hosts.
+    #[arg(long, value_name = "RANGE")]
+    pub users: Option<String>,
+    /// Give up after this many seconds without reaching the aggregator.
+    #[arg(long, default_value_t = 60.0)]
+    pub give_up_after: f64,
+    /// Seed of the churn model's random choices (default: from the OS).
+    #[arg(long)]
+    pub churn_seed: Option<u64>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let server: SocketAddr = args
+        .server
+        .to_socket_addrs()
+        .map_err(|e| UsageError(format!("--server {}: {e}", args.server)))?
+        .next()
+        .ok_or_else(|| UsageError(format!("--server {}: no address", args.server)))?;
+    let fingerprint =
+        parse_fingerprint(&args.server_cert_sha256).map_err(|e| UsageError(e.to_string()))?;
+    let units = match &args.users {
+        Some(r) => parse_unit_ranges(r).map_err(|e| UsageError(format!("--users: {e}")))?,
+        None => Vec::new(),
+    };
+    let mut opts = AgentOptions::new(server, fingerprint, args.token, units);
+    opts.give_up_after_s = args.give_up_after;
+    opts.churn_seed = args.churn_seed;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let summary = rt
+        .block_on(run_agent(opts, default_factory()))
+        .context("client agent")?;
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(ExitCode::SUCCESS)
 }

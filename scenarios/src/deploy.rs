@@ -1,0 +1,293 @@
+//! Local deployments: start an aggregator and client agents as separate processes on loopback,
+//! follow progress, and collect the results (`fedrl run`). Reusable: the RL tasks extend the
+//! report (see [`RunResult::report`], a JSON object) without touching process management.
+//!
+//! Output directory layout: `scenario.toml` (the scenario as run), `state/` (the aggregator's
+//! state directory), `ledger` and `metrics.jsonl` (copied from `state/`), `report.json`,
+//! `aggregator.log`, `client-N.log`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use fedrl_aggregator::service::{AddressFile, read_address_file};
+use fedrl_aggregator::state;
+use fedrl_common::protocol::auth::issue_token;
+use fedrl_common::scenario::Scenario;
+
+/// The built-in scenario (`fedrl run` with no file).
+pub const DEFAULT_SCENARIO: &str = include_str!("../mean-estimation.toml");
+
+/// A prepared local run: the scenario and where its results go.
+pub struct LocalRun {
+    pub scenario: Scenario,
+    /// The scenario file the aggregator reads (inside `out_dir`).
+    pub scenario_path: PathBuf,
+    pub out_dir: PathBuf,
+}
+
+impl LocalRun {
+    /// Reads the scenario (or the built-in one), creates the output directory and writes the
+    /// scenario into it.
+    pub fn prepare(scenario: Option<&Path>, out: Option<&Path>) -> anyhow::Result<LocalRun> {
+        let text = match scenario {
+            Some(p) => fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            None => DEFAULT_SCENARIO.to_string(),
+        };
+        let parsed = Scenario::from_toml_str(&text).map_err(|e| match scenario {
+            Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
+            None => anyhow::anyhow!("built-in scenario: {e}"),
+        })?;
+        let out_dir = match out {
+            Some(o) => o.to_path_buf(),
+            None => {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                PathBuf::from("runs").join(format!("{}-{t}", parsed.name))
+            }
+        };
+        fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+        let scenario_path = out_dir.join("scenario.toml");
+        fs::write(&scenario_path, &text)?;
+        Ok(LocalRun {
+            scenario: parsed,
+            scenario_path,
+            out_dir,
+        })
+    }
+}
+
+/// What a local run produced.
+pub struct RunResult {
+    /// `report.json` as written: the aggregator's report plus `wall_seconds` of the whole run and
+    /// the client agents' summaries. Extend it freely (it is a JSON object).
+    pub report: serde_json::Value,
+}
+
+/// Kills and reaps child processes when dropped (errors, panics, timeouts).
+struct Children(Vec<(String, Child)>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, c) in self.0.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
+    let f = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    Ok((Stdio::from(f.try_clone()?), Stdio::from(f)))
+}
+
+fn tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+/// Starts `exe aggregator` with `state_dir` and waits for its address file.
+pub fn spawn_aggregator(
+    exe: &Path,
+    scenario_path: &Path,
+    state_dir: &Path,
+    listen: &str,
+    log: &Path,
+) -> anyhow::Result<(Child, AddressFile)> {
+    fs::create_dir_all(state_dir)?;
+    let _ = fs::remove_file(state_dir.join(state::ADDRESS_FILE));
+    let (out, err) = log_file(log)?;
+    let mut child = Command::new(exe)
+        .arg("aggregator")
+        .arg("--scenario")
+        .arg(scenario_path)
+        .arg("--listen")
+        .arg(listen)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("starting {} aggregator", exe.display()))?;
+    let t0 = Instant::now();
+    loop {
+        if let Ok(a) = read_address_file(state_dir)
+            && a.pid == child.id()
+        {
+            return Ok((child, a));
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "the aggregator exited ({status}) before listening:\n{}",
+                tail(log)
+            );
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            bail!(
+                "the aggregator did not start listening within 60 s:\n{}",
+                tail(log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts `exe client` for `token` hosting `users` (`A..B`).
+pub fn spawn_client(
+    exe: &Path,
+    addr: &AddressFile,
+    token: &str,
+    users: &str,
+    log: &Path,
+) -> anyhow::Result<Child> {
+    let (out, err) = log_file(log)?;
+    Command::new(exe)
+        .arg("client")
+        .arg("--server")
+        .arg(addr.addr.to_string())
+        .arg("--server-cert-sha256")
+        .arg(&addr.fingerprint)
+        .arg("--token")
+        .arg(token)
+        .arg("--users")
+        .arg(users)
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("starting {} client", exe.display()))
+}
+
+/// Runs `run` to completion: aggregator + `client_agents` client processes, progress bar (if
+/// `progress`), results in `run.out_dir`.
+pub fn run_local(
+    run: &LocalRun,
+    exe: &Path,
+    timeout_s: f64,
+    progress: bool,
+) -> anyhow::Result<RunResult> {
+    let t0 = Instant::now();
+    let out = &run.out_dir;
+    let state_dir = out.join("state");
+    fs::create_dir_all(&state_dir)?;
+    // The parent issues the tokens, so it chooses the enrolment secret.
+    let secret = state::random_secret()?;
+    state::store_secret(&state_dir, &secret)?;
+    let agg_log = out.join("aggregator.log");
+    let (agg, addr) =
+        spawn_aggregator(exe, &run.scenario_path, &state_dir, "127.0.0.1:0", &agg_log)?;
+    let mut children = Children(vec![("aggregator".into(), agg)]);
+    for i in 0..run.scenario.client_agents {
+        let token = issue_token(&secret, &format!("agent-{i}"))?;
+        let units = run.scenario.agent_units(i);
+        let log = out.join(format!("client-{i}.log"));
+        let c = spawn_client(exe, &addr, &token, &units.to_string(), &log)?;
+        children.0.push((format!("client-{i}"), c));
+    }
+
+    let bar = if progress {
+        let b = indicatif::ProgressBar::new(run.scenario.rounds);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} round {pos}/{len} [{bar:30}] {msg} ({elapsed})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let metrics_path = state_dir.join(state::METRICS_FILE);
+    let agg_status = loop {
+        if let Ok(text) = fs::read_to_string(&metrics_path) {
+            let (mut rel, mut ab) = (0u64, 0u64);
+            for line in text.lines() {
+                if line.contains("\"released\"") {
+                    rel += 1;
+                } else if line.contains("\"abandoned\"") {
+                    ab += 1;
+                }
+            }
+            bar.set_position(rel + ab);
+            bar.set_message(format!("{rel} released, {ab} abandoned"));
+        }
+        if let Some(status) = children.0[0].1.try_wait()? {
+            break status;
+        }
+        for (name, c) in children.0.iter_mut().skip(1) {
+            if let Some(status) = c.try_wait()?
+                && !status.success()
+            {
+                bar.abandon();
+                bail!(
+                    "{name} exited ({status}):\n{}",
+                    tail(&out.join(format!("{name}.log")))
+                );
+            }
+        }
+        if t0.elapsed().as_secs_f64() > timeout_s {
+            bar.abandon();
+            bail!("the run did not finish within {timeout_s} s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    bar.finish();
+    if !agg_status.success() {
+        bail!("the aggregator exited ({agg_status}):\n{}", tail(&agg_log));
+    }
+    // Clients leave on the aggregator's "finished"; give them a moment, then stop them.
+    let mut clients = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (name, c) in children.0.iter_mut().skip(1) {
+        let status = loop {
+            if let Some(s) = c.try_wait()? {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = out.join(format!("{name}.log"));
+        let summary = fs::read_to_string(&log)
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .rev()
+                    .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            })
+            .unwrap_or(serde_json::Value::Null);
+        clients.push(serde_json::json!({
+            "name": name,
+            "exit": status.map(|s| s.to_string()).unwrap_or_else(|| "killed after 10 s".into()),
+            "summary": summary,
+        }));
+    }
+    drop(children);
+
+    let report_path = state_dir.join(state::REPORT_FILE);
+    let text = fs::read_to_string(&report_path)
+        .with_context(|| format!("reading {}", report_path.display()))?;
+    let mut report: serde_json::Value = serde_json::from_str(&text)?;
+    if let Some(obj) = report.as_object_mut() {
+        obj.insert(
+            "aggregator_wall_seconds".into(),
+            obj.get("wall_seconds").cloned().unwrap_or_default(),
+        );
+        obj.insert(
+            "wall_seconds".into(),
+            serde_json::json!(t0.elapsed().as_secs_f64()),
+        );
+        obj.insert("client_agents".into(), serde_json::Value::Array(clients));
+    }
+    fs::copy(state_dir.join(state::LEDGER_FILE), out.join("ledger"))
+        .context("copying the ledger")?;
+    fs::copy(&metrics_path, out.join("metrics.jsonl")).context("copying metrics.jsonl")?;
+    fs::write(out.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
+    Ok(RunResult { report })
+}
