@@ -107,11 +107,8 @@ fn orthogonal_rows_or_columns() {
     for (r, c) in [(3, 7), (7, 3), (5, 5)] {
         let w = orthogonal(r, c, 2.0, &mut rng);
         // The shorter side is orthogonal with squared norm gain^2.
-        let (k, n, get): (usize, usize, Box<dyn Fn(usize, usize) -> f32>) = if r <= c {
-            (r, c, Box::new(|i, j| w[i * c + j]))
-        } else {
-            (c, r, Box::new(|i, j| w[j * c + i]))
-        };
+        let (k, n) = (r.min(c), r.max(c));
+        let get = |i: usize, j: usize| if r <= c { w[i * c + j] } else { w[j * c + i] };
         for i in 0..k {
             for j in 0..k {
                 let d: f32 = (0..n).map(|t| get(i, t) * get(j, t)).sum();

@@ -276,7 +276,7 @@ fn users_are_independent_and_batched_equals_alone() {
     let mut other = batches.clone();
     for b in other.iter_mut().skip(1) {
         for r in b.rewards.iter_mut() {
-            *r = -3.0 * *r;
+            *r *= -3.0;
         }
         for o in b.obs.iter_mut() {
             *o += 0.5;

@@ -158,6 +158,9 @@ impl ModelSpec {
     }
 }
 
+/// A named tensor outside the flat vector: (name, PyTorch shape, row-major values).
+pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
 /// One named tensor inside the flat vector.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamSpec {
@@ -215,7 +218,7 @@ impl ParamLayout {
     }
 
     /// Splits a flat vector into named tensors (PyTorch shapes).
-    pub fn unflatten(&self, flat: &[f32]) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    pub fn unflatten(&self, flat: &[f32]) -> Result<Vec<NamedTensor>> {
         self.check(flat)?;
         Ok(self
             .params
@@ -231,7 +234,7 @@ impl ParamLayout {
     }
 
     /// Concatenates named tensors back into one flat vector; names and shapes must match.
-    pub fn flatten(&self, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<Vec<f32>> {
+    pub fn flatten(&self, tensors: &[NamedTensor]) -> Result<Vec<f32>> {
         let mut flat = vec![0.0f32; self.len];
         let mut seen = vec![false; self.params.len()];
         for (name, shape, data) in tensors {

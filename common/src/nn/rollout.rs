@@ -160,6 +160,7 @@ fn env_action<'b>(
 /// `seeds[u]` drives user `u`'s episode resets and action sampling, so a user's data depends
 /// only on its seed, its environment and `global`. `greedy` acts with the most likely action
 /// (for evaluation). When `record` is false only episode returns are kept.
+#[allow(clippy::too_many_arguments)] // internal; the public entry points take fewer
 pub(crate) fn run_users(
     spec: &ModelSpec,
     layout: &ParamLayout,
