@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p fedrl-bench --bench ppo [-- --users 512 --threads 2]`
 //!
-//! Cases (CartPole-v1, 2x64 tanh policy and value, 4 epochs x 2 minibatches, fresh Adam):
+//! Cases (CartPole-v1, 2 x `--hidden` (64) tanh policy and value, 4 epochs x 2 minibatches, fresh Adam):
 //! - `client_step`: rollout + local PPO + clip with the initial policy (short episodes);
 //! - `train_only_500`: the local PPO update alone on 500-step users (a solved CartPole's
 //!   episode length), synthetic data.
@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
     let cfg = LocalUpdateConfig {
         threads: arg("--threads", 2),
         group_size: arg("--group", LocalUpdateConfig::default().group_size),
-        hidden: vec![64, 64],
+        hidden: vec![arg("--hidden", 64); 2],
         ..LocalUpdateConfig::default()
     };
     let probe = fedrl_sim::make("CartPole-v1")?;
