@@ -7,6 +7,7 @@
 //! - `client_step`: rollout + local PPO + clip with the initial policy (short episodes);
 //! - `train_only_500`: the local PPO update alone on 500-step users (a solved CartPole's
 //!   episode length), synthetic data.
+//!
 //! Prints env-steps/s and users/s, one JSON line per case.
 
 use std::time::Instant;
