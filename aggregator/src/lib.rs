@@ -8,6 +8,7 @@
 //! - [`checkpoint`], [`state`], [`tls`], [`net`]: durable state, TLS identity, frame I/O.
 
 pub mod checkpoint;
+pub mod dppg;
 pub mod engine;
 pub mod model;
 pub mod net;

@@ -47,6 +47,19 @@ pub trait ServerModel: Send {
         let _ = round;
         None
     }
+    /// True once the model wants training to stop (e.g. an evaluation reached its target).
+    fn finished(&self) -> bool {
+        false
+    }
+    /// The final evaluation at the end of the run (written into the report).
+    fn final_evaluation(&mut self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Writes the trained model into `dir` (e.g. `policy.safetensors`) at the end of the run.
+    fn export(&self, dir: &std::path::Path) -> anyhow::Result<()> {
+        let _ = dir;
+        Ok(())
+    }
 }
 
 /// Server SGD with momentum: `v = momentum * v + u; theta += lr * v` where `u` is the released

@@ -8,5 +8,6 @@ use crate::model::{MeanEstimationModel, ServerModel};
 pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>> {
     match &scenario.task {
         Task::MeanEstimation(t) => Ok(Box::new(MeanEstimationModel::new(t))),
+        Task::Dppg(t) => Ok(Box::new(crate::dppg::DppgModel::new(t, scenario.users)?)),
     }
 }

@@ -8,6 +8,7 @@
 //! - [`tls`]: certificate pinning by SHA-256 fingerprint.
 
 pub mod agent;
+pub mod dppg;
 pub mod net;
 pub mod tls;
 pub mod trainer;

@@ -36,6 +36,9 @@ pub fn default_factory() -> TrainerFactory {
             Task::MeanEstimation(t) => {
                 Ok(Box::new(MeanEstimationTrainer::new(t)) as Box<dyn LocalTrainer>)
             }
+            Task::Dppg(t) => {
+                Ok(Box::new(crate::dppg::DppgTrainer::new(&t)?) as Box<dyn LocalTrainer>)
+            }
         }
     })
 }

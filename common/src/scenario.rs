@@ -118,6 +118,11 @@ pub struct Scenario {
     /// Hard maximum frame size in bytes, checked before allocation. Default 64 MiB.
     #[serde(default = "d_max_frame")]
     pub max_frame_bytes: u64,
+    /// A non-private baseline ("twin"): no clipping and no noise anywhere, nothing recorded in
+    /// the ledger, and every report says epsilon = infinity. For comparison runs only.
+    /// Default false.
+    #[serde(default)]
+    pub non_private: bool,
     /// Stress-test misbehaviour of client agents. Default: none.
     #[serde(default)]
     pub churn: Churn,
@@ -157,6 +162,10 @@ pub enum Task {
     /// DP federated mean estimation: each user holds a private vector; the aggregator learns
     /// their mean (needs no RL; proves the transport, engine and ledger on their own).
     MeanEstimation(MeanEstimationTask),
+    /// User-level DP policy gradient (seed 004): users play episodes in their own simulators
+    /// and send clipped local PPO updates. Needs fedrl-common's `nn` feature.
+    #[cfg(feature = "nn")]
+    Dppg(DppgTask),
 }
 
 impl Task {
@@ -164,6 +173,8 @@ impl Task {
     pub fn dim(&self) -> usize {
         match self {
             Task::MeanEstimation(t) => t.dim,
+            #[cfg(feature = "nn")]
+            Task::Dppg(t) => t.model_spec().map(|m| m.layout().len()).unwrap_or(0),
         }
     }
 
@@ -179,6 +190,128 @@ impl Task {
             message: format!("task specification: {e}"),
         })
     }
+}
+
+/// Parameters of [`Task::Dppg`]: the population of simulated users, the policy, the local update
+/// and the server side.
+///
+/// Training users are ids `0..users`; evaluation uses held-out users `users..users + eval_users`
+/// of the same population, never a training user.
+#[cfg(feature = "nn")]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DppgTask {
+    /// Population name or environment id (`fedrl sim list`). Default `CartPole-v1`.
+    #[serde(default = "d_population")]
+    pub population: String,
+    /// Seed of the population's per-user parameters. Default 0.
+    #[serde(default)]
+    pub population_seed: u64,
+    /// Seed of the initial global parameters. Default 0.
+    #[serde(default)]
+    pub model_seed: u64,
+    /// Base seed of the users' episodes (simulation randomness, not privacy noise). Default 0.
+    #[serde(default)]
+    pub episode_seed: u64,
+    /// Server learning rate applied to the released noisy mean update. Default 1.
+    #[serde(default = "d_one_f")]
+    pub server_lr: f64,
+    /// Server momentum in [0, 1). Default 0.
+    #[serde(default)]
+    pub server_momentum: f64,
+    /// Evaluate on held-out users every K released rounds (and at the end). Default 5.
+    #[serde(default = "d_eval_every")]
+    pub eval_every: u64,
+    /// Held-out users evaluated during training. Default 20.
+    #[serde(default = "d_eval_users")]
+    pub eval_users: u64,
+    /// Held-out users (one episode each) in the final evaluation. Default 100.
+    #[serde(default = "d_final_eval_users")]
+    pub final_eval_users: u64,
+    /// Episodes per held-out user in periodic evaluations. Default 1.
+    #[serde(default = "d_one_usize")]
+    pub eval_episodes: usize,
+    /// Stop training once a periodic evaluation on held-out users reaches this mean return (a
+    /// non-private diagnostic on simulated users: post-processing, no privacy cost). Default:
+    /// never; train for `rounds`.
+    #[serde(default)]
+    pub stop_at_return: Option<f64>,
+    /// The local PPO update (episodes per user, epochs, learning rate, hidden sizes, ...); its
+    /// `clip_norm` is replaced by the scenario's `clip_norm`.
+    #[serde(default)]
+    pub local: crate::nn::LocalUpdateConfig,
+}
+
+#[cfg(feature = "nn")]
+impl DppgTask {
+    /// The policy/value model for the population's environment.
+    pub fn model_spec(&self) -> Result<crate::nn::ModelSpec, ScenarioError> {
+        let pop = fedrl_sim::population::Population::new(&self.population, self.population_seed)
+            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
+        let env = pop
+            .user_env(0)
+            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
+        crate::nn::ModelSpec::from_spaces(
+            env.observation_space(),
+            env.action_space(),
+            &self.local.hidden,
+        )
+        .map_err(|e| ScenarioError::Invalid(format!("task: {e}")))
+    }
+
+    fn validate(&self) -> Result<(), ScenarioError> {
+        let bad = |m: String| Err(ScenarioError::Invalid(m));
+        self.model_spec()?;
+        if !(self.server_lr.is_finite() && self.server_lr > 0.0) {
+            return bad(format!(
+                "task.server_lr must be > 0, got {}",
+                self.server_lr
+            ));
+        }
+        if !(0.0..1.0).contains(&self.server_momentum) {
+            return bad(format!(
+                "task.server_momentum must be in [0, 1), got {}",
+                self.server_momentum
+            ));
+        }
+        if self.eval_every == 0 || self.eval_users == 0 || self.final_eval_users == 0 {
+            return bad(
+                "task.eval_every, task.eval_users and task.final_eval_users must be >= 1".into(),
+            );
+        }
+        let l = &self.local;
+        if l.episodes_per_user == 0 || l.epochs == 0 || l.minibatches == 0 || l.hidden.is_empty() {
+            return bad(
+                "task.local: episodes_per_user, epochs, minibatches >= 1 and hidden non-empty"
+                    .into(),
+            );
+        }
+        if !(l.lr.is_finite() && l.lr > 0.0) {
+            return bad(format!("task.local.lr must be > 0, got {}", l.lr));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "nn")]
+fn d_population() -> String {
+    "CartPole-v1".into()
+}
+#[cfg(feature = "nn")]
+fn d_eval_every() -> u64 {
+    5
+}
+#[cfg(feature = "nn")]
+fn d_eval_users() -> u64 {
+    20
+}
+#[cfg(feature = "nn")]
+fn d_final_eval_users() -> u64 {
+    100
+}
+#[cfg(feature = "nn")]
+fn d_one_usize() -> usize {
+    1
 }
 
 /// Parameters of [`Task::MeanEstimation`].
@@ -342,6 +475,24 @@ impl Scenario {
             .unwrap_or_else(|| ((self.expected_cohort() / 2.0).ceil() as u64).max(1))
     }
 
+    /// The L2 bound every update is clipped to: `clip_norm`, or +inf for a non-private twin.
+    pub fn effective_clip_norm(&self) -> f64 {
+        if self.non_private {
+            f64::INFINITY
+        } else {
+            self.clip_norm
+        }
+    }
+
+    /// The noise multiplier applied: `noise_multiplier`, or 0 for a non-private twin.
+    pub fn effective_noise_multiplier(&self) -> f64 {
+        if self.non_private {
+            0.0
+        } else {
+            self.noise_multiplier
+        }
+    }
+
     /// The ledger header this scenario runs under.
     pub fn ledger_config(&self) -> LedgerConfig {
         LedgerConfig {
@@ -451,6 +602,20 @@ impl Scenario {
                 self.churn.added_latency_s
             ));
         }
+        match &self.task {
+            #[cfg(feature = "nn")]
+            Task::Dppg(t) => t.validate()?,
+            Task::MeanEstimation(t) => {
+                if !(t.mean_norm.is_finite() && t.user_std.is_finite() && t.user_std >= 0.0) {
+                    return bad(
+                        "task.mean_norm and task.user_std must be finite, user_std >= 0".into(),
+                    );
+                }
+                if !t.server_lr.is_finite() {
+                    return bad("task.server_lr must be finite".into());
+                }
+            }
+        }
         let dim = self.task.dim();
         if dim == 0 || dim > (u32::MAX / 4) as usize {
             return bad(format!(
@@ -464,18 +629,6 @@ impl Scenario {
                 "max_frame_bytes ({}) is too small for vectors of dim {dim} (need at least {need})",
                 self.max_frame_bytes
             ));
-        }
-        match &self.task {
-            Task::MeanEstimation(t) => {
-                if !(t.mean_norm.is_finite() && t.user_std.is_finite() && t.user_std >= 0.0) {
-                    return bad(
-                        "task.mean_norm and task.user_std must be finite, user_std >= 0".into(),
-                    );
-                }
-                if !t.server_lr.is_finite() {
-                    return bad("task.server_lr must be finite".into());
-                }
-            }
         }
         Ok(())
     }

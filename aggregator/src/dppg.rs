@@ -1,0 +1,152 @@
+//! DPPG (seed 004), server side: the global policy and value network, the server optimizer that
+//! applies each released noisy mean update, evaluation on held-out users, and the exported policy.
+//!
+//! Held-out users are never training users: periodic evaluations use ids
+//! `users..users + eval_users`, the final evaluation the next `final_eval_users` ids, so the
+//! reported return is measured on users that played no part in choosing the model. Evaluation
+//! and model selection only touch released models and simulated users: post-processing, no
+//! privacy cost.
+
+use std::path::Path;
+
+use fedrl_common::nn::{EvalConfig, ModelSpec, evaluate, io};
+use fedrl_common::scenario::DppgTask;
+use fedrl_sim::Env;
+use fedrl_sim::population::Population;
+
+use crate::model::{ModelError, ModelState, ServerModel, ServerSgd};
+
+/// File name of the exported policy in the output directory.
+pub const POLICY_FILE: &str = "policy.safetensors";
+
+pub struct DppgModel {
+    task: DppgTask,
+    spec: ModelSpec,
+    sgd: ServerSgd,
+    population: Population,
+    /// First held-out user id (the scenario's number of training users).
+    first_eval_user: u64,
+    /// The best periodically evaluated parameters and their return.
+    best: Option<(f64, Vec<f32>)>,
+    reached_target: bool,
+}
+
+/// What an evaluation measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    pub mean: f64,
+    pub std: f64,
+    pub episodes: usize,
+}
+
+impl DppgModel {
+    /// `training_users`: held-out evaluation users get ids from there on.
+    pub fn new(task: &DppgTask, training_users: u64) -> anyhow::Result<Self> {
+        let spec = task.model_spec()?;
+        let params = spec.init(task.model_seed);
+        Ok(Self {
+            task: task.clone(),
+            sgd: ServerSgd::new(params, task.server_lr, task.server_momentum),
+            spec,
+            population: Population::new(&task.population, task.population_seed)?,
+            first_eval_user: training_users,
+            best: None,
+            reached_target: false,
+        })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Mean return of `params` over held-out users `first..first + n`, one batched rollout.
+    pub fn evaluate_on(&self, params: &[f32], first: u64, n: u64) -> anyhow::Result<Evaluation> {
+        let mut envs: Vec<Box<dyn Env>> = (0..n)
+            .map(|j| self.population.user_env(first + j))
+            .collect::<Result<_, _>>()?;
+        // Resets of evaluation episodes are seeded by the user id: the same users, the same
+        // episodes, whichever model is evaluated.
+        let seeds: Vec<u64> = (0..n).map(|j| 0xE7A1_0000_0000 ^ (first + j)).collect();
+        let cfg = EvalConfig {
+            episodes_per_env: self.task.eval_episodes.max(1),
+            ..EvalConfig::default()
+        };
+        let r = evaluate(&self.spec, params, &mut envs, &seeds, &cfg)?;
+        Ok(Evaluation {
+            mean: r.mean,
+            std: r.std,
+            episodes: r.returns.len(),
+        })
+    }
+
+    /// The parameters that will be exported: the best evaluated ones, else the current ones.
+    fn chosen(&self) -> &[f32] {
+        self.best.as_ref().map_or(&self.sgd.params, |(_, p)| p)
+    }
+}
+
+impl ServerModel for DppgModel {
+    fn params(&self) -> &[f32] {
+        &self.sgd.params
+    }
+
+    fn apply(&mut self, noisy_mean_update: &[f32]) -> Result<(), ModelError> {
+        self.sgd.step(noisy_mean_update)
+    }
+
+    fn state(&self) -> ModelState {
+        self.sgd
+            .state(serde_json::json!({"model": "dppg", "population": self.task.population}))
+    }
+
+    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
+        self.sgd.restore(&state)
+    }
+
+    fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
+        if (round + 1) % self.task.eval_every.max(1) != 0 {
+            return None;
+        }
+        let n = self.task.eval_users.max(1);
+        match self.evaluate_on(&self.sgd.params, self.first_eval_user, n) {
+            Ok(e) => {
+                if self.best.as_ref().is_none_or(|(b, _)| e.mean > *b) {
+                    self.best = Some((e.mean, self.sgd.params.clone()));
+                }
+                if self.task.stop_at_return.is_some_and(|t| e.mean >= t) {
+                    self.reached_target = true;
+                }
+                Some(serde_json::json!({
+                    "eval_return": e.mean,
+                    "eval_return_std": e.std,
+                    "eval_episodes": e.episodes,
+                }))
+            }
+            Err(e) => Some(serde_json::json!({ "eval_error": e.to_string() })),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.reached_target
+    }
+
+    fn final_evaluation(&mut self) -> Option<serde_json::Value> {
+        let first = self.first_eval_user + self.task.eval_users.max(1);
+        let n = self.task.final_eval_users.max(1);
+        let selected = self.best.as_ref().map(|(r, _)| *r);
+        Some(match self.evaluate_on(self.chosen(), first, n) {
+            Ok(e) => serde_json::json!({
+                "final_eval_return": e.mean,
+                "final_eval_return_std": e.std,
+                "final_eval_episodes": e.episodes,
+                "selected_model_eval_return": selected,
+            }),
+            Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
+        })
+    }
+
+    fn export(&self, dir: &Path) -> anyhow::Result<()> {
+        io::save(&dir.join(POLICY_FILE), &self.spec, self.chosen())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,85 @@
+//! DPPG (seed 004, Algorithm 2), client side: each offered user plays its episode(s) in its own
+//! simulator with the current global policy and computes a local PPO update with a fresh
+//! optimizer; all offered users of this agent are trained as one batched tensor job
+//! ([`fedrl_common::nn::local_updates`]).
+
+use fedrl_common::nn::{LocalUpdateConfig, ModelSpec, local_updates};
+use fedrl_common::protocol::{RoundSpec, UnitId};
+use fedrl_common::scenario::DppgTask;
+use fedrl_sim::Env;
+use fedrl_sim::population::Population;
+
+use crate::trainer::LocalTrainer;
+
+/// The DPPG local trainer of one client agent.
+pub struct DppgTrainer {
+    population: Population,
+    spec: ModelSpec,
+    local: LocalUpdateConfig,
+    /// Seeds the users' episodes (simulation randomness, not privacy noise).
+    episode_seed: u64,
+}
+
+impl DppgTrainer {
+    pub fn new(task: &DppgTask) -> anyhow::Result<Self> {
+        let population = Population::new(&task.population, task.population_seed)?;
+        let spec = task.model_spec()?;
+        Ok(Self {
+            population,
+            spec,
+            local: task.local.clone(),
+            episode_seed: task.episode_seed,
+        })
+    }
+}
+
+/// A seed for `unit`'s episodes in `round`: distinct per (round, unit), identical on every
+/// machine (SplitMix64 finaliser over the three).
+pub fn episode_seed(base: u64, round: u64, unit: UnitId) -> u64 {
+    let mut z =
+        base ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ unit.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl LocalTrainer for DppgTrainer {
+    fn local_updates(
+        &mut self,
+        round: &RoundSpec,
+        global: &[f32],
+        units: &[UnitId],
+    ) -> Vec<(UnitId, Vec<f32>)> {
+        let mut hosted: Vec<UnitId> = Vec::with_capacity(units.len());
+        let mut envs: Vec<Box<dyn Env>> = Vec::with_capacity(units.len());
+        for &u in units {
+            match self.population.user_env(u) {
+                Ok(env) => {
+                    hosted.push(u);
+                    envs.push(env);
+                }
+                Err(e) => {
+                    tracing::warn!(unit = u, error = %e, "cannot build the user's simulator; skipping")
+                }
+            }
+        }
+        let seeds: Vec<u64> = hosted
+            .iter()
+            .map(|&u| episode_seed(self.episode_seed, round.round, u))
+            .collect();
+        // The aggregator's C is authoritative; the client clips to it (the server clips again).
+        let mut cfg = self.local.clone();
+        cfg.clip_norm = round.clip_norm;
+        match local_updates(&self.spec, global, &mut envs, &seeds, &cfg) {
+            Ok(updates) => hosted
+                .into_iter()
+                .zip(updates)
+                .map(|(u, up)| (u, up.delta))
+                .collect(),
+            Err(e) => {
+                tracing::error!(round = round.round, error = %e, "local PPO update failed; no updates this round");
+                Vec::new()
+            }
+        }
+    }
+}
