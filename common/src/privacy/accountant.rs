@@ -221,7 +221,7 @@ pub fn noise_multiplier(
         step += 1;
         let (a, b) = (lo.ln(), hi.ln());
         let mut x = 0.5 * (a + b);
-        if step % 3 != 0 && g_lo.is_finite() && g_lo > g_hi {
+        if !step.is_multiple_of(3) && g_lo.is_finite() && g_lo > g_hi {
             let interpolated = b - g_hi * (b - a) / (g_hi - g_lo);
             if interpolated > a && interpolated < b {
                 x = interpolated;
