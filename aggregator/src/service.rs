@@ -115,8 +115,13 @@ pub struct RunReport {
     pub wall_seconds: f64,
     /// Why the run ended.
     pub finished: String,
-    /// The model's last evaluation, if any.
+    /// The model's last periodic evaluation, if any.
     pub final_eval: Option<serde_json::Value>,
+    /// The model's end-of-run evaluation, if it has one (e.g. `final_eval_return` on held-out
+    /// users).
+    pub final_evaluation: Option<serde_json::Value>,
+    /// True for a non-private twin: no clipping, no noise, epsilon = infinity.
+    pub non_private: bool,
     /// Updates accepted/rejected by this process.
     pub updates_accepted: u64,
     pub updates_rejected: u64,
@@ -242,8 +247,9 @@ pub async fn run(
         quorum: scenario.quorum(),
         deadline_s: scenario.round_deadline_s,
         start_timeout_s: scenario.start_timeout_s,
-        clip_norm: scenario.clip_norm,
-        noise_multiplier: scenario.noise_multiplier,
+        // A non-private twin runs with C = inf and z = 0 (and records nothing in the ledger).
+        clip_norm: scenario.effective_clip_norm(),
+        noise_multiplier: scenario.effective_noise_multiplier(),
         seed: scenario.seed,
         task_json: scenario.task.to_json(),
     };
@@ -321,6 +327,8 @@ pub async fn run(
         accepted: 0,
         rejected: 0,
         last_eval: None,
+        final_eval: None,
+        users_released: 0,
         shared: engine_shared,
         last_round: last_ledger_round.max(ckpt_round),
     };
@@ -698,6 +706,10 @@ struct EngineThread {
     accepted: u64,
     rejected: u64,
     last_eval: Option<serde_json::Value>,
+    /// The model's end-of-run evaluation (e.g. held-out users' mean return).
+    final_eval: Option<serde_json::Value>,
+    /// Contributions in released rounds so far (users, for fresh participation).
+    users_released: u64,
     shared: Arc<Shared>,
     last_round: u64,
 }
@@ -804,6 +816,10 @@ impl EngineThread {
             }
         }
         self.save_checkpoint()?;
+        self.final_eval = self.model.final_evaluation();
+        self.model
+            .export(&self.dir)
+            .context("exporting the trained model")?;
         let report = self.report(finished_reason)?;
         state::write_atomic(
             &self.dir.join(state::REPORT_FILE),
@@ -893,7 +909,12 @@ impl EngineThread {
                         .unwrap_or(0.0);
                     // Ledger first (checked, appended, fsynced), then the model; the new model
                     // only leaves with the next round's offers, after `Committed`.
-                    if let Err(e) = self.ledger.append(record) {
+                    let appended = if self.scenario.non_private {
+                        Ok(()) // nothing is private, so nothing is accounted (report: inf)
+                    } else {
+                        self.ledger.append(record)
+                    };
+                    if let Err(e) = appended {
                         eprintln!("round {round} not released: {e}");
                         queue.push_back(Event::CommitFailed {
                             round,
@@ -910,7 +931,9 @@ impl EngineThread {
                     }
                     self.snapshot = Arc::new(encode_payload(self.model.params()));
                     self.last_eval = self.model.evaluate(round);
+                    self.users_released += commit.accepted as u64;
                     let line = serde_json::json!({
+                        "users": self.users_released,
                         "round": round,
                         "status": "released",
                         "accepted": commit.accepted,
@@ -928,6 +951,20 @@ impl EngineThread {
                         self.save_checkpoint()?;
                     }
                     queue.push_back(Event::Committed { round });
+                    if self.model.finished() {
+                        let reason = format!("the model reached its target after round {round}");
+                        for out in self.sessions.values() {
+                            let _ = out.send(Outbound::Close {
+                                code: close_code::FINISHED,
+                                message: Some(Message::Leave(Leave {
+                                    reason: LeaveReason::Finished,
+                                    message: reason.clone(),
+                                })),
+                                reason: reason.clone(),
+                            });
+                        }
+                        return Ok(Some(reason));
+                    }
                 }
                 Action::Abandoned {
                     round,
@@ -991,17 +1028,31 @@ impl EngineThread {
             rounds_completed: self.engine.rounds_completed(),
             rounds_abandoned: self.engine.rounds_abandoned(),
             rounds_attempted: self.engine.rounds_completed() + self.engine.rounds_abandoned(),
-            epsilon: rep.epsilon,
-            epsilon_rdp: rep.epsilon_rdp,
+            epsilon: if self.scenario.non_private {
+                f64::INFINITY
+            } else {
+                rep.epsilon
+            },
+            epsilon_rdp: if self.scenario.non_private {
+                f64::INFINITY
+            } else {
+                rep.epsilon_rdp
+            },
             delta: rep.delta,
             target_epsilon: rep.target_epsilon,
             units: rep.units,
             seeded: rep.noise_sources.iter().any(|s| !s.is_private()),
             noise_sources,
-            accountant: rep.accountant.clone(),
+            accountant: if self.scenario.non_private {
+                "none (non-private twin: no clipping, no noise)".into()
+            } else {
+                rep.accountant.clone()
+            },
             wall_seconds: self.started.elapsed().as_secs_f64(),
             finished,
             final_eval: self.last_eval.clone(),
+            final_evaluation: self.final_eval.clone(),
+            non_private: self.scenario.non_private,
             updates_accepted: self.accepted,
             updates_rejected: self.rejected,
             bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
