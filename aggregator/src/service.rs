@@ -932,8 +932,14 @@ impl EngineThread {
                     self.snapshot = Arc::new(encode_payload(self.model.params()));
                     self.last_eval = self.model.evaluate(round);
                     self.users_released += commit.accepted as u64;
+                    let epsilon = if self.scenario.non_private {
+                        None
+                    } else {
+                        self.ledger.report().ok().map(|r| r.epsilon)
+                    };
                     let line = serde_json::json!({
                         "users": self.users_released,
+                        "epsilon": epsilon,
                         "round": round,
                         "status": "released",
                         "accepted": commit.accepted,

@@ -18,7 +18,7 @@ use anyhow::Context;
 use fedrl_common::protocol::auth::{SECRET_BYTES, from_hex, to_hex};
 use ring::rand::{SecureRandom, SystemRandom};
 
-pub const LEDGER_FILE: &str = "ledger";
+pub const LEDGER_FILE: &str = fedrl_common::privacy::ledger::LEDGER_FILE_NAME;
 pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const ADDRESS_FILE: &str = "address.json";
 pub const REPORT_FILE: &str = "report.json";

@@ -18,7 +18,7 @@ use fedrl_common::protocol::auth::issue_token;
 use fedrl_common::scenario::Scenario;
 
 /// The built-in scenario (`fedrl run` with no file).
-pub const DEFAULT_SCENARIO: &str = include_str!("../mean-estimation.toml");
+pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
 
 /// A prepared local run: the scenario and where its results go.
 pub struct LocalRun {
@@ -206,15 +206,29 @@ pub fn run_local(
     let agg_status = loop {
         if let Ok(text) = fs::read_to_string(&metrics_path) {
             let (mut rel, mut ab) = (0u64, 0u64);
+            let (mut users, mut epsilon, mut eval) = (0u64, None, None);
             for line in text.lines() {
-                if line.contains("\"released\"") {
-                    rel += 1;
-                } else if line.contains("\"abandoned\"") {
-                    ab += 1;
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue; // a line being written
+                };
+                match v["status"].as_str() {
+                    Some("released") => rel += 1,
+                    Some("abandoned") => ab += 1,
+                    _ => {}
                 }
+                users = v["users"].as_u64().unwrap_or(users);
+                epsilon = v["epsilon"].as_f64().or(epsilon);
+                eval = v["eval"]["eval_return"].as_f64().or(eval);
             }
             bar.set_position(rel + ab);
-            bar.set_message(format!("{rel} released, {ab} abandoned"));
+            let mut msg = format!("{rel} released, {ab} abandoned, {users} users");
+            if let Some(e) = epsilon {
+                msg += &format!(", epsilon {e:.4}");
+            }
+            if let Some(r) = eval {
+                msg += &format!(", eval return {r:.1}");
+            }
+            bar.set_message(msg);
         }
         if let Some(status) = children.0[0].1.try_wait()? {
             break status;
@@ -285,8 +299,11 @@ pub fn run_local(
         );
         obj.insert("client_agents".into(), serde_json::Value::Array(clients));
     }
-    fs::copy(state_dir.join(state::LEDGER_FILE), out.join("ledger"))
-        .context("copying the ledger")?;
+    fs::copy(
+        state_dir.join(state::LEDGER_FILE),
+        out.join(state::LEDGER_FILE),
+    )
+    .context("copying the ledger")?;
     fs::copy(&metrics_path, out.join("metrics.jsonl")).context("copying metrics.jsonl")?;
     fs::write(out.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
     Ok(RunResult { report })

@@ -1,43 +1,201 @@
 //! `fedrl run`: a whole deployment on this machine (aggregator + client agents over QUIC on
-//! loopback, as separate processes). The orchestration lives in [`crate::deploy`].
+//! loopback, as separate processes). The orchestration lives in [`crate::deploy`]; this module
+//! adds what a user reads afterwards: the report fields, the exported policy and the learning
+//! curve (with the non-private twin's curve when `--twin` ran it too).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
+use fedrl_aggregator::state;
+
 use crate::cmd::UsageError;
-use crate::deploy::{self, LocalRun};
+use crate::deploy::{self, LocalRun, RunResult};
+use crate::plot::{Series, line_plot};
+
+/// File name of the learning curve in the output directory.
+const CURVE_FILE: &str = "learning_curve.png";
+/// File name of the exported policy (written by the aggregator's model).
+const POLICY_FILE: &str = fedrl_aggregator::dppg::POLICY_FILE;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Scenario file (TOML); default: the built-in mean-estimation scenario.
+    /// Scenario file (TOML); default: the built-in `scenarios/cartpole-dppg.toml`.
     pub scenario: Option<PathBuf>,
-    /// Output directory (report.json, ledger, metrics.jsonl, logs); default runs/NAME-UNIXTIME.
+    /// Output directory (report.json, privacy.ledger, metrics.jsonl, policy, plots, logs);
+    /// default runs/NAME-UNIXTIME.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also run this non-private twin scenario afterwards (into OUT/twin) and plot both curves.
+    /// With no value for the built-in scenario, its twin `cartpole-dppg-nonprivate.toml`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "")]
+    pub twin: Option<PathBuf>,
     /// Give up (and stop every process) after this many seconds.
     #[arg(long, default_value_t = 3600.0)]
     pub timeout: f64,
 }
 
+/// The built-in scenario's non-private twin.
+const DEFAULT_TWIN: &str = include_str!("../../cartpole-dppg-nonprivate.toml");
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let run = LocalRun::prepare(args.scenario.as_deref(), args.out.as_deref())
         .map_err(|e| UsageError(format!("{e:#}")))?;
+    let twin = match &args.twin {
+        None => None,
+        Some(p) if p.as_os_str().is_empty() => {
+            if args.scenario.is_some() {
+                return Err(UsageError(
+                    "--twin needs the twin's scenario file when a scenario is given".into(),
+                )
+                .into());
+            }
+            let twin_file = run.out_dir.join("twin-scenario.toml");
+            std::fs::write(&twin_file, DEFAULT_TWIN)?;
+            Some(twin_file)
+        }
+        Some(p) => Some(p.clone()),
+    };
+    let twin_run = match &twin {
+        Some(p) => Some(
+            LocalRun::prepare(Some(p), Some(&run.out_dir.join("twin")))
+                .map_err(|e| UsageError(format!("{e:#}")))?,
+        ),
+        None => None,
+    };
     let exe = std::env::current_exe()?;
-    let result = deploy::run_local(&run, &exe, args.timeout, true)?;
-    println!(
-        "{}: {} rounds released, {} abandoned, epsilon {:.4} at delta {:e}{} ({:.1} s); results in {}",
+    eprintln!(
+        "{}: {} rounds, {} users, results in {}",
         run.scenario.name,
-        result.report["rounds_completed"],
-        result.report["rounds_abandoned"],
-        result.report["epsilon"].as_f64().unwrap_or(f64::NAN),
-        result.report["delta"].as_f64().unwrap_or(f64::NAN),
+        run.scenario.rounds,
+        run.scenario.users,
+        run.out_dir.display()
+    );
+    let mut result = deploy::run_local(&run, &exe, args.timeout, true)?;
+    let mut curves = vec![curve(&run, "private")?];
+    if let Some(t) = &twin_run {
+        eprintln!(
+            "non-private twin {}: results in {}",
+            t.scenario.name,
+            t.out_dir.display()
+        );
+        let mut tr = deploy::run_local(t, &exe, args.timeout, true)?;
+        finish(t, &mut tr)?;
+        curves.push(curve(t, "non-private twin")?);
+    }
+    if curves.iter().any(|c| !c.points.is_empty()) {
+        line_plot(
+            &run.out_dir.join(CURVE_FILE),
+            &format!("{}: evaluation return on held-out users", run.scenario.name),
+            "users (contributions in released rounds)",
+            "mean return",
+            &curves,
+        )?;
+    }
+    finish(&run, &mut result)?;
+    print_summary(&run, &result.report);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Completes `report.json` with the fields a user looks for first and copies the policy.
+fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
+    let state_dir = run.out_dir.join("state");
+    let policy = state_dir.join(POLICY_FILE);
+    if policy.exists() {
+        std::fs::copy(&policy, run.out_dir.join(POLICY_FILE)).context("copying the policy")?;
+    }
+    let r = &mut result.report;
+    let fe = r["final_evaluation"].clone();
+    let noise_source = if run.scenario.non_private {
+        "none (non-private twin)".to_string()
+    } else {
+        r["noise_sources"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default()
+    };
+    if let Some(obj) = r.as_object_mut() {
+        obj.insert("final_eval_return".into(), fe["final_eval_return"].clone());
+        let users = last_users(&run.out_dir.join(state::METRICS_FILE));
+        obj.insert("users".into(), serde_json::json!(users));
+        obj.insert(
+            "rounds".into(),
+            obj.get("rounds_completed").cloned().unwrap_or_default(),
+        );
+        obj.insert("noise_source".into(), serde_json::json!(noise_source));
+        if policy.exists() {
+            obj.insert("policy".into(), serde_json::json!(POLICY_FILE));
+        }
+        if run.scenario.non_private {
+            obj.insert("epsilon".into(), serde_json::json!("inf"));
+        }
+    }
+    std::fs::write(
+        run.out_dir.join(state::REPORT_FILE),
+        serde_json::to_vec_pretty(r)?,
+    )?;
+    Ok(())
+}
+
+/// Evaluation return against users released so far, from `metrics.jsonl`.
+fn curve(run: &LocalRun, name: &str) -> anyhow::Result<Series> {
+    let path = run.out_dir.join(state::METRICS_FILE);
+    Ok(Series {
+        name: name.into(),
+        points: eval_points(&path)?,
+    })
+}
+
+fn eval_points(path: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["users"].as_f64()?, v["eval"]["eval_return"].as_f64()?)))
+        .collect())
+}
+
+/// Contributions in released rounds, from the last released line of `metrics.jsonl`.
+fn last_users(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["users"].as_u64())
+        .last()
+        .unwrap_or(0)
+}
+
+fn print_summary(run: &LocalRun, r: &serde_json::Value) {
+    let eps = match &r["epsilon"] {
+        serde_json::Value::Number(n) => format!("{:.4}", n.as_f64().unwrap_or(f64::NAN)),
+        other => other.as_str().unwrap_or("?").to_string(),
+    };
+    println!(
+        "{}: {} rounds released, {} abandoned, {} users, epsilon {eps} at delta {:e}{} ({:.1} s)",
+        run.scenario.name,
+        r["rounds_completed"],
+        r["rounds_abandoned"],
+        r["users"],
+        r["delta"].as_f64().unwrap_or(f64::NAN),
         if run.scenario.seed.is_some() {
             ", SEEDED noise (not private)"
         } else {
             ""
         },
-        result.report["wall_seconds"].as_f64().unwrap_or(f64::NAN),
-        run.out_dir.display()
+        r["wall_seconds"].as_f64().unwrap_or(f64::NAN),
     );
-    Ok(ExitCode::SUCCESS)
+    if let Some(ret) = r["final_eval_return"].as_f64() {
+        println!(
+            "final evaluation: mean return {ret:.2} over {} held-out episodes",
+            r["final_evaluation"]["final_eval_episodes"]
+        );
+    }
+    println!("results in {}", run.out_dir.display());
 }
