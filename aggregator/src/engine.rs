@@ -212,7 +212,7 @@ pub struct Engine {
 
 /// The seed of round `round`'s noise in a seeded run (public so tests can reproduce a release).
 pub fn round_noise_seed(seed: u64, round: u64) -> u64 {
-    splitmix64(seed ^ splitmix64(round.wrapping_add(0x6e6f_6973_65)))
+    splitmix64(seed ^ splitmix64(round.wrapping_add(0x006e_6f69_7365)))
 }
 
 fn splitmix64(x: u64) -> u64 {

@@ -931,7 +931,7 @@ impl EngineThread {
                     }
                     self.snapshot = Arc::new(encode_payload(self.model.params()));
                     self.last_eval = self.model.evaluate(round);
-                    self.users_released += commit.accepted as u64;
+                    self.users_released += commit.accepted;
                     let epsilon = if self.scenario.non_private {
                         None
                     } else {
@@ -953,7 +953,9 @@ impl EngineThread {
                     });
                     writeln!(metrics, "{line}")?;
                     metrics.flush()?;
-                    if (self.engine.rounds_completed() + 1) % self.scenario.checkpoint_every == 0 {
+                    if (self.engine.rounds_completed() + 1)
+                        .is_multiple_of(self.scenario.checkpoint_every)
+                    {
                         self.save_checkpoint()?;
                     }
                     queue.push_back(Event::Committed { round });

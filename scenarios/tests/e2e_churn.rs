@@ -62,7 +62,8 @@ fn run(dir: &std::path::Path, text: &str) -> (serde_json::Value, Vec<RoundRecord
             c.log_text()
         );
     }
-    let (_, records, _) = PrivacyLedger::read(state_dir.join("ledger")).unwrap();
+    let (_, records, _) =
+        PrivacyLedger::read(state_dir.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
     (report(&state_dir), records)
 }
 

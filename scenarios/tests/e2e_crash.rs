@@ -83,7 +83,8 @@ fn kill_9_mid_round_then_resume() {
         .filter(|m| m["status"] == "released")
         .map(|m| m["round"].as_u64().unwrap())
         .collect();
-    let (_, ledger_before, _) = PrivacyLedger::read(state_dir.join("ledger")).unwrap();
+    let (_, ledger_before, _) =
+        PrivacyLedger::read(state_dir.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
     // Metrics are written after the ledger append: everything reported released is recorded.
     for r in &before {
         assert!(
@@ -122,7 +123,8 @@ fn kill_9_mid_round_then_resume() {
         c2.log_text()
     );
 
-    let (_, records, recovery) = PrivacyLedger::read(state_dir.join("ledger")).unwrap();
+    let (_, records, recovery) =
+        PrivacyLedger::read(state_dir.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
     assert_eq!(recovery.torn_bytes, 0);
     // Exactly once: strictly increasing round numbers.
     for w in records.windows(2) {
@@ -146,7 +148,15 @@ fn kill_9_mid_round_then_resume() {
             "round {r}"
         );
     }
-    assert_eq!(after.len(), records.len());
+    // The ledger may hold at most one round more than the metrics: the kill can land between
+    // the ledger append (fsync, first) and the metrics line (after); over-reporting is the safe
+    // side, and such a round was never released to any client.
+    assert!(
+        records.len() == after.len() || records.len() == after.len() + 1,
+        "{} ledger records, {} released rounds in metrics",
+        records.len(),
+        after.len()
+    );
     // The records written before the crash are untouched.
     assert_eq!(&records[..ledger_before.len()], &ledger_before[..]);
     let report = report(&state_dir);

@@ -65,7 +65,8 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
     assert_eq!(report["seeded"], true);
     let eps = report["epsilon"].as_f64().unwrap();
     assert!(eps.is_finite() && eps > 0.0, "{report}");
-    let (_, records, _) = PrivacyLedger::read(out.join("ledger")).unwrap();
+    let (_, records, _) =
+        PrivacyLedger::read(out.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
     assert_eq!(records.len(), 4);
     // Fresh participation: no unit appears twice in the whole ledger.
     let mut all: Vec<u64> = records.iter().flat_map(|r| r.units.clone()).collect();

@@ -306,7 +306,8 @@ fn malicious_clients_get_clear_errors_and_honest_rounds_complete_exactly() {
     );
 
     // The round was released with the honest units plus the attacker's valid ones.
-    let (_, records, _) = PrivacyLedger::read(state_dir.join("ledger")).unwrap();
+    let (_, records, _) =
+        PrivacyLedger::read(state_dir.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
     assert_eq!(records.len(), 1);
     let rec = &records[0];
     let mut expected_units: Vec<u64> = (0..13).collect();
@@ -321,9 +322,11 @@ fn malicious_clients_get_clear_errors_and_honest_rounds_complete_exactly() {
     assert_eq!(report["seeded"], true);
 
     // Recompute the release from scratch.
-    let Task::MeanEstimation(task) = &scenario.task;
+    let Task::MeanEstimation(task) = &scenario.task else {
+        panic!("the scenario is mean estimation")
+    };
     let mu = task.true_mean();
-    let mut sum = vec![0.0f64; 8];
+    let mut sum = [0.0f64; 8];
     let mut add = |mut v: Vec<f32>| {
         clip_l2(&mut v, 1.0); // client side (honest) or the server's re-clip
         clip_l2(&mut v, 1.0);

@@ -168,7 +168,7 @@ fn last_users(path: &Path) -> u64 {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v["users"].as_u64())
-        .last()
+        .next_back()
         .unwrap_or(0)
 }
 

@@ -1,0 +1,234 @@
+//! QUIC load generator for the aggregator.
+//!
+//! `load --clients N --dim D [--rounds R] [--units-per-client K]` starts an aggregator in a child
+//! process (this binary with `--serve`, so its peak RSS is its own), then N client agents in this
+//! process, each hosting K users whose update is a fixed vector of D floats. Every round samples
+//! every user (rate 1), so each round ingests N x K x D x 4 bytes. It prints updates/s, MB/s
+//! ingested, rounds/s and the aggregator's peak RSS (VmHWM) as JSON.
+//!
+//! Rates are measured between the first and the last release (the steady state: handshakes and
+//! the first model broadcast excluded); `overall_*` figures include everything.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use fedrl_aggregator::service::{AggregatorOptions, read_address_file, run};
+use fedrl_aggregator::{state, tasks};
+use fedrl_client::{AgentOptions, LocalTrainer, TrainerFactory, run_agent};
+use fedrl_common::protocol::auth::{issue_token, parse_fingerprint};
+use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
+use fedrl_common::scenario::Scenario;
+
+#[derive(Parser)]
+struct Args {
+    /// Client connections.
+    #[arg(long, default_value_t = 256)]
+    clients: u64,
+    /// Floats per update.
+    #[arg(long, default_value_t = 10_000)]
+    dim: usize,
+    /// Rounds.
+    #[arg(long, default_value_t = 6)]
+    rounds: u64,
+    /// Users hosted by each client (updates per client per round).
+    #[arg(long, default_value_t = 1)]
+    units_per_client: u64,
+    /// Update frames the aggregator reads concurrently.
+    #[arg(long, default_value_t = 8)]
+    inflight: usize,
+    /// Internal: run the aggregator for SCENARIO in STATE_DIR.
+    #[arg(long, num_args = 2, value_names = ["SCENARIO", "STATE_DIR"])]
+    serve: Option<Vec<PathBuf>>,
+}
+
+fn peak_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn serve(scenario: &Path, state_dir: &Path, inflight: usize) -> anyhow::Result<()> {
+    let s = Scenario::from_file(scenario)?;
+    let model = tasks::server_model(&s)?;
+    let mut opts = AggregatorOptions::new(s, "127.0.0.1:0".parse()?, state_dir.to_path_buf());
+    opts.max_inflight_updates = inflight;
+    opts.tuning.max_uni_streams = 64;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(run(opts, model, None))?;
+    let out = serde_json::json!({ "report": report, "peak_rss_kb": peak_rss_kb() });
+    std::fs::write(state_dir.join("serve.json"), serde_json::to_vec(&out)?)?;
+    Ok(())
+}
+
+/// Every unit sends the same precomputed vector (the generator must not be the bottleneck).
+struct Const(Arc<Vec<f32>>);
+
+impl LocalTrainer for Const {
+    fn local_updates(
+        &mut self,
+        _r: &RoundSpec,
+        _g: &[f32],
+        units: &[UnitId],
+    ) -> Vec<(UnitId, Vec<f32>)> {
+        units
+            .iter()
+            .map(|u| (*u, self.0.as_ref().clone()))
+            .collect()
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(v) = &args.serve {
+        return serve(&v[0], &v[1], args.inflight);
+    }
+    let dir = tempfile::tempdir()?;
+    let users = args.clients * args.units_per_client;
+    let scenario = format!(
+        r#"
+name = "load"
+seed = 1
+rounds = {rounds}
+users = {users}
+participation = {{ kind = "sampled", rate = 1.0 }}
+quorum = {users}
+round_deadline_s = 600.0
+start_timeout_s = 600.0
+clip_norm = 1.0
+noise_multiplier = 1.0
+target_epsilon = 1e12
+checkpoint_every = 1000000
+max_frame_bytes = {max_frame}
+
+[task]
+kind = "mean_estimation"
+dim = {dim}
+"#,
+        rounds = args.rounds,
+        dim = args.dim,
+        max_frame = args.dim as u64 * 4 + (1 << 16),
+    );
+    let scenario_path = dir.path().join("load.toml");
+    std::fs::write(&scenario_path, scenario)?;
+    let state_dir = dir.path().join("state");
+    std::fs::create_dir_all(&state_dir)?;
+    let secret = vec![7u8; 32];
+    state::store_secret(&state_dir, &secret)?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("--inflight")
+        .arg(args.inflight.to_string())
+        .arg("--serve")
+        .arg(&scenario_path)
+        .arg(&state_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let addr = loop {
+        if let Ok(a) = read_address_file(&state_dir) {
+            break a;
+        }
+        if let Some(s) = child.try_wait()? {
+            bail!("aggregator exited: {s}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let fp = parse_fingerprint(&addr.fingerprint)?;
+    let t0 = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let vector: Arc<Vec<f32>> = Arc::new(
+        (0..args.dim)
+            .map(|i| ((i % 7) as f32 - 3.0) * 1e-4)
+            .collect(),
+    );
+    let results = rt.block_on(async {
+        let limit = Arc::new(tokio::sync::Semaphore::new(64));
+        // A few client endpoints (UDP sockets) shared by many connections.
+        let endpoints: Vec<quinn::Endpoint> = (0..4)
+            .map(|_| fedrl_client::tls::client_endpoint(addr.addr))
+            .collect::<Result<_, _>>()?;
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..args.clients {
+            let mut o = AgentOptions::new(
+                addr.addr,
+                fp,
+                issue_token(&secret, &format!("load-{i}"))?,
+                vec![UnitRange {
+                    start: i * args.units_per_client,
+                    end: (i + 1) * args.units_per_client,
+                }],
+            );
+            o.endpoint = Some(endpoints[i as usize % endpoints.len()].clone());
+            o.handshake_limit = Some(limit.clone());
+            o.churn_override = Some(Default::default());
+            o.give_up_after_s = 120.0;
+            let v = vector.clone();
+            let factory: TrainerFactory =
+                Arc::new(move |_, _| Ok(Box::new(Const(v.clone())) as Box<dyn LocalTrainer>));
+            set.spawn(run_agent(o, factory));
+        }
+        let mut ok = 0;
+        while let Some(r) = set.join_next().await {
+            if matches!(r, Ok(Ok(_))) {
+                ok += 1;
+            }
+        }
+        anyhow::Ok(ok)
+    })?;
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("aggregator failed: {status}");
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let serve: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(state_dir.join("serve.json")).context("serve.json")?,
+    )?;
+    let metrics: Vec<serde_json::Value> =
+        std::fs::read_to_string(state_dir.join(state::METRICS_FILE))?
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+    let times: Vec<f64> = metrics
+        .iter()
+        .filter(|m| m["status"] == "released")
+        .filter_map(|m| m["t_s"].as_f64())
+        .collect();
+    let per_round_updates = users as f64;
+    let update_bytes = args.dim as f64 * 4.0;
+    let (steady_rounds, steady_s) = match (times.first(), times.last()) {
+        (Some(a), Some(b)) if times.len() >= 2 => ((times.len() - 1) as f64, b - a),
+        _ => (0.0, f64::NAN),
+    };
+    let rounds_per_s = steady_rounds / steady_s;
+    let updates_per_s = rounds_per_s * per_round_updates;
+    let mb_per_s = updates_per_s * update_bytes / 1e6;
+    let report = &serve["report"];
+    let out = serde_json::json!({
+        "clients": args.clients,
+        "units_per_client": args.units_per_client,
+        "dim": args.dim,
+        "rounds": args.rounds,
+        "rounds_completed": report["rounds_completed"],
+        "agents_ok": results,
+        "updates_per_s": updates_per_s,
+        "mb_per_s_ingested": mb_per_s,
+        "rounds_per_s": rounds_per_s,
+        "aggregator_peak_rss_mb": serve["peak_rss_kb"].as_f64().unwrap_or(0.0) / 1024.0,
+        "overall_mb_per_s": report["bytes_ingested"].as_f64().unwrap_or(0.0) / 1e6 / wall,
+        "wall_seconds": wall,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
