@@ -104,7 +104,7 @@ impl ServerModel for DppgModel {
     }
 
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
-        if (round + 1) % self.task.eval_every.max(1) != 0 {
+        if !(round + 1).is_multiple_of(self.task.eval_every.max(1)) {
             return None;
         }
         let n = self.task.eval_users.max(1);
