@@ -21,7 +21,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let file = if args.path.is_dir() { args.path.join(LEDGER_FILE_NAME) } else { args.path.clone() };
+    let file = if args.path.is_dir() {
+        args.path.join(LEDGER_FILE_NAME)
+    } else {
+        args.path.clone()
+    };
     if !file.exists() {
         return Err(UsageError(format!("no ledger at {}", file.display())).into());
     }
@@ -52,10 +56,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut units = report.per_unit.clone();
     if !units.is_empty() {
         units.sort_by(|a, b| b.epsilon.total_cmp(&a.epsilon).then(a.unit.cmp(&b.unit)));
-        let shown = if args.all_units { units.len() } else { units.len().min(10) };
+        let shown = if args.all_units {
+            units.len()
+        } else {
+            units.len().min(10)
+        };
         println!("per unit (largest first, {shown} of {}):", units.len());
         for u in &units[..shown] {
-            println!("  unit {:>10}  participations {:>5}  epsilon {:.6}", u.unit, u.participations, u.epsilon);
+            println!(
+                "  unit {:>10}  participations {:>5}  epsilon {:.6}",
+                u.unit, u.participations, u.epsilon
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
