@@ -369,8 +369,13 @@ impl Agent {
                     };
                     let frame = match read_frame(&mut s, welcome.max_frame_bytes, Duration::from_secs(60)).await {
                         Ok(Some(f)) => f,
-                        _ => continue,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "unreadable offer stream; skipped");
+                            continue;
+                        }
                     };
+                    tracing::debug!("offer frame received");
                     if let Message::RoundOffer(offer) = frame.message
                         && let Some(end) = self.answer(conn, offer, frame.payload).await
                     {
@@ -394,7 +399,18 @@ impl Agent {
         if global.len() != spec.dim as usize {
             return None;
         }
-        let trainer = self.trainer.clone()?;
+        let Some(trainer) = self.trainer.clone() else {
+            tracing::warn!(
+                round = spec.round,
+                "offer before the trainer exists; skipped"
+            );
+            return None;
+        };
+        tracing::info!(
+            round = spec.round,
+            units = offer.units.len(),
+            "computing local updates"
+        );
         let units = offer.units;
         let spec2 = spec.clone();
         let updates = tokio::task::spawn_blocking(move || {
@@ -405,8 +421,15 @@ impl Agent {
             }
             ups
         })
-        .await
-        .ok()?;
+        .await;
+        let updates = match updates {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::error!(round = spec.round, error = %e, "the local trainer failed");
+                return None;
+            }
+        };
+        tracing::info!(round = spec.round, updates = updates.len(), "uploading");
         let mut kept: Vec<(UnitId, Vec<f32>)> = Vec::with_capacity(updates.len());
         for (u, v) in updates {
             if v.len() != spec.dim as usize {
@@ -454,17 +477,19 @@ impl Agent {
                 "churn: simulated disconnect mid-upload".into(),
             ));
         }
+        // One update stream at a time. The aggregator reads a stream's body only once it holds
+        // one of its bounded-memory permits; bytes of other streams of the same connection that
+        // wait for a permit would sit in the shared connection window, and with enough parallel
+        // streams they fill it and starve the stream that holds the permit (a deadlock seen
+        // with 1,024 updates per round). A single stream per connection cannot starve itself.
         let per = self.opts.updates_per_stream.max(1);
-        let mut tasks = tokio::task::JoinSet::new();
         for chunk in kept.chunks(per) {
-            let conn = conn.clone();
-            let chunk = chunk.to_vec();
-            let round = spec.round;
-            tasks.spawn(async move { upload(&conn, round, &chunk).await });
-        }
-        while let Some(r) = tasks.join_next().await {
-            if let Ok(Ok(n)) = r {
-                self.summary.updates_sent += n as u64;
+            match upload(conn, spec.round, chunk).await {
+                Ok(n) => self.summary.updates_sent += n as u64,
+                Err(e) => {
+                    tracing::warn!(round = spec.round, error = %e, "upload failed");
+                    break;
+                }
             }
         }
         None

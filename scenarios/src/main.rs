@@ -44,6 +44,13 @@ fn main() -> ExitCode {
         // SAFETY: the process is still single-threaded here.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
     }
+    // Logs go to stderr (the per-process log files under `fedrl run`); RUST_LOG overrides.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
