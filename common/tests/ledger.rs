@@ -1,15 +1,20 @@
 //! The privacy ledger: durability, crash recovery, budget refusal and per-unit accounting.
 
+use fedrl_common::privacy::DpEvent;
 use fedrl_common::privacy::accountant::{self, AccountantKind};
 use fedrl_common::privacy::gaussian;
 use fedrl_common::privacy::ledger::{
     LedgerConfig, LedgerError, Participation, PrivacyLedger, RoundRecord, UnitKind,
 };
 use fedrl_common::privacy::noise::NoiseSource;
-use fedrl_common::privacy::DpEvent;
 
 fn config(participation: Participation, target: f64) -> LedgerConfig {
-    LedgerConfig { target_epsilon: target, delta: 1e-5, unit_kind: UnitKind::User, participation }
+    LedgerConfig {
+        target_epsilon: target,
+        delta: 1e-5,
+        unit_kind: UnitKind::User,
+        participation,
+    }
 }
 
 fn record(round: u64, units: Vec<u64>, z: f64, q: Option<f64>) -> RoundRecord {
@@ -48,7 +53,10 @@ fn fresh_units_each_spend_one_gaussian_and_survive_reopen() {
     assert_eq!(report.units, 5);
     let e5 = gaussian::epsilon(5.0, 1e-5).unwrap();
     let e4 = gaussian::epsilon(4.0, 1e-5).unwrap();
-    assert!(rel(report.epsilon, e4) < 1e-12, "worst unit is one of round 1");
+    assert!(
+        rel(report.epsilon, e4) < 1e-12,
+        "worst unit is one of round 1"
+    );
     assert!(rel(l.unit_epsilon(1).unwrap(), e5) < 1e-12);
     assert!(rel(l.unit_epsilon(5).unwrap(), e4) < 1e-12);
     assert_eq!(l.unit_epsilon(99).unwrap(), 0.0);
@@ -90,7 +98,9 @@ fn sampled_rounds_are_accounted_with_pld_for_every_unit() {
     let event = DpEvent::SelfComposed {
         event: Box::new(DpEvent::PoissonSampled {
             sampling_rate: 0.01,
-            event: Box::new(DpEvent::Gaussian { noise_multiplier: 1.1 }),
+            event: Box::new(DpEvent::Gaussian {
+                noise_multiplier: 1.1,
+            }),
         }),
         count: 100,
     };
@@ -112,7 +122,10 @@ fn budget_is_enforced_before_anything_is_written() {
     l.append(record(0, vec![1], 2.0, None)).unwrap();
     let size = std::fs::metadata(&path).unwrap().len();
     let err = l.append(record(1, vec![1], 2.0, None)).unwrap_err();
-    assert!(matches!(err, LedgerError::BudgetExceeded { round: 1, .. }), "{err}");
+    assert!(
+        matches!(err, LedgerError::BudgetExceeded { round: 1, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("budget exceeded"));
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
     // Another unit still fits.

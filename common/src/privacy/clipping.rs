@@ -31,7 +31,10 @@ impl Clipped {
 
 /// L2 norm, accumulated in f64.
 pub fn l2_norm(v: &[f32]) -> f64 {
-    v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt()
+    v.iter()
+        .map(|&x| (x as f64) * (x as f64))
+        .sum::<f64>()
+        .sqrt()
 }
 
 /// Clips `v` to L2 norm at most `bound` (flat clipping).
@@ -46,7 +49,11 @@ pub fn clip_l2(v: &mut [f32], bound: f64) -> Clipped {
     };
     if factor < 1.0 {
         for x in v.iter_mut() {
-            *x = if factor == 0.0 { 0.0 } else { (*x as f64 * factor) as f32 };
+            *x = if factor == 0.0 {
+                0.0
+            } else {
+                (*x as f64 * factor) as f32
+            };
         }
     }
     Clipped { norm, factor }
@@ -84,7 +91,11 @@ pub fn clip_segments(
     for &b in bounds {
         check_bound(b)?;
     }
-    Ok(segments.iter().zip(bounds).map(|(s, &b)| clip_l2(&mut v[s.clone()], b)).collect())
+    Ok(segments
+        .iter()
+        .zip(bounds)
+        .map(|(s, &b)| clip_l2(&mut v[s.clone()], b))
+        .collect())
 }
 
 /// Per-layer clipping (McMahan et al. 2018): `layer_sizes` split `v` into L layers, each clipped
@@ -138,7 +149,9 @@ pub fn clip_ensemble_per_layer(
             v.len()
         )));
     }
-    let all: Vec<usize> = (0..n_models).flat_map(|_| layer_sizes.iter().copied()).collect();
+    let all: Vec<usize> = (0..n_models)
+        .flat_map(|_| layer_sizes.iter().copied())
+        .collect();
     let segments = segments_of(&all);
     let each = bound / ((n_models * layer_sizes.len()) as f64).sqrt();
     clip_segments(v, &segments, &vec![each; segments.len()])
@@ -160,7 +173,9 @@ fn check_bound(bound: f64) -> Result<(), PrivacyError> {
     if bound.is_finite() && bound > 0.0 {
         Ok(())
     } else {
-        Err(PrivacyError::InvalidParameter(format!("clip norm must be finite and > 0, got {bound}")))
+        Err(PrivacyError::InvalidParameter(format!(
+            "clip norm must be finite and > 0, got {bound}"
+        )))
     }
 }
 

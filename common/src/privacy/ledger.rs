@@ -95,9 +95,14 @@ pub struct RoundRecord {
 impl RoundRecord {
     /// The mechanism as seen by one unit (sensitivity normalised to C).
     pub fn event(&self) -> DpEvent {
-        let g = DpEvent::Gaussian { noise_multiplier: self.noise_multiplier };
+        let g = DpEvent::Gaussian {
+            noise_multiplier: self.noise_multiplier,
+        };
         match self.sampling_rate {
-            Some(q) => DpEvent::PoissonSampled { sampling_rate: q, event: Box::new(g) },
+            Some(q) => DpEvent::PoissonSampled {
+                sampling_rate: q,
+                event: Box::new(g),
+            },
             None => g,
         }
     }
@@ -106,16 +111,36 @@ impl RoundRecord {
 #[derive(Debug, Error)]
 pub enum LedgerError {
     #[error("ledger {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("ledger {path} is corrupt at byte {offset}: {reason} (a torn write can only affect the last record, so this is not a crash)")]
-    Corrupt { path: PathBuf, offset: u64, reason: String },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "ledger {path} is corrupt at byte {offset}: {reason} (a torn write can only affect the last record, so this is not a crash)"
+    )]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
     #[error("ledger {path} was created with {stored:?}, but this run asks for {requested:?}")]
-    ConfigMismatch { path: PathBuf, stored: Box<LedgerConfig>, requested: Box<LedgerConfig> },
+    ConfigMismatch {
+        path: PathBuf,
+        stored: Box<LedgerConfig>,
+        requested: Box<LedgerConfig>,
+    },
     #[error(
         "privacy budget exceeded: round {round} would bring epsilon to {epsilon:.6} (delta {delta:e}), above the target {target}; nothing was released"
     )]
-    BudgetExceeded { round: u64, epsilon: f64, target: f64, delta: f64 },
-    #[error("round {round}: unit {unit} already contributed (participation is `fresh`: at most once ever)")]
+    BudgetExceeded {
+        round: u64,
+        epsilon: f64,
+        target: f64,
+        delta: f64,
+    },
+    #[error(
+        "round {round}: unit {unit} already contributed (participation is `fresh`: at most once ever)"
+    )]
     UnitReused { round: u64, unit: u64 },
     #[error("round {round}: unit {unit} appears twice in one round")]
     DuplicateUnit { round: u64, unit: u64 },
@@ -206,7 +231,10 @@ impl PrivacyLedger {
     ) -> Result<(Self, Recovery), LedgerError> {
         let path = path.as_ref().to_path_buf();
         validate_config(&config)?;
-        let io = |source| LedgerError::Io { path: path.clone(), source };
+        let io = |source| LedgerError::Io {
+            path: path.clone(),
+            source,
+        };
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -217,8 +245,7 @@ impl PrivacyLedger {
         file.read_to_end(&mut bytes).map_err(io)?;
 
         if bytes.is_empty() {
-            write_frame(&mut file, &serde_json::to_vec(&config).map_err(json_err)?)
-                .map_err(io)?;
+            write_frame(&mut file, &serde_json::to_vec(&config).map_err(json_err)?).map_err(io)?;
             sync_parent(&path);
             let ledger = Self {
                 path,
@@ -240,9 +267,12 @@ impl PrivacyLedger {
             let (ledger, _) = Self::open(&path, config)?;
             return Ok((ledger, recovery));
         };
-        let stored: LedgerConfig = serde_json::from_slice(header).map_err(|e| {
-            LedgerError::Corrupt { path: path.clone(), offset: 0, reason: e.to_string() }
-        })?;
+        let stored: LedgerConfig =
+            serde_json::from_slice(header).map_err(|e| LedgerError::Corrupt {
+                path: path.clone(),
+                offset: 0,
+                reason: e.to_string(),
+            })?;
         let same = stored.delta == config.delta
             && stored.unit_kind == config.unit_kind
             && stored.participation == config.participation;
@@ -253,21 +283,38 @@ impl PrivacyLedger {
                 requested: Box::new(config),
             });
         }
-        let mut ledger =
-            Self { path, file, config, records: Vec::new(), participations: HashMap::new() };
+        let mut ledger = Self {
+            path,
+            file,
+            config,
+            records: Vec::new(),
+            participations: HashMap::new(),
+        };
         for payload in rest {
-            let record: RoundRecord = serde_json::from_slice(payload).map_err(|e| {
-                LedgerError::Corrupt { path: ledger.path.clone(), offset: 0, reason: e.to_string() }
-            })?;
+            let record: RoundRecord =
+                serde_json::from_slice(payload).map_err(|e| LedgerError::Corrupt {
+                    path: ledger.path.clone(),
+                    offset: 0,
+                    reason: e.to_string(),
+                })?;
             ledger.index(record);
         }
         if let Some(at) = recovery.torn_at {
-            let io = |source| LedgerError::Io { path: ledger.path.clone(), source };
+            let io = |source| LedgerError::Io {
+                path: ledger.path.clone(),
+                source,
+            };
             ledger.file.set_len(at).map_err(io)?;
             ledger.file.sync_all().map_err(io)?;
         }
         let records = ledger.records.len();
-        Ok((ledger, Recovery { records, ..recovery }))
+        Ok((
+            ledger,
+            Recovery {
+                records,
+                ..recovery
+            },
+        ))
     }
 
     /// Accounts a ledger read with [`read`](Self::read), without opening it for writing.
@@ -279,10 +326,14 @@ impl PrivacyLedger {
     }
 
     /// Reads a ledger without modifying it (torn bytes are reported, not removed).
-    pub fn read(path: impl AsRef<Path>) -> Result<(LedgerConfig, Vec<RoundRecord>, Recovery), LedgerError> {
+    pub fn read(
+        path: impl AsRef<Path>,
+    ) -> Result<(LedgerConfig, Vec<RoundRecord>, Recovery), LedgerError> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|source| LedgerError::Io { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| LedgerError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let (frames, recovery) = scan(path, &bytes)?;
         let corrupt = |reason: String| LedgerError::Corrupt {
             path: path.to_path_buf(),
@@ -298,7 +349,14 @@ impl PrivacyLedger {
             .iter()
             .map(|p| serde_json::from_slice(p).map_err(|e| corrupt(e.to_string())))
             .collect::<Result<Vec<RoundRecord>, _>>()?;
-        Ok((config, records.clone(), Recovery { records: records.len(), ..recovery }))
+        Ok((
+            config,
+            records.clone(),
+            Recovery {
+                records: records.len(),
+                ..recovery
+            },
+        ))
     }
 
     pub fn path(&self) -> &Path {
@@ -348,7 +406,10 @@ impl PrivacyLedger {
     pub fn append(&mut self, record: RoundRecord) -> Result<(), LedgerError> {
         self.check(&record)?;
         let payload = serde_json::to_vec(&record).map_err(json_err)?;
-        let io = |source| LedgerError::Io { path: self.path.clone(), source };
+        let io = |source| LedgerError::Io {
+            path: self.path.clone(),
+            source,
+        };
         write_frame(&mut self.file, &payload).map_err(io)?;
         self.index(record);
         Ok(())
@@ -361,20 +422,34 @@ impl PrivacyLedger {
 
     /// The realised epsilon of one unit at the ledger's delta.
     pub fn unit_epsilon(&self, unit: u64) -> Result<f64, LedgerError> {
-        let events = unit_events(&self.records, self.participations.get(&unit).map(Vec::as_slice));
+        let events = unit_events(
+            &self.records,
+            self.participations.get(&unit).map(Vec::as_slice),
+        );
         Ok(exact_or_pld(&events, self.config.delta)?.0)
     }
 
     fn validate(&self, record: &RoundRecord) -> Result<(), LedgerError> {
-        let bad = |m: String| Err(LedgerError::InvalidRecord(format!("round {}: {m}", record.round)));
+        let bad = |m: String| {
+            Err(LedgerError::InvalidRecord(format!(
+                "round {}: {m}",
+                record.round
+            )))
+        };
         if !(record.noise_multiplier.is_finite() && record.noise_multiplier > 0.0) {
-            return bad(format!("noise multiplier must be > 0, got {}", record.noise_multiplier));
+            return bad(format!(
+                "noise multiplier must be > 0, got {}",
+                record.noise_multiplier
+            ));
         }
         if !(record.clip_norm.is_finite() && record.clip_norm > 0.0) {
             return bad(format!("clip norm must be > 0, got {}", record.clip_norm));
         }
         if !(record.expected_cohort.is_finite() && record.expected_cohort > 0.0) {
-            return bad(format!("expected cohort must be > 0, got {}", record.expected_cohort));
+            return bad(format!(
+                "expected cohort must be > 0, got {}",
+                record.expected_cohort
+            ));
         }
         if let Some(q) = record.sampling_rate {
             if !(q > 0.0 && q <= 1.0) {
@@ -383,16 +458,25 @@ impl PrivacyLedger {
         }
         if let Some(last) = self.last_round() {
             if record.round <= last {
-                return Err(LedgerError::RoundOrder { round: record.round, last });
+                return Err(LedgerError::RoundOrder {
+                    round: record.round,
+                    last,
+                });
             }
         }
         let mut seen = HashSet::with_capacity(record.units.len());
         for &u in &record.units {
             if !seen.insert(u) {
-                return Err(LedgerError::DuplicateUnit { round: record.round, unit: u });
+                return Err(LedgerError::DuplicateUnit {
+                    round: record.round,
+                    unit: u,
+                });
             }
             if self.config.participation == Participation::Fresh && self.has_participated(u) {
-                return Err(LedgerError::UnitReused { round: record.round, unit: u });
+                return Err(LedgerError::UnitReused {
+                    round: record.round,
+                    unit: u,
+                });
             }
         }
         Ok(())
@@ -411,8 +495,11 @@ impl PrivacyLedger {
 /// the unit was drawn — that is what amplification accounts for), plus the un-sampled rounds it
 /// took part in.
 fn unit_events(records: &[RoundRecord], own: Option<&[usize]>) -> Vec<DpEvent> {
-    let mut events: Vec<DpEvent> =
-        records.iter().filter(|r| r.sampling_rate.is_some()).map(RoundRecord::event).collect();
+    let mut events: Vec<DpEvent> = records
+        .iter()
+        .filter(|r| r.sampling_rate.is_some())
+        .map(RoundRecord::event)
+        .collect();
     for &i in own.unwrap_or(&[]) {
         if records[i].sampling_rate.is_none() {
             events.push(records[i].event());
@@ -432,10 +519,22 @@ fn grouped(events: &[DpEvent]) -> DpEvent {
     }
     let parts: Vec<DpEvent> = counts
         .into_iter()
-        .map(|(e, n)| if n == 1 { e } else { DpEvent::SelfComposed { event: Box::new(e), count: n } })
+        .map(|(e, n)| {
+            if n == 1 {
+                e
+            } else {
+                DpEvent::SelfComposed {
+                    event: Box::new(e),
+                    count: n,
+                }
+            }
+        })
         .collect();
     if parts.len() == 1 {
-        parts.into_iter().next().unwrap_or(DpEvent::Composed { events: vec![] })
+        parts
+            .into_iter()
+            .next()
+            .unwrap_or(DpEvent::Composed { events: vec![] })
     } else {
         DpEvent::Composed { events: parts }
     }
@@ -457,9 +556,15 @@ fn exact_or_pld(events: &[DpEvent], delta: f64) -> Result<(f64, &'static str), P
         }
     }
     if all_gaussian {
-        return Ok((gaussian::epsilon(inv_var.powf(-0.5), delta)?, "analytic_gaussian"));
+        return Ok((
+            gaussian::epsilon(inv_var.powf(-0.5), delta)?,
+            "analytic_gaussian",
+        ));
     }
-    Ok((accountant::epsilon(&grouped(events), delta, AccountantKind::Pld)?, "pld"))
+    Ok((
+        accountant::epsilon(&grouped(events), delta, AccountantKind::Pld)?,
+        "pld",
+    ))
 }
 
 fn rdp_epsilon(events: &[DpEvent], delta: f64) -> Result<f64, PrivacyError> {
@@ -488,7 +593,10 @@ fn accounting<'a>(
     let mut per_unit = Vec::with_capacity(own.len());
     let mut worst_events = unit_events(&records, None);
     let (mut worst, mut method) = exact_or_pld(&worst_events, delta)?;
-    cache.insert(serde_json::to_string(&worst_events).map_err(json_err)?, (worst, method));
+    cache.insert(
+        serde_json::to_string(&worst_events).map_err(json_err)?,
+        (worst, method),
+    );
     for (&unit, idx) in &own {
         let events = unit_events(&records, Some(idx));
         let key = serde_json::to_string(&events).map_err(json_err)?;
@@ -505,9 +613,17 @@ fn accounting<'a>(
             method = m;
             worst_events = events;
         }
-        per_unit.push(UnitEpsilon { unit, participations: idx.len() as u64, epsilon: eps });
+        per_unit.push(UnitEpsilon {
+            unit,
+            participations: idx.len() as u64,
+            epsilon: eps,
+        });
     }
-    let epsilon_rdp = if with_rdp { rdp_epsilon(&worst_events, delta)? } else { f64::NAN };
+    let epsilon_rdp = if with_rdp {
+        rdp_epsilon(&worst_events, delta)?
+    } else {
+        f64::NAN
+    };
     let mut noise_sources: Vec<NoiseSource> = Vec::new();
     for r in &records {
         if !noise_sources.contains(&r.noise_source) {
@@ -535,7 +651,10 @@ fn validate_config(c: &LedgerConfig) -> Result<(), LedgerError> {
         return bad(format!("delta must be in (0, 1), got {}", c.delta));
     }
     if !(c.target_epsilon > 0.0) || c.target_epsilon.is_nan() {
-        return bad(format!("target epsilon must be > 0, got {}", c.target_epsilon));
+        return bad(format!(
+            "target epsilon must be > 0, got {}",
+            c.target_epsilon
+        ));
     }
     if let Participation::Sampled { rate } = c.participation {
         if !(rate > 0.0 && rate <= 1.0) {
@@ -618,11 +737,22 @@ fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<&'a [u8]>, Recovery), L
         at += FRAME_HEADER + len;
     }
     let n = frames.len().saturating_sub(1);
-    Ok((frames, Recovery { records: n, torn_at: None, torn_bytes: 0 }))
+    Ok((
+        frames,
+        Recovery {
+            records: n,
+            torn_at: None,
+            torn_bytes: 0,
+        },
+    ))
 }
 
 fn corrupt(path: &Path, at: usize, reason: &str) -> LedgerError {
-    LedgerError::Corrupt { path: path.to_path_buf(), offset: at as u64, reason: reason.into() }
+    LedgerError::Corrupt {
+        path: path.to_path_buf(),
+        offset: at as u64,
+        reason: reason.into(),
+    }
 }
 
 fn json_err(e: serde_json::Error) -> LedgerError {

@@ -35,7 +35,10 @@ impl std::fmt::Display for NoiseSource {
         match self {
             NoiseSource::Os => write!(f, "os-csprng (ChaCha20 seeded by the OS)"),
             NoiseSource::Seeded { seed } => {
-                write!(f, "seeded (ChaCha20, seed {seed}; reproducible, not private)")
+                write!(
+                    f,
+                    "seeded (ChaCha20, seed {seed}; reproducible, not private)"
+                )
             }
         }
     }
@@ -53,12 +56,18 @@ impl GaussianNoise {
         let rng = ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| {
             PrivacyError::InvalidParameter(format!("the OS random source failed: {e}"))
         })?;
-        Ok(Self { rng, source: NoiseSource::Os })
+        Ok(Self {
+            rng,
+            source: NoiseSource::Os,
+        })
     }
 
     /// A reproducible generator; it identifies itself as seeded wherever it is recorded.
     pub fn seeded(seed: u64) -> Self {
-        Self { rng: ChaCha20Rng::seed_from_u64(seed), source: NoiseSource::Seeded { seed } }
+        Self {
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            source: NoiseSource::Seeded { seed },
+        }
     }
 
     /// `from_os()` when `seed` is `None`, else `seeded(seed)`.
