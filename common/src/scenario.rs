@@ -158,6 +158,8 @@ impl Churn {
 /// The task: a tagged enum (`kind = "..."` in TOML). Add a variant per task.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+// A scenario holds one task, parsed once: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Task {
     /// DP federated mean estimation: each user holds a private vector; the aggregator learns
     /// their mean (needs no RL; proves the transport, engine and ledger on their own).

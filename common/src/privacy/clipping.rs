@@ -120,7 +120,7 @@ pub fn clip_ensemble_flat(
     bound: f64,
 ) -> Result<Vec<Clipped>, PrivacyError> {
     check_bound(bound)?;
-    if n_models == 0 || v.len() % n_models != 0 {
+    if n_models == 0 || !v.len().is_multiple_of(n_models) {
         return Err(PrivacyError::InvalidParameter(format!(
             "{} components do not split into {n_models} equal models",
             v.len()
@@ -213,7 +213,7 @@ mod tests {
         let parts = clip_ensemble_per_layer(&mut w, 2, &[4, 2], 1.0).unwrap();
         assert_eq!(parts.len(), 4);
         assert!(l2_norm(&w[0..4]) <= 0.5 && l2_norm(&w[4..6]) <= 0.5);
-        assert!(clip_ensemble_flat(&mut vec![0.0; 5], 2, 1.0).is_err());
+        assert!(clip_ensemble_flat(&mut [0.0; 5], 2, 1.0).is_err());
     }
 
     proptest! {

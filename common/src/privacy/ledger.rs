@@ -451,18 +451,18 @@ impl PrivacyLedger {
                 record.expected_cohort
             ));
         }
-        if let Some(q) = record.sampling_rate {
-            if !(q > 0.0 && q <= 1.0) {
-                return bad(format!("sampling rate must be in (0, 1], got {q}"));
-            }
+        if let Some(q) = record.sampling_rate
+            && !(q > 0.0 && q <= 1.0)
+        {
+            return bad(format!("sampling rate must be in (0, 1], got {q}"));
         }
-        if let Some(last) = self.last_round() {
-            if record.round <= last {
-                return Err(LedgerError::RoundOrder {
-                    round: record.round,
-                    last,
-                });
-            }
+        if let Some(last) = self.last_round()
+            && record.round <= last
+        {
+            return Err(LedgerError::RoundOrder {
+                round: record.round,
+                last,
+            });
         }
         let mut seen = HashSet::with_capacity(record.units.len());
         for &u in &record.units {
@@ -650,16 +650,16 @@ fn validate_config(c: &LedgerConfig) -> Result<(), LedgerError> {
     if !(c.delta > 0.0 && c.delta < 1.0) {
         return bad(format!("delta must be in (0, 1), got {}", c.delta));
     }
-    if !(c.target_epsilon > 0.0) || c.target_epsilon.is_nan() {
+    if c.target_epsilon.is_nan() || c.target_epsilon <= 0.0 {
         return bad(format!(
             "target epsilon must be > 0, got {}",
             c.target_epsilon
         ));
     }
-    if let Participation::Sampled { rate } = c.participation {
-        if !(rate > 0.0 && rate <= 1.0) {
-            return bad(format!("sampling rate must be in (0, 1], got {rate}"));
-        }
+    if let Participation::Sampled { rate } = c.participation
+        && !(rate > 0.0 && rate <= 1.0)
+    {
+        return bad(format!("sampling rate must be in (0, 1], got {rate}"));
     }
     Ok(())
 }
@@ -684,10 +684,10 @@ fn write_frame(file: &mut File, payload: &[u8]) -> std::io::Result<()> {
 
 /// Makes the creation of a new file durable (best effort: not every platform allows it).
 fn sync_parent(path: &Path) {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
     }
 }
 

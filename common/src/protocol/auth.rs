@@ -78,7 +78,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// Parses hex (any case); `None` on odd length or a non-hex digit.
 pub fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);

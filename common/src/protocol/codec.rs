@@ -90,7 +90,7 @@ pub fn frame_prefix(message: &Message, payload_bytes: usize) -> Result<Vec<u8>, 
             max: MAX_HEADER_BYTES as u64,
         });
     }
-    if payload_bytes % 4 != 0 {
+    if !payload_bytes.is_multiple_of(4) {
         return Err(DecodeError::Malformed(format!(
             "payload of {payload_bytes} bytes is not a whole number of f32"
         )));
