@@ -958,8 +958,10 @@ impl EngineThread {
                     {
                         self.save_checkpoint()?;
                     }
-                    queue.push_back(Event::Committed { round });
                     if self.model.finished() {
+                        // Count the round as completed; whatever the engine would do next (open
+                        // another round) is dropped: the run ends here.
+                        let _ = self.engine.handle(now, Event::Committed { round });
                         let reason = format!("the model reached its target after round {round}");
                         for out in self.sessions.values() {
                             let _ = out.send(Outbound::Close {
@@ -973,6 +975,7 @@ impl EngineThread {
                         }
                         return Ok(Some(reason));
                     }
+                    queue.push_back(Event::Committed { round });
                 }
                 Action::Abandoned {
                     round,
