@@ -602,7 +602,12 @@ impl Engine {
             },
         };
         let mut noisy: Vec<f32> = open.sum.iter().map(|s| *s as f32).collect();
-        let std = self.cfg.noise_multiplier * self.cfg.clip_norm;
+        // z = 0 (a non-private twin, whose C is infinite) means no noise, not 0 x inf = NaN.
+        let std = if self.cfg.noise_multiplier == 0.0 {
+            0.0
+        } else {
+            self.cfg.noise_multiplier * self.cfg.clip_norm
+        };
         if let Err(e) = noise.add_to(&mut noisy, std) {
             self.phase = Phase::Finished;
             out.push(Action::Finished {

@@ -594,3 +594,37 @@ fn join_without_units_hosts_every_unhosted_unit() {
         }
     ));
 }
+
+#[test]
+fn non_private_twin_releases_the_exact_unclipped_mean() {
+    // A non-private twin runs the engine with C = inf and z = 0 (Scenario::effective_*).
+    let mut c = cfg(Participation::Fresh);
+    c.clip_norm = f64::INFINITY;
+    c.noise_multiplier = 0.0;
+    let (mut e, o) = started(c);
+    let cohort: Vec<UnitId> = o.iter().flat_map(|(_, _, u)| u.clone()).collect();
+    let vecs = [
+        vec![300.0f32, 400.0, 0.0],
+        vec![1.0, 2.0, 3.0],
+        vec![-1.0, 0.5, 0.25],
+        vec![0.0, 0.0, 8.0],
+    ];
+    let mut all = Vec::new();
+    for (u, v) in cohort.iter().zip(&vecs) {
+        all.extend(e.handle(
+            1.0,
+            Event::UpdateArrived {
+                client: host(*u),
+                round: 1,
+                unit: *u,
+                update: v.clone(),
+            },
+        ));
+    }
+    let c = commit(&all).expect("every cohort unit answered");
+    assert_eq!(c.clipped, 0);
+    for (i, x) in c.noisy_mean.iter().enumerate() {
+        let expected = vecs.iter().map(|v| v[i] as f64).sum::<f64>() / 4.0;
+        assert!((*x as f64 - expected).abs() < 1e-4, "{x} vs {expected}");
+    }
+}
