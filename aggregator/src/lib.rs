@@ -5,13 +5,13 @@
 //! - [`model`]: the [`ServerModel`] trait (the central model and its server optimizer) and the
 //!   mean-estimation model; [`tasks::server_model`] picks one for a scenario.
 //! - [`service`]: the QUIC service that drives the engine ([`service::run`]).
-//! - [`checkpoint`], [`state`], [`tls`], [`net`]: durable state, TLS identity, frame I/O.
+//! - [`checkpoint`], [`state`], [`tls`]: durable state, TLS identity (frame I/O is
+//!   `fedrl_common::protocol::quic_io`).
 
 pub mod checkpoint;
 pub mod dppg;
 pub mod engine;
 pub mod model;
-pub mod net;
 pub mod service;
 pub mod state;
 pub mod tasks;

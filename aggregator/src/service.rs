@@ -36,9 +36,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, EngineConfig, Event, Resume};
 use crate::model::ServerModel;
-use crate::net::{ReadFrameError, read_body, read_frame, read_prefix, write_frame};
 use crate::state;
 use crate::tls::{self, TransportTuning};
+use fedrl_common::protocol::quic_io::{
+    ReadFrameError, read_body, read_frame, read_prefix, write_frame,
+};
 
 /// QUIC application close codes.
 pub mod close_code {

@@ -17,9 +17,9 @@ use rand::rngs::ChaCha20Rng;
 use rand::{RngExt, SeedableRng};
 use tokio::sync::Semaphore;
 
-use crate::net::{ReadFrameError, read_frame, write_frame};
 use crate::tls;
 use crate::trainer::{LocalTrainer, TrainerFactory};
+use fedrl_common::protocol::quic_io::{ReadFrameError, read_frame, write_frame};
 
 /// The server's close code for a finished run (mirrors the aggregator's `close_code::FINISHED`).
 const CLOSE_FINISHED: u32 = 0;

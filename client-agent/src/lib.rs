@@ -9,7 +9,6 @@
 
 pub mod agent;
 pub mod dppg;
-pub mod net;
 pub mod tls;
 pub mod trainer;
 

@@ -15,6 +15,8 @@
 pub mod auth;
 pub mod codec;
 pub mod messages;
+#[cfg(feature = "quic")]
+pub mod quic_io;
 
 pub use codec::{
     DEFAULT_MAX_FRAME_BYTES, DecodeError, Frame, MAX_CONTROL_FRAME_BYTES, MAX_HEADER_BYTES,

@@ -1,10 +1,9 @@
-//! Frame I/O over quinn streams (the async edge of [`fedrl_common::protocol::codec`]).
+//! Frame I/O over quinn streams: the async edge of [`super::codec`], shared by the aggregator and
+//! the client agent (feature `quic`; the privacy core never needs it).
 
 use std::time::Duration;
 
-use fedrl_common::protocol::{
-    DecodeError, Frame, Message, PREFIX_BYTES, decode_body, encode_frame, parse_length,
-};
+use super::{DecodeError, Frame, Message, PREFIX_BYTES, decode_body, encode_frame, parse_length};
 use quinn::{ReadExactError, RecvStream, SendStream};
 
 /// Why a frame could not be read.
