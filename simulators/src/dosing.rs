@@ -9,6 +9,7 @@
 //! Savitzky–Golay filter as the reference does. Both meal patterns are parameters
 //! ([`DosingMeals`]) so that populations can give every user their own.
 
+use crate::trace_json::{field, num, nums};
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
@@ -570,29 +571,6 @@ impl Env for DosingEnv {
         }
         Ok(())
     }
-}
-
-fn field<'a>(v: &'a serde_json::Value, key: &str) -> Result<&'a serde_json::Value, SimError> {
-    v.get(key)
-        .ok_or_else(|| SimError::Trace(format!("lacks field {key:?}")))
-}
-
-fn num(v: &serde_json::Value, key: &str) -> Result<f64, SimError> {
-    field(v, key)?
-        .as_f64()
-        .ok_or_else(|| SimError::Trace(format!("field {key:?} is not a number")))
-}
-
-fn nums(v: &serde_json::Value, key: &str) -> Result<Vec<f64>, SimError> {
-    field(v, key)?
-        .as_array()
-        .ok_or_else(|| SimError::Trace(format!("field {key:?} is not an array")))?
-        .iter()
-        .map(|x| {
-            x.as_f64()
-                .ok_or_else(|| SimError::Trace(format!("field {key:?} holds a non-number")))
-        })
-        .collect()
 }
 
 /// Observation tolerance of the Dosing replay (relative).

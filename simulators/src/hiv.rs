@@ -9,6 +9,7 @@
 //! (20-day steps x 50), and the per-expert variations of seed 000's appendix B.1: penalty
 //! weights and Gaussian noise on the drug efficacy.
 
+use crate::trace_json::{field, num, nums};
 use rand::SeedableRng;
 use rand::rngs::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -348,29 +349,6 @@ impl Env for HivEnv {
         self.write_obs(obs);
         Ok(())
     }
-}
-
-fn field<'a>(v: &'a serde_json::Value, key: &str) -> Result<&'a serde_json::Value, SimError> {
-    v.get(key)
-        .ok_or_else(|| SimError::Trace(format!("lacks field {key:?}")))
-}
-
-fn num(v: &serde_json::Value, key: &str) -> Result<f64, SimError> {
-    field(v, key)?
-        .as_f64()
-        .ok_or_else(|| SimError::Trace(format!("field {key:?} is not a number")))
-}
-
-fn nums(v: &serde_json::Value, key: &str) -> Result<Vec<f64>, SimError> {
-    field(v, key)?
-        .as_array()
-        .ok_or_else(|| SimError::Trace(format!("field {key:?} is not an array")))?
-        .iter()
-        .map(|x| {
-            x.as_f64()
-                .ok_or_else(|| SimError::Trace(format!("field {key:?} holds a non-number")))
-        })
-        .collect()
 }
 
 /// Observation tolerance of the HIV replay (absolute, in log10 units).

@@ -12,6 +12,7 @@ pub mod population;
 pub mod registry;
 pub mod replay;
 pub mod riverswim;
+mod trace_json;
 
 // The healthcare simulators and their shared ODE solver (written by another helper).
 pub mod dosing;

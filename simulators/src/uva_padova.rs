@@ -7,6 +7,7 @@
 //! (simglucose's `RandomScenario` shape, parameterisable per user), a CGM sensor with optional
 //! Johnson-SU noise, and Kovatchev's risk index as the reward.
 
+use crate::trace_json::{field, num};
 use std::sync::OnceLock;
 
 use rand::rngs::ChaCha8Rng;
@@ -768,17 +769,6 @@ impl Env for UvaPadovaEnv {
         obs[0] = self.cgm as f32;
         Ok(())
     }
-}
-
-fn field<'a>(v: &'a serde_json::Value, key: &str) -> Result<&'a serde_json::Value, SimError> {
-    v.get(key)
-        .ok_or_else(|| SimError::Trace(format!("lacks field {key:?}")))
-}
-
-fn num(v: &serde_json::Value, key: &str) -> Result<f64, SimError> {
-    field(v, key)?
-        .as_f64()
-        .ok_or_else(|| SimError::Trace(format!("field {key:?} is not a number")))
 }
 
 /// Replays a simglucose trace file (`testdata/simglucose_traces.json`): per episode, the patient
