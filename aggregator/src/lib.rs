@@ -3,7 +3,8 @@
 //!
 //! - [`engine`]: the round engine, a pure state machine (events in, actions out).
 //! - [`model`]: the [`ServerModel`] trait (the central model and its server optimizer) and the
-//!   mean-estimation model; [`tasks::server_model`] picks one for a scenario.
+//!   mean-estimation model; [`tasks::server_model`] picks one for a scenario ([`dppg`]: the PPO
+//!   policy; [`loglinear`]: the log-linear policy with the L2 trust-region clip).
 //! - [`service`]: the QUIC service that drives the engine ([`service::run`]).
 //! - [`checkpoint`], [`state`], [`tls`]: durable state, TLS identity (frame I/O is
 //!   `fedrl_common::protocol::quic_io`).
@@ -11,6 +12,7 @@
 pub mod checkpoint;
 pub mod dppg;
 pub mod engine;
+pub mod loglinear;
 pub mod model;
 pub mod service;
 pub mod state;

@@ -9,5 +9,9 @@ pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>>
     match &scenario.task {
         Task::MeanEstimation(t) => Ok(Box::new(MeanEstimationModel::new(t))),
         Task::Dppg(t) => Ok(Box::new(crate::dppg::DppgModel::new(t, scenario.users)?)),
+        Task::LogLinearPg(t) => Ok(Box::new(crate::loglinear::LogLinearModel::new(
+            t,
+            scenario.users,
+        )?)),
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod dppg;
+pub mod loglinear;
 pub mod tls;
 pub mod trainer;
 

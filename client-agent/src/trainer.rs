@@ -39,6 +39,9 @@ pub fn default_factory() -> TrainerFactory {
             Task::Dppg(t) => {
                 Ok(Box::new(crate::dppg::DppgTrainer::new(&t)?) as Box<dyn LocalTrainer>)
             }
+            Task::LogLinearPg(t) => {
+                Ok(Box::new(crate::loglinear::LogLinearTrainer::new(&t)?) as Box<dyn LocalTrainer>)
+            }
         }
     })
 }

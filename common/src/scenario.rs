@@ -168,6 +168,12 @@ pub enum Task {
     /// and send clipped local PPO updates. Needs fedrl-common's `nn` feature.
     #[cfg(feature = "nn")]
     Dppg(DppgTask),
+    /// User-level DP log-linear policy gradient with the L2 trust-region clipping rule (seed 004
+    /// §4.2.1, its Riverswim experiments): the scenario's clip norm is derived from the trust
+    /// region (see [`Scenario::derived_clip_norm`]). Needs fedrl-common's `nn` feature.
+    #[cfg(feature = "nn")]
+    #[serde(rename = "loglinear_pg")]
+    LogLinearPg(LogLinearTask),
 }
 
 impl Task {
@@ -177,6 +183,8 @@ impl Task {
             Task::MeanEstimation(t) => t.dim,
             #[cfg(feature = "nn")]
             Task::Dppg(t) => t.model_spec().map(|m| m.layout().len()).unwrap_or(0),
+            #[cfg(feature = "nn")]
+            Task::LogLinearPg(t) => t.spec().map(|s| s.dim()).unwrap_or(0),
         }
     }
 
@@ -316,6 +324,178 @@ fn d_one_usize() -> usize {
     1
 }
 
+/// Parameters of [`Task::LogLinearPg`]: a log-linear policy with a linear baseline
+/// (`fedrl_common::nn::loglinear`), one REINFORCE step per user, the policy learning-rate
+/// schedule of seed 004 C.2.2 and the L2 trust region of §4.2.1.
+///
+/// The learning rate is folded into the client's update (`u = eta_t g_theta`, plus
+/// `baseline_lr g_w`) and the server applies the noisy mean with learning rate 1, so the clip
+/// norm `C' = eta_t C` the engine enforces is the same every round (`privacy::trust_region`).
+/// The schedule counts rounds (policy updates): the paper updates after every episode of one
+/// user, so its "every 50 episodes" is every 50 updates. Training users are `0..users`;
+/// evaluation uses held-out users `users..`, never a training user.
+#[cfg(feature = "nn")]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogLinearTask {
+    /// Population name or environment id; needs a box observation and discrete actions.
+    /// Default `RiverSwim-v0`.
+    #[serde(default = "d_loglinear_population")]
+    pub population: String,
+    /// Seed of the population's per-user parameters. Default 0.
+    #[serde(default)]
+    pub population_seed: u64,
+    /// Base seed of the users' episodes (simulation randomness, not privacy noise). Default 0.
+    #[serde(default)]
+    pub episode_seed: u64,
+    /// Episodes each user plays per contribution. Default 1.
+    #[serde(default = "d_one_usize")]
+    pub episodes_per_user: usize,
+    /// Discount factor gamma in [0, 1]. Seed 004 C.3: 0.99.
+    #[serde(default = "d_gamma")]
+    pub gamma: f64,
+    /// Policy learning rate eta at the first round. Seed 004 C.3: 12.
+    #[serde(default = "d_loglinear_lr")]
+    pub lr: f64,
+    /// The policy learning rate is divided by `lr_decay_factor` every this many rounds.
+    /// Seed 004 C.3: 50.
+    #[serde(default = "d_lr_decay_every")]
+    pub lr_decay_every: u64,
+    /// Divisor of the policy learning rate at each decay (>= 1). Seed 004 C.3: 5.
+    #[serde(default = "d_lr_decay_factor")]
+    pub lr_decay_factor: f64,
+    /// Floor of the policy learning rate. Seed 004 C.3: 0.06.
+    #[serde(default = "d_lr_min")]
+    pub lr_min: f64,
+    /// Learning rate of the baseline's regression step (the paper gives none). Default 0.5.
+    #[serde(default = "d_baseline_lr")]
+    pub baseline_lr: f64,
+    /// The L2 trust region the clip norm is derived from. Default: seed 004 C.3's Riverswim
+    /// values, size 3.5 at confidence 0.6, exact quantile rule.
+    #[serde(default = "d_trust_region")]
+    pub trust_region: crate::privacy::trust_region::TrustRegion,
+    /// Evaluate on held-out users every K released rounds (and at the end). Default 5.
+    #[serde(default = "d_eval_every")]
+    pub eval_every: u64,
+    /// Held-out users (one sampled episode each) in periodic evaluations. Default 200.
+    #[serde(default = "d_loglinear_eval_users")]
+    pub eval_users: u64,
+    /// Held-out users (one sampled episode each) in the final evaluation. Default 1000.
+    #[serde(default = "d_loglinear_final_eval_users")]
+    pub final_eval_users: u64,
+}
+
+#[cfg(feature = "nn")]
+impl LogLinearTask {
+    /// The policy's shape for the population's environment.
+    pub fn spec(&self) -> Result<crate::nn::loglinear::LogLinearSpec, ScenarioError> {
+        let pop = fedrl_sim::population::Population::new(&self.population, self.population_seed)
+            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
+        let env = pop
+            .user_env(0)
+            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
+        crate::nn::loglinear::LogLinearSpec::from_spaces(
+            env.observation_space(),
+            env.action_space(),
+        )
+        .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))
+    }
+
+    /// The policy learning rate eta_t of `round` (rounds count from 1):
+    /// `max(lr_min, lr / lr_decay_factor^floor((round - 1) / lr_decay_every))`.
+    pub fn lr_at(&self, round: u64) -> f64 {
+        let k = round.saturating_sub(1) / self.lr_decay_every.max(1);
+        let k = i32::try_from(k).unwrap_or(i32::MAX);
+        (self.lr / self.lr_decay_factor.powi(k)).max(self.lr_min)
+    }
+
+    fn validate(&self) -> Result<(), ScenarioError> {
+        let bad = |m: String| Err(ScenarioError::Invalid(m));
+        let pos = |x: f64| x.is_finite() && x > 0.0;
+        self.spec()?;
+        if self.episodes_per_user == 0 {
+            return bad("task.episodes_per_user must be >= 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.gamma) {
+            return bad(format!("task.gamma must be in [0, 1], got {}", self.gamma));
+        }
+        if !pos(self.lr) || !pos(self.lr_min) || self.lr_min > self.lr {
+            return bad(format!(
+                "task.lr and task.lr_min must be > 0 with lr_min <= lr, got {} and {}",
+                self.lr, self.lr_min
+            ));
+        }
+        if self.lr_decay_every == 0
+            || !(self.lr_decay_factor.is_finite() && self.lr_decay_factor >= 1.0)
+        {
+            return bad(format!(
+                "task.lr_decay_every must be >= 1 and task.lr_decay_factor >= 1, got {} and {}",
+                self.lr_decay_every, self.lr_decay_factor
+            ));
+        }
+        if !(self.baseline_lr.is_finite() && self.baseline_lr >= 0.0) {
+            return bad(format!(
+                "task.baseline_lr must be >= 0, got {}",
+                self.baseline_lr
+            ));
+        }
+        self.trust_region
+            .validate()
+            .map_err(|e| ScenarioError::Invalid(format!("task.trust_region: {e}")))?;
+        if self.eval_every == 0 || self.eval_users == 0 || self.final_eval_users == 0 {
+            return bad(
+                "task.eval_every, task.eval_users and task.final_eval_users must be >= 1".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "nn")]
+fn d_loglinear_population() -> String {
+    "RiverSwim-v0".into()
+}
+#[cfg(feature = "nn")]
+fn d_gamma() -> f64 {
+    0.99
+}
+#[cfg(feature = "nn")]
+fn d_loglinear_lr() -> f64 {
+    12.0
+}
+#[cfg(feature = "nn")]
+fn d_lr_decay_every() -> u64 {
+    50
+}
+#[cfg(feature = "nn")]
+fn d_lr_decay_factor() -> f64 {
+    5.0
+}
+#[cfg(feature = "nn")]
+fn d_lr_min() -> f64 {
+    0.06
+}
+#[cfg(feature = "nn")]
+fn d_baseline_lr() -> f64 {
+    0.5
+}
+#[cfg(feature = "nn")]
+fn d_trust_region() -> crate::privacy::trust_region::TrustRegion {
+    crate::privacy::trust_region::TrustRegion {
+        size: 3.5,
+        confidence: 0.6,
+        bound: crate::privacy::trust_region::TrustRegionBound::Quantile,
+    }
+}
+#[cfg(feature = "nn")]
+fn d_loglinear_eval_users() -> u64 {
+    200
+}
+#[cfg(feature = "nn")]
+fn d_loglinear_final_eval_users() -> u64 {
+    1000
+}
+
 /// Parameters of [`Task::MeanEstimation`].
 ///
 /// User `u` holds `x_u = mu + user_std * g_u`, with `g_u` standard normal from a generator seeded
@@ -435,11 +615,12 @@ fn d_user_std() -> f64 {
 impl Scenario {
     /// Parses and validates TOML text.
     pub fn from_toml_str(text: &str) -> Result<Self, ScenarioError> {
-        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+        let mut s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
             path: None,
             message: e.to_string(),
         })?;
         s.validate()?;
+        s.resolve_clip_norm()?;
         Ok(s)
     }
 
@@ -450,11 +631,12 @@ impl Scenario {
             path: path.display().to_string(),
             source,
         })?;
-        let s: Scenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse {
+        let mut s: Scenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse {
             path: Some(path.display().to_string()),
             message: e.to_string(),
         })?;
         s.validate()?;
+        s.resolve_clip_norm()?;
         Ok(s)
     }
 
@@ -477,13 +659,52 @@ impl Scenario {
             .unwrap_or_else(|| ((self.expected_cohort() / 2.0).ceil() as u64).max(1))
     }
 
-    /// The L2 bound every update is clipped to: `clip_norm`, or +inf for a non-private twin.
+    /// The L2 bound every update is clipped to: `clip_norm` (or the clip norm derived from the
+    /// task's trust region, [`Self::derived_clip_norm`]), or +inf for a non-private twin.
     pub fn effective_clip_norm(&self) -> f64 {
         if self.non_private {
             f64::INFINITY
         } else {
-            self.clip_norm
+            // Validation has checked that the derivation succeeds.
+            self.derived_clip_norm()
+                .ok()
+                .flatten()
+                .unwrap_or(self.clip_norm)
         }
+    }
+
+    /// The clip norm a task derives from its own rule instead of `clip_norm`, if any.
+    ///
+    /// [`Task::LogLinearPg`]: the L2 trust-region rule of seed 004 §4.2.1 for updates that
+    /// include their learning rate (`C' = eta C`, independent of eta), with `d = task.dim()` (the
+    /// policy and the baseline: the baseline shares the clipped vector and its noise, so
+    /// counting it in `d` is conservative for the policy's trust region), `n` the expected
+    /// cohort (the fixed public denominator) and `sigma` the effective noise multiplier (a
+    /// non-private twin derives `sqrt(size)` but is not clipped at all).
+    pub fn derived_clip_norm(&self) -> Result<Option<f64>, ScenarioError> {
+        match &self.task {
+            #[cfg(feature = "nn")]
+            Task::LogLinearPg(t) => t
+                .trust_region
+                .clip_norm(
+                    self.task.dim(),
+                    self.expected_cohort(),
+                    self.effective_noise_multiplier(),
+                    1.0,
+                )
+                .map(Some)
+                .map_err(|e| ScenarioError::Invalid(format!("task.trust_region: {e}"))),
+            _ => Ok(None),
+        }
+    }
+
+    /// Replaces `clip_norm` by the derived clip norm when the task has one, so that every
+    /// reader (reports, the welcome message, the resolved scenario file) sees the value used.
+    fn resolve_clip_norm(&mut self) -> Result<(), ScenarioError> {
+        if let Some(c) = self.derived_clip_norm()? {
+            self.clip_norm = c;
+        }
+        Ok(())
     }
 
     /// The noise multiplier applied: `noise_multiplier`, or 0 for a non-private twin.
@@ -607,6 +828,8 @@ impl Scenario {
         match &self.task {
             #[cfg(feature = "nn")]
             Task::Dppg(t) => t.validate()?,
+            #[cfg(feature = "nn")]
+            Task::LogLinearPg(t) => t.validate()?,
             Task::MeanEstimation(t) => {
                 if !(t.mean_norm.is_finite() && t.user_std.is_finite() && t.user_std >= 0.0) {
                     return bad(
@@ -623,6 +846,16 @@ impl Scenario {
             return bad(format!(
                 "task dim must be between 1 and {}, got {dim}",
                 u32::MAX / 4
+            ));
+        }
+        // A derived clip norm replaces `clip_norm`: an explicit different value is a mistake.
+        if let Some(c) = self.derived_clip_norm()?
+            && self.clip_norm != d_clip()
+            && (self.clip_norm - c).abs() > 1e-12 * c
+        {
+            return bad(format!(
+                "clip_norm ({}) is derived from task.trust_region here ({c}); remove clip_norm",
+                self.clip_norm
             ));
         }
         let need = dim as u64 * 4 + 4096;
@@ -700,6 +933,61 @@ mod tests {
         assert_eq!(ranges[0].start, 0);
         assert_eq!(ranges[2].end, 10);
         assert_eq!(ranges.iter().map(|r| r.len()).sum::<u64>(), 10);
+    }
+
+    #[cfg(feature = "nn")]
+    #[test]
+    fn loglinear_task_derives_its_clip_norm() {
+        use crate::privacy::trust_region::{TrustRegion, TrustRegionBound};
+        let text = "cohort_size = 8\nusers = 100\nnoise_multiplier = 3.74\n\
+                    [task]\nkind = \"loglinear_pg\"\n";
+        let s = Scenario::from_toml_str(text).unwrap();
+        let Task::LogLinearPg(t) = &s.task else {
+            panic!("{:?}", s.task)
+        };
+        assert_eq!(s.task.dim(), 18);
+        let want = TrustRegion {
+            size: 3.5,
+            confidence: 0.6,
+            bound: TrustRegionBound::Quantile,
+        }
+        .clip_norm(18, 8.0, 3.74, 1.0)
+        .unwrap();
+        assert_eq!(s.clip_norm, want);
+        assert_eq!(s.effective_clip_norm(), want);
+        // The resolved scenario round-trips (the derived value is accepted back).
+        let again = Scenario::from_toml_str(&s.to_toml_string()).unwrap();
+        assert_eq!(again, s);
+        // The learning-rate schedule of seed 004 C.3, counted in rounds.
+        assert_eq!(t.lr_at(1), 12.0);
+        assert_eq!(t.lr_at(50), 12.0);
+        assert!((t.lr_at(51) - 2.4).abs() < 1e-12);
+        assert!((t.lr_at(101) - 0.48).abs() < 1e-12);
+        assert_eq!(t.lr_at(10_000), 0.06);
+        // An explicit, different clip norm is refused with a message naming the field.
+        let err = Scenario::from_toml_str(&format!("clip_norm = 0.5\n{text}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("clip_norm"), "{err}");
+        // The twin is unclipped and noiseless.
+        let twin = Scenario::from_toml_str(&format!("non_private = true\n{text}")).unwrap();
+        assert_eq!(twin.effective_clip_norm(), f64::INFINITY);
+        // Markov is more conservative; a bad region is named.
+        let mk = Scenario::from_toml_str(&format!(
+            "{text}[task.trust_region]\nsize = 3.5\nconfidence = 0.6\nbound = \"markov\"\n"
+        ))
+        .unwrap();
+        assert!(mk.clip_norm < s.clip_norm);
+        let err = Scenario::from_toml_str(&format!(
+            "{text}[task.trust_region]\nsize = 3.5\nconfidence = 1.5\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("trust_region"), "{err}");
+        let err = Scenario::from_toml_str(&format!("{text}population = \"Pendulum-v1\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("population"), "{err}");
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! - [`ppo`]: GAE and the PPO loss over many users' stacked parameter copies;
 //! - [`rollout`]: acting in many environments at once with one forward pass per step;
 //! - [`local_update`]: the per-user local PPO update, batched across users, clipped to C;
-//! - [`evaluate`]: mean return of a policy on held-out users.
+//! - [`evaluate`]: mean return of a policy on held-out users;
+//! - [`loglinear`]: the log-linear policy, linear baseline and REINFORCE of seed 004's Riverswim
+//!   experiments (plain f64, no candle).
 //!
 //! Parameters travel as one `Vec<f32>`: every tensor of [`ParamLayout`] in order, each in
 //! PyTorch's row-major layout (`weight` is `[out, in]`). Internally the stacked copies keep
@@ -17,6 +19,7 @@
 pub mod evaluate;
 pub mod io;
 pub mod local_update;
+pub mod loglinear;
 pub mod mlp;
 pub mod policy;
 pub mod ppo;

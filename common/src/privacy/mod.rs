@@ -14,6 +14,7 @@ pub mod noise;
 pub mod pld;
 pub mod rdp;
 pub mod svt;
+pub mod trust_region;
 
 pub use error::PrivacyError;
 pub use event::DpEvent;

@@ -1,0 +1,259 @@
+//! The Riverswim log-linear DPPG scenarios (seed 004 §4.2.1): the shipped files, learning
+//! in-process with the real client trainer and server model, and `fedrl run` end to end.
+
+mod e2e_support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use e2e_support::*;
+use fedrl_aggregator::ServerModel;
+use fedrl_aggregator::loglinear::LogLinearModel;
+use fedrl_client::LocalTrainer;
+use fedrl_client::loglinear::LogLinearTrainer;
+use fedrl_common::nn::loglinear::riverswim_optimal_return;
+use fedrl_common::privacy::clipping::{clip_l2, l2_norm};
+use fedrl_common::privacy::noise::GaussianNoise;
+use fedrl_common::privacy::trust_region::TrustRegionBound;
+use fedrl_common::protocol::RoundSpec;
+use fedrl_common::scenario::{Scenario, Task};
+use fedrl_sim::riverswim::RiverSwim;
+
+fn scenario_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name)
+}
+
+#[test]
+fn riverswim_scenarios_are_loglinear_with_a_twin() {
+    let private = Scenario::from_file(scenario_path("riverswim-dppg.toml")).unwrap();
+    let twin = Scenario::from_file(scenario_path("riverswim-dppg-nonprivate.toml")).unwrap();
+    let (Task::LogLinearPg(tp), Task::LogLinearPg(tt)) = (&private.task, &twin.task) else {
+        panic!("both riverswim scenarios use the loglinear_pg task");
+    };
+    assert_eq!(tp, tt, "the twin trains the same task");
+    assert!(!private.non_private && twin.non_private);
+    assert_eq!(
+        (private.rounds, private.cohort_size, private.users),
+        (twin.rounds, twin.cohort_size, twin.users)
+    );
+    // Fresh users, each contributing once: one Gaussian mechanism per user.
+    let eps =
+        fedrl_common::privacy::gaussian::epsilon(private.noise_multiplier, private.delta).unwrap();
+    assert!(eps <= 1.0 && eps <= private.target_epsilon, "{eps}");
+    assert!(private.rounds * private.cohort_size <= private.users);
+    // Seed 004 C.3.
+    assert_eq!(tp.trust_region.size, 3.5);
+    assert_eq!(tp.trust_region.confidence, 0.6);
+    assert_eq!(tp.trust_region.bound, TrustRegionBound::Quantile);
+    assert_eq!(tp.lr_at(1), 12.0);
+    // The clip norm is derived, not the default.
+    let c = private.effective_clip_norm();
+    let want = tp
+        .trust_region
+        .clip_norm(
+            18,
+            private.cohort_size as f64,
+            private.noise_multiplier,
+            1.0,
+        )
+        .unwrap();
+    assert_eq!(c, want);
+    assert_eq!(twin.effective_clip_norm(), f64::INFINITY);
+}
+
+/// Outcome of an in-process run.
+struct InProcess {
+    /// Mean return of the selected model on the final held-out users.
+    final_return: f64,
+    /// Largest squared step `||theta' - theta||^2` of the policy part over all rounds.
+    max_step_sq: f64,
+    /// Fraction of rounds whose policy step stayed inside the trust region.
+    inside: f64,
+}
+
+/// Runs `s` in process: the real client trainer and server model; the engine's clip, seeded
+/// Gaussian noise `N(0, (z C)^2)` on the sum and division by the fixed cohort are replicated here
+/// (the CLI test below runs the real engine).
+fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> InProcess {
+    let Task::LogLinearPg(task) = &s.task else {
+        panic!("not a loglinear_pg scenario")
+    };
+    let mut trainer = LogLinearTrainer::new(task).unwrap();
+    let mut model = LogLinearModel::new(task, s.users).unwrap();
+    let c = s.effective_clip_norm();
+    let z = s.effective_noise_multiplier();
+    let n = s.cohort_size;
+    let dim = s.task.dim();
+    let mut noise = GaussianNoise::seeded(noise_seed);
+    let (mut max_step_sq, mut inside) = (0.0f64, 0u64);
+    for round in 1..=rounds {
+        let units: Vec<u64> = ((round - 1) * n..round * n).collect();
+        let spec = RoundSpec {
+            round,
+            dim: dim as u32,
+            clip_norm: c,
+            deadline_s: 1.0,
+            task_json: String::new(),
+        };
+        let global = model.params().to_vec();
+        let ups = trainer.local_updates(&spec, &global, &units);
+        assert_eq!(ups.len(), n as usize);
+        let mut sum = vec![0.0f64; dim];
+        for (_, mut v) in ups {
+            clip_l2(&mut v, c);
+            assert!(l2_norm(&v) <= c * (1.0 + 1e-6) || c.is_infinite());
+            for (a, b) in sum.iter_mut().zip(&v) {
+                *a += *b as f64;
+            }
+        }
+        let mean: Vec<f32> = sum
+            .iter()
+            .map(|x| {
+                let e = if z > 0.0 {
+                    z * c * noise.standard_normal()
+                } else {
+                    0.0
+                };
+                ((x + e) / n as f64) as f32
+            })
+            .collect();
+        model.apply(&mean).unwrap();
+        let step_sq: f64 = model.params()[..12]
+            .iter()
+            .zip(&global[..12])
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum();
+        max_step_sq = max_step_sq.max(step_sq);
+        if step_sq <= task.trust_region.size {
+            inside += 1;
+        }
+        if let Some(e) = model.evaluate(round)
+            && verbose
+        {
+            eprintln!("round {round}: step^2 {step_sq:.3} eval {e}");
+        }
+    }
+    let fe = model.final_evaluation().unwrap();
+    if verbose {
+        eprintln!("final: {fe}");
+    }
+    InProcess {
+        final_return: fe["final_eval_return"].as_f64().unwrap(),
+        max_step_sq,
+        inside: inside as f64 / rounds as f64,
+    }
+}
+
+/// The shipped private scenario learns in process, every noisy step within the trust region
+/// far more often than the promised confidence, and beats the left-bank policy (return 0.1)
+/// by a wide margin.
+#[test]
+fn private_riverswim_learns_in_process() {
+    let s = Scenario::from_file(scenario_path("riverswim-dppg.toml")).unwrap();
+    let r = run_in_process(
+        &s,
+        s.rounds,
+        1,
+        std::env::var_os("RIVERSWIM_VERBOSE").is_some(),
+    );
+    let opt = riverswim_optimal_return(&RiverSwim::new());
+    eprintln!(
+        "private in-process: final return {:.3} (optimum {opt:.3}), max step^2 {:.3}, inside {:.2}",
+        r.final_return, r.max_step_sq, r.inside
+    );
+    assert!(r.inside >= 0.6, "{}", r.inside);
+    assert!(
+        r.final_return > 0.5 * opt,
+        "{} vs optimum {opt}",
+        r.final_return
+    );
+}
+
+/// Parameter exploration: `RIVERSWIM_SCENARIO=path cargo test --test riverswim explore --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn explore() {
+    let path = std::env::var("RIVERSWIM_SCENARIO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| scenario_path("riverswim-dppg.toml"));
+    let s = Scenario::from_file(&path).unwrap();
+    eprintln!("clip norm {}", s.effective_clip_norm());
+    for seed in 1..=3 {
+        let r = run_in_process(&s, s.rounds, seed, seed == 1);
+        eprintln!(
+            "seed {seed}: final {:.3} max step^2 {:.3} inside {:.2}",
+            r.final_return, r.max_step_sq, r.inside
+        );
+    }
+}
+
+const E2E_SCENARIO: &str = r#"
+name = "riverswim-e2e"
+seed = 5
+rounds = 12
+users = 4000
+client_agents = 2
+participation = { kind = "fresh" }
+cohort_size = 256
+quorum = 200
+round_deadline_s = 60.0
+noise_multiplier = 3.74
+delta = 1e-5
+target_epsilon = 1.0
+checkpoint_every = 4
+
+[task]
+kind = "loglinear_pg"
+population = "RiverSwim-v0"
+episodes_per_user = 4
+eval_every = 4
+eval_users = 200
+final_eval_users = 500
+"#;
+
+/// `fedrl run` end to end on a small private Riverswim scenario: the ledger records the derived
+/// clip norm, the report holds epsilon <= 1 and a final return, and the log-linear policy is
+/// exported.
+#[test]
+fn fedrl_run_trains_riverswim_loglinear() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = write(dir.path(), "s.toml", E2E_SCENARIO);
+    let parsed = Scenario::from_file(&scenario).unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(exe())
+        .arg("run")
+        .arg(&scenario)
+        .arg("--out")
+        .arg(&out)
+        .arg("--timeout")
+        .arg("120")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "fedrl run failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["rounds_completed"], 12, "{report}");
+    let eps = report["epsilon"].as_f64().unwrap();
+    assert!(eps <= 1.0, "{report}");
+    let ret = report["final_eval_return"].as_f64().unwrap();
+    assert!(ret.is_finite() && ret >= 0.0, "{report}");
+    let (_, records, _) = fedrl_common::privacy::ledger::PrivacyLedger::read(
+        out.join(fedrl_aggregator::state::LEDGER_FILE),
+    )
+    .unwrap();
+    assert_eq!(records.len(), 12);
+    for r in &records {
+        assert_eq!(r.clip_norm, parsed.effective_clip_norm());
+    }
+    let (spec, params) = fedrl_common::nn::loglinear::from_bytes(
+        &std::fs::read(out.join(fedrl_aggregator::dppg::POLICY_FILE)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!((spec.obs_dim, spec.n_actions, params.len()), (6, 2, 18));
+}
