@@ -8,6 +8,11 @@ cd "$root"
 export RAYON_NUM_THREADS=1
 echo "== fedrl: local_updates throughput"
 cargo bench -p fedrl-bench --bench ppo -- --users 512 --threads 2
+echo "== fedrl: the default job, \`fedrl run\` (CartPole-v1 DPPG, user-level epsilon 1, over QUIC)"
+out="$(mktemp -d)"
+cargo run --release -q -- run --out "$out/run" >/dev/null
+grep -E '"(wall_seconds|final_eval_return|users|rounds_completed|epsilon)"' "$out/run/report.json"
+rm -rf "$out"
 echo "== fedrl: DP-FedAvg PPO, epsilon 1 (fresh users), time to eval >= 475"
 cargo run --release -p fedrl-common --features nn --example fedavg_cartpole -- \
   --epsilon 1 --cohort 1024 --rounds 80 --hidden 32,32 --clip 0.3 --server-lr 1.5 --threads 2

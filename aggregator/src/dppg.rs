@@ -94,13 +94,44 @@ impl ServerModel for DppgModel {
         self.sgd.step(noisy_mean_update)
     }
 
+    /// Parameters and server momentum, then (when an evaluation has run) the best evaluated
+    /// parameters, whose return is in the metadata: a resumed run exports the same model
+    /// selection as an uninterrupted one.
     fn state(&self) -> ModelState {
-        self.sgd
-            .state(serde_json::json!({"model": "dppg", "population": self.task.population}))
+        let mut st = self.sgd.state(serde_json::json!({
+            "model": "dppg",
+            "population": self.task.population,
+            "best_eval_return": self.best.as_ref().map(|(r, _)| *r),
+            "reached_target": self.reached_target,
+        }));
+        if let Some((_, p)) = &self.best {
+            st.tensors.extend_from_slice(p);
+        }
+        st
     }
 
-    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
-        self.sgd.restore(&state)
+    fn restore(&mut self, mut state: ModelState) -> Result<(), ModelError> {
+        let n = self.sgd.params.len();
+        let best_return = state.meta.get("best_eval_return").and_then(|v| v.as_f64());
+        let best = match best_return {
+            Some(r) if state.tensors.len() == 3 * n => Some((r, state.tensors.split_off(2 * n))),
+            // Checkpoints written before the best model was saved hold params + velocity only.
+            None if state.tensors.len() == 2 * n => None,
+            _ => {
+                return Err(ModelError::Restore(format!(
+                    "checkpoint holds {} values for a model of {n} (best return {best_return:?})",
+                    state.tensors.len()
+                )));
+            }
+        };
+        self.sgd.restore(&state)?;
+        self.best = best;
+        self.reached_target = state
+            .meta
+            .get("reached_target")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        Ok(())
     }
 
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
@@ -148,5 +179,47 @@ impl ServerModel for DppgModel {
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
         io::save(&dir.join(POLICY_FILE), &self.spec, self.chosen())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> DppgModel {
+        let task: DppgTask = serde_json::from_value(serde_json::json!({
+            "population": "CartPole-v1",
+            "eval_every": 1,
+            "eval_users": 2,
+            "final_eval_users": 2,
+            "local": { "hidden": [4] },
+        }))
+        .unwrap();
+        DppgModel::new(&task, 10).unwrap()
+    }
+
+    #[test]
+    fn checkpoint_keeps_the_best_model() {
+        let mut m = model();
+        assert!(m.evaluate(0).is_some());
+        let best = m.best.clone().expect("an evaluation selects a model");
+        // Move away from the evaluated parameters so current and best differ.
+        let step = vec![0.5f32; m.params().len()];
+        m.apply(&step).unwrap();
+        let st = m.state();
+        let mut resumed = model();
+        resumed.restore(st.clone()).unwrap();
+        assert_eq!(resumed.params(), m.params());
+        assert_eq!(resumed.best, Some(best.clone()));
+        assert_eq!(resumed.chosen(), best.1.as_slice());
+        // A checkpoint from before any evaluation, and one without the best model (the older
+        // format), restore with no selection; a truncated one is refused.
+        let fresh = model().state();
+        let mut r = model();
+        r.restore(fresh).unwrap();
+        assert!(r.best.is_none());
+        let mut short = st;
+        short.tensors.truncate(short.tensors.len() - 1);
+        assert!(model().restore(short).is_err());
     }
 }

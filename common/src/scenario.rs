@@ -261,12 +261,9 @@ impl DppgTask {
         let env = pop
             .user_env(0)
             .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
-        crate::nn::ModelSpec::from_spaces(
-            env.observation_space(),
-            env.action_space(),
-            &self.local.hidden,
-        )
-        .map_err(|e| ScenarioError::Invalid(format!("task: {e}")))
+        self.local
+            .model_spec(env.observation_space(), env.action_space())
+            .map_err(|e| ScenarioError::Invalid(format!("task.local: {e}")))
     }
 
     fn validate(&self) -> Result<(), ScenarioError> {

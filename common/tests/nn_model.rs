@@ -14,6 +14,11 @@ fn discrete() -> ModelSpec {
         action: ActionKind::Discrete { n: 2 },
         hidden: vec![8, 6],
         init_log_std: 0.0,
+        obs_offset: vec![],
+        obs_scale: vec![],
+        action_low: vec![],
+        action_high: vec![],
+        action_repeat: 1,
     }
 }
 
@@ -23,6 +28,11 @@ fn gaussian() -> ModelSpec {
         action: ActionKind::Gaussian { dim: 2 },
         hidden: vec![5],
         init_log_std: -0.5,
+        obs_offset: vec![],
+        obs_scale: vec![],
+        action_low: vec![],
+        action_high: vec![],
+        action_repeat: 1,
     }
 }
 
@@ -121,7 +131,12 @@ fn orthogonal_rows_or_columns() {
 
 #[test]
 fn safetensors_round_trip() {
-    for spec in [discrete(), gaussian()] {
+    let mut scaled = gaussian();
+    scaled.obs_offset = vec![1.0, 2.0, 3.0];
+    scaled.obs_scale = vec![0.5, 4.0, 10.0];
+    scaled.action_low = vec![0.0, -2.0];
+    scaled.action_high = vec![0.05, 2.0];
+    for spec in [discrete(), gaussian(), scaled] {
         let flat = spec.init(11);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.safetensors");
@@ -162,4 +177,43 @@ fn stack_flat_split_matches_stack() {
         );
     }
     assert_eq!(l.unstack_flat(&theta).unwrap(), vec![a, b]);
+}
+
+#[test]
+fn preprocessing_maps_and_checks() {
+    let mut spec = gaussian();
+    spec.obs_offset = vec![1.0, 2.0, 3.0];
+    spec.obs_scale = vec![0.5, 4.0, 10.0];
+    spec.action_low = vec![0.0, -2.0];
+    spec.action_high = vec![0.05, 2.0];
+    spec.check_preprocessing().unwrap();
+    let mut obs = [2.0, 2.0, 13.0, 1.0, 6.0, 3.0];
+    spec.normalize_obs(&mut obs);
+    assert_eq!(obs, [2.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
+    let mut a = [-1.0, 0.5];
+    spec.rescale_action(&mut a);
+    assert_eq!(a, [0.0, 1.0]);
+    // Samples beyond [-1, 1] saturate at the range's ends.
+    let mut a = [7.0, -3.0];
+    spec.rescale_action(&mut a);
+    assert_eq!(a, [0.05, -2.0]);
+    // Wrong lengths, non-positive scales, empty ranges and ranges on discrete policies fail.
+    let mut bad = spec.clone();
+    bad.obs_scale = vec![1.0, 0.0, 1.0];
+    assert!(bad.check_preprocessing().is_err());
+    let mut bad = spec.clone();
+    bad.obs_offset = vec![1.0];
+    assert!(bad.check_preprocessing().is_err());
+    let mut bad = spec.clone();
+    bad.action_high = vec![0.0, 2.0];
+    assert!(bad.check_preprocessing().is_err());
+    let mut bad = discrete();
+    bad.action_low = vec![0.0];
+    bad.action_high = vec![1.0];
+    assert!(bad.check_preprocessing().is_err());
+    // A spec without preprocessing leaves values alone.
+    let plain = gaussian();
+    let mut obs = [5.0, 6.0, 7.0];
+    plain.normalize_obs(&mut obs);
+    assert_eq!(obs, [5.0, 6.0, 7.0]);
 }

@@ -122,12 +122,22 @@ fn ppo_loss_gradient_matches_finite_differences() {
             action: ActionKind::Discrete { n: 3 },
             hidden: vec![5, 4],
             init_log_std: 0.0,
+            obs_offset: vec![],
+            obs_scale: vec![],
+            action_low: vec![],
+            action_high: vec![],
+            action_repeat: 1,
         },
         ModelSpec {
             obs_dim: 2,
             action: ActionKind::Gaussian { dim: 2 },
             hidden: vec![4],
             init_log_std: -0.3,
+            obs_offset: vec![],
+            obs_scale: vec![],
+            action_low: vec![],
+            action_high: vec![],
+            action_repeat: 1,
         },
     ] {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(5);
@@ -400,4 +410,76 @@ fn gaussian_policy_local_update() {
     let l = spec.layout();
     let p = &l.params[l.log_std.unwrap()];
     assert!(ups.iter().any(|u| u.delta[p.offset] != 0.0));
+}
+
+/// The networks see normalised observations and the environment gets actions in the
+/// scenario's range: the stored batch holds `(obs - offset) / scale`, and every action the
+/// environment receives lies in `[action_low, action_high]`.
+#[test]
+fn rollouts_apply_observation_normalisation_and_action_range() {
+    let cfg = LocalUpdateConfig {
+        hidden: vec![4],
+        threads: 1,
+        obs_offset: vec![0.25],
+        obs_scale: vec![2.0],
+        action_low: vec![0.1],
+        action_high: vec![0.3],
+        ..Default::default()
+    };
+    let mut envs: Vec<Box<dyn Env>> = (0..3).map(|_| Point::boxed()).collect();
+    let spec = cfg
+        .model_spec(envs[0].observation_space(), envs[0].action_space())
+        .unwrap();
+    let global = spec.init(3);
+    let batches = collect_rollouts(&spec, &global, &mut envs, &[4, 5, 6], &cfg.rollout()).unwrap();
+    for (b, seed) in batches.iter().zip([4u64, 5, 6]) {
+        // Point starts at x0 = (seed' % 7) / 7 - 0.5 and moves by 0.3 a with a in [0.1, 0.3]:
+        // x only grows, by 0.03 to 0.09 a step.
+        let xs: Vec<f32> = b.obs.iter().map(|o| o * 2.0 + 0.25).collect();
+        for w in xs.windows(2) {
+            let dx = w[1] - w[0];
+            assert!(
+                (0.03 - 1e-5..=0.09 + 1e-5).contains(&dx),
+                "{seed}: step {dx}"
+            );
+        }
+    }
+    // A mismatched normalisation is refused when the spec is built.
+    let bad = LocalUpdateConfig {
+        obs_scale: vec![1.0, 1.0],
+        ..cfg
+    };
+    assert!(
+        bad.model_spec(envs[0].observation_space(), envs[0].action_space())
+            .is_err()
+    );
+}
+
+/// With `action_repeat = k` the policy decides every k environment steps: a user's batch holds
+/// ceil(15 / k) decisions for Point's 15-step episode, and the return is still the sum of all
+/// 15 rewards.
+#[test]
+fn action_repeat_holds_actions_and_sums_rewards() {
+    let base = LocalUpdateConfig {
+        hidden: vec![4],
+        threads: 1,
+        ..Default::default()
+    };
+    let mut envs: Vec<Box<dyn Env>> = (0..2).map(|_| Point::boxed()).collect();
+    for (k, decisions) in [(1usize, 15usize), (4, 4), (5, 3)] {
+        let cfg = LocalUpdateConfig {
+            action_repeat: k,
+            ..base.clone()
+        };
+        let spec = cfg
+            .model_spec(envs[0].observation_space(), envs[0].action_space())
+            .unwrap();
+        let global = spec.init(1);
+        let b = collect_rollouts(&spec, &global, &mut envs, &[8, 9], &cfg.rollout()).unwrap();
+        for ub in &b {
+            assert_eq!(ub.len(), decisions, "repeat {k}");
+            let r: f64 = ub.rewards.iter().map(|&r| r as f64).sum();
+            assert!((r - ub.episode_returns[0]).abs() < 1e-4);
+        }
+    }
 }

@@ -15,7 +15,8 @@
 //!   linspace(18750, 21250, 50), the drug-2 penalty in linspace(1850, 2150, 20) and efficacy
 //!   noise off or N(0, 0.01); each user draws one of the 2,000 settings.
 //! - `uva-padova`, `uva-padova-adolescents`, `uva-padova-adults`, `uva-padova-children`: each
-//!   user is one of simglucose's 30 (or 10) virtual patients, drawn uniformly.
+//!   user is one of simglucose's 30 (or 10) virtual patients, drawn uniformly, scored by minus
+//!   the day's summed risk index (`UvaReward::DayRisk`, not simglucose's telescoping risk_diff).
 //! - `dosing-fixed-meals`: each user eats the same personal day every day, drawn once from
 //!   Dosing-v1's meal generator (seed 004: "each patient has a different meal pattern").
 //! - `dosing-meal-habits`: each user has personal habits (meal times shifted by N(0, 0.5 h),
@@ -407,9 +408,13 @@ impl Population {
             UserParams::Hiv { setting, .. } => {
                 Box::new(HivEnv::new(HivParams::expert_variation(setting as usize)?)?)
             }
+            // Users are scored on the whole day's risk (see `UvaReward::DayRisk`).
             UserParams::Patient { name } => Box::new(crate::uva_padova::UvaPadovaEnv::new(
                 &name,
-                crate::uva_padova::UvaPadovaOptions::default(),
+                crate::uva_padova::UvaPadovaOptions {
+                    reward: crate::uva_padova::UvaReward::DayRisk,
+                    ..Default::default()
+                },
             )?),
         })
     }

@@ -544,6 +544,12 @@ pub enum UvaReward {
     RiskDiff,
     /// Minus the risk index of the current CGM reading.
     NegRisk,
+    /// Minus the risk index of the current CGM reading, and a terminated episode is charged
+    /// that last reading's risk for every step left in the episode, so ending the day early
+    /// (a glucose excursion out of the survivable range) never pays. The undiscounted return
+    /// is minus the day's summed risk: a training signal about the whole day, where
+    /// `RiskDiff` telescopes to the first reading's risk minus the last one's.
+    DayRisk,
 }
 
 /// Options of [`UvaPadovaEnv`].
@@ -733,11 +739,19 @@ impl Env for UvaPadovaEnv {
         obs[0] = self.cgm as f32;
         let reward = match self.opts.reward {
             UvaReward::RiskDiff => risk_index(prev_cgm).2 - risk_index(self.cgm).2,
-            UvaReward::NegRisk => -risk_index(self.cgm).2,
+            UvaReward::NegRisk | UvaReward::DayRisk => -risk_index(self.cgm).2,
         };
         let bg = self.patient.bg();
         let terminated =
             bg < self.opts.terminate_below_mg_dl || bg > self.opts.terminate_above_mg_dl;
+        let mut reward = reward;
+        if terminated && self.opts.reward == UvaReward::DayRisk {
+            let step_min = f64::from(self.opts.sample_time_min);
+            let left = ((f64::from(self.opts.episode_minutes) - self.patient.t()) / step_min)
+                .ceil()
+                .max(0.0);
+            reward -= left * risk_index(self.cgm).2;
+        }
         let truncated =
             !terminated && self.patient.t() >= f64::from(self.opts.episode_minutes) - 1e-9;
         Ok(Step {

@@ -25,7 +25,7 @@ use crate::privacy::clipping::clip_l2;
 /// that reached a greedy evaluation return of 475 on CartPole-v1 at user-level epsilon 1
 /// (cohort 1024 fresh users, server lr 1.5; see `common/examples/fedavg_cartpole.rs`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LocalUpdateConfig {
     /// Episodes each user plays per round.
     pub episodes_per_user: usize,
@@ -66,6 +66,19 @@ pub struct LocalUpdateConfig {
     pub group_size: usize,
     /// Worker threads (users are split across them).
     pub threads: usize,
+    /// Initial log standard deviation of Gaussian policies (nats).
+    pub init_log_std: f32,
+    /// Fixed public observation offsets (see [`ModelSpec::obs_offset`]); empty: none.
+    pub obs_offset: Vec<f32>,
+    /// Fixed public observation scales (see [`ModelSpec::obs_scale`]); empty: none.
+    pub obs_scale: Vec<f32>,
+    /// Action range the Gaussian policy's `[-1, 1]` maps to (see [`ModelSpec::action_low`]);
+    /// empty: raw samples clipped to the environment's box.
+    pub action_low: Vec<f32>,
+    /// See `action_low`.
+    pub action_high: Vec<f32>,
+    /// Environment steps per policy decision (see [`ModelSpec::action_repeat`]); default 1.
+    pub action_repeat: usize,
 }
 
 impl Default for LocalUpdateConfig {
@@ -90,6 +103,12 @@ impl Default for LocalUpdateConfig {
             hidden: vec![32, 32],
             group_size: 64,
             threads: 2,
+            init_log_std: 0.0,
+            obs_offset: Vec::new(),
+            obs_scale: Vec::new(),
+            action_low: Vec::new(),
+            action_high: Vec::new(),
+            action_repeat: 1,
         }
     }
 }
@@ -101,6 +120,24 @@ impl LocalUpdateConfig {
             episodes_per_user: self.episodes_per_user,
             max_episode_steps: self.max_episode_steps,
         }
+    }
+
+    /// The policy/value model for an environment's spaces with this config's hidden sizes,
+    /// initial log-std, observation normalisation and action range (checked).
+    pub fn model_spec(
+        &self,
+        obs: &fedrl_sim::Space,
+        action: &fedrl_sim::Space,
+    ) -> Result<ModelSpec> {
+        let mut spec = ModelSpec::from_spaces(obs, action, &self.hidden)?;
+        spec.init_log_std = self.init_log_std;
+        spec.obs_offset = self.obs_offset.clone();
+        spec.obs_scale = self.obs_scale.clone();
+        spec.action_low = self.action_low.clone();
+        spec.action_high = self.action_high.clone();
+        spec.action_repeat = self.action_repeat.max(1);
+        spec.check_preprocessing()?;
+        Ok(spec)
     }
 
     fn coefs(&self) -> PpoCoefs {

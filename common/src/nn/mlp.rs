@@ -41,6 +41,37 @@ pub struct ModelSpec {
     pub hidden: Vec<usize>,
     /// Initial log standard deviation of Gaussian policies (nats; ignored for discrete).
     pub init_log_std: f32,
+    /// Fixed public observation normalisation: the networks see `(obs - offset) / scale`,
+    /// per observation entry (environment units). Empty: the raw observation. These are
+    /// constants of the scenario, never statistics of users' data (running normalisers would
+    /// leak users' observations through the released model).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub obs_offset: Vec<f32>,
+    /// See `obs_offset`; empty means 1 for every entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub obs_scale: Vec<f32>,
+    /// Gaussian policies only: when set, the policy acts in `[-1, 1]` per action entry and a
+    /// sample `a` becomes the environment action `low + (clamp(a, -1, 1) + 1) / 2 * (high -
+    /// low)` (environment units), so the initial policy starts in the middle of a range the
+    /// scenario chose. Empty: the sample is used as is (clipped to the environment's box).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub action_low: Vec<f32>,
+    /// See `action_low`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub action_high: Vec<f32>,
+    /// The policy decides every `action_repeat` environment steps and holds its action in
+    /// between (rewards summed): a slow system gets decisions whose effect is visible. 1 (the
+    /// default, also for 0): every step.
+    #[serde(default = "one_usize", skip_serializing_if = "is_one")]
+    pub action_repeat: usize,
+}
+
+fn one_usize() -> usize {
+    1
+}
+
+fn is_one(v: &usize) -> bool {
+    *v == 1
 }
 
 impl ModelSpec {
@@ -64,7 +95,85 @@ impl ModelSpec {
             action,
             hidden: hidden.to_vec(),
             init_log_std: 0.0,
+            obs_offset: Vec::new(),
+            obs_scale: Vec::new(),
+            action_low: Vec::new(),
+            action_high: Vec::new(),
+            action_repeat: 1,
         })
+    }
+
+    /// Checks the preprocessing fields against the dimensions: lengths, finite values,
+    /// positive scales, `low < high`, and action ranges only on Gaussian policies.
+    pub fn check_preprocessing(&self) -> Result<()> {
+        let bad = |m: String| Err(NnError::Invalid(m));
+        for (name, v) in [
+            ("obs_offset", &self.obs_offset),
+            ("obs_scale", &self.obs_scale),
+        ] {
+            if !v.is_empty() && v.len() != self.obs_dim {
+                return bad(format!(
+                    "{name} has {} entries but the observation has {}",
+                    v.len(),
+                    self.obs_dim
+                ));
+            }
+            if v.iter().any(|x| !x.is_finite()) {
+                return bad(format!("{name} must be finite"));
+            }
+        }
+        if self.obs_scale.iter().any(|&s| s <= 0.0) {
+            return bad("obs_scale entries must be > 0".into());
+        }
+        if self.action_low.is_empty() && self.action_high.is_empty() {
+            return Ok(());
+        }
+        let dim = match self.action {
+            ActionKind::Gaussian { dim } => dim,
+            ActionKind::Discrete { .. } => {
+                return bad("action_low/action_high apply to continuous actions only".into());
+            }
+        };
+        if self.action_low.len() != dim || self.action_high.len() != dim {
+            return bad(format!(
+                "action_low and action_high need {dim} entries each, got {} and {}",
+                self.action_low.len(),
+                self.action_high.len()
+            ));
+        }
+        for (lo, hi) in self.action_low.iter().zip(&self.action_high) {
+            if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+                return bad(format!(
+                    "action range [{lo}, {hi}] must be finite with low < high"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Normalises observations in place (`obs` holds whole observations back to back).
+    pub fn normalize_obs(&self, obs: &mut [f32]) {
+        if self.obs_offset.is_empty() && self.obs_scale.is_empty() {
+            return;
+        }
+        for row in obs.chunks_mut(self.obs_dim.max(1)) {
+            for (i, x) in row.iter_mut().enumerate() {
+                let off = self.obs_offset.get(i).copied().unwrap_or(0.0);
+                let sc = self.obs_scale.get(i).copied().unwrap_or(1.0);
+                *x = (*x - off) / sc;
+            }
+        }
+    }
+
+    /// Maps a policy sample to the scenario's action range (see `action_low`); a no-op when
+    /// no range is set.
+    pub fn rescale_action(&self, a: &mut [f32]) {
+        if self.action_low.is_empty() {
+            return;
+        }
+        for ((x, lo), hi) in a.iter_mut().zip(&self.action_low).zip(&self.action_high) {
+            *x = lo + (x.clamp(-1.0, 1.0) + 1.0) * 0.5 * (hi - lo);
+        }
     }
 
     /// Layer widths of one network, input to output.

@@ -34,7 +34,7 @@ impl Default for RolloutConfig {
 /// One user's on-policy data (all episodes concatenated), `n` steps.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UserBatch {
-    /// `n * obs_dim` observations.
+    /// `n * obs_dim` observations, normalised as the model spec says (what the networks see).
     pub obs: Vec<f32>,
     /// `n * action_dim` actions (the index as f32 for discrete policies; the unclipped sample
     /// for Gaussian policies).
@@ -133,18 +133,20 @@ impl<'a> Actor<'a> {
     }
 }
 
-/// Writes a policy sample into the environment's action, clipping Gaussian actions to the box.
+/// Writes a policy sample into the environment's action: Gaussian samples are mapped to the
+/// spec's action range (if any), then clipped to the environment's box.
 fn env_action<'b>(
-    kind: &ActionKind,
+    spec: &ModelSpec,
     space: &Space,
     a: &[f32],
     clipped: &'b mut Vec<f32>,
 ) -> Action<'b> {
-    match kind {
+    match spec.action {
         ActionKind::Discrete { .. } => Action::Discrete(a[0] as usize),
         ActionKind::Gaussian { .. } => {
             clipped.clear();
             clipped.extend_from_slice(a);
+            spec.rescale_action(clipped);
             if let Space::Box { low, high } = space {
                 for ((x, lo), hi) in clipped.iter_mut().zip(low).zip(high) {
                     *x = x.clamp(*lo, *hi);
@@ -203,11 +205,11 @@ pub(crate) fn run_users(
     let mut episode = vec![0usize; users];
     let mut ep_steps = vec![0usize; users];
     let mut ep_return = vec![0.0f64; users];
+    spec.check_preprocessing()?;
     for u in 0..users {
-        envs[u].reset(
-            mix(seeds[u], 0),
-            &mut cur_obs[u * obs_dim..(u + 1) * obs_dim],
-        );
+        let o = &mut cur_obs[u * obs_dim..(u + 1) * obs_dim];
+        envs[u].reset(mix(seeds[u], 0), o);
+        spec.normalize_obs(o);
     }
     let mut active: Vec<usize> = if cfg.episodes_per_user == 0 {
         Vec::new()
@@ -237,8 +239,20 @@ pub(crate) fn run_users(
                 &mut rngs[u],
                 &mut act,
             );
-            let action = env_action(&spec.action, &spaces[u], &act, &mut clipped);
-            let step = envs[u].step(action, &mut next_obs)?;
+            let action = env_action(spec, &spaces[u], &act, &mut clipped);
+            let mut step = envs[u].step(action, &mut next_obs)?;
+            for _ in 1..spec.action_repeat.max(1) {
+                if step.terminated || step.truncated {
+                    break;
+                }
+                let more = envs[u].step(action, &mut next_obs)?;
+                step = fedrl_sim::Step {
+                    reward: step.reward + more.reward,
+                    ..more
+                };
+            }
+            // Every observation the networks see, stored or bootstrapped, is normalised.
+            spec.normalize_obs(&mut next_obs);
             ep_steps[u] += 1;
             ep_return[u] += step.reward;
             let capped = cfg.max_episode_steps > 0 && ep_steps[u] >= cfg.max_episode_steps;
@@ -266,10 +280,9 @@ pub(crate) fn run_users(
                 ep_steps[u] = 0;
                 ep_return[u] = 0.0;
                 if episode[u] < cfg.episodes_per_user {
-                    envs[u].reset(
-                        mix(seeds[u], episode[u] as u64),
-                        &mut cur_obs[u * obs_dim..(u + 1) * obs_dim],
-                    );
+                    let o = &mut cur_obs[u * obs_dim..(u + 1) * obs_dim];
+                    envs[u].reset(mix(seeds[u], episode[u] as u64), o);
+                    spec.normalize_obs(o);
                     still.push(u);
                 }
             } else {
