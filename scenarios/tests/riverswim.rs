@@ -256,4 +256,22 @@ fn fedrl_run_trains_riverswim_loglinear() {
     )
     .unwrap();
     assert_eq!((spec.obs_dim, spec.n_actions, params.len()), (6, 2, 18));
+    // `fedrl eval` reads the log-linear export too.
+    let o = Command::new(exe())
+        .args([
+            "eval",
+            "--env",
+            "RiverSwim-v0",
+            "--episodes",
+            "50",
+            "--json",
+            "--policy",
+        ])
+        .arg(out.join(fedrl_aggregator::dppg::POLICY_FILE))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["episodes"], 50, "{e}");
+    assert!(e["mean_return"].as_f64().unwrap().is_finite(), "{e}");
 }

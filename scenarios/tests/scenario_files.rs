@@ -25,7 +25,7 @@ fn every_scenario_file_is_valid() {
         let s = Scenario::from_file(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         let stem = f.file_stem().unwrap().to_string_lossy().to_string();
         assert_eq!(s.name, stem, "{}: name should match the file", f.display());
-        if let Task::Dppg(_) = s.task {
+        if matches!(s.task, Task::Dppg(_) | Task::LogLinearPg(_)) {
             if stem.ends_with("-nonprivate") {
                 assert!(s.non_private, "{stem} must be non-private");
             } else {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use fedrl_common::nn::{EvalConfig, evaluate, io};
+use fedrl_common::nn::{EvalConfig, evaluate, io, loglinear};
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !args.policy.is_file() {
         return Err(UsageError(format!("no policy file at {}", args.policy.display())).into());
     }
-    let (spec, params) = io::load(&args.policy)
+    let bytes = std::fs::read(&args.policy)
         .with_context(|| format!("reading the policy {}", args.policy.display()))?;
     let population =
         Population::new(&args.env, args.population_seed).map_err(|e| UsageError(e.to_string()))?;
@@ -54,14 +54,38 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map(|i| population.user_env(args.first_user + i))
         .collect::<Result<_, _>>()?;
     let seeds: Vec<u64> = (0..args.episodes).map(|i| args.seed + i).collect();
-    let cfg = EvalConfig {
-        episodes_per_env: 1,
-        greedy: !args.stochastic,
-        ..EvalConfig::default()
-    };
     let started = std::time::Instant::now();
-    let r = evaluate(&spec, &params, &mut envs, &seeds, &cfg)
-        .context("evaluating (does the policy match this environment's spaces?)")?;
+    // Two kinds of exported policy: the PPO MLP (`fedrl.model_spec`) and the log-linear
+    // riverswim policy (`fedrl.loglinear_spec`).
+    let returns: Vec<f64> = match io::from_bytes(&bytes) {
+        Ok((spec, params)) => {
+            let cfg = EvalConfig {
+                episodes_per_env: 1,
+                greedy: !args.stochastic,
+                ..EvalConfig::default()
+            };
+            evaluate(&spec, &params, &mut envs, &seeds, &cfg)
+                .context("evaluating (does the policy match this environment's spaces?)")?
+                .returns
+        }
+        Err(mlp_err) => {
+            let (spec, params) = loglinear::from_bytes(&bytes).map_err(|_| {
+                anyhow::anyhow!("reading the policy {}: {mlp_err}", args.policy.display())
+            })?;
+            envs.iter_mut()
+                .zip(&seeds)
+                .map(|(env, &seed)| {
+                    loglinear::rollout(&spec, &params, env.as_mut(), seed, !args.stochastic)
+                        .map(|ep| ep.total_reward())
+                })
+                .collect::<Result<_, _>>()
+                .context("evaluating (does the policy match this environment's spaces?)")?
+        }
+    };
+    let n = returns.len().max(1) as f64;
+    let mean = returns.iter().sum::<f64>() / n;
+    let std = (returns.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let r = Summary { returns, mean, std };
     let (min, max) = r
         .returns
         .iter()
@@ -99,4 +123,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Returns of the evaluated episodes, their mean and (population) standard deviation.
+struct Summary {
+    returns: Vec<f64>,
+    mean: f64,
+    std: f64,
 }
