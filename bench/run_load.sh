@@ -6,7 +6,7 @@
 # Usage: bench/run_load.sh [extra args for every run, e.g. --mtu 1452]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target-net}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release -p fedrl-bench --bin load
 LOAD="$CARGO_TARGET_DIR/release/load"
 # d = 10^4: many small updates (N clients x 16 users each per round); RSS sweep over N.
