@@ -9,13 +9,18 @@
 //! Memory: an update body is read only after taking one of `max_inflight_updates` permits, into
 //! one of as many reusable f32 buffers, straight from QUIC's receive chunks; the permit and the
 //! buffer come back once the engine has added the update to its running sum. Offers are sent at
-//! most 16 at a time. What a client may push before it is admitted is bounded by flow control:
-//! a connection's receive window stays at [`IDLE_RECEIVE_WINDOW`] (16 KiB) and is opened (to
-//! `tuning.receive_window`, and only as far as the body being read still needs) while one of its
-//! bodies holds a permit; each connection has at most one update stream open. Peak memory is
-//! therefore about `(max_inflight_updates x 4 + 16 x 4 + 8) x dim` bytes (update buffers, offer
-//! copies, the f64 sum) plus `max_inflight_updates x tuning.receive_window` plus 16 KiB and
-//! QUIC's connection state per client: the bodies do not grow with the number of clients.
+//! most 16 at a time, all from one shared encoded model (`Bytes`: QUIC's send buffers reference
+//! it, they do not copy it). What a client may push before it is admitted is bounded by flow
+//! control: a connection's receive window stays at [`IDLE_RECEIVE_WINDOW`] (16 KiB) and is
+//! opened (to `tuning.receive_window`, and only as far as the body being read still needs) while
+//! one of its bodies holds a permit; each connection has at most one update stream open. Peak
+//! memory is therefore about `(max_inflight_updates x 4 + 2 x 4 + 8) x dim` bytes (update
+//! buffers, the encoded model of this and of the previous round, the f64 sum) plus
+//! `max_inflight_updates x tuning.receive_window` plus 16 KiB and QUIC's connection state per
+//! client: the bodies do not grow with the number of clients. QUIC's state is not small: quinn
+//! keeps a transmit buffer of up to 10 datagrams (10 x MTU) per connection once it has sent a
+//! large offer, and queues received datagrams per connection (about 0.1-0.2 MB per client at
+//! MTU 6400 under load, heaptrack).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::OpenOptions;
@@ -27,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
+use bytes::Bytes;
 use fedrl_common::privacy::ledger::{Participation, PrivacyLedger};
 use fedrl_common::protocol::auth::verify_token;
 use fedrl_common::protocol::{
@@ -187,7 +193,7 @@ enum Input {
         session: ClientId,
         client_id: String,
         units: Vec<UnitRange>,
-        out: mpsc::UnboundedSender<Outbound>,
+        out: OutTx,
     },
     Left {
         session: ClientId,
@@ -215,7 +221,9 @@ enum Outbound {
     Offer {
         spec: RoundSpec,
         units: Vec<UnitId>,
-        model: Arc<Vec<u8>>,
+        /// The shared encoded model: every offer sends this buffer itself (no per-connection
+        /// copy in QUIC's send buffers).
+        model: Bytes,
     },
     /// Send the message (if any) on the control stream, then close with `code`.
     Close {
@@ -223,6 +231,18 @@ enum Outbound {
         message: Option<Message>,
         reason: String,
     },
+}
+
+/// A connection's outbound queue. Items are boxed: an unbounded channel allocates its slots in
+/// blocks of 32, and a [`Message`] is large, so unboxed every connection would hold tens of KB of
+/// mostly empty queue.
+#[derive(Clone)]
+struct OutTx(mpsc::UnboundedSender<Box<Outbound>>);
+
+impl OutTx {
+    fn send(&self, out: Outbound) -> Result<(), mpsc::error::SendError<Box<Outbound>>> {
+        self.0.send(Box::new(out))
+    }
 }
 
 /// An update read under a permit. Dropping it returns the buffer to the pool, then the permit.
@@ -491,7 +511,7 @@ pub async fn run(
         dir: dir.clone(),
         scenario: scenario.clone(),
         sessions: HashMap::new(),
-        snapshot: Arc::new(Vec::new()),
+        snapshot: Bytes::new(),
         started: Instant::now(),
         accepted: 0,
         rejected: 0,
@@ -657,6 +677,7 @@ async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
         return;
     }
     let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let out_tx = OutTx(out_tx);
     if shared
         .engine_tx
         .send(Input::Join {
@@ -689,7 +710,8 @@ async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
             )
             .await;
             let end = !matches!(r, Ok(Some(_)));
-            if ctl_tx.send(r).await.is_err() || end {
+            // Boxed: the channel's slot block would otherwise hold 32 whole frames.
+            if ctl_tx.send(r.map(|f| f.map(Box::new))).await.is_err() || end {
                 break;
             }
         }
@@ -834,11 +856,11 @@ async fn update_stream(
 async fn writer_task(
     conn: Connection,
     mut send: SendStream,
-    mut rx: mpsc::UnboundedReceiver<Outbound>,
+    mut rx: mpsc::UnboundedReceiver<Box<Outbound>>,
     offer_permits: Arc<Semaphore>,
 ) {
     while let Some(out) = rx.recv().await {
-        match out {
+        match *out {
             Outbound::Control(m) => {
                 if write_frame(&mut send, &m, &[]).await.is_err() {
                     return;
@@ -861,7 +883,7 @@ async fn writer_task(
                     let Ok(mut s) = conn.open_uni().await else {
                         return;
                     };
-                    if s.write_all(&prefix).await.is_err() || s.write_all(&model).await.is_err() {
+                    if s.write_all(&prefix).await.is_err() || s.write_chunk(model).await.is_err() {
                         return;
                     }
                     let _ = s.finish();
@@ -886,9 +908,9 @@ struct EngineThread {
     model: Box<dyn ServerModel>,
     dir: PathBuf,
     scenario: Scenario,
-    sessions: HashMap<ClientId, mpsc::UnboundedSender<Outbound>>,
+    sessions: HashMap<ClientId, OutTx>,
     /// The released model, encoded once as raw little-endian bytes, shared by every offer.
-    snapshot: Arc<Vec<u8>>,
+    snapshot: Bytes,
     started: Instant,
     accepted: u64,
     rejected: u64,
@@ -907,7 +929,7 @@ struct EngineThread {
 
 impl EngineThread {
     fn run(mut self, mut rx: mpsc::Receiver<Input>) -> anyhow::Result<RunReport> {
-        self.snapshot = Arc::new(encode_payload(self.model.params()));
+        self.snapshot = Bytes::from(encode_payload(self.model.params()));
         let mut metrics = OpenOptions::new()
             .create(true)
             .append(true)
@@ -1129,7 +1151,7 @@ impl EngineThread {
                         });
                         continue;
                     }
-                    self.snapshot = Arc::new(encode_payload(self.model.params()));
+                    self.snapshot = Bytes::from(encode_payload(self.model.params()));
                     self.last_eval = self.model.evaluate(round);
                     self.users_released += commit.accepted;
                     // The epsilon is filled in by `flush_metrics_line`.

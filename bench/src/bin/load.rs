@@ -186,7 +186,19 @@ dim = {dim}
     std::fs::create_dir_all(&state_dir)?;
     let secret = vec![7u8; 32];
     state::store_secret(&state_dir, &secret)?;
-    let mut child = Command::new(std::env::current_exe()?)
+    // Measurement helper: `LOAD_SERVE_WRAPPER="heaptrack -o /tmp/agg"` runs the aggregator
+    // under a profiler (the wrapper's words, then this binary and its arguments).
+    let wrapper = std::env::var("LOAD_SERVE_WRAPPER").unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    let mut child = match words.next() {
+        Some(program) => {
+            let mut c = Command::new(program);
+            c.args(words).arg(std::env::current_exe()?);
+            c
+        }
+        None => Command::new(std::env::current_exe()?),
+    };
+    let mut child = child
         .arg("--inflight")
         .arg(args.inflight.to_string())
         .arg("--stream-window-kib")
