@@ -18,9 +18,9 @@
 //! buffers, the encoded model of this and of the previous round, the f64 sum) plus
 //! `max_inflight_updates x tuning.receive_window` plus 16 KiB and QUIC's connection state per
 //! client: the bodies do not grow with the number of clients. QUIC's state is not small: quinn
-//! keeps a transmit buffer of up to 10 datagrams (10 x MTU) per connection once it has sent a
-//! large offer, and queues received datagrams per connection (about 0.1-0.2 MB per client at
-//! MTU 6400 under load, heaptrack).
+//! keeps a transmit buffer of its largest GSO batch per connection (capped here at
+//! [`MAX_GSO_SEGMENTS`] x MTU), and queues received datagrams per connection (together about
+//! 0.15 MB per client at MTU 6400 under load, heaptrack).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::OpenOptions;
@@ -455,8 +455,13 @@ pub async fn run(
     endpoint_cfg
         .max_udp_payload_size(MAX_UDP_PAYLOAD)
         .context("maximum UDP payload")?;
-    let endpoint = quinn::Endpoint::new(endpoint_cfg, Some(server_cfg), socket, runtime)
-        .context("creating the QUIC endpoint")?;
+    let socket: Arc<dyn quinn::AsyncUdpSocket> = Arc::new(CappedGso {
+        inner: runtime.wrap_udp_socket(socket)?,
+        cap: MAX_GSO_SEGMENTS,
+    });
+    let endpoint =
+        quinn::Endpoint::new_with_abstract_socket(endpoint_cfg, Some(server_cfg), socket, runtime)
+            .context("creating the QUIC endpoint")?;
     let addr = endpoint.local_addr()?;
     println!("fedrl aggregator listening on {addr}");
     println!("certificate SHA-256: {}", identity.fingerprint);
@@ -1293,4 +1298,46 @@ pub fn read_address_file(dir: &Path) -> anyhow::Result<AddressFile> {
     let p = dir.join(state::ADDRESS_FILE);
     let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+}
+
+/// Datagrams per GSO send. quinn keeps, per connection, a transmit buffer as large as its
+/// largest batch (up to 10 datagrams), so once a connection has sent a large offer it holds
+/// 10 x MTU bytes (64 KB at 6,400-byte datagrams) for the rest of its life. Three datagrams per
+/// batch cut peak RSS by 10-14 MB at 256 clients with no measured loss of ingest throughput.
+const MAX_GSO_SEGMENTS: usize = 3;
+
+/// The runtime's UDP socket, sending at most `cap` datagrams per GSO batch.
+#[derive(Debug)]
+struct CappedGso {
+    inner: Arc<dyn quinn::AsyncUdpSocket>,
+    cap: usize,
+}
+
+impl quinn::AsyncUdpSocket for CappedGso {
+    fn create_io_poller(self: Arc<Self>) -> std::pin::Pin<Box<dyn quinn::UdpPoller>> {
+        self.inner.clone().create_io_poller()
+    }
+    fn try_send(&self, transmit: &quinn::udp::Transmit) -> std::io::Result<()> {
+        self.inner.try_send(transmit)
+    }
+    fn poll_recv(
+        &self,
+        cx: &mut std::task::Context,
+        bufs: &mut [std::io::IoSliceMut<'_>],
+        meta: &mut [quinn::udp::RecvMeta],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.inner.poll_recv(cx, bufs, meta)
+    }
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+    fn max_transmit_segments(&self) -> usize {
+        self.inner.max_transmit_segments().min(self.cap)
+    }
+    fn max_receive_segments(&self) -> usize {
+        self.inner.max_receive_segments()
+    }
+    fn may_fragment(&self) -> bool {
+        self.inner.may_fragment()
+    }
 }
