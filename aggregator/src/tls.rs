@@ -58,9 +58,12 @@ pub struct TransportTuning {
     /// Per-stream receive window, bytes. Small windows bound the memory a slow server spends per
     /// client; on loopback and LANs they do not limit throughput.
     pub stream_receive_window: u32,
-    /// Per-connection receive window, bytes.
+    /// Per-connection receive window, bytes. The aggregator service gives this window only to a
+    /// connection whose update body holds a read permit; idle connections get 16 KiB (see
+    /// `service.rs`), so memory does not grow with waiting clients.
     pub receive_window: u32,
-    /// Concurrent unidirectional streams a client may open.
+    /// Concurrent unidirectional streams a client may open. The aggregator service overrides it
+    /// with one update stream per connection, so a greedy client cannot hold several permits.
     pub max_uni_streams: u32,
     /// Idle timeout, seconds.
     pub idle_timeout_s: u64,
