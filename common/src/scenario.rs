@@ -99,8 +99,12 @@ pub struct Scenario {
     /// L2 clip norm C of one unit's update. Default 1.
     #[serde(default = "d_clip")]
     pub clip_norm: f64,
-    /// Noise multiplier z: the sum gets N(0, (z C)^2 I). Default 1.
-    #[serde(default = "d_noise")]
+    /// Noise multiplier z: the sum gets N(0, (z C)^2 I). Default 1. `"auto"`: the smallest z
+    /// whose reported epsilon at `delta` after `rounds` rounds is at most `target_epsilon`
+    /// (one analytic Gaussian per unit under `fresh`, PLD over `rounds` Poisson-sampled rounds
+    /// under `sampled`); resolved when the scenario is loaded, so reports and the resolved
+    /// scenario file show the number used.
+    #[serde(default = "d_noise", deserialize_with = "noise_or_auto")]
     pub noise_multiplier: f64,
     /// The delta every epsilon is reported at. Default 1e-5.
     #[serde(default = "d_delta")]
@@ -584,6 +588,27 @@ fn d_clip() -> f64 {
 fn d_noise() -> f64 {
     1.0
 }
+
+/// A number, or the string `"auto"` (kept as NaN until [`Scenario::resolve_noise_multiplier`]
+/// replaces it; a NaN never reaches validation or the engine).
+fn noise_or_auto<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum NoiseOrAuto {
+        Number(f64),
+        Word(String),
+    }
+    match NoiseOrAuto::deserialize(d)? {
+        NoiseOrAuto::Number(z) if z.is_nan() => Err(serde::de::Error::custom(
+            "noise_multiplier must be a number or \"auto\", got NaN",
+        )),
+        NoiseOrAuto::Number(z) => Ok(z),
+        NoiseOrAuto::Word(w) if w == "auto" => Ok(f64::NAN),
+        NoiseOrAuto::Word(w) => Err(serde::de::Error::custom(format!(
+            "noise_multiplier must be a number or \"auto\", got \"{w}\""
+        ))),
+    }
+}
 fn d_delta() -> f64 {
     1e-5
 }
@@ -616,6 +641,7 @@ impl Scenario {
             path: None,
             message: e.to_string(),
         })?;
+        s.resolve_noise_multiplier()?;
         s.validate()?;
         s.resolve_clip_norm()?;
         Ok(s)
@@ -632,6 +658,7 @@ impl Scenario {
             path: Some(path.display().to_string()),
             message: e.to_string(),
         })?;
+        s.resolve_noise_multiplier()?;
         s.validate()?;
         s.resolve_clip_norm()?;
         Ok(s)
@@ -702,6 +729,64 @@ impl Scenario {
             self.clip_norm = c;
         }
         Ok(())
+    }
+
+    /// Replaces `noise_multiplier = "auto"` by the smallest noise multiplier whose epsilon, as
+    /// the ledger will report it, stays within `target_epsilon` for the whole run. A
+    /// non-private twin needs no noise and keeps the default.
+    fn resolve_noise_multiplier(&mut self) -> Result<(), ScenarioError> {
+        if !self.noise_multiplier.is_nan() {
+            return Ok(());
+        }
+        if self.non_private {
+            self.noise_multiplier = d_noise();
+            return Ok(());
+        }
+        let (target, delta) = (self.target_epsilon, self.delta);
+        let bad = |e: crate::privacy::error::PrivacyError| {
+            ScenarioError::Invalid(format!(
+                "noise_multiplier = \"auto\" for epsilon {target} at delta {delta}: {e}"
+            ))
+        };
+        // The ledger's own computation of the reported epsilon for this z.
+        let reported = |z: f64| -> Result<f64, crate::privacy::error::PrivacyError> {
+            match self.participation {
+                // Each unit is in at most one round: one Gaussian, accounted exactly (the
+                // ledger composes via 1/sigma^2 = sum 1/z^2, hence the round trip).
+                Participation::Fresh => {
+                    crate::privacy::gaussian::epsilon(z.powi(-2).powf(-0.5), delta)
+                }
+                Participation::Sampled { rate } => crate::privacy::accountant::epsilon(
+                    &crate::privacy::accountant::sampled_gaussian_rounds(z, rate, self.rounds),
+                    delta,
+                    crate::privacy::accountant::AccountantKind::Pld,
+                ),
+            }
+        };
+        let mut z = match self.participation {
+            Participation::Fresh => crate::privacy::gaussian::sigma(target, delta),
+            Participation::Sampled { rate } => crate::privacy::accountant::noise_multiplier(
+                target,
+                delta,
+                rate,
+                self.rounds.max(1),
+                crate::privacy::accountant::AccountantKind::Pld,
+            ),
+        }
+        .map_err(bad)?;
+        // Both searches keep the feasible end; round-off in the ledger's own evaluation could
+        // still put it a hair above the budget, which would refuse the last round. Step up
+        // until the ledger's figure fits.
+        for _ in 0..64 {
+            if reported(z).map_err(bad)? <= target {
+                self.noise_multiplier = z;
+                return Ok(());
+            }
+            z *= 1.0 + 1e-9;
+        }
+        Err(ScenarioError::Invalid(format!(
+            "noise_multiplier = \"auto\": no noise multiplier near {z} meets epsilon {target}"
+        )))
     }
 
     /// The noise multiplier applied: `noise_multiplier`, or 0 for a non-private twin.
@@ -878,6 +963,49 @@ mod tests {
         assert_eq!(s.quorum(), 5);
         assert_eq!(s.task.dim(), 16);
         assert_eq!(s.expected_cohort(), 10.0);
+    }
+
+    /// `noise_multiplier = "auto"` gives the smallest z that keeps the ledger's reported
+    /// epsilon within the budget: the analytic Gaussian under `fresh`, PLD under `sampled`.
+    #[test]
+    fn automatic_noise_multiplier_meets_the_target() {
+        let fresh = Scenario::from_toml_str(
+            "noise_multiplier = \"auto\"\ntarget_epsilon = 1.0\ndelta = 1e-5\n\
+             [task]\nkind = \"mean_estimation\"\n",
+        )
+        .unwrap();
+        let z = fresh.noise_multiplier;
+        let eps = crate::privacy::gaussian::epsilon(z, 1e-5).unwrap();
+        assert!(eps <= 1.0 && eps > 1.0 - 1e-6, "z {z} eps {eps}");
+        // The scenarios' hand-set z = 3.74 is a little above the exact 3.73.
+        assert!((3.72..3.74).contains(&z), "{z}");
+        // The resolved file carries the number and parses to the same scenario.
+        let again = Scenario::from_toml_str(&fresh.to_toml_string()).unwrap();
+        assert_eq!(again, fresh);
+
+        let sampled = Scenario::from_toml_str(
+            "noise_multiplier = \"auto\"\ntarget_epsilon = 2.0\nrounds = 200\nusers = 1000\n\
+             participation = { kind = \"sampled\", rate = 0.01 }\n\
+             [task]\nkind = \"mean_estimation\"\n",
+        )
+        .unwrap();
+        let z = sampled.noise_multiplier;
+        let event = crate::privacy::accountant::sampled_gaussian_rounds(z, 0.01, 200);
+        let pld = crate::privacy::accountant::AccountantKind::Pld;
+        let eps = crate::privacy::accountant::epsilon(&event, 1e-5, pld).unwrap();
+        assert!(eps <= 2.0 && eps > 1.99, "z {z} eps {eps}");
+
+        // A twin ignores it; a word other than "auto" is an error that names the field.
+        let twin = Scenario::from_toml_str(
+            "non_private = true\nnoise_multiplier = \"auto\"\n[task]\nkind = \"mean_estimation\"\n",
+        )
+        .unwrap();
+        assert_eq!(twin.effective_noise_multiplier(), 0.0);
+        let e = Scenario::from_toml_str(
+            "noise_multiplier = \"lots\"\n[task]\nkind = \"mean_estimation\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("noise_multiplier"), "{e}");
     }
 
     #[test]
