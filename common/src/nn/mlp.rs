@@ -61,7 +61,7 @@ pub struct ModelSpec {
     pub action_high: Vec<f32>,
     /// The policy decides every `action_repeat` environment steps and holds its action in
     /// between (rewards summed): a slow system gets decisions whose effect is visible. 1 (the
-    /// default, also for 0): every step.
+    /// default, also for 0): every step. A rollout's `max_episode_steps` then counts decisions.
     #[serde(default = "one_usize", skip_serializing_if = "is_one")]
     pub action_repeat: usize,
 }
