@@ -14,7 +14,10 @@ use fedrl_common::scenario::DppgTask;
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
-use crate::model::{ModelError, ModelState, ServerModel, ServerSgd};
+use crate::model::{
+    BestModel, ModelError, ModelState, ServerModel, ServerSgd, keep_best, restore_with_best,
+    state_with_best,
+};
 
 /// File name of the exported policy in the output directory.
 pub const POLICY_FILE: &str = "policy.safetensors";
@@ -27,7 +30,7 @@ pub struct DppgModel {
     /// First held-out user id (the scenario's number of training users).
     first_eval_user: u64,
     /// The best periodically evaluated parameters and their return.
-    best: Option<(f64, Vec<f32>)>,
+    best: BestModel,
     reached_target: bool,
 }
 
@@ -94,43 +97,22 @@ impl ServerModel for DppgModel {
         self.sgd.step(noisy_mean_update)
     }
 
-    /// Parameters and server momentum, then (when an evaluation has run) the best evaluated
-    /// parameters, whose return is in the metadata: a resumed run exports the same model
-    /// selection as an uninterrupted one.
     fn state(&self) -> ModelState {
-        let mut st = self.sgd.state(serde_json::json!({
+        let meta = serde_json::json!({
             "model": "dppg",
             "population": self.task.population,
-            "best_eval_return": self.best.as_ref().map(|(r, _)| *r),
             "reached_target": self.reached_target,
-        }));
-        if let Some((_, p)) = &self.best {
-            st.tensors.extend_from_slice(p);
-        }
-        st
+        });
+        state_with_best(&self.sgd, meta, &self.best)
     }
 
-    fn restore(&mut self, mut state: ModelState) -> Result<(), ModelError> {
-        let n = self.sgd.params.len();
-        let best_return = state.meta.get("best_eval_return").and_then(|v| v.as_f64());
-        let best = match best_return {
-            Some(r) if state.tensors.len() == 3 * n => Some((r, state.tensors.split_off(2 * n))),
-            // Checkpoints written before the best model was saved hold params + velocity only.
-            None if state.tensors.len() == 2 * n => None,
-            _ => {
-                return Err(ModelError::Restore(format!(
-                    "checkpoint holds {} values for a model of {n} (best return {best_return:?})",
-                    state.tensors.len()
-                )));
-            }
-        };
-        self.sgd.restore(&state)?;
-        self.best = best;
+    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
         self.reached_target = state
             .meta
             .get("reached_target")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
+        self.best = restore_with_best(&mut self.sgd, state)?;
         Ok(())
     }
 
@@ -141,9 +123,7 @@ impl ServerModel for DppgModel {
         let n = self.task.eval_users.max(1);
         match self.evaluate_on(&self.sgd.params, self.first_eval_user, n) {
             Ok(e) => {
-                if self.best.as_ref().is_none_or(|(b, _)| e.mean > *b) {
-                    self.best = Some((e.mean, self.sgd.params.clone()));
-                }
+                keep_best(&mut self.best, e.mean, &self.sgd.params);
                 if self.task.stop_at_return.is_some_and(|t| e.mean >= t) {
                     self.reached_target = true;
                 }

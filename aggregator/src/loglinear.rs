@@ -16,7 +16,10 @@ use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
 use crate::dppg::POLICY_FILE;
-use crate::model::{ModelError, ModelState, ServerModel, ServerSgd};
+use crate::model::{
+    BestModel, ModelError, ModelState, ServerModel, ServerSgd, keep_best, restore_with_best,
+    state_with_best,
+};
 
 /// The server model of [`fedrl_common::scenario::Task::LogLinearPg`].
 pub struct LogLinearModel {
@@ -27,7 +30,7 @@ pub struct LogLinearModel {
     /// First held-out user id (the scenario's number of training users).
     first_eval_user: u64,
     /// The best periodically evaluated parameters and their mean return.
-    best: Option<(f64, Vec<f32>)>,
+    best: BestModel,
 }
 
 /// Mean return of one evaluation.
@@ -96,16 +99,18 @@ impl ServerModel for LogLinearModel {
     }
 
     fn state(&self) -> ModelState {
-        self.sgd.state(serde_json::json!({
+        let meta = serde_json::json!({
             "model": "loglinear_pg",
             "population": self.task.population,
             "obs_dim": self.spec.obs_dim,
             "n_actions": self.spec.n_actions,
-        }))
+        });
+        state_with_best(&self.sgd, meta, &self.best)
     }
 
     fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
-        self.sgd.restore(&state)
+        self.best = restore_with_best(&mut self.sgd, state)?;
+        Ok(())
     }
 
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
@@ -115,9 +120,7 @@ impl ServerModel for LogLinearModel {
         let n = self.task.eval_users.max(1);
         match self.evaluate_on(&self.sgd.params, self.first_eval_user, n) {
             Ok(e) => {
-                if self.best.as_ref().is_none_or(|(b, _)| e.mean > *b) {
-                    self.best = Some((e.mean, self.sgd.params.clone()));
-                }
+                keep_best(&mut self.best, e.mean, &self.sgd.params);
                 Some(serde_json::json!({
                     "eval_return": e.mean,
                     "eval_return_std": e.std,

@@ -125,6 +125,60 @@ impl ServerSgd {
     }
 }
 
+/// The best periodically evaluated parameters and their mean return (model selection on
+/// held-out users: post-processing of released models, no privacy cost).
+pub type BestModel = Option<(f64, Vec<f32>)>;
+
+/// Keeps `params` as the best model when `eval_return` beats the one kept so far.
+pub fn keep_best(best: &mut BestModel, eval_return: f64, params: &[f32]) {
+    if best.as_ref().is_none_or(|(b, _)| eval_return > *b) {
+        *best = Some((eval_return, params.to_vec()));
+    }
+}
+
+/// A checkpoint of `sgd` that also holds the best model: its parameters after the server
+/// optimizer's state, its return in the metadata (`best_eval_return`), so a resumed run
+/// exports the same model selection as an uninterrupted one.
+pub fn state_with_best(
+    sgd: &ServerSgd,
+    mut meta: serde_json::Value,
+    best: &BestModel,
+) -> ModelState {
+    if let Some(obj) = meta.as_object_mut() {
+        obj.insert(
+            "best_eval_return".into(),
+            serde_json::json!(best.as_ref().map(|(r, _)| *r)),
+        );
+    }
+    let mut st = sgd.state(meta);
+    if let Some((_, p)) = best {
+        st.tensors.extend_from_slice(p);
+    }
+    st
+}
+
+/// Restores a checkpoint written by [`state_with_best`] into `sgd` and returns the best model.
+/// Checkpoints without one (older ones, or before any evaluation) restore with none.
+pub fn restore_with_best(
+    sgd: &mut ServerSgd,
+    mut state: ModelState,
+) -> Result<BestModel, ModelError> {
+    let n = sgd.params.len();
+    let best_return = state.meta.get("best_eval_return").and_then(|v| v.as_f64());
+    let best = match best_return {
+        Some(r) if state.tensors.len() == 3 * n => Some((r, state.tensors.split_off(2 * n))),
+        None if state.tensors.len() == 2 * n => None,
+        _ => {
+            return Err(ModelError::Restore(format!(
+                "checkpoint holds {} values for a model of {n} (best return {best_return:?})",
+                state.tensors.len()
+            )));
+        }
+    };
+    sgd.restore(&state)?;
+    Ok(best)
+}
+
 /// DP federated mean estimation, server side: theta starts at 0 and follows the released noisy
 /// mean of `x_u - theta`. Evaluation compares with the simulation's true mean (known only
 /// because this is a simulation; it is not derived from any user's data beyond the seed).
