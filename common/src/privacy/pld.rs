@@ -16,7 +16,7 @@
 //! add-or-remove-one neighbouring relation (a subsampled mechanism is asymmetric, and the reported
 //! epsilon is the worse of the two).
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use rustfft::num_complex::Complex;
 use rustfft::{Fft, FftPlanner};
@@ -591,16 +591,38 @@ fn next_fast_even_len(target: usize) -> usize {
     2 * next_fast_len(target.div_ceil(2).max(1))
 }
 
-/// The forward complex FFT of length `len`, planned once per process: planning costs about as
-/// much as running the transform, and the noise search and the ledger reuse the same sizes.
+/// Plans kept by [`fft_plan`]. Bounded on purpose: a long-running aggregator accounts a longer
+/// composition every round, hence new transform lengths, and rustfft's own planner keeps every
+/// plan (with its twiddles) for the life of the process: about 6 MB more per round at the
+/// ledger's sizes (heaptrack, `bench` load run of 12 rounds).
+const FFT_PLAN_CACHE: usize = 2;
+
+/// Lengths and plans of [`fft_plan`], most recently used last.
+static FFT_PLANS: Mutex<Vec<(usize, Arc<dyn Fft<f64>>)>> = Mutex::new(Vec::new());
+
+/// The forward complex FFT of length `len`. The last [`FFT_PLAN_CACHE`] lengths are kept, most
+/// recently used last: planning costs about as much as running the transform, and a noise search
+/// or one ledger check reuses a few sizes many times.
 fn fft_plan(len: usize) -> Arc<dyn Fft<f64>> {
-    static PLANNER: OnceLock<Mutex<FftPlanner<f64>>> = OnceLock::new();
-    let planner = PLANNER.get_or_init(|| Mutex::new(FftPlanner::new()));
-    // A panic while planning cannot leave the cache half-updated in a harmful way.
-    let mut guard = planner
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    guard.plan_fft_forward(len)
+    // A panic while planning cannot leave the list half-updated in a harmful way.
+    let lock = || FFT_PLANS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    {
+        let mut plans = lock();
+        if let Some(i) = plans.iter().position(|(n, _)| *n == len) {
+            let hit = plans.remove(i);
+            let fft = hit.1.clone();
+            plans.push(hit);
+            return fft;
+        }
+    }
+    // A fresh planner per length: its internal cache of sub-transforms dies with it.
+    let fft = FftPlanner::new().plan_fft_forward(len);
+    let mut plans = lock();
+    if plans.len() >= FFT_PLAN_CACHE {
+        plans.remove(0);
+    }
+    plans.push((len, fft.clone()));
+    fft
 }
 
 /// FFT of real input of even length `n`, computed with one complex FFT of length n/2 (the
@@ -1239,5 +1261,15 @@ mod tests {
         assert_eq!(kept.len(), 2);
         assert!((kept[0] - (0.5 + 1e-17)).abs() < 1e-18);
         assert_eq!(right, 1e-17);
+    }
+
+    #[test]
+    fn fft_plans_are_bounded() {
+        // Other tests plan concurrently: only the bound holds at every moment.
+        for len in 100..120 {
+            assert_eq!(fft_plan(len).len(), len);
+        }
+        let kept = FFT_PLANS.lock().map(|p| p.len()).unwrap_or(0);
+        assert!(kept <= FFT_PLAN_CACHE, "{kept} plans kept");
     }
 }
