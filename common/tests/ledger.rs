@@ -113,6 +113,35 @@ fn sampled_rounds_are_accounted_with_pld_for_every_unit() {
 }
 
 #[test]
+fn rounds_sampled_at_rate_one_are_accounted_as_plain_gaussians() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger");
+    let (mut l, _) =
+        PrivacyLedger::open(&path, config(Participation::Sampled { rate: 1.0 }, 1e6)).unwrap();
+    for r in 0..400 {
+        l.append(record(r, vec![r % 3], 2.0, Some(1.0))).unwrap();
+    }
+    let report = l.report().unwrap();
+    // Every unit is in every round: 400 Gaussians with z = 2 are one with z = 2 / 20.
+    let exact = gaussian::epsilon(0.1, 1e-5).unwrap();
+    assert!(rel(report.epsilon, exact) < 1e-12, "{}", report.epsilon);
+    assert_eq!(report.accountant, "analytic_gaussian");
+    // The PLD of the same sampled event agrees, from above (its discretisation is pessimistic).
+    let event = DpEvent::SelfComposed {
+        event: Box::new(DpEvent::PoissonSampled {
+            sampling_rate: 1.0,
+            event: Box::new(DpEvent::Gaussian {
+                noise_multiplier: 2.0,
+            }),
+        }),
+        count: 40,
+    };
+    let pld = accountant::epsilon(&event, 1e-5, AccountantKind::Pld).unwrap();
+    let exact40 = gaussian::epsilon(2.0 / 40f64.sqrt(), 1e-5).unwrap();
+    assert!(pld >= exact40 && rel(pld, exact40) < 1e-3, "{pld} vs {exact40}");
+}
+
+#[test]
 fn budget_is_enforced_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");

@@ -542,7 +542,8 @@ fn grouped(events: &[DpEvent]) -> DpEvent {
 
 /// Epsilon of a unit's events at `delta`, and the name of the method. Compositions of plain
 /// Gaussians are one Gaussian with 1/sigma^2 = sum 1/z_i^2, accounted exactly (analytic
-/// Gaussian); anything with sampling goes to the PLD accountant.
+/// Gaussian), and so are Poisson samples at rate 1; anything sampled below rate 1 goes to the
+/// PLD accountant.
 fn exact_or_pld(events: &[DpEvent], delta: f64) -> Result<(f64, &'static str), PrivacyError> {
     if events.is_empty() {
         return Ok((0.0, "none"));
@@ -552,6 +553,16 @@ fn exact_or_pld(events: &[DpEvent], delta: f64) -> Result<(f64, &'static str), P
     for e in events {
         match e {
             DpEvent::Gaussian { noise_multiplier } => inv_var += noise_multiplier.powi(-2),
+            // Sampling at rate 1 includes every unit every round: the plain Gaussian. Without
+            // this, its PLD would widen with every round (the transform length, and the ledger's
+            // memory, grew linearly with the rounds: 250 MB by round 300 of the load bench).
+            DpEvent::PoissonSampled {
+                sampling_rate,
+                event,
+            } if *sampling_rate == 1.0 => match event.as_ref() {
+                DpEvent::Gaussian { noise_multiplier } => inv_var += noise_multiplier.powi(-2),
+                _ => all_gaussian = false,
+            },
             _ => all_gaussian = false,
         }
     }
