@@ -138,7 +138,55 @@ fn rounds_sampled_at_rate_one_are_accounted_as_plain_gaussians() {
     };
     let pld = accountant::epsilon(&event, 1e-5, AccountantKind::Pld).unwrap();
     let exact40 = gaussian::epsilon(2.0 / 40f64.sqrt(), 1e-5).unwrap();
-    assert!(pld >= exact40 && rel(pld, exact40) < 1e-3, "{pld} vs {exact40}");
+    assert!(
+        pld >= exact40 && rel(pld, exact40) < 1e-3,
+        "{pld} vs {exact40}"
+    );
+}
+
+#[test]
+fn units_with_their_own_unsampled_rounds_are_accounted_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger");
+    let (mut l, _) =
+        PrivacyLedger::open(&path, config(Participation::Sampled { rate: 0.5 }, 1e3)).unwrap();
+    for r in 0..3 {
+        l.append(record(r, vec![1, 2, 3], 2.0, Some(0.5))).unwrap();
+    }
+    l.append(record(3, vec![1], 4.0, None)).unwrap();
+    l.append(record(4, vec![2], 4.0, None)).unwrap();
+    l.append(record(5, vec![2], 3.0, None)).unwrap();
+    let sampled = DpEvent::SelfComposed {
+        event: Box::new(DpEvent::PoissonSampled {
+            sampling_rate: 0.5,
+            event: Box::new(DpEvent::Gaussian {
+                noise_multiplier: 2.0,
+            }),
+        }),
+        count: 3,
+    };
+    let pld = |extra: Vec<f64>| {
+        let mut events = vec![sampled.clone()];
+        events.extend(extra.into_iter().map(|z| DpEvent::Gaussian {
+            noise_multiplier: z,
+        }));
+        accountant::epsilon(&DpEvent::Composed { events }, 1e-5, AccountantKind::Pld).unwrap()
+    };
+    let report = l.report().unwrap();
+    let eps = |u: u64| {
+        report
+            .per_unit
+            .iter()
+            .find(|p| p.unit == u)
+            .unwrap()
+            .epsilon
+    };
+    assert!(rel(eps(1), pld(vec![4.0])) < 1e-9);
+    assert!(rel(eps(2), pld(vec![4.0, 3.0])) < 1e-9);
+    assert!(rel(eps(3), pld(vec![])) < 1e-9);
+    assert!(rel(report.epsilon, eps(2)) < 1e-12);
+    assert!(rel(l.unit_epsilon(2).unwrap(), eps(2)) < 1e-9);
+    assert!(eps(3) < eps(1) && eps(1) < eps(2));
 }
 
 #[test]

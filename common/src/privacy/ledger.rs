@@ -11,6 +11,7 @@
 //! the torn bytes and truncates them before the next append. Records are written and fsynced
 //! before the model they describe is released, so after a crash the ledger can only over-report.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -494,15 +495,17 @@ impl PrivacyLedger {
 /// The events one unit is subject to: every round that claimed Poisson sampling (whether or not
 /// the unit was drawn — that is what amplification accounts for), plus the un-sampled rounds it
 /// took part in.
-fn unit_events(records: &[RoundRecord], own: Option<&[usize]>) -> Vec<DpEvent> {
+fn unit_events<R: Borrow<RoundRecord>>(records: &[R], own: Option<&[usize]>) -> Vec<DpEvent> {
     let mut events: Vec<DpEvent> = records
         .iter()
+        .map(Borrow::borrow)
         .filter(|r| r.sampling_rate.is_some())
         .map(RoundRecord::event)
         .collect();
     for &i in own.unwrap_or(&[]) {
-        if records[i].sampling_rate.is_none() {
-            events.push(records[i].event());
+        let r = records[i].borrow();
+        if r.sampling_rate.is_none() {
+            events.push(r.event());
         }
     }
     events
@@ -585,14 +588,17 @@ fn rdp_epsilon(events: &[DpEvent], delta: f64) -> Result<f64, PrivacyError> {
     accountant::epsilon(&grouped(events), delta, AccountantKind::Rdp)
 }
 
-/// Accounts `records`: every unit's epsilon (grouped by identical event histories, so thousands
-/// of fresh units cost one computation per distinct noise level) and the worst case.
+/// Accounts `records`: every unit's epsilon and the worst case. A unit's events are every sampled
+/// round plus its own un-sampled rounds, so units are grouped by those un-sampled rounds first
+/// (one group in sampled runs, one per round in fresh runs), then by identical event lists (rounds
+/// with the same noise): the work per call grows with the rounds and the groups, not with units x
+/// rounds.
 fn accounting<'a>(
     config: &LedgerConfig,
     records: impl Iterator<Item = &'a RoundRecord>,
     with_rdp: bool,
 ) -> Result<LedgerReport, LedgerError> {
-    let records: Vec<RoundRecord> = records.cloned().collect();
+    let records: Vec<&RoundRecord> = records.collect();
     let mut own: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
     for (i, r) in records.iter().enumerate() {
         for &u in &r.units {
@@ -600,29 +606,40 @@ fn accounting<'a>(
         }
     }
     let delta = config.delta;
-    let mut cache: HashMap<String, (f64, &'static str)> = HashMap::new();
-    let mut per_unit = Vec::with_capacity(own.len());
-    let mut worst_events = unit_events(&records, None);
-    let (mut worst, mut method) = exact_or_pld(&worst_events, delta)?;
-    cache.insert(
-        serde_json::to_string(&worst_events).map_err(json_err)?,
-        (worst, method),
-    );
-    for (&unit, idx) in &own {
-        let events = unit_events(&records, Some(idx));
+    let mut by_events: HashMap<String, (f64, &'static str)> = HashMap::new();
+    let mut by_history: HashMap<Vec<usize>, (f64, &'static str)> = HashMap::new();
+    let mut account = |history: &[usize]| -> Result<(f64, &'static str), LedgerError> {
+        if let Some(v) = by_history.get(history) {
+            return Ok(*v);
+        }
+        let events = unit_events(&records, Some(history));
         let key = serde_json::to_string(&events).map_err(json_err)?;
-        let (eps, m) = match cache.get(&key) {
+        let v = match by_events.get(&key) {
             Some(v) => *v,
             None => {
                 let v = exact_or_pld(&events, delta)?;
-                cache.insert(key, v);
+                by_events.insert(key, v);
                 v
             }
         };
+        by_history.insert(history.to_vec(), v);
+        Ok(v)
+    };
+    // A unit that never took part still spends every sampled round.
+    let (mut worst, mut method) = account(&[])?;
+    let mut worst_history: Vec<usize> = Vec::new();
+    let mut per_unit = Vec::with_capacity(own.len());
+    for (&unit, idx) in &own {
+        let history: Vec<usize> = idx
+            .iter()
+            .copied()
+            .filter(|&i| records[i].sampling_rate.is_none())
+            .collect();
+        let (eps, m) = account(&history)?;
         if eps > worst {
             worst = eps;
             method = m;
-            worst_events = events;
+            worst_history = history;
         }
         per_unit.push(UnitEpsilon {
             unit,
@@ -630,6 +647,7 @@ fn accounting<'a>(
             epsilon: eps,
         });
     }
+    let worst_events = unit_events(&records, Some(&worst_history));
     let epsilon_rdp = if with_rdp {
         rdp_epsilon(&worst_events, delta)?
     } else {

@@ -605,7 +605,11 @@ static FFT_PLANS: Mutex<Vec<(usize, Arc<dyn Fft<f64>>)>> = Mutex::new(Vec::new()
 /// or one ledger check reuses a few sizes many times.
 fn fft_plan(len: usize) -> Arc<dyn Fft<f64>> {
     // A panic while planning cannot leave the list half-updated in a harmful way.
-    let lock = || FFT_PLANS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lock = || {
+        FFT_PLANS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    };
     {
         let mut plans = lock();
         if let Some(i) = plans.iter().position(|(n, _)| *n == len) {
