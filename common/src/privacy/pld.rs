@@ -597,8 +597,11 @@ fn next_fast_even_len(target: usize) -> usize {
 /// ledger's sizes (heaptrack, `bench` load run of 12 rounds).
 const FFT_PLAN_CACHE: usize = 2;
 
+/// A transform length and its plan.
+type FftPlanEntry = (usize, Arc<dyn Fft<f64>>);
+
 /// Lengths and plans of [`fft_plan`], most recently used last.
-static FFT_PLANS: Mutex<Vec<(usize, Arc<dyn Fft<f64>>)>> = Mutex::new(Vec::new());
+static FFT_PLANS: Mutex<Vec<FftPlanEntry>> = Mutex::new(Vec::new());
 
 /// The forward complex FFT of length `len`. The last [`FFT_PLAN_CACHE`] lengths are kept, most
 /// recently used last: planning costs about as much as running the transform, and a noise search
