@@ -16,11 +16,13 @@
 //! one of its bodies holds a permit; each connection has at most one update stream open. Peak
 //! memory is therefore about `(max_inflight_updates x 4 + 2 x 4 + 8) x dim` bytes (update
 //! buffers, the encoded model of this and of the previous round, the f64 sum) plus
-//! `max_inflight_updates x tuning.receive_window` plus 16 KiB and QUIC's connection state per
-//! client: the bodies do not grow with the number of clients. QUIC's state is not small: quinn
-//! keeps a transmit buffer of its largest GSO batch per connection (capped here at
-//! [`MAX_GSO_SEGMENTS`] x MTU), and queues received datagrams per connection (together about
-//! 0.15 MB per client at MTU 6400 under load, heaptrack).
+//! `max_inflight_updates x tuning.receive_window`, plus QUIC's state per connected client: the
+//! bodies do not grow with the number of clients (`RunReport::update_buffers_allocated`). QUIC's
+//! state is not small: about 150-170 KB per client under load on loopback (`bench/run_load.sh`
+//! fit over 16-1,024 clients, the same at d = 10^4 and 10^6). heaptrack puts it in quinn: a
+//! queue event per received datagram, receive batches kept alive by buffered stream chunks, a
+//! transmit buffer of one GSO batch (capped here at [`MAX_GSO_SEGMENTS`] x MTU), stream
+//! reassembly, and connection and TLS state.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::OpenOptions;
@@ -185,6 +187,10 @@ pub struct RunReport {
     pub updates_rejected: u64,
     /// Bytes of update frames read by this process.
     pub bytes_ingested: u64,
+    /// Update buffers (4 x dim bytes each) this process allocated: at most
+    /// `max_inflight_updates`, however many clients and updates there are, because every body is
+    /// read under a permit into a pooled buffer.
+    pub update_buffers_allocated: u64,
 }
 
 /// Inputs of the engine thread.
@@ -264,15 +270,17 @@ impl Drop for UpdateBody {
 struct BufferPool {
     free: Mutex<Vec<Vec<f32>>>,
     keep: usize,
+    /// Buffers created because none was free.
+    allocated: AtomicU64,
 }
 
 impl BufferPool {
     fn take(&self) -> Vec<f32> {
-        self.free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_default()
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        free.unwrap_or_else(|| {
+            self.allocated.fetch_add(1, Ordering::Relaxed);
+            Vec::new()
+        })
     }
 
     fn put(&self, mut v: Vec<f32>) {
@@ -484,6 +492,7 @@ pub async fn run(
         pool: Arc::new(BufferPool {
             free: Mutex::new(Vec::new()),
             keep: opts.max_inflight_updates.max(1),
+            allocated: AtomicU64::new(0),
         }),
         idle_window: IDLE_RECEIVE_WINDOW as u64,
         admitted_window: opts.tuning.receive_window as u64,
@@ -1289,6 +1298,7 @@ impl EngineThread {
             updates_accepted: self.accepted,
             updates_rejected: self.rejected,
             bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
+            update_buffers_allocated: self.shared.pool.allocated.load(Ordering::Relaxed),
         })
     }
 }

@@ -65,6 +65,14 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
     assert_eq!(report["seeded"], true);
     let eps = report["epsilon"].as_f64().unwrap();
     assert!(eps.is_finite() && eps > 0.0, "{report}");
+    // Bodies are read into pooled buffers, one per read permit (8 by default) at most, reused
+    // from update to update: memory for bodies does not grow with the updates or the clients.
+    assert!(
+        report["updates_accepted"].as_u64().unwrap() >= 32,
+        "{report}"
+    );
+    let buffers = report["update_buffers_allocated"].as_u64().unwrap();
+    assert!((1..=8).contains(&buffers), "{report}");
     let (_, records, _) =
         PrivacyLedger::read(out.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
     assert_eq!(records.len(), 4);

@@ -311,6 +311,8 @@ dim = {dim}
         "mb_per_s_ingested": mb_per_s,
         "rounds_per_s": rounds_per_s,
         "aggregator_peak_rss_mb": serve["peak_rss_kb"].as_f64().unwrap_or(0.0) / 1024.0,
+        // Pooled update buffers (4 x dim bytes each): bounded by the read permits, not by N.
+        "update_buffers_allocated": report["update_buffers_allocated"],
         "overall_mb_per_s": report["bytes_ingested"].as_f64().unwrap_or(0.0) / 1e6 / wall,
         "wall_seconds": wall,
         // CPU per GB ingested does not depend on what else runs on the machine (wall-clock
