@@ -1055,7 +1055,7 @@ impl EngineThread {
     fn flush_metrics_line(&mut self, metrics: &mut std::fs::File) -> anyhow::Result<()> {
         if let Some(mut line) = self.pending_line.take() {
             if !self.scenario.non_private {
-                line["epsilon"] = self.ledger.report().ok().map(|r| r.epsilon).into();
+                line["epsilon"] = self.ledger.epsilon().ok().into();
             }
             writeln!(metrics, "{line}")?;
             metrics.flush()?;

@@ -62,6 +62,8 @@ fn fresh_units_each_spend_one_gaussian_and_survive_reopen() {
     assert_eq!(l.unit_epsilon(99).unwrap(), 0.0);
     assert_eq!(report.accountant, "analytic_gaussian");
     assert!(report.epsilon_rdp >= report.epsilon);
+    // Reopened: nothing appended yet, so epsilon() accounts the records itself.
+    assert_eq!(l.epsilon().unwrap(), report.epsilon);
     assert_eq!(report.noise_sources, vec![NoiseSource::Seeded { seed: 3 }]);
 }
 
@@ -107,6 +109,8 @@ fn sampled_rounds_are_accounted_with_pld_for_every_unit() {
     let pld = accountant::epsilon(&event, 1e-5, AccountantKind::Pld).unwrap();
     assert!(rel(report.epsilon, pld) < 1e-9);
     assert_eq!(report.accountant, "pld");
+    // The figure accounted by the last append is the report's.
+    assert_eq!(l.epsilon().unwrap(), report.epsilon);
     // A unit never drawn is still accounted: the sample is what amplification relies on.
     assert!(rel(l.unit_epsilon(12345).unwrap(), pld) < 1e-9);
     assert!(report.epsilon_rdp >= report.epsilon * 0.99);

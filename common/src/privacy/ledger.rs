@@ -219,6 +219,8 @@ pub struct PrivacyLedger {
     records: Vec<RoundRecord>,
     /// unit -> indices into `records`.
     participations: HashMap<u64, Vec<usize>>,
+    /// Worst-unit epsilon of `records`, as accounted by the last [`append`](Self::append).
+    epsilon: Option<f64>,
 }
 
 impl PrivacyLedger {
@@ -254,6 +256,7 @@ impl PrivacyLedger {
                 config,
                 records: Vec::new(),
                 participations: HashMap::new(),
+                epsilon: None,
             };
             return Ok((ledger, Recovery::default()));
         }
@@ -290,6 +293,7 @@ impl PrivacyLedger {
             config,
             records: Vec::new(),
             participations: HashMap::new(),
+            epsilon: None,
         };
         for payload in rest {
             let record: RoundRecord =
@@ -389,6 +393,11 @@ impl PrivacyLedger {
 
     /// Checks that `record` may be appended (order, units, budget) without writing anything.
     pub fn check(&self, record: &RoundRecord) -> Result<(), LedgerError> {
+        self.epsilon_with(record).map(|_| ())
+    }
+
+    /// [`check`](Self::check), returning the worst-unit epsilon with `record` appended.
+    fn epsilon_with(&self, record: &RoundRecord) -> Result<f64, LedgerError> {
         self.validate(record)?;
         let report = accounting(&self.config, self.records.iter().chain([record]), false)?;
         if report.epsilon > self.config.target_epsilon {
@@ -399,13 +408,13 @@ impl PrivacyLedger {
                 delta: self.config.delta,
             });
         }
-        Ok(())
+        Ok(report.epsilon)
     }
 
     /// Appends `record` after [`check`](Self::check), and fsyncs it: when this returns `Ok`, the
     /// round is durably accounted and its model may be released.
     pub fn append(&mut self, record: RoundRecord) -> Result<(), LedgerError> {
-        self.check(&record)?;
+        let epsilon = self.epsilon_with(&record)?;
         let payload = serde_json::to_vec(&record).map_err(json_err)?;
         let io = |source| LedgerError::Io {
             path: self.path.clone(),
@@ -413,7 +422,18 @@ impl PrivacyLedger {
         };
         write_frame(&mut self.file, &payload).map_err(io)?;
         self.index(record);
+        self.epsilon = Some(epsilon);
         Ok(())
+    }
+
+    /// Worst-unit epsilon of every record at the ledger's delta: the same figure as
+    /// [`report`](Self::report)'s, without its per-unit list and RDP bound, and free right after
+    /// an [`append`](Self::append) (which accounted it already).
+    pub fn epsilon(&self) -> Result<f64, LedgerError> {
+        match self.epsilon {
+            Some(e) => Ok(e),
+            None => Ok(accounting(&self.config, self.records.iter(), false)?.epsilon),
+        }
     }
 
     /// Accounts every record: total and per-unit epsilon at the ledger's delta.
