@@ -15,8 +15,8 @@ use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
 use crate::model::{
-    BestModel, ModelError, ModelState, ServerModel, ServerSgd, keep_best, restore_with_best,
-    state_with_best,
+    BestModel, ModelError, ModelState, ServerModel, ServerSgd, final_evaluation_json, keep_best,
+    restore_with_best, state_with_best,
 };
 
 /// File name of the exported policy in the output directory.
@@ -40,6 +40,17 @@ pub struct Evaluation {
     pub mean: f64,
     pub std: f64,
     pub episodes: usize,
+}
+
+impl Evaluation {
+    /// The metrics fields (`eval_*`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "eval_return": self.mean,
+            "eval_return_std": self.std,
+            "eval_episodes": self.episodes,
+        })
+    }
 }
 
 impl DppgModel {
@@ -127,11 +138,7 @@ impl ServerModel for DppgModel {
                 if self.task.stop_at_return.is_some_and(|t| e.mean >= t) {
                     self.reached_target = true;
                 }
-                Some(serde_json::json!({
-                    "eval_return": e.mean,
-                    "eval_return_std": e.std,
-                    "eval_episodes": e.episodes,
-                }))
+                Some(e.to_json())
             }
             Err(e) => Some(serde_json::json!({ "eval_error": e.to_string() })),
         }
@@ -144,16 +151,8 @@ impl ServerModel for DppgModel {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         let first = self.first_eval_user + self.task.eval_users.max(1);
         let n = self.task.final_eval_users.max(1);
-        let selected = self.best.as_ref().map(|(r, _)| *r);
-        Some(match self.evaluate_on(self.chosen(), first, n) {
-            Ok(e) => serde_json::json!({
-                "final_eval_return": e.mean,
-                "final_eval_return_std": e.std,
-                "final_eval_episodes": e.episodes,
-                "selected_model_eval_return": selected,
-            }),
-            Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
-        })
+        let eval = self.evaluate_on(self.chosen(), first, n);
+        Some(final_evaluation_json(eval.map(|e| e.to_json()), &self.best))
     }
 
     fn export(&self, dir: &Path) -> anyhow::Result<()> {

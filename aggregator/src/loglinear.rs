@@ -17,8 +17,8 @@ use fedrl_sim::population::Population;
 
 use crate::dppg::POLICY_FILE;
 use crate::model::{
-    BestModel, ModelError, ModelState, ServerModel, ServerSgd, keep_best, restore_with_best,
-    state_with_best,
+    BestModel, ModelError, ModelState, ServerModel, ServerSgd, final_evaluation_json, keep_best,
+    restore_with_best, state_with_best,
 };
 
 /// The server model of [`fedrl_common::scenario::Task::LogLinearPg`].
@@ -44,6 +44,18 @@ pub struct Evaluation {
     pub greedy_mean: f64,
     /// Users (one episode each).
     pub episodes: u64,
+}
+
+impl Evaluation {
+    /// The metrics fields (`eval_*`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "eval_return": self.mean,
+            "eval_return_std": self.std,
+            "eval_return_greedy": self.greedy_mean,
+            "eval_episodes": self.episodes,
+        })
+    }
 }
 
 impl LogLinearModel {
@@ -121,13 +133,9 @@ impl ServerModel for LogLinearModel {
         match self.evaluate_on(&self.sgd.params, self.first_eval_user, n) {
             Ok(e) => {
                 keep_best(&mut self.best, e.mean, &self.sgd.params);
-                Some(serde_json::json!({
-                    "eval_return": e.mean,
-                    "eval_return_std": e.std,
-                    "eval_return_greedy": e.greedy_mean,
-                    "eval_episodes": e.episodes,
-                    "policy_lr": self.task.lr_at(round),
-                }))
+                let mut line = e.to_json();
+                line["policy_lr"] = serde_json::json!(self.task.lr_at(round));
+                Some(line)
             }
             Err(e) => Some(serde_json::json!({ "eval_error": e.to_string() })),
         }
@@ -136,17 +144,8 @@ impl ServerModel for LogLinearModel {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         let first = self.first_eval_user + self.task.eval_users.max(1);
         let n = self.task.final_eval_users.max(1);
-        let selected = self.best.as_ref().map(|(r, _)| *r);
-        Some(match self.evaluate_on(self.chosen(), first, n) {
-            Ok(e) => serde_json::json!({
-                "final_eval_return": e.mean,
-                "final_eval_return_std": e.std,
-                "final_eval_return_greedy": e.greedy_mean,
-                "final_eval_episodes": e.episodes,
-                "selected_model_eval_return": selected,
-            }),
-            Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
-        })
+        let eval = self.evaluate_on(self.chosen(), first, n);
+        Some(final_evaluation_json(eval.map(|e| e.to_json()), &self.best))
     }
 
     /// Writes `policy.safetensors` in the log-linear layout (`policy.theta`, `baseline.w`; see

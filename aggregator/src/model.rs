@@ -136,6 +136,30 @@ pub fn keep_best(best: &mut BestModel, eval_return: f64, params: &[f32]) {
     }
 }
 
+/// The end-of-run evaluation of an RL model: the fields of `eval` (an evaluation in the periodic
+/// `eval_*` keys) renamed `final_eval_*`, plus the periodic return that selected the model
+/// (`selected_model_eval_return`); or `final_eval_error`.
+pub fn final_evaluation_json(
+    eval: anyhow::Result<serde_json::Value>,
+    best: &BestModel,
+) -> serde_json::Value {
+    match eval {
+        Ok(serde_json::Value::Object(fields)) => {
+            let mut out: serde_json::Map<String, serde_json::Value> = fields
+                .into_iter()
+                .map(|(k, v)| (format!("final_{k}"), v))
+                .collect();
+            out.insert(
+                "selected_model_eval_return".into(),
+                serde_json::json!(best.as_ref().map(|(r, _)| *r)),
+            );
+            serde_json::Value::Object(out)
+        }
+        Ok(other) => other,
+        Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
+    }
+}
+
 /// A checkpoint of `sgd` that also holds the best model: its parameters after the server
 /// optimizer's state, its return in the metadata (`best_eval_return`), so a resumed run
 /// exports the same model selection as an uninterrupted one.
@@ -239,5 +263,22 @@ mod tests {
         b.step(&[0.5; 3]).unwrap();
         assert_eq!(a.params, b.params);
         assert!(a.step(&[1.0]).is_err());
+    }
+
+    #[test]
+    fn final_evaluation_renames_fields_and_names_the_selection() {
+        let eval = serde_json::json!({ "eval_return": 2.5, "eval_episodes": 4 });
+        let best: BestModel = Some((3.0, vec![0.0]));
+        let f = final_evaluation_json(Ok(eval), &best);
+        assert_eq!(
+            f,
+            serde_json::json!({
+                "final_eval_return": 2.5,
+                "final_eval_episodes": 4,
+                "selected_model_eval_return": 3.0,
+            })
+        );
+        let f = final_evaluation_json(Err(anyhow::anyhow!("no env")), &None);
+        assert_eq!(f, serde_json::json!({ "final_eval_error": "no env" }));
     }
 }
