@@ -191,6 +191,19 @@ fn units_with_their_own_unsampled_rounds_are_accounted_apart() {
     assert!(rel(report.epsilon, eps(2)) < 1e-12);
     assert!(rel(l.unit_epsilon(2).unwrap(), eps(2)) < 1e-9);
     assert!(eps(3) < eps(1) && eps(1) < eps(2));
+    // The last append accounted unit 2's newest round as a candidate; the report reads it from
+    // the index: both must agree.
+    assert_eq!(l.epsilon().unwrap(), report.epsilon);
+    let rounds = |u: u64| {
+        report
+            .per_unit
+            .iter()
+            .find(|p| p.unit == u)
+            .unwrap()
+            .participations
+    };
+    assert_eq!((rounds(1), rounds(2), rounds(3)), (4, 5, 3));
+    assert_eq!(l.participations(2), 5);
 }
 
 #[test]
@@ -332,4 +345,45 @@ fn a_different_configuration_is_refused() {
     ));
     // Raising the budget is allowed.
     assert!(PrivacyLedger::open(&path, config(Participation::Fresh, 3.0)).is_ok());
+}
+
+mod index_invariants {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+
+        /// Whatever mix of sampled and un-sampled rounds, the three ways to the same figure
+        /// agree exactly: the epsilon the last append accounted (its record as a candidate),
+        /// the report (from the per-unit index), and one unit at a time.
+        #[test]
+        fn append_report_and_unit_epsilon_agree(
+            rounds in prop::collection::vec(
+                (any::<bool>(), 0usize..3, prop::collection::btree_set(0u64..6, 1..4)),
+                1..7,
+            )
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut l, _) = PrivacyLedger::open(
+                dir.path().join("ledger"),
+                config(Participation::Sampled { rate: 0.5 }, 1e6),
+            )
+            .unwrap();
+            for (r, (sampled, z, units)) in rounds.iter().enumerate() {
+                let z = [2.0, 3.0, 4.0][*z];
+                let q = sampled.then_some(0.5);
+                l.append(record(r as u64, units.iter().copied().collect(), z, q)).unwrap();
+            }
+            let report = l.report().unwrap();
+            prop_assert_eq!(l.epsilon().unwrap(), report.epsilon);
+            for p in &report.per_unit {
+                prop_assert_eq!(l.unit_epsilon(p.unit).unwrap(), p.epsilon);
+                let took_part = rounds.iter().filter(|(_, _, u)| u.contains(&p.unit)).count();
+                prop_assert_eq!(p.participations, took_part as u64);
+                prop_assert_eq!(l.participations(p.unit), took_part as u64);
+                prop_assert!(p.epsilon <= report.epsilon);
+            }
+        }
+    }
 }

@@ -12,7 +12,7 @@
 //! before the model they describe is released, so after a crash the ledger can only over-report.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -217,8 +217,8 @@ pub struct PrivacyLedger {
     file: File,
     config: LedgerConfig,
     records: Vec<RoundRecord>,
-    /// unit -> indices into `records`.
-    participations: HashMap<u64, Vec<usize>>,
+    /// What each unit's accounting needs of `records`.
+    participations: UnitIndex,
     /// Worst-unit epsilon of `records`, as accounted by the last [`append`](Self::append).
     epsilon: Option<f64>,
 }
@@ -255,7 +255,7 @@ impl PrivacyLedger {
                 file,
                 config,
                 records: Vec::new(),
-                participations: HashMap::new(),
+                participations: UnitIndex::new(),
                 epsilon: None,
             };
             return Ok((ledger, Recovery::default()));
@@ -292,7 +292,7 @@ impl PrivacyLedger {
             file,
             config,
             records: Vec::new(),
-            participations: HashMap::new(),
+            participations: UnitIndex::new(),
             epsilon: None,
         };
         for payload in rest {
@@ -327,7 +327,11 @@ impl PrivacyLedger {
         config: &LedgerConfig,
         records: &[RoundRecord],
     ) -> Result<LedgerReport, LedgerError> {
-        accounting(config, records.iter(), true)
+        let mut index = UnitIndex::new();
+        for (i, r) in records.iter().enumerate() {
+            index_record(&mut index, i, r);
+        }
+        accounting(config, records, &index, None, true)
     }
 
     /// Reads a ledger without modifying it (torn bytes are reported, not removed).
@@ -388,7 +392,7 @@ impl PrivacyLedger {
 
     /// Number of recorded rounds `unit` contributed to.
     pub fn participations(&self, unit: u64) -> u64 {
-        self.participations.get(&unit).map_or(0, |v| v.len() as u64)
+        self.participations.get(&unit).map_or(0, |p| p.rounds)
     }
 
     /// Checks that `record` may be appended (order, units, budget) without writing anything.
@@ -399,7 +403,13 @@ impl PrivacyLedger {
     /// [`check`](Self::check), returning the worst-unit epsilon with `record` appended.
     fn epsilon_with(&self, record: &RoundRecord) -> Result<f64, LedgerError> {
         self.validate(record)?;
-        let report = accounting(&self.config, self.records.iter().chain([record]), false)?;
+        let report = accounting(
+            &self.config,
+            &self.records,
+            &self.participations,
+            Some(record),
+            false,
+        )?;
         if report.epsilon > self.config.target_epsilon {
             return Err(LedgerError::BudgetExceeded {
                 round: record.round,
@@ -432,20 +442,35 @@ impl PrivacyLedger {
     pub fn epsilon(&self) -> Result<f64, LedgerError> {
         match self.epsilon {
             Some(e) => Ok(e),
-            None => Ok(accounting(&self.config, self.records.iter(), false)?.epsilon),
+            None => Ok(accounting(
+                &self.config,
+                &self.records,
+                &self.participations,
+                None,
+                false,
+            )?
+            .epsilon),
         }
     }
 
     /// Accounts every record: total and per-unit epsilon at the ledger's delta.
     pub fn report(&self) -> Result<LedgerReport, LedgerError> {
-        accounting(&self.config, self.records.iter(), true)
+        accounting(
+            &self.config,
+            &self.records,
+            &self.participations,
+            None,
+            true,
+        )
     }
 
     /// The realised epsilon of one unit at the ledger's delta.
     pub fn unit_epsilon(&self, unit: u64) -> Result<f64, LedgerError> {
         let events = unit_events(
             &self.records,
-            self.participations.get(&unit).map(Vec::as_slice),
+            self.participations
+                .get(&unit)
+                .map(|p| p.unsampled.as_slice()),
         );
         Ok(exact_or_pld(&events, self.config.delta)?.0)
     }
@@ -504,11 +529,32 @@ impl PrivacyLedger {
     }
 
     fn index(&mut self, record: RoundRecord) {
-        let i = self.records.len();
-        for &u in &record.units {
-            self.participations.entry(u).or_default().push(i);
-        }
+        index_record(&mut self.participations, self.records.len(), &record);
         self.records.push(record);
+    }
+}
+
+/// What one unit's accounting needs of the records it took part in.
+#[derive(Clone, Debug, Default)]
+struct UnitRounds {
+    /// Rounds it contributed to.
+    rounds: u64,
+    /// Indices of those rounds that were not Poisson-sampled by the aggregator: they add to its
+    /// events (a sampled round counts for every unit, drawn or not).
+    unsampled: Vec<usize>,
+}
+
+/// unit -> its rounds. Kept up to date by every append, so an accounting costs one pass over
+/// the units, not over units x rounds.
+type UnitIndex = HashMap<u64, UnitRounds>;
+
+fn index_record(index: &mut UnitIndex, i: usize, record: &RoundRecord) {
+    for &u in &record.units {
+        let e = index.entry(u).or_default();
+        e.rounds += 1;
+        if record.sampling_rate.is_none() {
+            e.unsampled.push(i);
+        }
     }
 }
 
@@ -608,23 +654,28 @@ fn rdp_epsilon(events: &[DpEvent], delta: f64) -> Result<f64, PrivacyError> {
     accountant::epsilon(&grouped(events), delta, AccountantKind::Rdp)
 }
 
-/// Accounts `records`: every unit's epsilon and the worst case. A unit's events are every sampled
-/// round plus its own un-sampled rounds, so units are grouped by those un-sampled rounds first
-/// (one group in sampled runs, one per round in fresh runs), then by identical event lists (rounds
-/// with the same noise): the work per call grows with the rounds and the groups, not with units x
-/// rounds.
-fn accounting<'a>(
+/// Accounts `records` (indexed by `index`) and, if given, `candidate` after them: every unit's
+/// epsilon and the worst case. A unit's events are every sampled round plus its own un-sampled
+/// rounds, so units are grouped by those un-sampled rounds first (one group in sampled runs, one
+/// per round in fresh runs), then by identical event lists (rounds with the same noise): the work
+/// per call grows with the units, the rounds and the groups, not with units x rounds.
+fn accounting(
     config: &LedgerConfig,
-    records: impl Iterator<Item = &'a RoundRecord>,
+    records: &[RoundRecord],
+    index: &UnitIndex,
+    candidate: Option<&RoundRecord>,
     with_rdp: bool,
 ) -> Result<LedgerReport, LedgerError> {
-    let records: Vec<&RoundRecord> = records.collect();
-    let mut own: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-    for (i, r) in records.iter().enumerate() {
-        for &u in &r.units {
-            own.entry(u).or_default().push(i);
-        }
-    }
+    let records: Vec<&RoundRecord> = records.iter().chain(candidate).collect();
+    // The candidate's units and its index, when it adds to their own events.
+    let cand_units: HashSet<u64> = candidate
+        .map(|c| c.units.iter().copied().collect())
+        .unwrap_or_default();
+    let cand_unsampled = candidate.is_some_and(|c| c.sampling_rate.is_none());
+    let cand_i = records.len().saturating_sub(1);
+    let mut units: Vec<u64> = index.keys().copied().collect();
+    units.extend(cand_units.iter().filter(|u| !index.contains_key(u)));
+    units.sort_unstable();
     let delta = config.delta;
     let mut by_events: HashMap<String, (f64, &'static str)> = HashMap::new();
     let mut by_history: HashMap<Vec<usize>, (f64, &'static str)> = HashMap::new();
@@ -648,22 +699,27 @@ fn accounting<'a>(
     // A unit that never took part still spends every sampled round.
     let (mut worst, mut method) = account(&[])?;
     let mut worst_history: Vec<usize> = Vec::new();
-    let mut per_unit = Vec::with_capacity(own.len());
-    for (&unit, idx) in &own {
-        let history: Vec<usize> = idx
-            .iter()
-            .copied()
-            .filter(|&i| records[i].sampling_rate.is_none())
-            .collect();
-        let (eps, m) = account(&history)?;
+    let mut per_unit = Vec::with_capacity(units.len());
+    let none = UnitRounds::default();
+    for &unit in &units {
+        let past = index.get(&unit).unwrap_or(&none);
+        let in_cand = cand_units.contains(&unit);
+        let extended;
+        let history: &[usize] = if in_cand && cand_unsampled {
+            extended = [past.unsampled.as_slice(), &[cand_i]].concat();
+            &extended
+        } else {
+            &past.unsampled
+        };
+        let (eps, m) = account(history)?;
         if eps > worst {
             worst = eps;
             method = m;
-            worst_history = history;
+            worst_history = history.to_vec();
         }
         per_unit.push(UnitEpsilon {
             unit,
-            participations: idx.len() as u64,
+            participations: past.rounds + u64::from(in_cand),
             epsilon: eps,
         });
     }
@@ -683,7 +739,7 @@ fn accounting<'a>(
         unit_kind: config.unit_kind,
         participation: config.participation,
         rounds: records.len() as u64,
-        units: own.len() as u64,
+        units: units.len() as u64,
         epsilon: worst,
         epsilon_rdp,
         delta,
