@@ -94,17 +94,20 @@ pub struct RoundRecord {
 }
 
 impl RoundRecord {
-    /// The mechanism as seen by one unit (sensitivity normalised to C).
+    /// The mechanism as seen by one unit (sensitivity normalised to C). Sampling at rate 1
+    /// includes every unit every round: that is the plain Gaussian, which composes exactly
+    /// (a PLD of it would widen with every round: the ledger's memory and time grew linearly with
+    /// the rounds, 250 MB by round 300 of the load bench).
     pub fn event(&self) -> DpEvent {
         let g = DpEvent::Gaussian {
             noise_multiplier: self.noise_multiplier,
         };
         match self.sampling_rate {
-            Some(q) => DpEvent::PoissonSampled {
+            Some(q) if q < 1.0 => DpEvent::PoissonSampled {
                 sampling_rate: q,
                 event: Box::new(g),
             },
-            None => g,
+            Some(_) | None => g,
         }
     }
 }
@@ -611,8 +614,8 @@ fn grouped(events: &[DpEvent]) -> DpEvent {
 
 /// Epsilon of a unit's events at `delta`, and the name of the method. Compositions of plain
 /// Gaussians are one Gaussian with 1/sigma^2 = sum 1/z_i^2, accounted exactly (analytic
-/// Gaussian), and so are Poisson samples at rate 1; anything sampled below rate 1 goes to the
-/// PLD accountant.
+/// Gaussian); anything with sampling (below rate 1, see [`RoundRecord::event`]) goes to the PLD
+/// accountant.
 fn exact_or_pld(events: &[DpEvent], delta: f64) -> Result<(f64, &'static str), PrivacyError> {
     if events.is_empty() {
         return Ok((0.0, "none"));
@@ -622,16 +625,6 @@ fn exact_or_pld(events: &[DpEvent], delta: f64) -> Result<(f64, &'static str), P
     for e in events {
         match e {
             DpEvent::Gaussian { noise_multiplier } => inv_var += noise_multiplier.powi(-2),
-            // Sampling at rate 1 includes every unit every round: the plain Gaussian. Without
-            // this, its PLD would widen with every round (the transform length, and the ledger's
-            // memory, grew linearly with the rounds: 250 MB by round 300 of the load bench).
-            DpEvent::PoissonSampled {
-                sampling_rate,
-                event,
-            } if *sampling_rate == 1.0 => match event.as_ref() {
-                DpEvent::Gaussian { noise_multiplier } => inv_var += noise_multiplier.powi(-2),
-                _ => all_gaussian = false,
-            },
             _ => all_gaussian = false,
         }
     }
