@@ -195,27 +195,3 @@ fn state_round_trip_replays_exactly() {
     }
     assert!(restored.set_state(&saved[..10], &mut obs).is_err());
 }
-
-/// Throughput report (no assertion): `cargo test --release --test dosing -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn throughput() {
-    for mut env in [DosingEnv::v0(), DosingEnv::v1()] {
-        let mut obs = [0.0f32; dosing::OBS_DIM];
-        let start = std::time::Instant::now();
-        let mut steps = 0u64;
-        for ep in 0..100u64 {
-            env.reset(ep, &mut obs);
-            loop {
-                let a = [(steps % 11) as f32];
-                let s = env.step(Action::Continuous(&a), &mut obs).expect("steps");
-                steps += 1;
-                if s.truncated {
-                    break;
-                }
-            }
-        }
-        let rate = steps as f64 / start.elapsed().as_secs_f64();
-        eprintln!("{}: {rate:.0} steps/s (resets included)", env.id());
-    }
-}

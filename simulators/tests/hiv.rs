@@ -144,28 +144,3 @@ fn state_round_trip_and_invalid_states() {
             .is_err()
     );
 }
-
-/// Throughput report (no assertion): `cargo test --release --test hiv -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn throughput() {
-    for mut env in [HivEnv::rlpy(), HivEnv::seed000()] {
-        let mut obs = [0.0f32; 6];
-        let start = std::time::Instant::now();
-        let mut steps = 0u64;
-        for ep in 0..20u64 {
-            env.reset(ep, &mut obs);
-            loop {
-                let s = env
-                    .step(Action::Discrete((steps % 4) as usize), &mut obs)
-                    .expect("steps");
-                steps += 1;
-                if s.truncated {
-                    break;
-                }
-            }
-        }
-        let rate = steps as f64 / start.elapsed().as_secs_f64();
-        eprintln!("{}: {rate:.0} steps/s", env.id());
-    }
-}

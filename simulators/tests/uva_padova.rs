@@ -173,33 +173,3 @@ fn state_round_trip_replays_exactly_and_seeds_are_deterministic() {
     assert_eq!(run(5), run(5));
     assert_ne!(run(5), run(6));
 }
-
-/// Throughput report (no assertion):
-/// `cargo test --release --test uva_padova -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn throughput() {
-    let mut env = UvaPadovaEnv::new("adult#001", UvaPadovaOptions::default()).expect("env");
-    let mut obs = [0.0f32];
-    let basal = [env.patient().params().basal_u_per_min() as f32];
-    let start = std::time::Instant::now();
-    let mut steps = 0u64;
-    for ep in 0..10u64 {
-        env.reset(ep, &mut obs);
-        loop {
-            let s = env
-                .step(Action::Continuous(&basal), &mut obs)
-                .expect("steps");
-            steps += 1;
-            if s.truncated || s.terminated {
-                break;
-            }
-        }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    eprintln!(
-        "UvaPadova-v0: {:.0} env steps/s ({:.0} patient minutes/s)",
-        steps as f64 / secs,
-        3.0 * steps as f64 / secs
-    );
-}
