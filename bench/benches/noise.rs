@@ -1,6 +1,9 @@
-//! Samples per second of the exact discrete Gaussian (`DiscreteGaussianNoise`, ChaCha20 and
-//! integer arithmetic only) next to the floating-point `rand_distr::Normal<f64>` on the same
-//! generator, in the same run. A model of 10^6 parameters needs 10^6 samples per release.
+//! Samples per second of the exact discrete Gaussian (`DiscreteGaussianNoise::add_to` on i64,
+//! ChaCha20 and integer arithmetic only) next to the floating-point path it replaces
+//! (`GaussianNoise::add_to` on f32: rand_distr's `StandardNormal` in f64 on the same ChaCha20,
+//! scaled by sigma, i.e. `rand_distr::Normal`), in the same run. Both loops live in
+//! fedrl-common, so they are compiled alike whatever the bench profile. A model of 10^6
+//! parameters needs 10^6 samples per release.
 //!
 //! `cargo bench -p fedrl-bench --bench noise [-- --json] [-- --samples N]`. Cases: sigma = 1e5
 //! grid units, and sigma = 1.1 x 2^24 (noise multiplier 1.1 on the default grid, what a release
@@ -11,10 +14,7 @@ use std::time::Instant;
 
 use fedrl_common::privacy::discrete_gaussian::DiscreteGaussian;
 use fedrl_common::privacy::fixed_point::{DEFAULT_GRID_BITS, Grid, NoiseCalibration};
-use fedrl_common::privacy::noise::DiscreteGaussianNoise;
-use rand::SeedableRng;
-use rand::rngs::ChaCha20Rng;
-use rand_distr::{Distribution, Normal};
+use fedrl_common::privacy::noise::{DiscreteGaussianNoise, GaussianNoise};
 
 fn arg(name: &str, default: usize) -> usize {
     let argv: Vec<String> = std::env::args().collect();
@@ -79,21 +79,19 @@ fn main() {
             eprintln!("{case}: sampling failed: {e}");
             std::process::exit(1);
         }
-        let normal = match Normal::new(0.0, sigma) {
-            Ok(n) => n,
-            Err(e) => {
-                eprintln!("{case}: {e}");
-                std::process::exit(1);
-            }
-        };
-        let mut rng = ChaCha20Rng::seed_from_u64(1);
-        let mut floats = vec![0f64; samples];
+        let mut float_noise = GaussianNoise::seeded(1);
+        let mut floats = vec![0f32; samples];
+        let mut failed = None;
         let float_s = best_of(repeats, || {
-            for x in floats.iter_mut() {
-                *x = normal.sample(&mut rng);
+            floats.iter_mut().for_each(|x| *x = 0.0);
+            if let Err(e) = float_noise.add_to(black_box(&mut floats), sigma) {
+                failed = Some(e);
             }
-            black_box(&floats);
         });
+        if let Some(e) = failed {
+            eprintln!("{case}: float sampling failed: {e}");
+            std::process::exit(1);
+        }
         let exact_rate = samples as f64 / exact_s;
         let float_rate = samples as f64 / float_s;
         if json {
@@ -105,14 +103,14 @@ fn main() {
                     "samples": samples,
                     "repeats": repeats,
                     "discrete_gaussian_samples_per_s": exact_rate,
-                    "rand_distr_normal_samples_per_s": float_rate,
+                    "float_normal_samples_per_s": float_rate,
                     "slowdown": float_rate / exact_rate,
                 })
             );
         } else {
             println!(
                 "{case} (sigma {sigma:.4e} grid units, {samples} samples, best of {repeats}): \
-                 discrete Gaussian {:.3e}/s ({:.1} ns each), rand_distr Normal {:.3e}/s \
+                 discrete Gaussian {:.3e}/s ({:.1} ns each), float Normal {:.3e}/s \
                  ({:.1} ns each), {:.1}x slower",
                 exact_rate,
                 1e9 / exact_rate,

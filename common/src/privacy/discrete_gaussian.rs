@@ -21,37 +21,40 @@
 //!
 //! # Why a discrete Gaussian is accounted as a Gaussian with `z = sigma / Delta`
 //!
-//! Noise is added once, centrally, to an integer vector `q(x)` in `Z^d` with independent
-//! `N_Z(0, sigma^2)` coordinates. CKS20's multivariate result (Section 2, "multivariate discrete
-//! Gaussian satisfies concentrated DP"): if `sum_j (q_j(x) - q_j(x'))^2 / sigma^2 <= eps^2` for
-//! all neighbours, the mechanism is `eps^2 / 2`-zCDP. Its proof is short and exact: for integer
-//! shifts the normalising constants cancel, the Renyi divergence of order `alpha` of one
-//! coordinate is at most `alpha (mu - nu)^2 / (2 sigma^2)` (the theta sum
-//! `sum_x exp(-(x - c)^2 / (2 sigma^2))` is largest at integer `c`), and divergences of
-//! independent coordinates add. With `Delta` the L2 sensitivity in grid units this is
-//! `Delta^2 / (2 sigma^2)`, exactly the Renyi curve of the continuous Gaussian with noise
-//! multiplier `z = sigma / Delta`, **with no additive slack**: any accountant that uses only the
-//! Gaussian's Renyi curve (the RDP accountant, zCDP conversions) is exactly valid.
+//! Noise is added once, centrally, to an integer vector `q(x)` in `Z^d`, with independent
+//! `N_Z(0, sigma^2)` coordinates. CKS20's multivariate theorem (the multivariate discrete
+//! Gaussian satisfies concentrated DP): if `sum_j (q_j(x) - q_j(x'))^2 / sigma^2 <= eps^2` for
+//! all neighbours, the mechanism is `eps^2 / 2`-zCDP. The proof is short and exact, and is
+//! repeated here so it can be checked: for integer shifts `mu, nu` the normalising constants
+//! cancel; completing the square, the Renyi divergence of order `alpha` of one coordinate is
+//! `alpha (mu - nu)^2 / (2 sigma^2)` plus `log(theta(c) / theta(0)) / (alpha - 1)` where
+//! `theta(c) = sum_x exp(-(x - c)^2 / (2 sigma^2))` is largest at integer `c`, so the second
+//! term is `<= 0`; divergences of independent coordinates add. With `Delta` the L2 sensitivity
+//! in grid units this is `Delta^2 / (2 sigma^2)` at every order: the Renyi curve of the
+//! continuous Gaussian with noise multiplier `z = sigma / Delta`, **with no additive slack**.
+//! Accounting that uses only the Gaussian's Renyi curve (the RDP accountant for unsampled
+//! rounds, zCDP conversions) is therefore exactly valid.
 //!
-//! Slack terms appear in two places, both negligible at `sigma >= 10` grid units, which the
-//! mechanism ([`super::fixed_point::NoiseCalibration`]) enforces:
-//! - The normalising constant `sum_x exp(-x^2 / (2 sigma^2))` differs from `sqrt(2 pi) sigma` by a
-//!   relative `2 exp(-2 pi^2 sigma^2) / (1 - exp(-6 pi^2 sigma^2))` (Poisson summation), i.e.
-//!   below `1e-850` at `sigma = 10`; the pmf then equals the Gaussian density at the integers to
-//!   that precision. The (eps, delta) curve of the discrete mechanism is the continuous one
-//!   evaluated on the lattice of privacy-loss values, whose step is `Delta / sigma^2` standard
-//!   loss units; the privacy-loss-distribution (PLD) accountant treats it as continuous. In this
-//!   project sigma is of order `2^24` grid units (see [`super::fixed_point::Grid`]), so the
-//!   lattice step is ~6e-8 and the difference is far below the accountant's own discretisation;
-//!   CKS20 (their Section 2 figures) show the two curves coincide already at sigma of a few units.
-//!   This is the one place where the reported PLD figure rests on an approximation rather than a
-//!   bound; the RDP figure printed beside it has no such gap.
-//! - When the noise is a *sum* of discrete Gaussians (distributed noise, e.g. under secure
-//!   aggregation, where each of `n` parties adds its own), Kairouz, Liu and Steinke (ICML 2021,
-//!   "The Distributed Discrete Gaussian Mechanism", Theorem 1) bound the zCDP parameter by
-//!   `eps = min(sqrt(Delta^2 / (n sigma^2) + tau d / 2), Delta_1 / (sqrt(n) sigma) + tau d)` with
-//!   `tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))`. Here `n = 1` (one central draw),
-//!   so `tau = 0`; were the noise ever split, `sigma >= 10` gives `tau <= 10 n exp(-987)`,
+//! The central theorem has no (eps, delta) slack term. Slack appears in two other places, both
+//! negligible at `sigma >= 10` grid units, which the mechanism
+//! ([`super::fixed_point::NoiseCalibration`]) enforces:
+//! - **PLD and subsampling.** The privacy-loss-distribution accountant, and the RDP bound for
+//!   *Poisson-sampled* rounds, are computed for the continuous Gaussian, not from its Renyi curve
+//!   alone; applied to the discrete mechanism they are an approximation, not a theorem. Its size:
+//!   the pmf equals the Gaussian density at the integers up to the normaliser, which by Poisson
+//!   summation differs from `sqrt(2 pi) sigma` by a relative `2 exp(-2 pi^2 sigma^2) / (1 -
+//!   exp(-6 pi^2 sigma^2))` (below `1e-850` at `sigma = 10`); what remains is a lattice sum of
+//!   step `1 / sigma` standard deviations in place of an integral. In this project sigma is of
+//!   order `2^24` grid units ([`super::fixed_point::DEFAULT_GRID_BITS`]), a step of ~6e-8, far
+//!   below the PLD accountant's own discretisation; CKS20's numerical comparison of the two
+//!   (eps, delta) curves finds them essentially identical already at sigma of a few units. The
+//!   RDP figure for unsampled rounds has no such gap.
+//! - **Sums of discrete Gaussians.** Were the noise ever split among `n` parties (secure
+//!   aggregation), the sum is no longer a discrete Gaussian. Kairouz, Liu and Steinke (ICML 2021,
+//!   "The Distributed Discrete Gaussian Mechanism", Theorem 1, as we read it) then bound the zCDP
+//!   parameter with a slack `tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))` per
+//!   coordinate (it enters as `sqrt(Delta^2 / (n sigma^2) + tau d / 2)`). Here `n = 1` (one
+//!   central draw), so `tau = 0`; with per-party `sigma >= 10`, `tau <= 10 n exp(-987)`,
 //!   negligible for any model size `d`.
 //!
 //! # Integer bounds

@@ -535,6 +535,39 @@ where
     })
 }
 
+/// The mean of a non-private twin run (noise multiplier 0, no clipping): `sum / denominator`,
+/// summed in f64. Not a DP mechanism and never to be used for a private release; it exists so
+/// twin runs, tests and examples do not keep their own copies. Wrong lengths and non-finite
+/// coordinates are errors, as in [`FixedPointSum::add`].
+pub fn non_private_mean<'a, I>(
+    updates: I,
+    dim: usize,
+    denominator: f64,
+) -> Result<Vec<f32>, FixedPointError>
+where
+    I: IntoIterator<Item = &'a [f32]>,
+{
+    if !(denominator.is_finite() && denominator > 0.0) {
+        return Err(FixedPointError::InvalidDenominator(denominator));
+    }
+    let mut sum = vec![0f64; dim];
+    for u in updates {
+        if u.len() != dim {
+            return Err(FixedPointError::WrongLength {
+                expected: dim,
+                got: u.len(),
+            });
+        }
+        if let Some(index) = u.iter().position(|x| !x.is_finite()) {
+            return Err(FixedPointError::NonFinite { index });
+        }
+        for (s, x) in sum.iter_mut().zip(u) {
+            *s += *x as f64;
+        }
+    }
+    Ok(sum.iter().map(|s| (s / denominator) as f32).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -750,6 +783,28 @@ mod tests {
         let var = err.iter().map(|e| e * e).sum::<f64>() / d as f64;
         assert!(avg.abs() < 0.01, "bias {avg}");
         assert!((var.sqrt() - 0.25).abs() < 0.01, "std {}", var.sqrt());
+    }
+
+    #[test]
+    fn the_non_private_mean_is_the_plain_mean_and_checks_its_inputs() {
+        let a = [1.0f32, -2.0, 100.0];
+        let b = [3.0f32, 2.0, -50.0];
+        assert_eq!(
+            non_private_mean([&a[..], &b[..]], 3, 4.0).unwrap(),
+            vec![1.0, 0.0, 12.5]
+        );
+        assert!(matches!(
+            non_private_mean([&a[..2]], 3, 4.0),
+            Err(FixedPointError::WrongLength { .. })
+        ));
+        assert!(matches!(
+            non_private_mean([&[f32::NAN, 0.0, 0.0][..]], 3, 4.0),
+            Err(FixedPointError::NonFinite { index: 0 })
+        ));
+        assert!(matches!(
+            non_private_mean([&a[..]], 3, 0.0),
+            Err(FixedPointError::InvalidDenominator(_))
+        ));
     }
 
     proptest! {
