@@ -295,7 +295,9 @@ impl DiscreteGaussian {
                 .abs_diff(self.num);
             let (whole_hi, whole_lo, rem) = if a >> 64 == 0 {
                 let sq = a * a;
-                (0, sq / self.accept_den, sq % self.accept_den)
+                // One u128 division (a software routine): the remainder by multiply-subtract.
+                let q = sq / self.accept_den;
+                (0, q, sq - q * self.accept_den)
             } else {
                 let (hi, lo) = wide::mul(a, a);
                 wide::div_rem(hi, lo, self.accept_den)
