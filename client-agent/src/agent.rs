@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::protocol::{
-    ErrorCode, Join, LeaveReason, MAX_CONTROL_FRAME_BYTES, Message, RoundOffer, UnitId, UnitRange,
-    Update, Welcome, encode_payload, frame_prefix,
+    DecodeError, ErrorCode, Join, LeaveReason, MAX_CONTROL_FRAME_BYTES, Message, RoundOffer,
+    UnitId, UnitRange, Update, Welcome, encode_payload, frame_prefix,
 };
 use fedrl_common::scenario::Churn;
 use quinn::{Connection, ConnectionError, VarInt};
@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 
 use crate::tls;
 use crate::trainer::{LocalTrainer, TrainerFactory};
-use fedrl_common::protocol::quic_io::{ReadFrameError, read_frame, write_frame};
+use fedrl_common::protocol::quic_io::{ReadFrameError, WriteFrameError, read_frame, write_frame};
 
 /// The server's close code for a finished run (mirrors the aggregator's `close_code::FINISHED`).
 const CLOSE_FINISHED: u32 = 0;
@@ -128,6 +128,8 @@ struct Agent {
     churn: Churn,
     rng: ChaCha20Rng,
     summary: AgentSummary,
+    /// Where the pinned-certificate verifier reports a mismatch (see `handshake_failed`).
+    pin: tls::PinReport,
 }
 
 /// Runs an agent until the aggregator says the run is over. Reconnects with exponential backoff
@@ -146,6 +148,8 @@ pub async fn run_agent(
         Some(s) => ChaCha20Rng::seed_from_u64(s),
         None => rand::make_rng::<ChaCha20Rng>(),
     };
+    let (mut client_cfg, pin) = tls::pinned_client_config(opts.fingerprint)
+        .map_err(|e| AgentError::Other(format!("{e:#}")))?;
     let mut agent = Agent {
         churn: opts.churn_override.clone().unwrap_or_default(),
         opts,
@@ -153,9 +157,8 @@ pub async fn run_agent(
         trainer: None,
         rng,
         summary: AgentSummary::default(),
+        pin,
     };
-    let mut client_cfg = tls::client_config(agent.opts.fingerprint)
-        .map_err(|e| AgentError::Other(format!("{e:#}")))?;
     if let Some(t) = &agent.opts.transport {
         client_cfg.transport_config(t.clone());
     }
@@ -195,6 +198,49 @@ pub async fn run_agent(
     }
 }
 
+/// How a failed handshake ends the session: a certificate other than the pinned one (reported
+/// by the verifier, by type) is fatal; anything else is judged by the connection error.
+fn handshake_failed(e: &ConnectionError, mismatch: Option<tls::FingerprintMismatch>) -> SessionEnd {
+    match mismatch {
+        Some(m) => SessionEnd::Fatal(m.to_string()),
+        None => close_end(e),
+    }
+}
+
+/// Why the churn model the aggregator announced was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ChurnError {
+    /// `churn_json` is not a churn model.
+    #[error("the aggregator announced an unreadable churn model: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A probability outside [0, 1] or a negative or non-finite latency.
+    #[error("the aggregator announced an invalid churn model: {0}")]
+    Invalid(String),
+}
+
+/// Parses the churn model of a welcome. Bad input is an error the agent reports, never
+/// silently the default (which would run a stress test without its stress).
+pub fn parse_churn(json: &str) -> Result<Churn, ChurnError> {
+    let churn: Churn = serde_json::from_str(json)?;
+    for (name, p) in [
+        ("drop_before_upload", churn.drop_before_upload),
+        ("disconnect_mid_upload", churn.disconnect_mid_upload),
+    ] {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(ChurnError::Invalid(format!(
+                "{name} must be a probability in [0, 1], got {p}"
+            )));
+        }
+    }
+    if !(churn.added_latency_s.is_finite() && churn.added_latency_s >= 0.0) {
+        return Err(ChurnError::Invalid(format!(
+            "added_latency_s must be finite and >= 0, got {}",
+            churn.added_latency_s
+        )));
+    }
+    Ok(churn)
+}
+
 fn close_end(e: &ConnectionError) -> SessionEnd {
     match e {
         ConnectionError::ApplicationClosed(c) => {
@@ -227,6 +273,8 @@ impl Agent {
                 Some(s) => s.clone().acquire_owned().await.ok(),
                 None => None,
             };
+            // A mismatch left over from an earlier attempt must not classify this one.
+            let _ = self.pin.take();
             let connecting = match endpoint.connect_with(
                 cfg.clone(),
                 self.opts.server,
@@ -237,13 +285,7 @@ impl Agent {
             };
             match tokio::time::timeout(Duration::from_secs(10), connecting).await {
                 Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    let s = e.to_string();
-                    if s.contains("fingerprint mismatch") {
-                        return (SessionEnd::Fatal(s), false);
-                    }
-                    return (close_end(&e), false);
-                }
+                Ok(Err(e)) => return (handshake_failed(&e, self.pin.take()), false),
                 Err(_) => return (SessionEnd::Retry("handshake timed out".into()), false),
             }
         };
@@ -257,8 +299,13 @@ impl Agent {
             units: self.opts.units.clone(),
             agent: format!("fedrl-client {}", env!("CARGO_PKG_VERSION")),
         });
-        if let Err(e) = write_frame(&mut send, &join, &[]).await {
-            return (SessionEnd::Retry(e), false);
+        match write_frame(&mut send, &join, &[]).await {
+            Ok(()) => {}
+            // Our own join does not encode: a bug or a misconfiguration, not a network problem.
+            Err(e @ WriteFrameError::Encode(_)) => {
+                return (SessionEnd::Fatal(e.to_string()), false);
+            }
+            Err(e @ WriteFrameError::Write(_)) => return (SessionEnd::Retry(e.to_string()), false),
         }
         let welcome =
             match read_frame(&mut recv, MAX_CONTROL_FRAME_BYTES, Duration::from_secs(10)).await {
@@ -301,7 +348,10 @@ impl Agent {
                 }
             }
             if self.opts.churn_override.is_none() {
-                self.churn = serde_json::from_str(&welcome.churn_json).unwrap_or_default();
+                match parse_churn(&welcome.churn_json) {
+                    Ok(c) => self.churn = c,
+                    Err(e) => return (SessionEnd::Fatal(e.to_string()), true),
+                }
             }
         }
         let end = self.serve(&conn, recv, &welcome).await;
@@ -495,6 +545,13 @@ impl Agent {
         for chunk in kept.chunks(per) {
             match upload(conn, spec.round, chunk).await {
                 Ok(n) => self.summary.updates_sent += n as u64,
+                // An update that cannot be framed is this agent's bug; the rest of the round's
+                // updates would fail alike.
+                Err(e @ UploadError::Encode(_)) => {
+                    tracing::error!(round = spec.round, error = %e, "update cannot be encoded");
+                    break;
+                }
+                // The connection is going away; the session's reader sees why and reconnects.
                 Err(e) => {
                     tracing::warn!(round = spec.round, error = %e, "upload failed");
                     break;
@@ -505,27 +562,42 @@ impl Agent {
     }
 }
 
+/// Why an upload stream failed.
+#[derive(Debug, thiserror::Error)]
+enum UploadError {
+    /// The connection could not open another stream.
+    #[error("opening the update stream: {0}")]
+    Open(#[from] ConnectionError),
+    /// An update does not fit a frame.
+    #[error("encoding an update: {0}")]
+    Encode(#[from] DecodeError),
+    /// The stream was stopped or the connection lost while writing.
+    #[error("writing an update: {0}")]
+    Write(#[from] quinn::WriteError),
+    /// The stream was already closed when finishing it.
+    #[error("finishing the update stream: {0}")]
+    Finish(#[from] quinn::ClosedStream),
+}
+
 /// Uploads `updates` on one new stream, one frame each.
 async fn upload(
     conn: &Connection,
     round: u64,
     updates: &[(UnitId, Vec<f32>)],
-) -> Result<usize, String> {
+) -> Result<usize, UploadError> {
     if updates.is_empty() {
         return Ok(0);
     }
-    let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+    let mut s = conn.open_uni().await?;
     for (u, v) in updates {
         let msg = Message::Update(Update { round, unit: *u });
-        let prefix = frame_prefix(&msg, v.len() * 4).map_err(|e| e.to_string())?;
-        s.write_all(&prefix).await.map_err(|e| e.to_string())?;
+        let prefix = frame_prefix(&msg, v.len() * 4)?;
+        s.write_all(&prefix).await?;
         // Hand the encoded buffer to quinn as is (`write_all` would copy 4 bytes per value
         // again into quinn's own buffer).
-        s.write_chunk(encode_payload(v).into())
-            .await
-            .map_err(|e| e.to_string())?;
+        s.write_chunk(encode_payload(v).into()).await?;
     }
-    s.finish().map_err(|e| e.to_string())?;
+    s.finish()?;
     Ok(updates.len())
 }
 
@@ -535,4 +607,50 @@ pub fn parse_unit_ranges(text: &str) -> Result<Vec<UnitRange>, String> {
         .filter(|s| !s.trim().is_empty())
         .map(|s| s.parse())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn churn_json_is_parsed_validated_and_never_silently_defaulted() {
+        let c = parse_churn(
+            r#"{"drop_before_upload":0.25,"disconnect_mid_upload":0.0,"added_latency_s":0.5}"#,
+        )
+        .unwrap();
+        assert_eq!(c.drop_before_upload, 0.25);
+        assert_eq!(c.added_latency_s, 0.5);
+        // Every field has a documented default, so an empty object is a valid (inactive) model.
+        assert!(parse_churn("{}").unwrap().is_none());
+        assert!(matches!(parse_churn("not json"), Err(ChurnError::Json(_))));
+        assert!(matches!(
+            parse_churn(r#"{"drop_before_upload":"high"}"#),
+            Err(ChurnError::Json(_))
+        ));
+        assert!(matches!(
+            parse_churn(r#"{"disconnect_mid_upload":1.5}"#),
+            Err(ChurnError::Invalid(_))
+        ));
+        assert!(matches!(
+            parse_churn(r#"{"added_latency_s":-1.0}"#),
+            Err(ChurnError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn a_fingerprint_mismatch_is_fatal_and_other_handshake_failures_are_retried() {
+        let mismatch = tls::FingerprintMismatch {
+            expected: [1; 32],
+            got: [2; 32],
+        };
+        // quinn reports the verifier's rejection as a transport error carrying text only; the
+        // classification uses the verifier's typed report, whatever the error says.
+        let e = ConnectionError::TimedOut;
+        match handshake_failed(&e, Some(mismatch.clone())) {
+            SessionEnd::Fatal(why) => assert_eq!(why, mismatch.to_string()),
+            _ => panic!("a fingerprint mismatch must be fatal"),
+        }
+        assert!(matches!(handshake_failed(&e, None), SessionEnd::Retry(_)));
+    }
 }

@@ -2,7 +2,7 @@
 //! fingerprint. The TLS handshake signature is still verified (with the ring provider's
 //! algorithms), so a peer must hold the private key of the pinned certificate.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,11 +12,45 @@ use rustls::crypto::{WebPkiSupportedAlgorithms, verify_tls12_signature, verify_t
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
+/// The server presented a certificate other than the pinned one: a configuration error (or an
+/// impostor), never worth retrying.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "server certificate fingerprint mismatch: expected {}, got {}",
+    fedrl_common::protocol::auth::to_hex(expected),
+    fedrl_common::protocol::auth::to_hex(got)
+)]
+pub struct FingerprintMismatch {
+    /// The pinned SHA-256.
+    pub expected: [u8; 32],
+    /// The SHA-256 of the certificate the server presented.
+    pub got: [u8; 32],
+}
+
+/// Where a [`PinnedCertVerifier`] reports a rejected certificate, so a failed handshake can be
+/// classified by type: quinn turns the verifier's error into a transport error carrying only
+/// text. Shared by clones; the agent drains it around each handshake.
+#[derive(Clone, Debug, Default)]
+pub struct PinReport(Arc<Mutex<Option<FingerprintMismatch>>>);
+
+impl PinReport {
+    /// The last mismatch since the previous call, if any.
+    pub fn take(&self) -> Option<FingerprintMismatch> {
+        // A poisoned lock only means another handshake panicked mid-report; the value is whole.
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn record(&self, mismatch: FingerprintMismatch) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(mismatch);
+    }
+}
+
 /// Accepts the server certificate whose SHA-256 is `fingerprint`, and nothing else.
 #[derive(Debug)]
 pub struct PinnedCertVerifier {
     fingerprint: [u8; 32],
     algorithms: WebPkiSupportedAlgorithms,
+    report: PinReport,
 }
 
 impl PinnedCertVerifier {
@@ -25,7 +59,13 @@ impl PinnedCertVerifier {
         PinnedCertVerifier {
             fingerprint,
             algorithms,
+            report: PinReport::default(),
         }
+    }
+
+    /// Where this verifier reports rejected certificates.
+    pub fn report(&self) -> PinReport {
+        self.report.clone()
     }
 }
 
@@ -38,16 +78,19 @@ impl ServerCertVerifier for PinnedCertVerifier {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let got = ring::digest::digest(&ring::digest::SHA256, end_entity.as_ref());
-        if got.as_ref() == self.fingerprint {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(format!(
-                "server certificate fingerprint mismatch: expected {}, got {}",
-                fedrl_common::protocol::auth::to_hex(&self.fingerprint),
-                fedrl_common::protocol::auth::to_hex(got.as_ref())
-            )))
+        let digest = ring::digest::digest(&ring::digest::SHA256, end_entity.as_ref());
+        if digest.as_ref() == self.fingerprint {
+            return Ok(ServerCertVerified::assertion());
         }
+        let mut got = [0u8; 32];
+        got.copy_from_slice(digest.as_ref());
+        let mismatch = FingerprintMismatch {
+            expected: self.fingerprint,
+            got,
+        };
+        let text = mismatch.to_string();
+        self.report.record(mismatch);
+        Err(rustls::Error::General(text))
     }
 
     fn verify_tls12_signature(
@@ -75,12 +118,22 @@ impl ServerCertVerifier for PinnedCertVerifier {
 
 /// The quinn client configuration pinning `fingerprint`.
 pub fn client_config(fingerprint: [u8; 32]) -> anyhow::Result<quinn::ClientConfig> {
+    Ok(pinned_client_config(fingerprint)?.0)
+}
+
+/// The quinn client configuration pinning `fingerprint`, with the report its verifier writes
+/// rejected certificates to (see [`PinReport`]).
+pub fn pinned_client_config(
+    fingerprint: [u8; 32],
+) -> anyhow::Result<(quinn::ClientConfig, PinReport)> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = PinnedCertVerifier::new(fingerprint);
+    let report = verifier.report();
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3 with the ring provider")?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCertVerifier::new(fingerprint)))
+        .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     let crypto = QuicClientConfig::try_from(tls).context("QUIC TLS configuration")?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
@@ -92,7 +145,7 @@ pub fn client_config(fingerprint: [u8; 32]) -> anyhow::Result<quinn::ClientConfi
             quinn::IdleTimeout::try_from(Duration::from_secs(8)).context("idle timeout")?,
         ));
     cfg.transport_config(Arc::new(transport));
-    Ok(cfg)
+    Ok((cfg, report))
 }
 
 /// A client endpoint on an ephemeral port with large UDP buffers (many connections can share it).
@@ -117,4 +170,41 @@ pub fn client_endpoint(server: std::net::SocketAddr) -> anyhow::Result<quinn::En
         runtime,
     )?;
     Ok(ep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verify(v: &PinnedCertVerifier, cert: &[u8]) -> Result<ServerCertVerified, rustls::Error> {
+        let name = ServerName::try_from("localhost").unwrap();
+        v.verify_server_cert(
+            &CertificateDer::from(cert.to_vec()),
+            &[],
+            &name,
+            &[],
+            UnixTime::now(),
+        )
+    }
+
+    #[test]
+    fn a_mismatch_is_reported_by_type_and_a_match_is_not() {
+        let good = b"the pinned certificate".as_slice();
+        let bad = b"another certificate".as_slice();
+        let mut fp = [0u8; 32];
+        fp.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, good).as_ref());
+        let v = PinnedCertVerifier::new(fp);
+        let report = v.report();
+        assert!(verify(&v, good).is_ok());
+        assert_eq!(report.take(), None);
+        assert!(verify(&v, bad).is_err());
+        let m = report.take().expect("the mismatch is reported");
+        assert_eq!(m.expected, fp);
+        assert_eq!(
+            m.got.as_slice(),
+            ring::digest::digest(&ring::digest::SHA256, bad).as_ref()
+        );
+        // Taken once.
+        assert_eq!(report.take(), None);
+    }
 }

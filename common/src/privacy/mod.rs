@@ -4,9 +4,11 @@
 pub mod accountant;
 pub mod clipping;
 pub mod composition;
+pub mod discrete_gaussian;
 pub mod error;
 pub mod event;
 pub mod expert_release;
+pub mod fixed_point;
 pub mod gaussian;
 pub mod laplace;
 pub mod ledger;

@@ -1,4 +1,11 @@
-//! Gaussian noise for the aggregate.
+//! Noise generators: exact discrete Gaussian noise for releases ([`DiscreteGaussianNoise`]) and
+//! floating-point Gaussian noise ([`GaussianNoise`]).
+//!
+//! [`DiscreteGaussianNoise`] is the private mechanism: integer noise drawn exactly (see
+//! [`super::discrete_gaussian`]) and added to a fixed-point sum ([`super::fixed_point`]).
+//! [`GaussianNoise`] is a floating-point sampler; such samplers leave gaps that can reveal the
+//! exact value being noised (Mironov 2012), so it is for simulations only. It stays while the
+//! round engine is moved onto the fixed-point path.
 //!
 //! Production noise comes from ChaCha20 seeded by the operating system (a CSPRNG). A `--seed` run
 //! uses the same generator seeded from a number, for reproducible research; every place that
@@ -11,6 +18,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use super::PrivacyError;
+use super::discrete_gaussian::{DiscreteGaussian, DiscreteGaussianError};
 
 /// Where the noise of a release came from. Recorded in the ledger and in reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -44,7 +52,73 @@ impl std::fmt::Display for NoiseSource {
     }
 }
 
-/// A generator of Gaussian noise vectors.
+/// ChaCha20 seeded by the operating system.
+fn os_chacha() -> Result<ChaCha20Rng, PrivacyError> {
+    ChaCha20Rng::try_from_rng(&mut SysRng)
+        .map_err(|e| PrivacyError::InvalidParameter(format!("the OS random source failed: {e}")))
+}
+
+/// A generator of exact discrete Gaussian noise `N_Z(0, sigma^2)` on integer vectors (grid units),
+/// driven by ChaCha20. Only integer arithmetic touches the random stream.
+pub struct DiscreteGaussianNoise {
+    rng: ChaCha20Rng,
+    source: NoiseSource,
+}
+
+impl DiscreteGaussianNoise {
+    /// A generator seeded by the operating system's random source: the private setting.
+    pub fn from_os() -> Result<Self, PrivacyError> {
+        Ok(Self {
+            rng: os_chacha()?,
+            source: NoiseSource::Os,
+        })
+    }
+
+    /// A reproducible generator; it identifies itself as seeded wherever it is recorded.
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            source: NoiseSource::Seeded { seed },
+        }
+    }
+
+    /// `from_os()` when `seed` is `None`, else `seeded(seed)`.
+    pub fn new(seed: Option<u64>) -> Result<Self, PrivacyError> {
+        match seed {
+            Some(s) => Ok(Self::seeded(s)),
+            None => Self::from_os(),
+        }
+    }
+
+    /// Where the noise comes from (recorded in the ledger).
+    pub fn source(&self) -> NoiseSource {
+        self.source
+    }
+
+    /// One sample of `noise` (grid units).
+    pub fn sample(&mut self, noise: &DiscreteGaussian) -> Result<i64, DiscreteGaussianError> {
+        noise.sample(&mut self.rng)
+    }
+
+    /// Adds an independent sample of `noise` to every component of `v`. On error (an overflow of
+    /// i64, see [`super::fixed_point::Grid::max_contributions`] for why it cannot happen with
+    /// the fixed-point sum) `v` is partly noised and must be discarded.
+    pub fn add_to(
+        &mut self,
+        v: &mut [i64],
+        noise: &DiscreteGaussian,
+    ) -> Result<(), DiscreteGaussianError> {
+        for x in v.iter_mut() {
+            let e = noise.sample(&mut self.rng)?;
+            *x = x.checked_add(e).ok_or(DiscreteGaussianError::Overflow(
+                "adding noise to an i64 sum",
+            ))?;
+        }
+        Ok(())
+    }
+}
+
+/// A generator of floating-point Gaussian noise vectors (simulations only; see the module docs).
 pub struct GaussianNoise {
     rng: ChaCha20Rng,
     source: NoiseSource,
@@ -53,11 +127,8 @@ pub struct GaussianNoise {
 impl GaussianNoise {
     /// A generator seeded by the operating system's random source.
     pub fn from_os() -> Result<Self, PrivacyError> {
-        let rng = ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| {
-            PrivacyError::InvalidParameter(format!("the OS random source failed: {e}"))
-        })?;
         Ok(Self {
-            rng,
+            rng: os_chacha()?,
             source: NoiseSource::Os,
         })
     }
@@ -134,6 +205,38 @@ mod tests {
         // Standard error of the variance estimate is ~ 9 * sqrt(2/n) = 0.03.
         assert!((var - 9.0).abs() < 0.2, "variance {var}");
         assert!(mean.abs() < 0.05, "mean {mean}");
+    }
+
+    #[test]
+    fn discrete_noise_is_reproducible_when_seeded_and_differs_from_the_os() {
+        let g = DiscreteGaussian::new(10_000, 1).unwrap();
+        let (mut a, mut b) = (
+            DiscreteGaussianNoise::seeded(9),
+            DiscreteGaussianNoise::seeded(9),
+        );
+        let (mut va, mut vb) = (vec![5i64; 200], vec![5i64; 200]);
+        a.add_to(&mut va, &g).unwrap();
+        b.add_to(&mut vb, &g).unwrap();
+        assert_eq!(va, vb);
+        assert!(va.iter().any(|&x| x != 5));
+        assert!(!a.source().is_private());
+        let mut os = DiscreteGaussianNoise::from_os().unwrap();
+        assert!(os.source().is_private());
+        let mut vo = vec![5i64; 200];
+        os.add_to(&mut vo, &g).unwrap();
+        assert_ne!(vo, va);
+    }
+
+    #[test]
+    fn discrete_noise_reports_overflow_instead_of_wrapping() {
+        let g = DiscreteGaussian::new(10_000, 1).unwrap();
+        let mut a = DiscreteGaussianNoise::seeded(1);
+        // Half of the samples are positive, so some addition overflows i64::MAX.
+        let mut v = vec![i64::MAX; 64];
+        assert!(matches!(
+            a.add_to(&mut v, &g),
+            Err(DiscreteGaussianError::Overflow(_))
+        ));
     }
 
     #[test]

@@ -151,12 +151,25 @@ pub async fn read_body(
     }
 }
 
+/// Why a frame could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteFrameError {
+    /// The message could not be encoded (e.g. it exceeds the frame limit): the writer's own
+    /// fault, retrying cannot help.
+    #[error("encoding the frame: {0}")]
+    Encode(#[from] DecodeError),
+    /// The stream was stopped by the peer or the connection was lost.
+    #[error("writing the frame: {0}")]
+    Write(#[from] quinn::WriteError),
+}
+
 /// Writes one frame.
 pub async fn write_frame(
     send: &mut SendStream,
     message: &Message,
     payload: &[f32],
-) -> Result<(), String> {
-    let bytes = encode_frame(message, payload).map_err(|e| e.to_string())?;
-    send.write_all(&bytes).await.map_err(|e| e.to_string())
+) -> Result<(), WriteFrameError> {
+    let bytes = encode_frame(message, payload)?;
+    send.write_all(&bytes).await?;
+    Ok(())
 }
