@@ -767,14 +767,12 @@ impl Scenario {
         let checked_delta = Delta::try_from(delta).map_err(|e| bad(e.into()))?;
         // The ledger's own figure for this z: the one accounting policy.
         let reported = |z: f64| -> Result<f64, PrivacyError> {
-            Ok(
-                accountant::unit_epsilon(
-                    &self.planned_unit_events(z),
-                    checked_delta,
-                    AccountantKind::Pld,
-                )?
-                .0,
-            )
+            Ok(accountant::unit_epsilon(
+                &self.planned_unit_events(z),
+                checked_delta,
+                AccountantKind::Pld,
+            )?
+            .0)
         };
         // A starting point from the accountants' searches (they keep the feasible end); rate 1
         // is no sampling, so its rounds compose as one Gaussian.
@@ -1020,6 +1018,61 @@ mod tests {
         assert!(e.to_string().contains("noise_multiplier"), "{e}");
     }
 
+    /// The resolved z is the ledger's: a ledger fed the planned rounds accepts every one of
+    /// them, and its reported figure is the one `accountant::unit_epsilon` gave the scenario
+    /// (rate 1 included, where the rounds compose as one exact Gaussian).
+    #[test]
+    fn automatic_noise_multiplier_is_what_the_ledger_accepts() {
+        use crate::privacy::ledger::{PrivacyLedger, RoundRecord};
+        use crate::privacy::noise::NoiseSource;
+        for (participation, rounds) in [
+            ("{ kind = \"sampled\", rate = 0.2 }", 30u64),
+            ("{ kind = \"sampled\", rate = 1.0 }", 50),
+        ] {
+            let s = Scenario::from_toml_str(&format!(
+                "noise_multiplier = \"auto\"\ntarget_epsilon = 3.0\nrounds = {rounds}\n\
+                 users = 50\nparticipation = {participation}\n\
+                 [task]\nkind = \"mean_estimation\"\n"
+            ))
+            .unwrap();
+            let z = s.noise_multiplier;
+            let (planned, _) = accountant::unit_epsilon(
+                &s.planned_unit_events(z),
+                Delta::try_from(s.delta).unwrap(),
+                AccountantKind::Pld,
+            )
+            .unwrap();
+            assert!(
+                planned <= 3.0 && planned > 3.0 - 1e-3,
+                "{participation}: {planned}"
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let (mut l, _) =
+                PrivacyLedger::open(dir.path().join("l"), s.ledger_config().unwrap()).unwrap();
+            let q = s.participation.sampling_rate().map(|q| q.get());
+            for r in 1..=rounds {
+                let rec = RoundRecord::gaussian_round(
+                    r,
+                    vec![r % 50],
+                    z,
+                    1.0,
+                    q,
+                    s.expected_cohort(),
+                    NoiseSource::Os,
+                );
+                l.append(rec).unwrap();
+            }
+            assert_eq!(l.epsilon().unwrap(), planned, "{participation}");
+            let method = l.report().unwrap().accountant;
+            let exact = if q == Some(1.0) {
+                "analytic_gaussian"
+            } else {
+                "pld"
+            };
+            assert_eq!(method, exact);
+        }
+    }
+
     #[test]
     fn sampled_and_round_trip() {
         let text = r#"
@@ -1059,6 +1112,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("clip_norm"), "{err}");
+        // The privacy parameters' newtypes name the rule.
+        let err = Scenario::from_toml_str(
+            "participation = { kind = \"sampled\", rate = 1.5 }\n[task]\nkind = \"mean_estimation\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("sampling rate must be in (0, 1], got 1.5"),
+            "{err}"
+        );
+        let err = Scenario::from_toml_str("delta = 1.0\n[task]\nkind = \"mean_estimation\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("delta: delta must be in (0, 1), got 1"),
+            "{err}"
+        );
+        let err =
+            Scenario::from_toml_str("noise_multiplier = 0.0\n[task]\nkind = \"mean_estimation\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("noise_multiplier: noise multiplier must be positive"),
+            "{err}"
+        );
     }
 
     #[test]

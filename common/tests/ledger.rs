@@ -42,7 +42,13 @@ fn record(round: u64, units: Vec<u64>, z: f64, q: Option<f64>) -> RoundRecord {
 }
 
 /// A record of another phase with any event.
-fn event_record(round: u64, phase: &str, units: Vec<u64>, event: DpEvent, by_agg: bool) -> RoundRecord {
+fn event_record(
+    round: u64,
+    phase: &str,
+    units: Vec<u64>,
+    event: DpEvent,
+    by_agg: bool,
+) -> RoundRecord {
     RoundRecord {
         round,
         phase: phase.into(),
@@ -98,8 +104,7 @@ fn repeated_unsampled_participation_composes_gaussians_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");
     // Participation chosen outside the aggregator: no amplification is claimed.
-    let (mut l, _) =
-        PrivacyLedger::open(&path, config(sampled(0.5), 50.0)).unwrap();
+    let (mut l, _) = PrivacyLedger::open(&path, config(sampled(0.5), 50.0)).unwrap();
     for r in 0..4 {
         l.append(record(r, vec![7], 3.0, None)).unwrap();
     }
@@ -117,8 +122,7 @@ fn repeated_unsampled_participation_composes_gaussians_exactly() {
 fn sampled_rounds_are_accounted_with_pld_for_every_unit() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");
-    let (mut l, _) =
-        PrivacyLedger::open(&path, config(sampled(0.01), 50.0)).unwrap();
+    let (mut l, _) = PrivacyLedger::open(&path, config(sampled(0.01), 50.0)).unwrap();
     for r in 0..100 {
         l.append(record(r, vec![r % 7], 1.1, Some(0.01))).unwrap();
     }
@@ -146,8 +150,7 @@ fn sampled_rounds_are_accounted_with_pld_for_every_unit() {
 fn rounds_sampled_at_rate_one_are_accounted_as_plain_gaussians() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");
-    let (mut l, _) =
-        PrivacyLedger::open(&path, config(sampled(1.0), 1e6)).unwrap();
+    let (mut l, _) = PrivacyLedger::open(&path, config(sampled(1.0), 1e6)).unwrap();
     for r in 0..400 {
         l.append(record(r, vec![r % 3], 2.0, Some(1.0))).unwrap();
     }
@@ -178,8 +181,7 @@ fn rounds_sampled_at_rate_one_are_accounted_as_plain_gaussians() {
 fn units_with_their_own_unsampled_rounds_are_accounted_apart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");
-    let (mut l, _) =
-        PrivacyLedger::open(&path, config(sampled(0.5), 1e3)).unwrap();
+    let (mut l, _) = PrivacyLedger::open(&path, config(sampled(0.5), 1e3)).unwrap();
     for r in 0..3 {
         l.append(record(r, vec![1, 2, 3], 2.0, Some(0.5))).unwrap();
     }
@@ -237,8 +239,7 @@ fn budget_is_enforced_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");
     let target = gaussian::epsilon(2.0, 1e-5).unwrap() * 1.0001;
-    let (mut l, _) =
-        PrivacyLedger::open(&path, config(sampled(0.5), target)).unwrap();
+    let (mut l, _) = PrivacyLedger::open(&path, config(sampled(0.5), target)).unwrap();
     l.append(record(0, vec![1], 2.0, None)).unwrap();
     let size = std::fs::metadata(&path).unwrap().len();
     let err = l.append(record(1, vec![1], 2.0, None)).unwrap_err();
@@ -334,7 +335,9 @@ fn a_flipped_bit_in_the_last_complete_record_is_corruption() {
         let mut flipped = full.clone();
         flipped[at] ^= 0x04;
         std::fs::write(&path, &flipped).unwrap();
-        let err = PrivacyLedger::open(&path, cfg.clone()).err().expect("must fail");
+        let err = PrivacyLedger::open(&path, cfg.clone())
+            .err()
+            .expect("must fail");
         assert!(
             matches!(err, LedgerError::Corrupt { offset, .. } if offset == before_last),
             "{err}"
@@ -471,15 +474,24 @@ fn version_one_ledgers_open_account_identically_and_take_appends() {
         let rep = l.report().unwrap();
         let f = |v: &serde_json::Value| v.as_f64().unwrap();
         assert!(rel(rep.epsilon, f(&landed["epsilon"])) < 1e-12, "{file}");
-        assert!(rel(rep.epsilon_rdp, f(&landed["epsilon_rdp"])) < 1e-12, "{file}");
+        assert!(
+            rel(rep.epsilon_rdp, f(&landed["epsilon_rdp"])) < 1e-12,
+            "{file}"
+        );
         assert_eq!(rep.accountant, landed["accountant"].as_str().unwrap());
         assert_eq!(rep.rounds, landed["rounds"].as_u64().unwrap());
         let per_unit = landed["per_unit"].as_array().unwrap();
         assert_eq!(rep.per_unit.len(), per_unit.len());
         for (mine, theirs) in rep.per_unit.iter().zip(per_unit) {
             assert_eq!(mine.unit, theirs["unit"].as_u64().unwrap());
-            assert_eq!(mine.participations, theirs["participations"].as_u64().unwrap());
-            assert!(rel(mine.epsilon, f(&theirs["epsilon"])) < 1e-12, "{file} {mine:?}");
+            assert_eq!(
+                mine.participations,
+                theirs["participations"].as_u64().unwrap()
+            );
+            assert!(
+                rel(mine.epsilon, f(&theirs["epsilon"])) < 1e-12,
+                "{file} {mine:?}"
+            );
         }
         // One phase: its basic composition is the figure itself.
         assert_eq!(rep.phases.len(), 1);
@@ -625,8 +637,14 @@ fn phases_compose_tightly_and_their_basic_sum_is_never_smaller() {
     }
     // A release phase: every expert answers a Laplace count query (charges the units listed),
     // then one SVT pass known only by its guarantee.
-    l.append(event_record(5, "release", vec![1, 2, 3], laplace(4.0), false))
-        .unwrap();
+    l.append(event_record(
+        5,
+        "release",
+        vec![1, 2, 3],
+        laplace(4.0),
+        false,
+    ))
+    .unwrap();
     l.append(event_record(
         6,
         "release",
@@ -668,11 +686,19 @@ fn phases_compose_tightly_and_their_basic_sum_is_never_smaller() {
         delta: 0.0,
     };
     // Units 1 and 2 carry both release events: they are the worst.
-    let worst = pld(vec![training.clone(), laplace(4.0), svt.clone(), dpsgd.clone()], d);
+    let worst = pld(
+        vec![training.clone(), laplace(4.0), svt.clone(), dpsgd.clone()],
+        d,
+    );
     assert!(rel(rep.epsilon, worst) < 1e-9, "{} vs {worst}", rep.epsilon);
     assert_eq!(rep.accountant, "pld");
     let eps = |u: u64| rep.per_unit.iter().find(|p| p.unit == u).unwrap().epsilon;
-    assert!(rel(eps(3), pld(vec![training.clone(), laplace(4.0), dpsgd.clone()], d)) < 1e-9);
+    assert!(
+        rel(
+            eps(3),
+            pld(vec![training.clone(), laplace(4.0), dpsgd.clone()], d)
+        ) < 1e-9
+    );
     assert!(rel(eps(5), pld(vec![training.clone(), dpsgd.clone()], d)) < 1e-9);
     assert!(rel(l.unit_epsilon(2).unwrap(), worst) < 1e-9);
     assert_eq!(l.epsilon().unwrap(), rep.epsilon);
@@ -706,9 +732,11 @@ fn phases_compose_tightly_and_their_basic_sum_is_never_smaller() {
 #[test]
 fn rdp_cross_check_says_when_it_cannot_bound_an_event() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut l, _) =
-        PrivacyLedger::open(dir.path().join("ledger"), config(Participation::Fresh, 10.0))
-            .unwrap();
+    let (mut l, _) = PrivacyLedger::open(
+        dir.path().join("ledger"),
+        config(Participation::Fresh, 10.0),
+    )
+    .unwrap();
     l.append(event_record(
         1,
         "release",
@@ -721,7 +749,11 @@ fn rdp_cross_check_says_when_it_cannot_bound_an_event() {
     ))
     .unwrap();
     let rep = l.report().unwrap();
-    assert!(rep.epsilon > 0.5 - 1e-3 && rep.epsilon.is_finite(), "{}", rep.epsilon);
+    assert!(
+        rep.epsilon > 0.5 - 1e-3 && rep.epsilon.is_finite(),
+        "{}",
+        rep.epsilon
+    );
     assert_eq!(rep.epsilon_rdp, f64::INFINITY);
     assert!(rep.rdp_note.as_deref().unwrap_or("").contains("delta > 0"));
     assert!(l.report_with(AccountantKind::Rdp).is_err());
@@ -769,9 +801,18 @@ fn records_are_validated_on_append() {
         PrivacyLedger::open(dir.path().join("ledger"), config(sampled(0.5), 100.0)).unwrap();
     // Amplification only when the aggregator drew the sample.
     let err = l
-        .append(event_record(1, "dp-sgd", vec![1], sampled_gaussian(0.1, 1.0), false))
+        .append(event_record(
+            1,
+            "dp-sgd",
+            vec![1],
+            sampled_gaussian(0.1, 1.0),
+            false,
+        ))
         .unwrap_err();
-    assert!(err.to_string().contains("aggregator drew the sample"), "{err}");
+    assert!(
+        err.to_string().contains("aggregator drew the sample"),
+        "{err}"
+    );
     let mut nested = event_record(
         1,
         "dp-sgd",
@@ -785,11 +826,17 @@ fn records_are_validated_on_append() {
     nested.sampled_by_aggregator = true;
     l.append(nested).unwrap();
     // Unnamed phase, bad clip norm, bad event parameters.
-    assert!(l.append(event_record(2, " ", vec![1], laplace(1.0), false)).is_err());
+    assert!(
+        l.append(event_record(2, " ", vec![1], laplace(1.0), false))
+            .is_err()
+    );
     let mut r = record(2, vec![1], 1.0, None);
     r.clip_norm = Some(f64::INFINITY);
     assert!(l.append(r).unwrap_err().to_string().contains("clip norm"));
-    assert!(l.append(event_record(2, "release", vec![1], laplace(0.0), false)).is_err());
+    assert!(
+        l.append(event_record(2, "release", vec![1], laplace(0.0), false))
+            .is_err()
+    );
     assert_eq!(l.records().len(), 1);
 }
 

@@ -295,7 +295,9 @@ pub enum LedgerError {
         offset: u64,
         reason: String,
     },
-    #[error("ledger {path} has format version {version}; this program reads versions 1 to {FORMAT_VERSION}")]
+    #[error(
+        "ledger {path} has format version {version}; this program reads versions 1 to {FORMAT_VERSION}"
+    )]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("ledger {path} was created with {stored:?}, but this run asks for {requested:?}")]
     ConfigMismatch {
@@ -466,13 +468,7 @@ impl LedgerFile {
         for (i, r) in records.iter().enumerate() {
             index_record(&mut index, i, r);
         }
-        full_report(
-            &self.config,
-            &records,
-            &index,
-            &self.budget_changes(),
-            kind,
-        )
+        full_report(&self.config, &records, &index, &self.budget_changes(), kind)
     }
 }
 
@@ -532,8 +528,7 @@ impl PrivacyLedger {
                 unit_kind: config.unit_kind,
                 participation: config.participation,
             };
-            write_frame(&mut file, &serde_json::to_vec(&header).map_err(json_err)?)
-                .map_err(io)?;
+            write_frame(&mut file, &serde_json::to_vec(&header).map_err(json_err)?).map_err(io)?;
             sync_parent(&path);
             let ledger = Self {
                 path,
@@ -1191,7 +1186,11 @@ fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<Frame<'a>>, Recovery), 
         }
         let payload = &rest[FRAME_HEADER..FRAME_HEADER + len];
         if checksum(payload) != rest[8..16] {
-            return Err(corrupt(path, at as u64, "checksum mismatch in a complete record"));
+            return Err(corrupt(
+                path,
+                at as u64,
+                "checksum mismatch in a complete record",
+            ));
         }
         frames.push(Frame {
             offset: at as u64,

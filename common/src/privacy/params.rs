@@ -123,13 +123,19 @@ mod tests {
         assert!(SamplingRate::try_from(1e-9).is_ok());
         for bad in [0.0, 1.0 + 1e-12, f64::NAN, -0.5] {
             let e = SamplingRate::try_from(bad).unwrap_err();
-            assert!(e.to_string().contains("sampling rate must be in (0, 1]"), "{e}");
+            assert!(
+                e.to_string().contains("sampling rate must be in (0, 1]"),
+                "{e}"
+            );
         }
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             assert!(NoiseMultiplier::try_from(bad).is_err());
             assert!(ClipNorm::try_from(bad).is_err());
         }
-        assert_eq!(NoiseMultiplier::try_from(0.7).map(NoiseMultiplier::get), Ok(0.7));
+        assert_eq!(
+            NoiseMultiplier::try_from(0.7).map(NoiseMultiplier::get),
+            Ok(0.7)
+        );
         assert_eq!(ClipNorm::try_from(2.5).map(f64::from), Ok(2.5));
     }
 
