@@ -636,16 +636,15 @@ impl Engine {
             *x = (*x as f64 / denom) as f32;
         }
         let units: Vec<UnitId> = open.contributed.iter().copied().collect();
-        let record = RoundRecord {
-            round: open.round,
-            units: units.clone(),
-            noise_multiplier: self.cfg.noise_multiplier,
-            clip_norm: self.cfg.clip_norm,
-            sampling_rate: open.sampling_rate,
-            expected_cohort: denom,
-            noise_source: noise.source(),
-            unix_time_s: 0.0,
-        };
+        let record = RoundRecord::gaussian_round(
+            open.round,
+            units.clone(),
+            self.cfg.noise_multiplier,
+            self.cfg.clip_norm,
+            open.sampling_rate,
+            denom,
+            noise.source(),
+        );
         self.phase = Phase::Committing {
             round: open.round,
             units,
@@ -733,10 +732,11 @@ impl Engine {
                     return;
                 }
                 let mut rng = self.cohort_rng(round);
+                let q = rate.get();
                 let sample: Vec<UnitId> = (0..self.cfg.population)
-                    .filter(|_| rng.random::<f64>() < rate)
+                    .filter(|_| rng.random::<f64>() < q)
                     .collect();
-                (sample, Some(rate))
+                (sample, Some(q))
             }
         };
         self.next_round += 1;

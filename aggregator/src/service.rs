@@ -376,7 +376,7 @@ pub async fn run(
 
     // The ledger and checkpoint decide where this run continues.
     let (ledger, recovery) =
-        PrivacyLedger::open(dir.join(state::LEDGER_FILE), scenario.ledger_config())
+        PrivacyLedger::open(dir.join(state::LEDGER_FILE), scenario.ledger_config()?)
             .context("opening the privacy ledger")?;
     if recovery.torn_bytes > 0 {
         eprintln!("ledger recovery: {recovery}");

@@ -36,7 +36,10 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::privacy::ledger::{LedgerConfig, Participation, UnitKind};
+use crate::privacy::accountant::{self, AccountantKind};
+use crate::privacy::ledger::{LedgerConfig, Participation, UnitKind, training_event};
+use crate::privacy::params::{ClipNorm, Delta, NoiseMultiplier};
+use crate::privacy::{DpEvent, PrivacyError};
 use crate::protocol::DEFAULT_MAX_FRAME_BYTES;
 
 /// Why a scenario could not be loaded.
@@ -673,7 +676,7 @@ impl Scenario {
     pub fn expected_cohort(&self) -> f64 {
         match self.participation {
             Participation::Fresh => self.cohort_size as f64,
-            Participation::Sampled { rate } => rate * self.users as f64,
+            Participation::Sampled { rate } => rate.get() * self.users as f64,
         }
     }
 
@@ -731,9 +734,22 @@ impl Scenario {
         Ok(())
     }
 
+    /// The events one unit is charged with over the whole run at noise multiplier `z`, as the
+    /// ledger will record them: under `fresh` one Gaussian (a unit takes part at most once);
+    /// under `sampled` one Poisson-sampled Gaussian per round (every unit is charged with every
+    /// sampled round, drawn or not).
+    pub fn planned_unit_events(&self, z: f64) -> Vec<DpEvent> {
+        let q = self.participation.sampling_rate().map(|q| q.get());
+        match self.participation {
+            Participation::Fresh => vec![training_event(z, None)],
+            Participation::Sampled { .. } => vec![training_event(z, q); self.rounds as usize],
+        }
+    }
+
     /// Replaces `noise_multiplier = "auto"` by the smallest noise multiplier whose epsilon, as
-    /// the ledger will report it, stays within `target_epsilon` for the whole run. A
-    /// non-private twin needs no noise and keeps the default.
+    /// the ledger will report it ([`accountant::unit_epsilon`] on
+    /// [`planned_unit_events`](Self::planned_unit_events)), stays within `target_epsilon` for
+    /// the whole run. A non-private twin needs no noise and keeps the default.
     fn resolve_noise_multiplier(&mut self) -> Result<(), ScenarioError> {
         if !self.noise_multiplier.is_nan() {
             return Ok(());
@@ -743,40 +759,38 @@ impl Scenario {
             return Ok(());
         }
         let (target, delta) = (self.target_epsilon, self.delta);
-        let bad = |e: crate::privacy::error::PrivacyError| {
+        let bad = |e: PrivacyError| {
             ScenarioError::Invalid(format!(
                 "noise_multiplier = \"auto\" for epsilon {target} at delta {delta}: {e}"
             ))
         };
-        // The ledger's own computation of the reported epsilon for this z.
-        let reported = |z: f64| -> Result<f64, crate::privacy::error::PrivacyError> {
-            match self.participation {
-                // Each unit is in at most one round: one Gaussian, accounted exactly (the
-                // ledger composes via 1/sigma^2 = sum 1/z^2, hence the round trip).
-                Participation::Fresh => {
-                    crate::privacy::gaussian::epsilon(z.powi(-2).powf(-0.5), delta)
-                }
-                Participation::Sampled { rate } => crate::privacy::accountant::epsilon(
-                    &crate::privacy::accountant::sampled_gaussian_rounds(z, rate, self.rounds),
-                    delta,
-                    crate::privacy::accountant::AccountantKind::Pld,
-                ),
-            }
+        let checked_delta = Delta::try_from(delta).map_err(|e| bad(e.into()))?;
+        // The ledger's own figure for this z: the one accounting policy.
+        let reported = |z: f64| -> Result<f64, PrivacyError> {
+            Ok(accountant::unit_epsilon(
+                &self.planned_unit_events(z),
+                checked_delta,
+                AccountantKind::Pld,
+            )?
+            .0)
         };
-        let mut z = match self.participation {
-            Participation::Fresh => crate::privacy::gaussian::sigma(target, delta),
-            Participation::Sampled { rate } => crate::privacy::accountant::noise_multiplier(
+        // A starting point from the accountants' searches (they keep the feasible end); rate 1
+        // is no sampling, so its rounds compose as one Gaussian.
+        let mut z = match self.participation.sampling_rate().map(|q| q.get()) {
+            None => crate::privacy::gaussian::sigma(target, delta),
+            Some(q) if q >= 1.0 => crate::privacy::gaussian::sigma(target, delta)
+                .map(|z| z * (self.rounds.max(1) as f64).sqrt()),
+            Some(q) => accountant::noise_multiplier(
                 target,
                 delta,
-                rate,
+                q,
                 self.rounds.max(1),
-                crate::privacy::accountant::AccountantKind::Pld,
+                AccountantKind::Pld,
             ),
         }
         .map_err(bad)?;
-        // Both searches keep the feasible end; round-off in the ledger's own evaluation could
-        // still put it a hair above the budget, which would refuse the last round. Step up
-        // until the ledger's figure fits.
+        // Round-off in the ledger's own evaluation could still put it a hair above the budget,
+        // which would refuse the last round. Step up until the ledger's figure fits.
         for _ in 0..64 {
             if reported(z).map_err(bad)? <= target {
                 self.noise_multiplier = z;
@@ -798,14 +812,16 @@ impl Scenario {
         }
     }
 
-    /// The ledger header this scenario runs under.
-    pub fn ledger_config(&self) -> LedgerConfig {
-        LedgerConfig {
+    /// The ledger header this scenario runs under (`delta` checked again: the fields are
+    /// public and may have changed since [`validate`](Self::validate)).
+    pub fn ledger_config(&self) -> Result<LedgerConfig, ScenarioError> {
+        Ok(LedgerConfig {
             target_epsilon: self.target_epsilon,
-            delta: self.delta,
+            delta: Delta::try_from(self.delta)
+                .map_err(|e| ScenarioError::Invalid(e.to_string()))?,
             unit_kind: self.unit_kind,
             participation: self.participation,
-        }
+        })
     }
 
     /// The unit range client agent `index` of `client_agents` hosts (an even split).
@@ -843,11 +859,8 @@ impl Scenario {
                     ));
                 }
             }
-            Participation::Sampled { rate } => {
-                if !(rate > 0.0 && rate <= 1.0) {
-                    return bad(format!("participation rate must be in (0, 1], got {rate}"));
-                }
-            }
+            // The rate's type checked it when the scenario was read.
+            Participation::Sampled { .. } => {}
         }
         if let Some(q) = self.quorum
             && (q == 0 || q > self.users)
@@ -869,17 +882,14 @@ impl Scenario {
                 self.start_timeout_s
             ));
         }
-        if !finite_pos(self.clip_norm) {
-            return bad(format!("clip_norm must be > 0, got {}", self.clip_norm));
+        if let Err(e) = ClipNorm::try_from(self.clip_norm) {
+            return bad(format!("clip_norm: {e}"));
         }
-        if !finite_pos(self.noise_multiplier) {
-            return bad(format!(
-                "noise_multiplier must be > 0, got {}",
-                self.noise_multiplier
-            ));
+        if let Err(e) = NoiseMultiplier::try_from(self.noise_multiplier) {
+            return bad(format!("noise_multiplier: {e}"));
         }
-        if !(self.delta > 0.0 && self.delta < 1.0) {
-            return bad(format!("delta must be in (0, 1), got {}", self.delta));
+        if let Err(e) = Delta::try_from(self.delta) {
+            return bad(format!("delta: {e}"));
         }
         if !finite_pos(self.target_epsilon) {
             return bad(format!(
@@ -1008,6 +1018,61 @@ mod tests {
         assert!(e.to_string().contains("noise_multiplier"), "{e}");
     }
 
+    /// The resolved z is the ledger's: a ledger fed the planned rounds accepts every one of
+    /// them, and its reported figure is the one `accountant::unit_epsilon` gave the scenario
+    /// (rate 1 included, where the rounds compose as one exact Gaussian).
+    #[test]
+    fn automatic_noise_multiplier_is_what_the_ledger_accepts() {
+        use crate::privacy::ledger::{PrivacyLedger, RoundRecord};
+        use crate::privacy::noise::NoiseSource;
+        for (participation, rounds) in [
+            ("{ kind = \"sampled\", rate = 0.2 }", 30u64),
+            ("{ kind = \"sampled\", rate = 1.0 }", 50),
+        ] {
+            let s = Scenario::from_toml_str(&format!(
+                "noise_multiplier = \"auto\"\ntarget_epsilon = 3.0\nrounds = {rounds}\n\
+                 users = 50\nparticipation = {participation}\n\
+                 [task]\nkind = \"mean_estimation\"\n"
+            ))
+            .unwrap();
+            let z = s.noise_multiplier;
+            let (planned, _) = accountant::unit_epsilon(
+                &s.planned_unit_events(z),
+                Delta::try_from(s.delta).unwrap(),
+                AccountantKind::Pld,
+            )
+            .unwrap();
+            assert!(
+                planned <= 3.0 && planned > 3.0 - 1e-3,
+                "{participation}: {planned}"
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let (mut l, _) =
+                PrivacyLedger::open(dir.path().join("l"), s.ledger_config().unwrap()).unwrap();
+            let q = s.participation.sampling_rate().map(|q| q.get());
+            for r in 1..=rounds {
+                let rec = RoundRecord::gaussian_round(
+                    r,
+                    vec![r % 50],
+                    z,
+                    1.0,
+                    q,
+                    s.expected_cohort(),
+                    NoiseSource::Os,
+                );
+                l.append(rec).unwrap();
+            }
+            assert_eq!(l.epsilon().unwrap(), planned, "{participation}");
+            let method = l.report().unwrap().accountant;
+            let exact = if q == Some(1.0) {
+                "analytic_gaussian"
+            } else {
+                "pld"
+            };
+            assert_eq!(method, exact);
+        }
+    }
+
     #[test]
     fn sampled_and_round_trip() {
         let text = r#"
@@ -1047,6 +1112,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("clip_norm"), "{err}");
+        // The privacy parameters' newtypes name the rule.
+        let err = Scenario::from_toml_str(
+            "participation = { kind = \"sampled\", rate = 1.5 }\n[task]\nkind = \"mean_estimation\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("sampling rate must be in (0, 1], got 1.5"),
+            "{err}"
+        );
+        let err = Scenario::from_toml_str("delta = 1.0\n[task]\nkind = \"mean_estimation\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("delta: delta must be in (0, 1), got 1"),
+            "{err}"
+        );
+        let err =
+            Scenario::from_toml_str("noise_multiplier = 0.0\n[task]\nkind = \"mean_estimation\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("noise_multiplier: noise multiplier must be positive"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -52,7 +52,9 @@ impl LocalRun {
         };
         fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
         let scenario_path = out_dir.join("scenario.toml");
-        fs::write(&scenario_path, &text)?;
+        // The scenario as resolved (`noise_multiplier = "auto"` and derived clip norms become the
+        // numbers used), so the file says what ran and every process reads the same values.
+        fs::write(&scenario_path, parsed.to_toml_string())?;
         Ok(LocalRun {
             scenario: parsed,
             scenario_path,

@@ -96,7 +96,7 @@ fn thirty_percent_churn_keeps_quorum_and_accounting() {
     assert_eq!(rep0["rounds_completed"], 20, "{rep0}");
     let s = Scenario::from_toml_str(&scenario("")).unwrap();
     let path = dir.path().join("same-rounds-ledger");
-    let (mut l, _) = PrivacyLedger::open(&path, s.ledger_config()).unwrap();
+    let (mut l, _) = PrivacyLedger::open(&path, s.ledger_config().unwrap()).unwrap();
     for r in records0.iter().take(records.len()) {
         l.append(r.clone()).unwrap();
     }

@@ -85,7 +85,7 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
     assert!(
         records
             .iter()
-            .all(|r| r.expected_cohort == 12.0 && r.units.len() >= 8)
+            .all(|r| r.expected_cohort == Some(12.0) && r.units.len() >= 8)
     );
     let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     assert_eq!(

@@ -249,7 +249,7 @@ fn fedrl_run_trains_riverswim_loglinear() {
     .unwrap();
     assert_eq!(records.len(), 12);
     for r in &records {
-        assert_eq!(r.clip_norm, parsed.effective_clip_norm());
+        assert_eq!(r.clip_norm, Some(parsed.effective_clip_norm()));
     }
     let (spec, params) = fedrl_common::nn::loglinear::from_bytes(
         &std::fs::read(out.join(fedrl_aggregator::dppg::POLICY_FILE)).unwrap(),

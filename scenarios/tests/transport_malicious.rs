@@ -313,8 +313,8 @@ fn malicious_clients_get_clear_errors_and_honest_rounds_complete_exactly() {
     let mut expected_units: Vec<u64> = (0..13).collect();
     expected_units.push(15);
     assert_eq!(rec.units, expected_units);
-    assert_eq!(rec.expected_cohort, 17.0);
-    assert_eq!(rec.sampling_rate, Some(1.0));
+    assert_eq!(rec.expected_cohort, Some(17.0));
+    assert_eq!(rec.sampling_rate(), Some(1.0));
     let seed = round_noise_seed(11, 1);
     assert_eq!(rec.noise_source, NoiseSource::Seeded { seed });
     let report = report(&state_dir);

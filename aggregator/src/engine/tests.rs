@@ -109,8 +109,8 @@ fn fresh_round_releases_exact_noisy_mean_over_fixed_denominator() {
     assert_eq!(c.accepted, 3);
     assert_eq!(c.clipped, 1);
     assert_eq!(c.record.units.len(), 3);
-    assert_eq!(c.record.expected_cohort, 4.0);
-    assert_eq!(c.record.sampling_rate, None);
+    assert_eq!(c.record.expected_cohort, Some(4.0));
+    assert_eq!(c.record.sampling_rate(), None);
     let seed = round_noise_seed(42, 1);
     assert_eq!(c.record.noise_source, NoiseSource::Seeded { seed });
     // Reproduce: sum of clipped updates, noise from the same seed, divide by 4 (not 3).
@@ -413,7 +413,7 @@ fn fresh_is_enforced_across_restarts_and_exhaustion_finishes() {
 
 #[test]
 fn sampled_draws_poisson_sample_of_whole_population() {
-    let mut c = cfg(Participation::Sampled { rate: 0.3 });
+    let mut c = cfg(Participation::sampled(0.3).unwrap());
     c.population = 2000;
     c.expected_cohort = 600.0;
     c.quorum = 1;
@@ -448,8 +448,8 @@ fn sampled_draws_poisson_sample_of_whole_population() {
     }
     // The unconnected half counts as dropped: every reachable unit answered, so it closes.
     let c = commit(&all).unwrap();
-    assert_eq!(c.record.sampling_rate, Some(0.3));
-    assert_eq!(c.record.expected_cohort, 600.0);
+    assert_eq!(c.record.sampling_rate(), Some(0.3));
+    assert_eq!(c.record.expected_cohort, Some(600.0));
     // Sampled: the same units may be drawn again.
     let a = e.handle(5.2, Event::Committed { round: 1 });
     let o2 = offers(&a);

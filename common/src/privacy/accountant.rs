@@ -7,9 +7,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::params::{Delta, SamplingRate};
 use super::pld::{DEFAULT_DISCRETIZATION, PrivacyLossDistribution};
 use super::rdp::RdpAccountant;
-use super::{DpEvent, PrivacyError};
+use super::{DpEvent, PrivacyError, gaussian};
 
 /// Which accountant turns events into (epsilon, delta).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -114,6 +115,131 @@ pub fn sampled_gaussian_rounds(noise_multiplier: f64, sampling_rate: f64, steps:
     }
 }
 
+/// How [`unit_epsilon`] computed a figure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// No event: epsilon 0.
+    None,
+    /// Every event is an un-sampled (discrete) Gaussian: one Gaussian with
+    /// 1/sigma^2 = sum 1/z_i^2, accounted exactly (analytic Gaussian, Balle & Wang 2018).
+    AnalyticGaussian,
+    /// Privacy loss distributions ([`AccountantKind::Pld`]).
+    Pld,
+    /// Rényi DP ([`AccountantKind::Rdp`]).
+    Rdp,
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Method::None => "none",
+            Method::AnalyticGaussian => "analytic_gaussian",
+            Method::Pld => "pld",
+            Method::Rdp => "rdp",
+        })
+    }
+}
+
+/// The noise multiplier of one Gaussian equivalent to `event` when it is an un-sampled
+/// (discrete) Gaussian or a composition of them; sampling at rate 1 is no sampling. `None` for
+/// anything else.
+fn plain_gaussian(event: &DpEvent) -> Option<f64> {
+    match event {
+        DpEvent::Gaussian { .. } | DpEvent::DiscreteGaussian { .. } => {
+            event.gaussian_noise_multiplier()
+        }
+        DpEvent::PoissonSampled {
+            sampling_rate,
+            event,
+        } if *sampling_rate == 1.0 => plain_gaussian(event),
+        DpEvent::SelfComposed { event, count } => {
+            Some(plain_gaussian(event)? / (*count as f64).sqrt())
+        }
+        DpEvent::Composed { events } => {
+            let mut inv_var = 0.0;
+            for e in events {
+                inv_var += plain_gaussian(e)?.powi(-2);
+            }
+            Some(inv_var.powf(-0.5))
+        }
+        _ => None,
+    }
+}
+
+/// Groups identical events into self-compositions, in order of first appearance, so the
+/// accountants compose each group by fast self-composition instead of one event at a time.
+pub fn grouped(events: &[DpEvent]) -> DpEvent {
+    let mut counts: Vec<(DpEvent, u64)> = Vec::new();
+    for e in events {
+        match counts.iter_mut().find(|(g, _)| g == e) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((e.clone(), 1)),
+        }
+    }
+    let mut parts: Vec<DpEvent> = counts
+        .into_iter()
+        .map(|(e, n)| {
+            if n == 1 {
+                e
+            } else {
+                DpEvent::SelfComposed {
+                    event: Box::new(e),
+                    count: n,
+                }
+            }
+        })
+        .collect();
+    if parts.len() == 1 {
+        parts.remove(0)
+    } else {
+        DpEvent::Composed { events: parts }
+    }
+}
+
+/// The one accounting policy of fedrl: epsilon (nats) at `delta` of everything one unit was
+/// charged with (`events`, composed adaptively), and how it was computed. The ledger calls it for
+/// every unit, and `noise_multiplier = "auto"` calls it with the planned events of one unit.
+///
+/// With [`AccountantKind::Pld`] (the reported figure) it gives the tightest valid bound this
+/// crate has: when every event is an un-sampled (discrete) Gaussian, the exact analytic Gaussian
+/// of their composition (1/sigma^2 adds up, Dong-Roth-Su's Gaussian composition); otherwise the
+/// PLD of all events (Gaussian, discrete Gaussian, Laplace, (epsilon, delta) and Poisson-sampled
+/// Gaussian or Laplace events). With [`AccountantKind::Rdp`], the RDP bound (the cross-check;
+/// `Unsupported` for an (epsilon, delta) event with delta > 0 or a sampled Laplace).
+/// +inf when an event is non-private (e.g. z = 0).
+pub fn unit_epsilon(
+    events: &[DpEvent],
+    delta: Delta,
+    kind: AccountantKind,
+) -> Result<(f64, Method), PrivacyError> {
+    if events.is_empty() {
+        return Ok((0.0, Method::None));
+    }
+    let delta = delta.get();
+    match kind {
+        AccountantKind::Pld => {
+            let mut inv_var = 0.0;
+            let mut all_gaussian = true;
+            for e in events {
+                match plain_gaussian(e) {
+                    Some(z) => inv_var += z.powi(-2),
+                    None => all_gaussian = false,
+                }
+            }
+            if all_gaussian {
+                if inv_var.is_infinite() {
+                    return Ok((f64::INFINITY, Method::AnalyticGaussian));
+                }
+                let sigma = inv_var.powf(-0.5);
+                return Ok((gaussian::epsilon(sigma, delta)?, Method::AnalyticGaussian));
+            }
+            Ok((epsilon(&grouped(events), delta, kind)?, Method::Pld))
+        }
+        AccountantKind::Rdp => Ok((epsilon(&grouped(events), delta, kind)?, Method::Rdp)),
+    }
+}
+
 /// Relative tolerance of [`noise_multiplier`] on z.
 pub const NOISE_RELATIVE_TOLERANCE: f64 = 1e-6;
 /// Largest noise multiplier [`noise_multiplier`] considers.
@@ -136,16 +262,8 @@ pub fn noise_multiplier(
             "target epsilon must be positive and finite, got {target_epsilon}"
         )));
     }
-    if !(delta > 0.0 && delta < 1.0) {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "delta must be in (0, 1), got {delta}"
-        )));
-    }
-    if !(sampling_rate > 0.0 && sampling_rate <= 1.0) {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "sampling rate must be in (0, 1], got {sampling_rate}"
-        )));
-    }
+    Delta::try_from(delta)?;
+    SamplingRate::try_from(sampling_rate)?;
     if steps == 0 {
         return Err(PrivacyError::InvalidParameter(
             "steps must be at least 1".into(),

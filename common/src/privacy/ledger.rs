@@ -1,17 +1,26 @@
-//! The privacy ledger: an append-only, checksummed, fsynced file of released rounds.
+//! The privacy ledger: an append-only, checksummed, fsynced file of released mechanisms.
 //!
-//! Each record says what ran (noise multiplier, clip norm, sampling model, noise source) and who
-//! took part (privacy-unit ids). The ledger stores mechanisms, not epsilons, so it can always be
-//! re-accounted; [`PrivacyLedger::report`] accounts it now (PLD reported, RDP as a cross-check,
-//! the exact analytic Gaussian where no sampling is involved).
+//! Each record stores the mechanism as run, from one unit's point of view ([`DpEvent`]), whether
+//! the aggregator drew the sample itself, the phase it belongs to and who took part. The ledger
+//! stores mechanisms, not epsilons, so it can always be re-accounted: one accounting policy
+//! ([`accountant::unit_epsilon`]) turns every unit's events into its epsilon, and
+//! [`PrivacyLedger::report`] reports the worst unit (tight), the RDP cross-check, each phase and
+//! the basic composition of the phases.
 //!
-//! File layout: a header frame holding the [`LedgerConfig`], then one frame per record. A frame is
-//! `b"FRL1"`, the payload length (u32 LE), the first 8 bytes of SHA-256(payload), then the JSON
-//! payload. A crash can only tear the last frame; reopening keeps every complete frame, reports
-//! the torn bytes and truncates them before the next append. Records are written and fsynced
+//! File layout: a header frame (format version, [`LedgerConfig`]), then one frame per entry (a
+//! [`RoundRecord`] or a [`BudgetChange`]). A frame is `b"FRL1"`, the payload length (u32 LE), the
+//! first 8 bytes of SHA-256(payload), then the JSON payload. Records are written and fsynced
 //! before the model they describe is released, so after a crash the ledger can only over-report.
+//! A crash can only cut the last frame short: reopening keeps every complete frame, reports the
+//! cut bytes and truncates them before the next append. A complete frame that fails its checksum
+//! was written in full and may have been released, so it is corruption wherever it is, never
+//! silently dropped.
+//!
+//! Versions: 1 (the first release) stored (z, C, q) per record; its records are converted to
+//! events when read ([`RoundRecord::gaussian_round`]) and account identically. A version-1 file
+//! may receive version-2 entries appended by this code; a version-2 file holds only version-2
+//! entries.
 
-use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -21,12 +30,19 @@ use ring::digest;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::accountant::{self, AccountantKind};
+use super::accountant::{self, AccountantKind, Method};
 use super::noise::NoiseSource;
-use super::{DpEvent, PrivacyError, gaussian};
+use super::params::{ClipNorm, Delta, ParamError, SamplingRate};
+use super::{DpEvent, PrivacyError};
 
 /// The ledger's file name inside a state or output directory.
 pub const LEDGER_FILE_NAME: &str = "privacy.ledger";
+
+/// The format this code writes.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The phase of the federated training rounds ([`RoundRecord::gaussian_round`]).
+pub const TRAINING_PHASE: &str = "training";
 
 const MAGIC: &[u8; 4] = b"FRL1";
 const FRAME_HEADER: usize = 4 + 4 + 8;
@@ -59,57 +75,209 @@ pub enum Participation {
     /// Each unit contributes at most once ever.
     Fresh,
     /// The aggregator samples each unit with probability `rate` every round (Poisson).
-    Sampled { rate: f64 },
+    Sampled { rate: SamplingRate },
+}
+
+impl Participation {
+    /// `Sampled` at `rate`, checked to be in (0, 1].
+    pub fn sampled(rate: f64) -> Result<Self, ParamError> {
+        Ok(Participation::Sampled {
+            rate: SamplingRate::try_from(rate)?,
+        })
+    }
+
+    /// The Poisson rate under `Sampled`, `None` under `Fresh`.
+    pub fn sampling_rate(&self) -> Option<SamplingRate> {
+        match self {
+            Participation::Fresh => None,
+            Participation::Sampled { rate } => Some(*rate),
+        }
+    }
 }
 
 /// The fixed parameters of a ledger, stored in its header.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LedgerConfig {
-    /// Budget: an append that would push the reported epsilon above this is refused.
+    /// Budget (epsilon at `delta`): an append that would push the reported epsilon above this is
+    /// refused. Reopening with a larger one needs [`OpenPolicy::allow_budget_increase`].
     pub target_epsilon: f64,
     /// The delta at which every epsilon of this ledger is reported.
-    pub delta: f64,
+    pub delta: Delta,
     pub unit_kind: UnitKind,
     pub participation: Participation,
 }
 
-/// One released round.
+/// The header frame as stored. Version 1 had no `version` field.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Header {
+    #[serde(default = "version_one")]
+    version: u32,
+    target_epsilon: f64,
+    delta: Delta,
+    unit_kind: UnitKind,
+    participation: Participation,
+}
+
+fn version_one() -> u32 {
+    1
+}
+
+impl Header {
+    fn config(&self) -> LedgerConfig {
+        LedgerConfig {
+            target_epsilon: self.target_epsilon,
+            delta: self.delta,
+            unit_kind: self.unit_kind,
+            participation: self.participation,
+        }
+    }
+}
+
+/// One released mechanism: what ran, on whom, in which phase.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RoundRecord {
+    /// Sequence number; strictly increasing over the whole ledger, whatever the phase.
     pub round: u64,
-    /// Privacy units whose (clipped) contributions are in the released aggregate.
+    /// The part of the pipeline it belongs to (`training`, `release`, `dp-sgd`, ...). Phases
+    /// are composed into one epsilon; their basic composition is reported beside it.
+    pub phase: String,
+    /// The mechanism as run, from one unit's point of view (sensitivity normalised to one
+    /// unit's contribution).
+    pub event: DpEvent,
+    /// True when the aggregator itself chose who takes part (a Poisson sample, or everybody):
+    /// the event then charges every unit of the population, drawn or not, and only then may it
+    /// contain [`DpEvent::PoissonSampled`] (amplification by sampling is claimed only when the
+    /// aggregator drew the sample). False: it charges exactly the units in `units`.
+    pub sampled_by_aggregator: bool,
+    /// Privacy units whose contributions are in the released output. **Operator-only**: under
+    /// Poisson sampling this is the secret sample the amplification relies on. It enforces the
+    /// `fresh` rule across restarts and gives participation counts.
     pub units: Vec<u64>,
-    /// z: the noise standard deviation is z x `clip_norm` on the sum.
-    pub noise_multiplier: f64,
-    /// C: the L2 bound each unit's contribution was (re-)clipped to by the aggregator.
-    pub clip_norm: f64,
-    /// `Some(q)` only when the aggregator itself drew a Poisson sample with rate q this round;
-    /// only then is amplification by sampling claimed.
-    pub sampling_rate: Option<f64>,
-    /// The fixed public denominator the noisy sum was divided by.
-    pub expected_cohort: f64,
+    /// C: the L2 bound each unit's contribution was (re-)clipped to by the aggregator, when the
+    /// mechanism has one (a Laplace count query has none).
+    pub clip_norm: Option<f64>,
+    /// The fixed public denominator the noisy sum was divided by, when there is one.
+    pub expected_cohort: Option<f64>,
     pub noise_source: NoiseSource,
     /// Wall-clock time of the append, seconds since the Unix epoch.
     pub unix_time_s: f64,
 }
 
 impl RoundRecord {
-    /// The mechanism as seen by one unit (sensitivity normalised to C). Sampling at rate 1
-    /// includes every unit every round: that is the plain Gaussian, which composes exactly
-    /// (a PLD of it would widen with every round: the ledger's memory and time grew linearly with
-    /// the rounds, 250 MB by round 300 of the load bench).
-    pub fn event(&self) -> DpEvent {
-        let g = DpEvent::Gaussian {
-            noise_multiplier: self.noise_multiplier,
-        };
-        match self.sampling_rate {
-            Some(q) if q < 1.0 => DpEvent::PoissonSampled {
-                sampling_rate: q,
-                event: Box::new(g),
-            },
-            Some(_) | None => g,
+    /// A federated training round (phase [`TRAINING_PHASE`]): the sum of contributions clipped
+    /// to `clip_norm` plus N(0, (z C)^2), divided by `expected_cohort`. With `sampling_rate` =
+    /// `Some(q)` the aggregator drew a Poisson sample at rate q: the event is
+    /// `PoissonSampled(q, Gaussian(z))`, except at q = 1, which includes every unit every round
+    /// and is the plain Gaussian (it composes exactly; a PLD of it would widen with every
+    /// round). `unix_time_s` is left 0 for the caller to set when it appends.
+    pub fn gaussian_round(
+        round: u64,
+        units: Vec<u64>,
+        noise_multiplier: f64,
+        clip_norm: f64,
+        sampling_rate: Option<f64>,
+        expected_cohort: f64,
+        noise_source: NoiseSource,
+    ) -> RoundRecord {
+        RoundRecord {
+            round,
+            phase: TRAINING_PHASE.to_string(),
+            event: training_event(noise_multiplier, sampling_rate),
+            sampled_by_aggregator: sampling_rate.is_some(),
+            units,
+            clip_norm: Some(clip_norm),
+            expected_cohort: Some(expected_cohort),
+            noise_source,
+            unix_time_s: 0.0,
         }
     }
+
+    /// The rate at which the aggregator sampled units for this record: q for a
+    /// `PoissonSampled(q, ..)` event, 1 for an aggregator-chosen event without sampling (every
+    /// unit was included), `None` when the aggregator did not choose the units.
+    pub fn sampling_rate(&self) -> Option<f64> {
+        if !self.sampled_by_aggregator {
+            return None;
+        }
+        match &self.event {
+            DpEvent::PoissonSampled { sampling_rate, .. } => Some(*sampling_rate),
+            _ => Some(1.0),
+        }
+    }
+}
+
+/// The event of one training round at noise multiplier `z`, Poisson-sampled at `sampling_rate`
+/// (rate 1 is no sampling: see [`RoundRecord::gaussian_round`]).
+pub fn training_event(z: f64, sampling_rate: Option<f64>) -> DpEvent {
+    let g = DpEvent::Gaussian {
+        noise_multiplier: z,
+    };
+    match sampling_rate {
+        // An invalid rate stays in the event, so the ledger refuses the record.
+        Some(q) if q != 1.0 => DpEvent::PoissonSampled {
+            sampling_rate: q,
+            event: Box::new(g),
+        },
+        Some(_) | None => g,
+    }
+}
+
+/// A raise of the ledger's budget, allowed explicitly by the operator and recorded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetChange {
+    /// The target epsilon in force before.
+    pub from: f64,
+    /// The new target epsilon.
+    pub to: f64,
+    /// When it was recorded, seconds since the Unix epoch.
+    pub unix_time_s: f64,
+}
+
+/// One entry after the header.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "entry", rename_all = "snake_case")]
+pub enum Entry {
+    Round(RoundRecord),
+    BudgetChange(BudgetChange),
+}
+
+/// A record as the first release (format version 1) wrote it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoundRecordV1 {
+    round: u64,
+    units: Vec<u64>,
+    noise_multiplier: f64,
+    clip_norm: f64,
+    sampling_rate: Option<f64>,
+    expected_cohort: f64,
+    noise_source: NoiseSource,
+    unix_time_s: f64,
+}
+
+impl From<RoundRecordV1> for RoundRecord {
+    /// Version 1 accounted each record as the event [`RoundRecord::gaussian_round`] builds.
+    fn from(v: RoundRecordV1) -> Self {
+        let mut r = RoundRecord::gaussian_round(
+            v.round,
+            v.units,
+            v.noise_multiplier,
+            v.clip_norm,
+            v.sampling_rate,
+            v.expected_cohort,
+            v.noise_source,
+        );
+        r.unix_time_s = v.unix_time_s;
+        r
+    }
+}
+
+/// How [`PrivacyLedger::open_with`] treats an existing ledger.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenPolicy {
+    /// Accept a target epsilon larger than the one in force (the operator's explicit decision);
+    /// the raise is appended to the ledger as a [`BudgetChange`].
+    pub allow_budget_increase: bool,
 }
 
 #[derive(Debug, Error)]
@@ -120,18 +288,30 @@ pub enum LedgerError {
         source: std::io::Error,
     },
     #[error(
-        "ledger {path} is corrupt at byte {offset}: {reason} (a torn write can only affect the last record, so this is not a crash)"
+        "ledger {path} is corrupt at byte {offset}: {reason} (only a record cut short by a crash is a torn write; a complete record that fails its checksum was written in full and may have been released, so nothing is discarded)"
     )]
     Corrupt {
         path: PathBuf,
         offset: u64,
         reason: String,
     },
+    #[error(
+        "ledger {path} has format version {version}; this program reads versions 1 to {FORMAT_VERSION}"
+    )]
+    UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("ledger {path} was created with {stored:?}, but this run asks for {requested:?}")]
     ConfigMismatch {
         path: PathBuf,
         stored: Box<LedgerConfig>,
         requested: Box<LedgerConfig>,
+    },
+    #[error(
+        "ledger {path}: this run asks for target epsilon {requested}, above the {stored} the ledger allows; raising a privacy budget must be explicit (allow it, e.g. --allow-budget-increase, and the raise is recorded in the ledger)"
+    )]
+    BudgetIncrease {
+        path: PathBuf,
+        stored: f64,
+        requested: f64,
     },
     #[error(
         "privacy budget exceeded: round {round} would bring epsilon to {epsilon:.6} (delta {delta:e}), above the target {target}; nothing was released"
@@ -156,14 +336,20 @@ pub enum LedgerError {
     Privacy(#[from] PrivacyError),
 }
 
+impl From<ParamError> for LedgerError {
+    fn from(e: ParamError) -> Self {
+        LedgerError::InvalidRecord(e.to_string())
+    }
+}
+
 /// What reopening found.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Recovery {
-    /// Complete records read.
+    /// Complete round records read.
     pub records: usize,
-    /// Byte offset where an incomplete last frame began, if there was one.
+    /// Byte offset where a frame cut short began, if there was one.
     pub torn_at: Option<u64>,
-    /// Bytes of that incomplete frame (removed before the next append).
+    /// Bytes of that frame (removed before the next append).
     pub torn_bytes: u64,
 }
 
@@ -173,7 +359,7 @@ impl std::fmt::Display for Recovery {
             None => write!(f, "{} records, no torn write", self.records),
             Some(at) => write!(
                 f,
-                "{} complete records; a torn last record of {} bytes at offset {at} was discarded (it was never released)",
+                "{} complete records; a torn last record (cut short: {} bytes at offset {at}) was discarded (its append never returned, so it was never released)",
                 self.records, self.torn_bytes
             ),
         }
@@ -184,10 +370,24 @@ impl std::fmt::Display for Recovery {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct UnitEpsilon {
     pub unit: u64,
-    /// Rounds whose released aggregate contains this unit's contribution.
+    /// Records whose released output contains this unit's contribution.
     pub participations: u64,
-    /// Epsilon at the ledger's delta.
+    /// Epsilon at the ledger's delta, every phase composed.
     pub epsilon: f64,
+}
+
+/// One phase accounted on its own.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PhaseEpsilon {
+    pub phase: String,
+    /// Records of this phase.
+    pub rounds: u64,
+    /// Worst-unit epsilon of this phase alone at `delta`.
+    pub epsilon: f64,
+    /// The ledger's delta divided by the number of phases (the basic composition's split).
+    pub delta: f64,
+    /// How `epsilon` was computed.
+    pub accountant: String,
 }
 
 /// The ledger accounted.
@@ -195,23 +395,81 @@ pub struct UnitEpsilon {
 pub struct LedgerReport {
     pub unit_kind: UnitKind,
     pub participation: Participation,
+    /// Round records.
     pub rounds: u64,
     /// Distinct units that contributed.
     pub units: u64,
-    /// The reported epsilon (worst unit) at `delta`: PLD, or the exact analytic Gaussian when no
-    /// round claimed sampling amplification.
+    /// The reported epsilon at `delta`: the worst unit, every event that charges it composed,
+    /// by the chosen accountant (with PLD: the exact analytic Gaussian when a unit's events are
+    /// all un-sampled Gaussians, else PLD).
     pub epsilon: f64,
-    /// The RDP accountant's epsilon for the same events (a cross-check; never smaller than the
-    /// exact figure, up to PLD discretisation).
+    /// How `epsilon` was computed (`analytic_gaussian`, `pld`, `rdp` or `none`).
+    pub accountant: String,
+    /// The RDP accountant's epsilon for the worst unit's events (a cross-check, never smaller
+    /// than the PLD/exact figure up to PLD discretisation); +inf when RDP cannot bound one of
+    /// them (`rdp_note` says why).
     pub epsilon_rdp: f64,
+    /// Why `epsilon_rdp` is +inf, if it is.
+    pub rdp_note: Option<String>,
+    /// Each phase on its own at delta / P (P phases), in order of first appearance.
+    pub phases: Vec<PhaseEpsilon>,
+    /// Basic composition of the phases: the sum of their epsilons at delta / P each. A valid
+    /// but looser bound, printed as a cross-check; never smaller than `epsilon`.
+    pub epsilon_basic: f64,
     pub delta: f64,
     pub target_epsilon: f64,
-    /// How `epsilon` was computed.
-    pub accountant: String,
+    /// Budget raises recorded in the ledger, oldest first.
+    pub budget_changes: Vec<BudgetChange>,
     /// Every unit's realised epsilon, ascending by unit id.
     pub per_unit: Vec<UnitEpsilon>,
     /// Noise sources used by the records (any `seeded` source means the run was not private).
     pub noise_sources: Vec<NoiseSource>,
+}
+
+/// A ledger file as read, without opening it for writing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerFile {
+    /// The format version of its header.
+    pub version: u32,
+    /// The header's configuration, with the target epsilon in force (the last recorded raise).
+    pub config: LedgerConfig,
+    /// Every entry in file order.
+    pub entries: Vec<Entry>,
+    pub recovery: Recovery,
+}
+
+impl LedgerFile {
+    /// The round records, in order.
+    pub fn records(&self) -> Vec<RoundRecord> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Round(r) => Some(r.clone()),
+                Entry::BudgetChange(_) => None,
+            })
+            .collect()
+    }
+
+    /// The recorded budget raises, in order.
+    pub fn budget_changes(&self) -> Vec<BudgetChange> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::BudgetChange(b) => Some(b.clone()),
+                Entry::Round(_) => None,
+            })
+            .collect()
+    }
+
+    /// Accounts every record with accountant `kind`.
+    pub fn report(&self, kind: AccountantKind) -> Result<LedgerReport, LedgerError> {
+        let records = self.records();
+        let mut index = UnitIndex::new();
+        for (i, r) in records.iter().enumerate() {
+            index_record(&mut index, i, r);
+        }
+        full_report(&self.config, &records, &index, &self.budget_changes(), kind)
+    }
 }
 
 /// The append-only ledger file, with an in-memory index of participations.
@@ -220,6 +478,7 @@ pub struct PrivacyLedger {
     file: File,
     config: LedgerConfig,
     records: Vec<RoundRecord>,
+    budget_changes: Vec<BudgetChange>,
     /// What each unit's accounting needs of `records`.
     participations: UnitIndex,
     /// Worst-unit epsilon of `records`, as accounted by the last [`append`](Self::append).
@@ -227,13 +486,24 @@ pub struct PrivacyLedger {
 }
 
 impl PrivacyLedger {
-    /// Opens the ledger at `path`, creating it with `config` if it does not exist. An existing
-    /// ledger must have the same delta, unit kind and participation model; its target epsilon is
-    /// replaced by the requested one (raising a budget is the operator's decision, and the
-    /// ledger still reports everything spent).
+    /// [`open_with`](Self::open_with) with the default policy: a budget raise is refused.
     pub fn open(
         path: impl AsRef<Path>,
         config: LedgerConfig,
+    ) -> Result<(Self, Recovery), LedgerError> {
+        Self::open_with(path, config, OpenPolicy::default())
+    }
+
+    /// Opens the ledger at `path`, creating it with `config` if it does not exist. An existing
+    /// ledger must have the same delta, unit kind and participation model. A target epsilon
+    /// lower than or equal to the one in force is used as asked (for this process; the file
+    /// keeps the larger one it allowed); a larger one is refused with
+    /// [`LedgerError::BudgetIncrease`] unless `policy` allows it, and then the raise is appended
+    /// as a [`BudgetChange`] before this returns.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        config: LedgerConfig,
+        policy: OpenPolicy,
     ) -> Result<(Self, Recovery), LedgerError> {
         let path = path.as_ref().to_path_buf();
         validate_config(&config)?;
@@ -251,13 +521,21 @@ impl PrivacyLedger {
         file.read_to_end(&mut bytes).map_err(io)?;
 
         if bytes.is_empty() {
-            write_frame(&mut file, &serde_json::to_vec(&config).map_err(json_err)?).map_err(io)?;
+            let header = Header {
+                version: FORMAT_VERSION,
+                target_epsilon: config.target_epsilon,
+                delta: config.delta,
+                unit_kind: config.unit_kind,
+                participation: config.participation,
+            };
+            write_frame(&mut file, &serde_json::to_vec(&header).map_err(json_err)?).map_err(io)?;
             sync_parent(&path);
             let ledger = Self {
                 path,
                 file,
                 config,
                 records: Vec::new(),
+                budget_changes: Vec::new(),
                 participations: UnitIndex::new(),
                 epsilon: None,
             };
@@ -265,21 +543,17 @@ impl PrivacyLedger {
         }
 
         let (frames, recovery) = scan(&path, &bytes)?;
-        let Some((header, rest)) = frames.split_first() else {
-            // Only a torn header: nothing was ever recorded, so starting over loses nothing.
+        if frames.is_empty() {
+            // Only a header cut short: nothing was ever recorded, so starting over loses nothing.
             file.set_len(0).map_err(io)?;
             file.seek(SeekFrom::Start(0)).map_err(io)?;
             drop(file);
             std::fs::remove_file(&path).map_err(io)?;
-            let (ledger, _) = Self::open(&path, config)?;
+            let (ledger, _) = Self::open_with(&path, config, policy)?;
             return Ok((ledger, recovery));
-        };
-        let stored: LedgerConfig =
-            serde_json::from_slice(header).map_err(|e| LedgerError::Corrupt {
-                path: path.clone(),
-                offset: 0,
-                reason: e.to_string(),
-            })?;
+        }
+        let parsed = parse(&path, &frames, recovery)?;
+        let stored = parsed.config.clone();
         let same = stored.delta == config.delta
             && stored.unit_kind == config.unit_kind
             && stored.participation == config.participation;
@@ -290,24 +564,31 @@ impl PrivacyLedger {
                 requested: Box::new(config),
             });
         }
+        // Decide on the budget before touching the file, so a refusal changes nothing.
+        let raise = config.target_epsilon > stored.target_epsilon;
+        if raise && !policy.allow_budget_increase {
+            return Err(LedgerError::BudgetIncrease {
+                path,
+                stored: stored.target_epsilon,
+                requested: config.target_epsilon,
+            });
+        }
         let mut ledger = Self {
             path,
             file,
             config,
             records: Vec::new(),
+            budget_changes: Vec::new(),
             participations: UnitIndex::new(),
             epsilon: None,
         };
-        for payload in rest {
-            let record: RoundRecord =
-                serde_json::from_slice(payload).map_err(|e| LedgerError::Corrupt {
-                    path: ledger.path.clone(),
-                    offset: 0,
-                    reason: e.to_string(),
-                })?;
-            ledger.index(record);
+        for entry in parsed.entries {
+            match entry {
+                Entry::Round(r) => ledger.index(r),
+                Entry::BudgetChange(b) => ledger.budget_changes.push(b),
+            }
         }
-        if let Some(at) = recovery.torn_at {
+        if let Some(at) = parsed.recovery.torn_at {
             let io = |source| LedgerError::Io {
                 path: ledger.path.clone(),
                 source,
@@ -315,72 +596,65 @@ impl PrivacyLedger {
             ledger.file.set_len(at).map_err(io)?;
             ledger.file.sync_all().map_err(io)?;
         }
+        if raise {
+            let change = BudgetChange {
+                from: stored.target_epsilon,
+                to: ledger.config.target_epsilon,
+                unix_time_s: now_s(),
+            };
+            ledger.write_entry(&Entry::BudgetChange(change.clone()))?;
+            ledger.budget_changes.push(change);
+        }
         let records = ledger.records.len();
         Ok((
             ledger,
             Recovery {
                 records,
-                ..recovery
+                ..parsed.recovery
             },
         ))
     }
 
-    /// Accounts a ledger read with [`read`](Self::read), without opening it for writing.
-    pub fn report_of(
-        config: &LedgerConfig,
-        records: &[RoundRecord],
-    ) -> Result<LedgerReport, LedgerError> {
-        let mut index = UnitIndex::new();
-        for (i, r) in records.iter().enumerate() {
-            index_record(&mut index, i, r);
-        }
-        accounting(config, records, &index, None, true)
-    }
-
-    /// Reads a ledger without modifying it (torn bytes are reported, not removed).
+    /// Reads a ledger without modifying it (torn bytes are reported, not removed): its
+    /// configuration (with the target epsilon in force), its round records and what was found.
     pub fn read(
         path: impl AsRef<Path>,
     ) -> Result<(LedgerConfig, Vec<RoundRecord>, Recovery), LedgerError> {
+        let file = Self::read_file(path)?;
+        let records = file.records();
+        Ok((file.config, records, file.recovery))
+    }
+
+    /// Reads every entry of a ledger without modifying it.
+    pub fn read_file(path: impl AsRef<Path>) -> Result<LedgerFile, LedgerError> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| LedgerError::Io {
             path: path.to_path_buf(),
             source,
         })?;
         let (frames, recovery) = scan(path, &bytes)?;
-        let corrupt = |reason: String| LedgerError::Corrupt {
-            path: path.to_path_buf(),
-            offset: 0,
-            reason,
-        };
-        let Some((header, rest)) = frames.split_first() else {
-            return Err(corrupt("no complete header".into()));
-        };
-        let config: LedgerConfig =
-            serde_json::from_slice(header).map_err(|e| corrupt(e.to_string()))?;
-        let records = rest
-            .iter()
-            .map(|p| serde_json::from_slice(p).map_err(|e| corrupt(e.to_string())))
-            .collect::<Result<Vec<RoundRecord>, _>>()?;
-        Ok((
-            config,
-            records.clone(),
-            Recovery {
-                records: records.len(),
-                ..recovery
-            },
-        ))
+        if frames.is_empty() {
+            return Err(corrupt(path, 0, "no complete header"));
+        }
+        parse(path, &frames, recovery)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The configuration this process runs under (its target epsilon is the one asked for).
     pub fn config(&self) -> &LedgerConfig {
         &self.config
     }
 
     pub fn records(&self) -> &[RoundRecord] {
         &self.records
+    }
+
+    /// Budget raises recorded in the ledger, oldest first.
+    pub fn budget_changes(&self) -> &[BudgetChange] {
+        &self.budget_changes
     }
 
     /// The last recorded round, if any.
@@ -398,7 +672,8 @@ impl PrivacyLedger {
         self.participations.get(&unit).map_or(0, |p| p.rounds)
     }
 
-    /// Checks that `record` may be appended (order, units, budget) without writing anything.
+    /// Checks that `record` may be appended (order, units, event, budget) without writing
+    /// anything.
     pub fn check(&self, record: &RoundRecord) -> Result<(), LedgerError> {
         self.epsilon_with(record).map(|_| ())
     }
@@ -406,76 +681,93 @@ impl PrivacyLedger {
     /// [`check`](Self::check), returning the worst-unit epsilon with `record` appended.
     fn epsilon_with(&self, record: &RoundRecord) -> Result<f64, LedgerError> {
         self.validate(record)?;
-        let report = accounting(
-            &self.config,
-            &self.records,
+        let records: Vec<&RoundRecord> = self.records.iter().chain(Some(record)).collect();
+        let account = account_units(
+            &records,
             &self.participations,
             Some(record),
-            false,
+            None,
+            self.config.delta,
+            AccountantKind::Pld,
         )?;
-        if report.epsilon > self.config.target_epsilon {
+        if account.worst > self.config.target_epsilon {
             return Err(LedgerError::BudgetExceeded {
                 round: record.round,
-                epsilon: report.epsilon,
+                epsilon: account.worst,
                 target: self.config.target_epsilon,
-                delta: self.config.delta,
+                delta: self.config.delta.get(),
             });
         }
-        Ok(report.epsilon)
+        Ok(account.worst)
     }
 
     /// Appends `record` after [`check`](Self::check), and fsyncs it: when this returns `Ok`, the
-    /// round is durably accounted and its model may be released.
+    /// round is durably accounted and its output may be released.
     pub fn append(&mut self, record: RoundRecord) -> Result<(), LedgerError> {
         let epsilon = self.epsilon_with(&record)?;
-        let payload = serde_json::to_vec(&record).map_err(json_err)?;
-        let io = |source| LedgerError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        write_frame(&mut self.file, &payload).map_err(io)?;
-        self.index(record);
+        let entry = Entry::Round(record);
+        self.write_entry(&entry)?;
+        if let Entry::Round(record) = entry {
+            self.index(record);
+        }
         self.epsilon = Some(epsilon);
         Ok(())
     }
 
+    fn write_entry(&mut self, entry: &Entry) -> Result<(), LedgerError> {
+        let payload = serde_json::to_vec(entry).map_err(json_err)?;
+        write_frame(&mut self.file, &payload).map_err(|source| LedgerError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
     /// Worst-unit epsilon of every record at the ledger's delta: the same figure as
-    /// [`report`](Self::report)'s, without its per-unit list and RDP bound, and free right after
-    /// an [`append`](Self::append) (which accounted it already).
+    /// [`report`](Self::report)'s, without its per-unit list, phases and RDP bound, and free right
+    /// after an [`append`](Self::append) (which accounted it already).
     pub fn epsilon(&self) -> Result<f64, LedgerError> {
         match self.epsilon {
             Some(e) => Ok(e),
-            None => Ok(accounting(
-                &self.config,
-                &self.records,
-                &self.participations,
-                None,
-                false,
-            )?
-            .epsilon),
+            None => {
+                let records: Vec<&RoundRecord> = self.records.iter().collect();
+                Ok(account_units(
+                    &records,
+                    &self.participations,
+                    None,
+                    None,
+                    self.config.delta,
+                    AccountantKind::Pld,
+                )?
+                .worst)
+            }
         }
     }
 
-    /// Accounts every record: total and per-unit epsilon at the ledger's delta.
+    /// Accounts every record with the reported accountant (PLD, exact where possible).
     pub fn report(&self) -> Result<LedgerReport, LedgerError> {
-        accounting(
+        self.report_with(AccountantKind::Pld)
+    }
+
+    /// Accounts every record with accountant `kind`: total, per-phase and per-unit epsilon.
+    pub fn report_with(&self, kind: AccountantKind) -> Result<LedgerReport, LedgerError> {
+        full_report(
             &self.config,
             &self.records,
             &self.participations,
-            None,
-            true,
+            &self.budget_changes,
+            kind,
         )
     }
 
     /// The realised epsilon of one unit at the ledger's delta.
     pub fn unit_epsilon(&self, unit: u64) -> Result<f64, LedgerError> {
-        let events = unit_events(
-            &self.records,
-            self.participations
-                .get(&unit)
-                .map(|p| p.unsampled.as_slice()),
-        );
-        Ok(exact_or_pld(&events, self.config.delta)?.0)
+        let records: Vec<&RoundRecord> = self.records.iter().collect();
+        let own = self
+            .participations
+            .get(&unit)
+            .map_or(&[][..], |p| p.unsampled.as_slice());
+        let events = unit_events(&shared_events(&records, None), &records, own, None);
+        Ok(accountant::unit_epsilon(&events, self.config.delta, AccountantKind::Pld)?.0)
     }
 
     fn validate(&self, record: &RoundRecord) -> Result<(), LedgerError> {
@@ -485,25 +777,28 @@ impl PrivacyLedger {
                 record.round
             )))
         };
-        if !(record.noise_multiplier.is_finite() && record.noise_multiplier > 0.0) {
-            return bad(format!(
-                "noise multiplier must be > 0, got {}",
-                record.noise_multiplier
-            ));
+        if record.phase.trim().is_empty() {
+            return bad("the phase must be named".into());
         }
-        if !(record.clip_norm.is_finite() && record.clip_norm > 0.0) {
-            return bad(format!("clip norm must be > 0, got {}", record.clip_norm));
+        if let Err(e) = record.event.validate() {
+            return bad(e.to_string());
         }
-        if !(record.expected_cohort.is_finite() && record.expected_cohort > 0.0) {
-            return bad(format!(
-                "expected cohort must be > 0, got {}",
-                record.expected_cohort
-            ));
+        if record.event.contains_sampling() && !record.sampled_by_aggregator {
+            return bad(
+                "a Poisson-sampled event needs sampled_by_aggregator: amplification by sampling \
+                 is claimed only when the aggregator drew the sample"
+                    .into(),
+            );
         }
-        if let Some(q) = record.sampling_rate
-            && !(q > 0.0 && q <= 1.0)
+        if let Some(c) = record.clip_norm
+            && let Err(e) = ClipNorm::try_from(c)
         {
-            return bad(format!("sampling rate must be in (0, 1], got {q}"));
+            return bad(e.to_string());
+        }
+        if let Some(n) = record.expected_cohort
+            && !(n.is_finite() && n > 0.0)
+        {
+            return bad(format!("expected cohort must be > 0, got {n}"));
         }
         if let Some(last) = self.last_round()
             && record.round <= last
@@ -537,13 +832,72 @@ impl PrivacyLedger {
     }
 }
 
+fn now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Decodes the header and the entries of a scanned file.
+fn parse(path: &Path, frames: &[Frame<'_>], recovery: Recovery) -> Result<LedgerFile, LedgerError> {
+    let Some((header, rest)) = frames.split_first() else {
+        return Err(corrupt(path, 0, "no complete header"));
+    };
+    let header: Header = serde_json::from_slice(header.payload)
+        .map_err(|e| corrupt(path, header.offset, &format!("header: {e}")))?;
+    if header.version == 0 || header.version > FORMAT_VERSION {
+        return Err(LedgerError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            version: header.version,
+        });
+    }
+    let mut config = header.config();
+    let mut entries = Vec::with_capacity(rest.len());
+    for frame in rest {
+        let entry = decode_entry(frame.payload, header.version)
+            .map_err(|e| corrupt(path, frame.offset, &e.to_string()))?;
+        if let Entry::BudgetChange(b) = &entry {
+            config.target_epsilon = b.to;
+        }
+        entries.push(entry);
+    }
+    let records = entries
+        .iter()
+        .filter(|e| matches!(e, Entry::Round(_)))
+        .count();
+    Ok(LedgerFile {
+        version: header.version,
+        config,
+        entries,
+        recovery: Recovery {
+            records,
+            ..recovery
+        },
+    })
+}
+
+/// One entry's payload. A version-1 file holds version-1 records and, after this code appended
+/// to it, version-2 entries (which carry an `entry` tag); a version-2 file only the latter.
+fn decode_entry(payload: &[u8], version: u32) -> Result<Entry, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Probe {
+        #[serde(default)]
+        entry: Option<serde::de::IgnoredAny>,
+    }
+    if version == 1 && serde_json::from_slice::<Probe>(payload)?.entry.is_none() {
+        let v1: RoundRecordV1 = serde_json::from_slice(payload)?;
+        return Ok(Entry::Round(v1.into()));
+    }
+    serde_json::from_slice(payload)
+}
+
 /// What one unit's accounting needs of the records it took part in.
 #[derive(Clone, Debug, Default)]
 struct UnitRounds {
     /// Rounds it contributed to.
     rounds: u64,
-    /// Indices of those rounds that were not Poisson-sampled by the aggregator: they add to its
-    /// events (a sampled round counts for every unit, drawn or not).
+    /// Indices of those records the aggregator did not sample: they add to its events (a
+    /// sampled record counts for every unit, drawn or not).
     unsampled: Vec<usize>,
 }
 
@@ -555,133 +909,86 @@ fn index_record(index: &mut UnitIndex, i: usize, record: &RoundRecord) {
     for &u in &record.units {
         let e = index.entry(u).or_default();
         e.rounds += 1;
-        if record.sampling_rate.is_none() {
+        if !record.sampled_by_aggregator {
             e.unsampled.push(i);
         }
     }
 }
 
-/// The events one unit is subject to: every round that claimed Poisson sampling (whether or not
-/// the unit was drawn — that is what amplification accounts for), plus the un-sampled rounds it
-/// took part in.
-fn unit_events<R: Borrow<RoundRecord>>(records: &[R], own: Option<&[usize]>) -> Vec<DpEvent> {
-    let mut events: Vec<DpEvent> = records
+fn in_phase(r: &RoundRecord, phase: Option<&str>) -> bool {
+    phase.is_none_or(|p| r.phase == p)
+}
+
+/// The events every unit is charged with: every record the aggregator sampled (whether or not
+/// the unit was drawn — that is what amplification accounts for), within `phase` if given.
+fn shared_events(records: &[&RoundRecord], phase: Option<&str>) -> Vec<DpEvent> {
+    records
         .iter()
-        .map(Borrow::borrow)
-        .filter(|r| r.sampling_rate.is_some())
-        .map(RoundRecord::event)
-        .collect();
-    for &i in own.unwrap_or(&[]) {
-        let r = records[i].borrow();
-        if r.sampling_rate.is_none() {
-            events.push(r.event());
+        .filter(|r| r.sampled_by_aggregator && in_phase(r, phase))
+        .map(|r| r.event.clone())
+        .collect()
+}
+
+/// One unit's events: the shared ones plus its own un-sampled records `own`, within `phase`.
+fn unit_events(
+    shared: &[DpEvent],
+    records: &[&RoundRecord],
+    own: &[usize],
+    phase: Option<&str>,
+) -> Vec<DpEvent> {
+    let mut events = shared.to_vec();
+    for &i in own {
+        let r = records[i];
+        if !r.sampled_by_aggregator && in_phase(r, phase) {
+            events.push(r.event.clone());
         }
     }
     events
 }
 
-/// Groups identical events into self-compositions so accountants can use fast composition.
-fn grouped(events: &[DpEvent]) -> DpEvent {
-    let mut counts: Vec<(DpEvent, u64)> = Vec::new();
-    for e in events {
-        match counts.iter_mut().find(|(g, _)| g == e) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((e.clone(), 1)),
-        }
-    }
-    let parts: Vec<DpEvent> = counts
-        .into_iter()
-        .map(|(e, n)| {
-            if n == 1 {
-                e
-            } else {
-                DpEvent::SelfComposed {
-                    event: Box::new(e),
-                    count: n,
-                }
-            }
-        })
-        .collect();
-    if parts.len() == 1 {
-        parts
-            .into_iter()
-            .next()
-            .unwrap_or(DpEvent::Composed { events: vec![] })
-    } else {
-        DpEvent::Composed { events: parts }
-    }
+/// Every unit's epsilon and the worst case.
+struct UnitsAccount {
+    worst: f64,
+    method: Method,
+    worst_events: Vec<DpEvent>,
+    per_unit: Vec<UnitEpsilon>,
 }
 
-/// Epsilon of a unit's events at `delta`, and the name of the method. Compositions of plain
-/// Gaussians are one Gaussian with 1/sigma^2 = sum 1/z_i^2, accounted exactly (analytic
-/// Gaussian); anything with sampling (below rate 1, see [`RoundRecord::event`]) goes to the PLD
-/// accountant.
-fn exact_or_pld(events: &[DpEvent], delta: f64) -> Result<(f64, &'static str), PrivacyError> {
-    if events.is_empty() {
-        return Ok((0.0, "none"));
-    }
-    let mut inv_var = 0.0;
-    let mut all_gaussian = true;
-    for e in events {
-        match e {
-            DpEvent::Gaussian { noise_multiplier } => inv_var += noise_multiplier.powi(-2),
-            _ => all_gaussian = false,
-        }
-    }
-    if all_gaussian {
-        return Ok((
-            gaussian::epsilon(inv_var.powf(-0.5), delta)?,
-            "analytic_gaussian",
-        ));
-    }
-    Ok((
-        accountant::epsilon(&grouped(events), delta, AccountantKind::Pld)?,
-        "pld",
-    ))
-}
-
-fn rdp_epsilon(events: &[DpEvent], delta: f64) -> Result<f64, PrivacyError> {
-    if events.is_empty() {
-        return Ok(0.0);
-    }
-    accountant::epsilon(&grouped(events), delta, AccountantKind::Rdp)
-}
-
-/// Accounts `records` (indexed by `index`) and, if given, `candidate` after them: every unit's
-/// epsilon and the worst case. A unit's events are every sampled round plus its own un-sampled
-/// rounds, so units are grouped by those un-sampled rounds first (one group in sampled runs, one
-/// per round in fresh runs), then by identical event lists (rounds with the same noise): the work
-/// per call grows with the units, the rounds and the groups, not with units x rounds.
-fn accounting(
-    config: &LedgerConfig,
-    records: &[RoundRecord],
+/// Accounts `records` (the last one being `candidate` when given; the others indexed by
+/// `index`) for every unit, within `phase` if given. A unit's events are the shared (sampled)
+/// records plus its own un-sampled ones, so units are grouped by those un-sampled records first
+/// (one group in sampled runs, one per round in fresh runs), then by identical event lists
+/// (records with the same mechanism): the work per call grows with the units, the rounds and
+/// the groups, not with units x rounds.
+fn account_units(
+    records: &[&RoundRecord],
     index: &UnitIndex,
     candidate: Option<&RoundRecord>,
-    with_rdp: bool,
-) -> Result<LedgerReport, LedgerError> {
-    let records: Vec<&RoundRecord> = records.iter().chain(candidate).collect();
-    // The candidate's units and its index, when it adds to their own events.
+    phase: Option<&str>,
+    delta: Delta,
+    kind: AccountantKind,
+) -> Result<UnitsAccount, LedgerError> {
     let cand_units: HashSet<u64> = candidate
         .map(|c| c.units.iter().copied().collect())
         .unwrap_or_default();
-    let cand_unsampled = candidate.is_some_and(|c| c.sampling_rate.is_none());
+    let cand_unsampled = candidate.is_some_and(|c| !c.sampled_by_aggregator);
     let cand_i = records.len().saturating_sub(1);
     let mut units: Vec<u64> = index.keys().copied().collect();
     units.extend(cand_units.iter().filter(|u| !index.contains_key(u)));
     units.sort_unstable();
-    let delta = config.delta;
-    let mut by_events: HashMap<String, (f64, &'static str)> = HashMap::new();
-    let mut by_history: HashMap<Vec<usize>, (f64, &'static str)> = HashMap::new();
-    let mut account = |history: &[usize]| -> Result<(f64, &'static str), LedgerError> {
+    let shared = shared_events(records, phase);
+    let mut by_events: HashMap<String, (f64, Method)> = HashMap::new();
+    let mut by_history: HashMap<Vec<usize>, (f64, Method)> = HashMap::new();
+    let mut account = |history: &[usize]| -> Result<(f64, Method), LedgerError> {
         if let Some(v) = by_history.get(history) {
             return Ok(*v);
         }
-        let events = unit_events(&records, Some(history));
+        let events = unit_events(&shared, records, history, phase);
         let key = serde_json::to_string(&events).map_err(json_err)?;
         let v = match by_events.get(&key) {
             Some(v) => *v,
             None => {
-                let v = exact_or_pld(&events, delta)?;
+                let v = accountant::unit_epsilon(&events, delta, kind)?;
                 by_events.insert(key, v);
                 v
             }
@@ -689,7 +996,7 @@ fn accounting(
         by_history.insert(history.to_vec(), v);
         Ok(v)
     };
-    // A unit that never took part still spends every sampled round.
+    // A unit that never took part still spends every sampled record.
     let (mut worst, mut method) = account(&[])?;
     let mut worst_history: Vec<usize> = Vec::new();
     let mut per_unit = Vec::with_capacity(units.len());
@@ -697,18 +1004,20 @@ fn accounting(
     for &unit in &units {
         let past = index.get(&unit).unwrap_or(&none);
         let in_cand = cand_units.contains(&unit);
-        let extended;
-        let history: &[usize] = if in_cand && cand_unsampled {
-            extended = [past.unsampled.as_slice(), &[cand_i]].concat();
-            &extended
-        } else {
-            &past.unsampled
-        };
-        let (eps, m) = account(history)?;
+        let mut history: Vec<usize> = past
+            .unsampled
+            .iter()
+            .copied()
+            .filter(|&i| in_phase(records[i], phase))
+            .collect();
+        if in_cand && cand_unsampled && candidate.is_some_and(|c| in_phase(c, phase)) {
+            history.push(cand_i);
+        }
+        let (eps, m) = account(&history)?;
         if eps > worst {
             worst = eps;
             method = m;
-            worst_history = history.to_vec();
+            worst_history = history;
         }
         per_unit.push(UnitEpsilon {
             unit,
@@ -716,14 +1025,63 @@ fn accounting(
             epsilon: eps,
         });
     }
-    let worst_events = unit_events(&records, Some(&worst_history));
-    let epsilon_rdp = if with_rdp {
-        rdp_epsilon(&worst_events, delta)?
+    Ok(UnitsAccount {
+        worst,
+        method,
+        worst_events: unit_events(&shared, records, &worst_history, phase),
+        per_unit,
+    })
+}
+
+/// The full report: worst unit by `kind`, the RDP cross-check, each phase at delta / P and
+/// their basic composition.
+fn full_report(
+    config: &LedgerConfig,
+    records: &[RoundRecord],
+    index: &UnitIndex,
+    budget_changes: &[BudgetChange],
+    kind: AccountantKind,
+) -> Result<LedgerReport, LedgerError> {
+    let refs: Vec<&RoundRecord> = records.iter().collect();
+    let delta = config.delta;
+    let total = account_units(&refs, index, None, None, delta, kind)?;
+    let (epsilon_rdp, rdp_note) = if total.worst_events.is_empty() {
+        (0.0, None)
     } else {
-        f64::NAN
+        match accountant::unit_epsilon(&total.worst_events, delta, AccountantKind::Rdp) {
+            Ok((e, _)) => (e, None),
+            Err(PrivacyError::Unsupported(why)) => (f64::INFINITY, Some(why)),
+            Err(e) => return Err(e.into()),
+        }
     };
+    let mut names: Vec<&str> = Vec::new();
+    for r in records {
+        if !names.contains(&r.phase.as_str()) {
+            names.push(&r.phase);
+        }
+    }
+    let mut phases = Vec::with_capacity(names.len());
+    let split = Delta::try_from(delta.get() / names.len().max(1) as f64)?;
+    for name in &names {
+        let rounds = records.iter().filter(|r| r.phase == *name).count() as u64;
+        // One phase: the split is the whole delta and the phase is the whole ledger.
+        let (epsilon, method) = if names.len() == 1 {
+            (total.worst, total.method)
+        } else {
+            let a = account_units(&refs, index, None, Some(name), split, kind)?;
+            (a.worst, a.method)
+        };
+        phases.push(PhaseEpsilon {
+            phase: name.to_string(),
+            rounds,
+            epsilon,
+            delta: split.get(),
+            accountant: method.to_string(),
+        });
+    }
+    let epsilon_basic = phases.iter().map(|p| p.epsilon).sum();
     let mut noise_sources: Vec<NoiseSource> = Vec::new();
-    for r in &records {
+    for r in records {
         if !noise_sources.contains(&r.noise_source) {
             noise_sources.push(r.noise_source);
         }
@@ -732,32 +1090,28 @@ fn accounting(
         unit_kind: config.unit_kind,
         participation: config.participation,
         rounds: records.len() as u64,
-        units: units.len() as u64,
-        epsilon: worst,
+        units: total.per_unit.len() as u64,
+        epsilon: total.worst,
+        accountant: total.method.to_string(),
         epsilon_rdp,
-        delta,
+        rdp_note,
+        phases,
+        epsilon_basic,
+        delta: delta.get(),
         target_epsilon: config.target_epsilon,
-        accountant: method.to_string(),
-        per_unit,
+        budget_changes: budget_changes.to_vec(),
+        per_unit: total.per_unit,
         noise_sources,
     })
 }
 
 fn validate_config(c: &LedgerConfig) -> Result<(), LedgerError> {
-    let bad = |m: String| Err(LedgerError::InvalidRecord(m));
-    if !(c.delta > 0.0 && c.delta < 1.0) {
-        return bad(format!("delta must be in (0, 1), got {}", c.delta));
-    }
+    // Delta and the sampling rate are valid by construction (their types).
     if c.target_epsilon.is_nan() || c.target_epsilon <= 0.0 {
-        return bad(format!(
+        return Err(LedgerError::InvalidRecord(format!(
             "target epsilon must be > 0, got {}",
             c.target_epsilon
-        ));
-    }
-    if let Participation::Sampled { rate } = c.participation
-        && !(rate > 0.0 && rate <= 1.0)
-    {
-        return bad(format!("sampling rate must be in (0, 1], got {rate}"));
+        )));
     }
     Ok(())
 }
@@ -789,19 +1143,26 @@ fn sync_parent(path: &Path) {
     }
 }
 
-/// Splits `bytes` into complete frames. An incomplete or mismatching frame is accepted as a torn
-/// write only if it is the last thing in the file; anywhere else it is corruption.
-fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<&'a [u8]>, Recovery), LedgerError> {
+/// A complete frame: where it starts in the file and its verified payload.
+struct Frame<'a> {
+    offset: u64,
+    payload: &'a [u8],
+}
+
+/// Splits `bytes` into complete, verified frames. Only a frame cut short (its header or its
+/// payload running past the end of the file) is a torn write, and only at the end; a complete
+/// frame that fails its checksum is corruption wherever it is (it was written in full, so its
+/// append may have returned and its output been released).
+fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<Frame<'a>>, Recovery), LedgerError> {
     let mut frames = Vec::new();
     let mut at = 0usize;
     while at < bytes.len() {
         let rest = &bytes[at..];
-        let torn = |frames: Vec<&'a [u8]>| {
-            let n = frames.len().saturating_sub(1);
+        let torn = |frames: Vec<Frame<'a>>| {
             Ok((
                 frames,
                 Recovery {
-                    records: n,
+                    records: 0,
                     torn_at: Some(at as u64),
                     torn_bytes: (bytes.len() - at) as u64,
                 },
@@ -811,44 +1172,39 @@ fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<&'a [u8]>, Recovery), L
             if MAGIC.starts_with(&rest[..rest.len().min(4)]) {
                 return torn(frames);
             }
-            return Err(corrupt(path, at, "bad frame magic"));
+            return Err(corrupt(path, at as u64, "bad frame magic"));
         }
         if &rest[..4] != MAGIC {
-            return Err(corrupt(path, at, "bad frame magic"));
+            return Err(corrupt(path, at as u64, "bad frame magic"));
         }
         let len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
         if len > MAX_PAYLOAD {
-            return Err(corrupt(path, at, "frame length out of range"));
+            return Err(corrupt(path, at as u64, "frame length out of range"));
         }
         if rest.len() < FRAME_HEADER + len {
             return torn(frames);
         }
         let payload = &rest[FRAME_HEADER..FRAME_HEADER + len];
         if checksum(payload) != rest[8..16] {
-            if rest.len() == FRAME_HEADER + len {
-                // The last frame was written but its contents did not all reach the disk.
-                return torn(frames);
-            }
-            return Err(corrupt(path, at, "checksum mismatch"));
+            return Err(corrupt(
+                path,
+                at as u64,
+                "checksum mismatch in a complete record",
+            ));
         }
-        frames.push(payload);
+        frames.push(Frame {
+            offset: at as u64,
+            payload,
+        });
         at += FRAME_HEADER + len;
     }
-    let n = frames.len().saturating_sub(1);
-    Ok((
-        frames,
-        Recovery {
-            records: n,
-            torn_at: None,
-            torn_bytes: 0,
-        },
-    ))
+    Ok((frames, Recovery::default()))
 }
 
-fn corrupt(path: &Path, at: usize, reason: &str) -> LedgerError {
+fn corrupt(path: &Path, offset: u64, reason: &str) -> LedgerError {
     LedgerError::Corrupt {
         path: path.to_path_buf(),
-        offset: at as u64,
+        offset,
         reason: reason.into(),
     }
 }

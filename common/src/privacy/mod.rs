@@ -13,6 +13,7 @@ pub mod gaussian;
 pub mod laplace;
 pub mod ledger;
 pub mod noise;
+pub mod params;
 pub mod pld;
 pub mod rdp;
 pub mod svt;
@@ -20,3 +21,4 @@ pub mod trust_region;
 
 pub use error::PrivacyError;
 pub use event::DpEvent;
+pub use params::{ClipNorm, Delta, NoiseMultiplier, ParamError, SamplingRate};

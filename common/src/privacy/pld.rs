@@ -1075,6 +1075,18 @@ fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + 
     })
 }
 
+/// A discrete Gaussian's parameters: both positive and finite (the ledger additionally asks
+/// sigma >= 10 grid units, see `DpEvent::DiscreteGaussian`).
+pub(crate) fn check_discrete_gaussian(sigma: f64, l2: f64) -> Result<(), PrivacyError> {
+    if !(sigma.is_finite() && sigma > 0.0 && l2.is_finite() && l2 > 0.0) {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "discrete Gaussian sigma and L2 sensitivity must be positive and finite, got \
+             sigma {sigma}, sensitivity {l2}"
+        )));
+    }
+    Ok(())
+}
+
 fn check_discretization(d: f64) -> Result<(), PrivacyError> {
     if !(d.is_finite() && d > 0.0) {
         return Err(PrivacyError::InvalidParameter(format!(
@@ -1134,6 +1146,14 @@ fn flatten(
             } else if z.is_finite() {
                 push(Leaf::Gaussian(*z))?;
             }
+        }
+        DpEvent::DiscreteGaussian {
+            sigma,
+            l2_sensitivity,
+        } => {
+            // The continuous Gaussian with the same ratio (see `DpEvent::DiscreteGaussian`).
+            check_discrete_gaussian(*sigma, *l2_sensitivity)?;
+            push(Leaf::Gaussian(sigma / l2_sensitivity))?;
         }
         DpEvent::Laplace { scale } => {
             if scale.is_nan() || *scale < 0.0 {

@@ -253,6 +253,10 @@ pub fn delta_from_rdp(
 pub fn effective_gaussian_noise(event: &DpEvent) -> Result<f64, &DpEvent> {
     match event {
         DpEvent::Gaussian { noise_multiplier } => Ok(*noise_multiplier),
+        DpEvent::DiscreteGaussian {
+            sigma,
+            l2_sensitivity,
+        } => Ok(sigma / l2_sensitivity),
         DpEvent::Composed { events } => {
             let mut inv_var = 0.0;
             for e in events {
@@ -319,6 +323,17 @@ impl RdpAccountant {
                 check_noise(*z)?;
                 for (acc, &a) in add.iter_mut().zip(&self.orders) {
                     *acc += count * poisson_subsampled_gaussian(1.0, *z, a);
+                }
+            }
+            DpEvent::DiscreteGaussian {
+                sigma,
+                l2_sensitivity,
+            } => {
+                // The continuous Gaussian's RDP curve (see `DpEvent::DiscreteGaussian`).
+                super::pld::check_discrete_gaussian(*sigma, *l2_sensitivity)?;
+                let z = sigma / l2_sensitivity;
+                for (acc, &a) in add.iter_mut().zip(&self.orders) {
+                    *acc += count * poisson_subsampled_gaussian(1.0, z, a);
                 }
             }
             DpEvent::Laplace { scale } => {

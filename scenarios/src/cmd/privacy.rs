@@ -9,9 +9,9 @@
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use fedrl_common::privacy::PrivacyError;
 use fedrl_common::privacy::accountant::{self, AccountantKind};
 use fedrl_common::privacy::gaussian;
+use fedrl_common::privacy::{Delta, PrivacyError, SamplingRate};
 use serde_json::json;
 
 use crate::cmd::UsageError;
@@ -104,19 +104,15 @@ fn positive(name: &str, v: f64) -> anyhow::Result<f64> {
 }
 
 fn rate(v: f64) -> anyhow::Result<f64> {
-    if v > 0.0 && v <= 1.0 {
-        Ok(v)
-    } else {
-        Err(usage(format!("--sampling-rate must be in (0, 1], got {v}")))
-    }
+    SamplingRate::try_from(v)
+        .map(SamplingRate::get)
+        .map_err(|e| usage(format!("--sampling-rate: {e}")))
 }
 
 fn delta(v: f64) -> anyhow::Result<f64> {
-    if v > 0.0 && v < 1.0 {
-        Ok(v)
-    } else {
-        Err(usage(format!("--delta must be in (0, 1), got {v}")))
-    }
+    Delta::try_from(v)
+        .map(Delta::get)
+        .map_err(|e| usage(format!("--delta: {e}")))
 }
 
 fn steps(v: i64) -> anyhow::Result<u64> {

@@ -1,0 +1,220 @@
+//! `fedrl ledger`: lists every record's event and re-accounts with either accountant; reads the
+//! first release's ledgers; `fedrl run` with `noise_multiplier = "auto"` writes the resolved
+//! number into the output `scenario.toml`, and its ledger reads back through the command.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fedrl_common::privacy::DpEvent;
+use fedrl_common::privacy::ledger::{
+    LedgerConfig, OpenPolicy, Participation, PrivacyLedger, RoundRecord, UnitKind,
+};
+use fedrl_common::privacy::noise::NoiseSource;
+use fedrl_common::scenario::Scenario;
+use serde_json::Value;
+
+fn fedrl(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fedrl"))
+        .args(args)
+        .output()
+        .expect("fedrl runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(args: &[&str]) -> Value {
+    let (code, stdout, stderr) = fedrl(args);
+    assert_eq!(code, 0, "{args:?}: {stderr}");
+    assert_eq!(stdout.lines().count(), 1, "one JSON document: {stdout}");
+    serde_json::from_str(&stdout).expect("valid JSON")
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// A ledger with two phases, three kinds of event and a recorded budget raise.
+fn mixed_ledger(dir: &Path) -> PathBuf {
+    let path = dir.join("privacy.ledger");
+    let mut cfg = LedgerConfig {
+        target_epsilon: 20.0,
+        delta: 1e-5.try_into().unwrap(),
+        unit_kind: UnitKind::Expert,
+        participation: Participation::sampled(0.25).unwrap(),
+    };
+    let (mut l, _) = PrivacyLedger::open(&path, cfg.clone()).unwrap();
+    for r in 1..=4 {
+        let mut rec = RoundRecord::gaussian_round(
+            r,
+            vec![r, r + 10],
+            1.2,
+            1.0,
+            Some(0.25),
+            5.0,
+            NoiseSource::Os,
+        );
+        rec.unix_time_s = 1.7e9;
+        l.append(rec).unwrap();
+    }
+    drop(l);
+    cfg.target_epsilon = 30.0;
+    let allow = OpenPolicy {
+        allow_budget_increase: true,
+    };
+    let (mut l, _) = PrivacyLedger::open_with(&path, cfg, allow).unwrap();
+    l.append(RoundRecord {
+        round: 5,
+        phase: "release".into(),
+        event: DpEvent::Laplace { scale: 2.0 },
+        sampled_by_aggregator: false,
+        units: vec![1, 2, 3],
+        clip_norm: None,
+        expected_cohort: None,
+        noise_source: NoiseSource::Os,
+        unix_time_s: 1.7e9,
+    })
+    .unwrap();
+    path
+}
+
+#[test]
+fn json_lists_every_event_and_both_accountants_re_account() {
+    let dir = tempfile::tempdir().unwrap();
+    mixed_ledger(dir.path());
+    let d = dir.path().to_str().unwrap();
+    let v = json(&["ledger", d, "--json"]);
+    assert_eq!(v["format_version"], 2);
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 6, "{v}");
+    assert_eq!(entries[0]["entry"], "round");
+    assert_eq!(entries[0]["phase"], "training");
+    assert_eq!(entries[0]["sampled_by_aggregator"], true);
+    assert_eq!(entries[0]["unit_count"], 2);
+    assert_eq!(entries[0]["event"]["kind"], "poisson_sampled");
+    assert_eq!(entries[0]["event"]["sampling_rate"], 0.25);
+    assert_eq!(entries[0]["event"]["event"]["kind"], "gaussian");
+    assert_eq!(entries[4]["entry"], "budget_change");
+    assert_eq!((f(&entries[4]["from"]), f(&entries[4]["to"])), (20.0, 30.0));
+    assert_eq!(entries[5]["event"]["kind"], "laplace");
+    assert_eq!(entries[5]["sampled_by_aggregator"], false);
+    // Unit lists stay out of the record listing.
+    assert!(entries[0].get("units").is_none());
+
+    assert_eq!(v["accountant"], "pld");
+    assert_eq!(v["target_epsilon"], 30.0);
+    let phases = v["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2);
+    assert_eq!(phases[1]["phase"], "release");
+    let eps = f(&v["epsilon"]);
+    let basic = f(&v["epsilon_basic"]);
+    assert!(eps > 0.0 && basic > eps, "{v}");
+    assert!((basic - (f(&phases[0]["epsilon"]) + f(&phases[1]["epsilon"]))).abs() < 1e-12);
+    assert!(f(&v["epsilon_rdp"]) >= eps);
+    assert_eq!(v["budget_changes"].as_array().unwrap().len(), 1);
+
+    // The same figures from the library.
+    let report = PrivacyLedger::read_file(dir.path().join("privacy.ledger"))
+        .unwrap()
+        .report(Default::default())
+        .unwrap();
+    assert_eq!(report.epsilon, eps);
+
+    let r = json(&["ledger", d, "--json", "--accountant", "rdp"]);
+    assert_eq!(r["accountant"], "rdp");
+    assert!(f(&r["epsilon"]) >= eps, "{r}");
+    assert_eq!(f(&r["epsilon"]), f(&r["epsilon_rdp"]));
+    assert!(f(&r["epsilon_basic"]) >= f(&r["epsilon"]));
+
+    let (code, _, stderr) = fedrl(&["ledger", d, "--accountant", "moments"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--accountant must be pld or rdp"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn text_shows_records_phases_budget_changes_and_the_basic_sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = mixed_ledger(dir.path());
+    let (code, out, stderr) = fedrl(&["ledger", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    for needle in [
+        "format version 2",
+        "poisson(q=0.25, gaussian(z=1.2))",
+        "laplace(b=2)",
+        "budget change: target epsilon 20 -> 30",
+        "release",
+        "basic sum",
+        "RDP check",
+    ] {
+        assert!(out.contains(needle), "{needle:?} missing:\n{out}");
+    }
+}
+
+/// The first release's ledger (format 1) reads through the command with the figure that release
+/// reported (`common/tests/fixtures/README.md`).
+#[test]
+fn version_one_ledger_reads_with_its_landed_epsilon() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../common/tests/fixtures/ledger-v1.ledger");
+    let v = json(&["ledger", fixture.to_str().unwrap(), "--json"]);
+    assert_eq!(v["format_version"], 1);
+    let landed = 4.39541998826949;
+    assert!((f(&v["epsilon"]) - landed).abs() < 1e-12 * landed, "{v}");
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 9);
+    // Round 6 was sampled at rate 1: a plain Gaussian charged to everybody.
+    assert_eq!(entries[6]["event"]["kind"], "gaussian");
+    assert_eq!(entries[6]["sampled_by_aggregator"], true);
+    assert_eq!(entries[7]["sampled_by_aggregator"], false);
+}
+
+/// `noise_multiplier = "auto"` is resolved once, by the ledger's accountant entry point, and the
+/// output `scenario.toml` carries that number (so the file says what ran).
+#[test]
+fn fedrl_run_writes_the_resolved_noise_multiplier() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"
+name = "auto-noise"
+seed = 5
+rounds = 3
+users = 24
+participation = { kind = "sampled", rate = 0.5 }
+quorum = 1
+round_deadline_s = 10.0
+noise_multiplier = "auto"
+target_epsilon = 8.0
+
+[task]
+kind = "mean_estimation"
+dim = 4
+"#;
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(&scenario, text).unwrap();
+    let out = dir.path().join("out");
+    let (code, stdout, stderr) = fedrl(&[
+        "run",
+        scenario.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}\n{stdout}");
+    let expected = Scenario::from_toml_str(text).unwrap().noise_multiplier;
+    assert!(expected.is_finite() && expected > 0.0);
+    let written = std::fs::read_to_string(out.join("scenario.toml")).unwrap();
+    assert!(!written.contains("\"auto\""), "{written}");
+    let resolved = Scenario::from_toml_str(&written).unwrap();
+    assert_eq!(resolved.noise_multiplier, expected);
+    // The ledger of the run records that z, and reports within the target.
+    let v = json(&["ledger", out.to_str().unwrap(), "--json"]);
+    let entries = v["entries"].as_array().unwrap();
+    assert!(!entries.is_empty(), "{v}");
+    for e in entries {
+        assert_eq!(f(&e["event"]["event"]["noise_multiplier"]), expected, "{e}");
+    }
+    assert!(f(&v["epsilon"]) <= 8.0, "{v}");
+}
