@@ -47,7 +47,8 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::checkpoint::{self, CheckpointMeta};
-use crate::engine::{Action, ClientId, Engine, EngineConfig, Event, Resume};
+use crate::engine::{self, Action, ClientId, Engine, EngineConfig, Event, Resume};
+use crate::journal::{JOURNAL_FILE, JournalWriter};
 use crate::model::ServerModel;
 use crate::state;
 use crate::tls::{self, TransportTuning};
@@ -419,10 +420,10 @@ pub async fn run(
         quorum: scenario.quorum(),
         deadline_s: scenario.round_deadline_s,
         start_timeout_s: scenario.start_timeout_s,
-        // A non-private twin runs with C = inf and z = 0 (and records nothing in the ledger).
+        // A non-private twin runs with C = inf and no noise, and records nothing in the ledger.
         clip_norm: scenario.effective_clip_norm(),
         noise_multiplier: scenario.effective_noise_multiplier(),
-        seed: scenario.seed,
+        non_private: scenario.non_private,
         task_json: scenario.task.to_json(),
     };
     if model.params().len() != cfg.dim {
@@ -517,9 +518,13 @@ pub async fn run(
 
     let (done_tx, done_rx) = oneshot::channel::<anyhow::Result<RunReport>>();
     let engine_shared = shared.clone();
-    let engine = Engine::new(cfg, resume);
+    // Entropy is injected: the OS CSPRNG, or the scenario's seed (reproducible, not private).
+    let engine = Engine::new(cfg, resume, engine::for_seed(scenario.seed))?;
+    let journal = JournalWriter::open(dir.join(JOURNAL_FILE), scenario.journal)
+        .context("opening the event journal")?;
     let ctx = EngineThread {
         engine,
+        journal,
         ledger,
         model,
         dir: dir.clone(),
@@ -918,6 +923,8 @@ async fn writer_task(
 
 struct EngineThread {
     engine: Engine,
+    /// Every event fed to the engine, in order (operator-only).
+    journal: JournalWriter,
     ledger: PrivacyLedger,
     model: Box<dyn ServerModel>,
     dir: PathBuf,
@@ -981,6 +988,9 @@ impl EngineThread {
                     unit,
                     mut body,
                 } => {
+                    self.journal
+                        .record_update(now, session, round, unit, &body.data)
+                        .context("journalling an update")?;
                     let actions =
                         self.engine
                             .handle_update(now, session, round, unit, &mut body.data);
@@ -1024,7 +1034,7 @@ impl EngineThread {
             }
             let mut stop = None;
             while let Some(ev) = queue.pop_front() {
-                let actions = self.engine.handle(now, ev);
+                let actions = self.feed(now, ev)?;
                 if let Some(reason) = self.execute(now, actions, &mut queue, &mut metrics)? {
                     stop = Some(reason);
                     break;
@@ -1050,11 +1060,30 @@ impl EngineThread {
         Ok(report)
     }
 
+    /// Journals `event` and feeds it to the engine. A tick is journalled only when it did
+    /// something: a tick that yields no action leaves the engine unchanged, so a replay without
+    /// it is the same.
+    fn feed(&mut self, now: f64, event: Event) -> anyhow::Result<Vec<Action>> {
+        if matches!(event, Event::Tick) {
+            let actions = self.engine.handle(now, Event::Tick);
+            if !actions.is_empty() {
+                self.journal
+                    .record(now, &Event::Tick)
+                    .context("journalling an event")?;
+            }
+            return Ok(actions);
+        }
+        self.journal
+            .record(now, &event)
+            .context("journalling an event")?;
+        Ok(self.engine.handle(now, event))
+    }
+
     /// Writes the pending metrics line, with the ledger's epsilon as of now (nothing was
     /// appended since its round: the next commit flushes first).
     fn flush_metrics_line(&mut self, metrics: &mut std::fs::File) -> anyhow::Result<()> {
         if let Some(mut line) = self.pending_line.take() {
-            if !self.scenario.non_private {
+            if !self.engine.config().non_private {
                 line["epsilon"] = self.ledger.epsilon().ok().into();
             }
             writeln!(metrics, "{line}")?;
@@ -1135,49 +1164,49 @@ impl EngineThread {
                         self.send(client, Outbound::Control(msg));
                     }
                 }
-                Action::Commit(commit) => {
+                Action::AppendLedger { round, record } => {
                     self.flush_metrics_line(metrics)?;
-                    let mut record = commit.record.clone();
-                    let round = record.round;
+                    let mut record = *record;
                     record.unix_time_s = SystemTime::now()
                         .duration_since(SystemTime::UNIX_EPOCH)
                         .map(|d| d.as_secs_f64())
                         .unwrap_or(0.0);
-                    // Ledger first (checked, appended, fsynced), then the model; the new model
-                    // only leaves with the next round's offers, after `Committed`.
-                    let appended = if self.scenario.non_private {
-                        Ok(()) // nothing is private, so nothing is accounted (report: inf)
-                    } else {
-                        self.ledger.append(record)
-                    };
-                    if let Err(e) = appended {
-                        eprintln!("round {round} not released: {e}");
-                        queue.push_back(Event::CommitFailed {
+                    // Checked against the budget, appended and fsynced; the engine releases the
+                    // round only after hearing so.
+                    match self.ledger.append(record) {
+                        Ok(()) => queue.push_back(Event::LedgerAppended { round }),
+                        Err(e) => {
+                            eprintln!("round {round} not released: {e}");
+                            queue.push_back(Event::LedgerRefused {
+                                round,
+                                reason: e.to_string(),
+                            });
+                        }
+                    }
+                }
+                Action::Release(release) => {
+                    let round = release.round;
+                    self.flush_metrics_line(metrics)?;
+                    if let Err(e) = self.model.apply(&release.noisy_mean) {
+                        queue.push_back(Event::ReleaseFailed {
                             round,
                             reason: e.to_string(),
                         });
                         continue;
                     }
-                    if let Err(e) = self.model.apply(&commit.noisy_mean) {
-                        queue.push_back(Event::CommitFailed {
-                            round,
-                            reason: format!("model update failed: {e}"),
-                        });
-                        continue;
-                    }
                     self.snapshot = Bytes::from(encode_payload(self.model.params()));
                     self.last_eval = self.model.evaluate(round);
-                    self.users_released += commit.accepted;
+                    self.users_released += release.accepted;
                     // The epsilon is filled in by `flush_metrics_line`.
                     self.pending_line = Some(serde_json::json!({
                         "users": self.users_released,
                         "epsilon": None::<f64>,
                         "round": round,
                         "status": "released",
-                        "accepted": commit.accepted,
-                        "clipped": commit.clipped,
-                        "offered": commit.offered,
-                        "rejected": commit.rejected,
+                        "accepted": release.accepted,
+                        "clipped": release.clipped,
+                        "offered": release.offered,
+                        "rejected": release.rejected,
                         "t_s": now,
                         "rounds_completed": self.engine.rounds_completed() + 1,
                         "rounds_abandoned": self.engine.rounds_abandoned(),
@@ -1188,24 +1217,11 @@ impl EngineThread {
                     {
                         self.save_checkpoint()?;
                     }
-                    if self.model.finished() {
-                        // Count the round as completed; whatever the engine would do next (open
-                        // another round) is dropped: the run ends here.
-                        let _ = self.engine.handle(now, Event::Committed { round });
-                        let reason = format!("the model reached its target after round {round}");
-                        for out in self.sessions.values() {
-                            let _ = out.send(Outbound::Close {
-                                code: close_code::FINISHED,
-                                message: Some(Message::Leave(Leave {
-                                    reason: LeaveReason::Finished,
-                                    message: reason.clone(),
-                                })),
-                                reason: reason.clone(),
-                            });
-                        }
-                        return Ok(Some(reason));
-                    }
-                    queue.push_back(Event::Committed { round });
+                    // The engine decides whether reaching the target ends the run.
+                    queue.push_back(Event::Released {
+                        round,
+                        target_reached: self.model.finished(),
+                    });
                 }
                 Action::Abandoned {
                     round,
@@ -1270,12 +1286,12 @@ impl EngineThread {
             rounds_completed: self.engine.rounds_completed(),
             rounds_abandoned: self.engine.rounds_abandoned(),
             rounds_attempted: self.engine.rounds_completed() + self.engine.rounds_abandoned(),
-            epsilon: if self.scenario.non_private {
+            epsilon: if self.engine.config().non_private {
                 f64::INFINITY
             } else {
                 rep.epsilon
             },
-            epsilon_rdp: if self.scenario.non_private {
+            epsilon_rdp: if self.engine.config().non_private {
                 f64::INFINITY
             } else {
                 rep.epsilon_rdp
@@ -1285,7 +1301,7 @@ impl EngineThread {
             units: rep.units,
             seeded: rep.noise_sources.iter().any(|s| !s.is_private()),
             noise_sources,
-            accountant: if self.scenario.non_private {
+            accountant: if self.engine.config().non_private {
                 "none (non-private twin: no clipping, no noise)".into()
             } else {
                 rep.accountant.clone()
@@ -1294,7 +1310,7 @@ impl EngineThread {
             finished,
             final_eval: self.last_eval.clone(),
             final_evaluation: self.final_eval.clone(),
-            non_private: self.scenario.non_private,
+            non_private: self.engine.config().non_private,
             updates_accepted: self.accepted,
             updates_rejected: self.rejected,
             bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
