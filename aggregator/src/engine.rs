@@ -247,7 +247,10 @@ pub enum Action {
     /// Append `record` to the ledger (checked against the budget, fsynced; `unix_time_s` is left
     /// 0 for the driver to fill in), then feed [`Event::LedgerAppended`] or
     /// [`Event::LedgerRefused`]. Nothing of the round has left the engine yet.
-    AppendLedger { round: u64, record: Box<RoundRecord> },
+    AppendLedger {
+        round: u64,
+        record: Box<RoundRecord>,
+    },
     /// Apply the release to the model (it leaves with the next offers), then feed
     /// [`Event::Released`] or [`Event::ReleaseFailed`].
     Release(Box<Release>),
@@ -291,12 +294,17 @@ struct Recording {
 
 enum Phase {
     /// Waiting to open the next round (since the given time).
-    Waiting { since: Option<f64> },
+    Waiting {
+        since: Option<f64>,
+    },
     Open(OpenRound),
     /// [`Action::AppendLedger`] is with the driver.
     Recording(Box<Recording>),
     /// [`Action::Release`] is with the driver.
-    Releasing { round: u64, units: Vec<UnitId> },
+    Releasing {
+        round: u64,
+        units: Vec<UnitId>,
+    },
     Finished,
 }
 
@@ -433,10 +441,7 @@ impl Engine {
             Event::LedgerAppended { round } => self.on_ledger_appended(now, round, &mut out),
             Event::LedgerRefused { round, reason } => {
                 if self.expects_ledger_answer(round, &mut out) {
-                    self.finish(
-                        format!("round {round} not released: {reason}"),
-                        &mut out,
-                    );
+                    self.finish(format!("round {round} not released: {reason}"), &mut out);
                 }
             }
             Event::Released {

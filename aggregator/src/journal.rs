@@ -365,7 +365,9 @@ fn read_frame_head(
     let hl = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
     let bl = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]);
     if length_check(hl, bl) != prefix[12..16] {
-        return Err(corrupt("the frame's lengths do not match their check".into()));
+        return Err(corrupt(
+            "the frame's lengths do not match their check".into(),
+        ));
     }
     if hl as usize > MAX_HEADER {
         return Err(corrupt(format!("header length {hl} exceeds {MAX_HEADER}")));
@@ -426,9 +428,7 @@ impl JournalReader {
     }
 
     /// Reads everything: the entries and the offset of a torn tail, if any.
-    pub fn read_all(
-        path: impl AsRef<Path>,
-    ) -> Result<(Vec<Entry>, Option<u64>), JournalError> {
+    pub fn read_all(path: impl AsRef<Path>) -> Result<(Vec<Entry>, Option<u64>), JournalError> {
         let mut r = Self::open(path)?;
         let mut entries = Vec::new();
         while let Some(e) = r.next_entry()? {
@@ -539,7 +539,11 @@ pub enum ReplayError {
     #[error(
         "entry {index}: the update of unit {unit} in round {round} was journalled by its digest only (journal = \"digest\"); an exact replay needs journal = \"full\""
     )]
-    MissingBody { index: usize, round: u64, unit: UnitId },
+    MissingBody {
+        index: usize,
+        round: u64,
+        unit: UnitId,
+    },
     #[error(
         "entry {index}: a second segment (the aggregator restarted); replay each segment with an engine resumed as that process was"
     )]

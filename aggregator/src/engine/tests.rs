@@ -236,7 +236,10 @@ fn assert_commit_order(trace: &[Step], private: bool) {
                         rel.round
                     );
                 }
-                assert!(!refused.contains(&rel.round), "step {i}: refused round released");
+                assert!(
+                    !refused.contains(&rel.round),
+                    "step {i}: refused round released"
+                );
             }
             Step::Fed(Event::Released { round, .. }) => {
                 released.insert(*round);
@@ -339,7 +342,11 @@ fn release_waits_for_the_ledger_and_offers_wait_for_the_release() {
     assert_eq!(rel.round, 1);
     assert_eq!(rel.accepted, 4);
     assert!(e.handle(100.0, Event::Tick).is_empty());
-    assert_eq!(e.rounds_completed(), 0, "not complete before the driver applied it");
+    assert_eq!(
+        e.rounds_completed(),
+        0,
+        "not complete before the driver applied it"
+    );
     let a = e.handle(
         100.0,
         Event::Released {
@@ -368,7 +375,11 @@ fn commit_order_holds_under_churn_fresh_and_sampled() {
         c.deadline_s = 3.0;
         let d = churn_run(c.clone(), Driver::new(engine(c)), seed);
         assert_commit_order(&d.trace, true);
-        assert!(d.releases.len() >= 3, "{participation:?}: {} releases", d.releases.len());
+        assert!(
+            d.releases.len() >= 3,
+            "{participation:?}: {} releases",
+            d.releases.len()
+        );
     }
 }
 
@@ -418,7 +429,10 @@ fn ledger_refusal_from_a_real_ledger_releases_nothing_and_stops() {
     assert!(reason.contains("privacy budget exceeded"), "{reason}");
     let ledger = d.ledger.as_ref().unwrap();
     let recorded = ledger.records().len();
-    assert!(recorded >= 2, "the budget should allow some rounds, got {recorded}");
+    assert!(
+        recorded >= 2,
+        "the budget should allow some rounds, got {recorded}"
+    );
     // The refused round was never released; every released round is in the ledger.
     let refused: Vec<u64> = d
         .trace
@@ -584,8 +598,12 @@ fn a_failing_noise_source_records_and_releases_nothing() {
 
 #[test]
 fn os_entropy_records_a_private_noise_source() {
-    let mut e = Engine::new(cfg(Participation::Fresh), Resume::default(), Box::new(OsEntropy))
-        .unwrap();
+    let mut e = Engine::new(
+        cfg(Participation::Fresh),
+        Resume::default(),
+        Box::new(OsEntropy),
+    )
+    .unwrap();
     let mut all = e.handle(
         0.0,
         Event::ClientJoined {
@@ -793,7 +811,10 @@ fn sampled_rounds_with_zero_or_one_update_are_released_and_recorded() {
     // Round 1: nobody answers; it closes at its deadline with 0 updates.
     let mut t = 10.0;
     let a = d.feed(t, Event::Tick);
-    assert!(!a.iter().any(|x| matches!(x, Action::Abandoned { .. })), "{a:?}");
+    assert!(
+        !a.iter().any(|x| matches!(x, Action::Abandoned { .. })),
+        "{a:?}"
+    );
     assert_eq!(d.releases.len(), 1);
     assert_eq!(d.releases[0].accepted, 0);
     assert_eq!(
@@ -818,7 +839,13 @@ fn sampled_rounds_with_zero_or_one_update_are_released_and_recorded() {
     assert_eq!(rel.accepted, 1);
     assert_eq!(
         bits(&rel.noisy_mean),
-        bits(&expected_release(&[vec![3.0, 4.0, 0.0]], 1.0, 0.5, 3.0, round))
+        bits(&expected_release(
+            &[vec![3.0, 4.0, 0.0]],
+            1.0,
+            0.5,
+            3.0,
+            round
+        ))
     );
     let ledger = d.ledger.as_ref().unwrap();
     let recs = ledger.records();
@@ -924,7 +951,10 @@ fn one_unit_moves_the_pre_noise_sum_by_at_most_c() {
     // at most C. Replacing one unit's update: at most 2C.
     let add_remove = dist(&s_with, &s_without);
     assert!(add_remove <= c, "add/remove moved the sum by {add_remove}");
-    assert!(add_remove > 0.99 * c, "the oversized update was clipped to ~C, not dropped");
+    assert!(
+        add_remove > 0.99 * c,
+        "the oversized update was clipped to ~C, not dropped"
+    );
     let replace = dist(&s_with, &s_replaced);
     assert!(replace <= 2.0 * c, "replacement moved the sum by {replace}");
     // And the release is exactly the clipped sum plus the round's seeded noise over 4.
@@ -967,7 +997,10 @@ fn bad_updates_get_clear_errors_and_do_not_count() {
     let a = e.handle(1.0, update(1, 9, 0, &[0.1; 3]));
     assert_eq!(code(&a), Some(ErrorCode::LateUpdate));
     // An oversized update from the last cohort unit: re-clipped to C.
-    let a = e.handle(1.0, update(host(cohort[3]), 1, cohort[3], &[0.0, 30.0, 40.0]));
+    let a = e.handle(
+        1.0,
+        update(host(cohort[3]), 1, cohort[3], &[0.0, 30.0, 40.0]),
+    );
     // All four resolved (2 rejected, 2 accepted): the round closes early with quorum 2.
     let rec = record(&a).expect("closes once every cohort unit is resolved");
     assert_eq!(rec.units.len(), 2);
@@ -1072,7 +1105,6 @@ fn a_digest_journal_keeps_no_update_values_and_cannot_replay() {
 
 // ---------------------------------------------------------------------------------------------
 // Joins, leaves, restarts.
-
 
 #[test]
 fn overlapping_joins_are_refused() {

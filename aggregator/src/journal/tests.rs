@@ -206,7 +206,11 @@ fn a_flipped_bit_in_a_complete_frame_is_corruption_not_a_torn_write() {
         // (It walks lengths and headers; a flipped body byte is found on reading.)
         if JournalWriter::open(&path, JournalMode::Full).is_ok() {
             let now = std::fs::read(&path).unwrap();
-            assert_eq!(now[..bad.len()], bad[..], "reopening after flipping byte {i}");
+            assert_eq!(
+                now[..bad.len()],
+                bad[..],
+                "reopening after flipping byte {i}"
+            );
         }
     }
 }
@@ -240,5 +244,10 @@ fn a_million_float_update_is_one_frame_of_raw_bytes() {
     else {
         panic!("{:?}", entries[1])
     };
-    assert!(update.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(
+        update
+            .iter()
+            .zip(&v)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
 }
