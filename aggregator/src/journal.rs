@@ -48,8 +48,6 @@ const FRAME_PREFIX: usize = 4 + 4 + 4 + 4 + 8;
 pub const FORMAT_VERSION: u32 = 1;
 /// No honest header comes near this; a larger length means corruption.
 const MAX_HEADER: usize = 1 << 20;
-/// Values converted to bytes at a time when hashing a body that is not written.
-const HASH_CHUNK: usize = 4096;
 
 #[derive(Debug, Error)]
 pub enum JournalError {
@@ -135,7 +133,7 @@ pub struct JournalWriter {
     path: PathBuf,
     file: File,
     mode: JournalMode,
-    /// Reused frame buffer (a full-mode update is one allocation per process, not per update).
+    /// Reused conversion buffer on big-endian machines (unused on little-endian ones).
     buf: Vec<u8>,
 }
 
@@ -225,38 +223,19 @@ impl JournalWriter {
         update: &[f32],
     ) -> Result<(), JournalError> {
         let full = self.mode == JournalMode::Full;
-        let mut ctx = digest::Context::new(&SHA256);
-        let mut body = Vec::new();
-        if full {
-            body = std::mem::take(&mut self.buf);
-            body.clear();
-            body.resize(update.len() * 4, 0);
-            for (b, x) in body.chunks_exact_mut(4).zip(update) {
-                b.copy_from_slice(&x.to_le_bytes());
-            }
-            ctx.update(&body);
-        } else {
-            let mut chunk = [0u8; HASH_CHUNK * 4];
-            for vals in update.chunks(HASH_CHUNK) {
-                for (b, x) in chunk.chunks_exact_mut(4).zip(vals) {
-                    b.copy_from_slice(&x.to_le_bytes());
-                }
-                ctx.update(&chunk[..vals.len() * 4]);
-            }
-        }
+        let mut scratch = std::mem::take(&mut self.buf);
+        let bytes = le_bytes(update, &mut scratch);
         let header = Header::Update {
             t,
             client,
             round,
             unit,
             len: update.len() as u64,
-            sha256: hex(ctx.finish().as_ref()),
+            sha256: hex(digest::digest(&SHA256, bytes).as_ref()),
             body: full,
         };
-        let r = self.write_frame(&header, full.then_some(body.as_slice()));
-        if full {
-            self.buf = body;
-        }
+        let r = self.write_frame(&header, full.then_some(bytes));
+        self.buf = scratch;
         r
     }
 
@@ -576,6 +555,19 @@ pub fn replay(
         }
     }
     Ok(out)
+}
+
+/// The values as raw little-endian f32 bytes: on little-endian machines the memory itself (no
+/// copy: hashing and writing a 10^6-value update touch its 4 MB once), elsewhere a converted
+/// copy in `scratch`.
+fn le_bytes<'a>(v: &'a [f32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice(v)
+    } else {
+        scratch.clear();
+        scratch.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        scratch
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
