@@ -168,11 +168,22 @@ impl Driver {
         let mut queue = std::collections::VecDeque::from([event]);
         let mut all = Vec::new();
         while let Some(ev) = queue.pop_front() {
-            if let Some(j) = &mut self.journal {
+            // As the service does: a tick that does nothing is not journalled (the replay test
+            // checks that leaving it out changes nothing).
+            let tick = matches!(ev, Event::Tick);
+            if let Some(j) = &mut self.journal
+                && !tick
+            {
                 j.record(now, &ev).unwrap();
             }
             self.trace.push(Step::Fed(ev.clone()));
             let actions = self.engine.handle(now, ev);
+            if let Some(j) = &mut self.journal
+                && tick
+                && !actions.is_empty()
+            {
+                j.record(now, &Event::Tick).unwrap();
+            }
             for a in &actions {
                 self.trace.push(Step::Did(a.clone()));
                 self.actions.push((now, a.clone()));
