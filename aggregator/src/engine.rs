@@ -65,6 +65,7 @@ use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::privacy::ledger::{Participation, RoundRecord};
 use fedrl_common::privacy::noise::{GaussianNoise, NoiseSource};
 use fedrl_common::protocol::{ErrorCode, RoundSpec, UnitId, UnitRange};
+use fedrl_common::scenario::Scenario;
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -113,6 +114,26 @@ pub enum EngineError {
 }
 
 impl EngineConfig {
+    /// The configuration a scenario runs with (what the service builds, and what a replay of
+    /// its journal must use). A non-private twin runs with C = +inf and no noise.
+    pub fn for_scenario(scenario: &Scenario) -> Self {
+        EngineConfig {
+            dim: scenario.task.dim(),
+            rounds: scenario.rounds,
+            population: scenario.users,
+            participation: scenario.participation,
+            cohort_size: scenario.cohort_size,
+            expected_cohort: scenario.expected_cohort(),
+            quorum: scenario.quorum(),
+            deadline_s: scenario.round_deadline_s,
+            start_timeout_s: scenario.start_timeout_s,
+            clip_norm: scenario.effective_clip_norm(),
+            noise_multiplier: scenario.effective_noise_multiplier(),
+            non_private: scenario.non_private,
+            task_json: scenario.task.to_json(),
+        }
+    }
+
     fn validate(&self) -> Result<(), EngineError> {
         let bad = |m: String| Err(EngineError::InvalidConfig(m));
         if self.dim == 0 {

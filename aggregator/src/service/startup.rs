@@ -75,22 +75,7 @@ pub async fn run(
             .collect();
     }
 
-    let cfg = EngineConfig {
-        dim: scenario.task.dim(),
-        rounds: scenario.rounds,
-        population: scenario.users,
-        participation: scenario.participation,
-        cohort_size: scenario.cohort_size,
-        expected_cohort: scenario.expected_cohort(),
-        quorum: scenario.quorum(),
-        deadline_s: scenario.round_deadline_s,
-        start_timeout_s: scenario.start_timeout_s,
-        // A non-private twin runs with C = inf and no noise, and records nothing in the ledger.
-        clip_norm: scenario.effective_clip_norm(),
-        noise_multiplier: scenario.effective_noise_multiplier(),
-        non_private: scenario.non_private,
-        task_json: scenario.task.to_json(),
-    };
+    let cfg = EngineConfig::for_scenario(&scenario);
     if model.params().len() != cfg.dim {
         anyhow::bail!(
             "the model has {} parameters but the task's dim is {}",
