@@ -16,7 +16,7 @@
 //! 2. The driver appends it (checked against the budget, fsynced) and feeds
 //!    [`Event::LedgerAppended`], or [`Event::LedgerRefused`] (budget exceeded, I/O error): then
 //!    nothing is released and the run finishes with that reason.
-//! 3. Only after `LedgerAppended` does the engine draw nothing more and emit
+//! 3. Only after `LedgerAppended` does the engine add the noise to the sum and emit
 //!    [`Action::Release`] with the noisy mean; the driver applies it to the model and feeds
 //!    [`Event::Released`] (saying whether the model reached its target, in which case the engine
 //!    finishes). Only then are the next round's offers emitted: no model leaves the aggregator
@@ -45,10 +45,12 @@
 //!   does not apply to sampled rounds.
 //! - **`fresh`: only at quorum.** Each unit is accounted once, by the one round that releases
 //!   its contribution (parallel composition). A round below quorum at its deadline is abandoned:
-//!   nothing leaves the engine and nothing is recorded, so it reveals nothing about anyone's
-//!   data, and its units stay unused. Whether a fresh round reaches quorum depends on who
-//!   answered, not on the values of their updates, and an abandoned round outputs no function of
-//!   any update.
+//!   nothing leaves the engine and nothing is recorded, no function of any update is output, and
+//!   its units stay unused. What an abandonment does reveal is that fewer than `quorum` of the
+//!   offered cohort answered: a function of participation (who answered), not of update values.
+//!   The ledger does not account that bit; it is treated as public (the cohort is offered in
+//!   the clear and dropouts are visible on the network), unlike under `sampled`, where the
+//!   amplification argument needs the realised sample to stay secret.
 //!
 //! Updates are accumulated as they arrive into one f64 sum of the model's length: memory grows
 //! with the model size, not with the number of clients.
