@@ -1,40 +1,87 @@
-//! The round engine: a sans-IO state machine (DESIGN §1).
+//! The round engine: a sans-IO state machine (DESIGN §1), as quinn-proto's `Endpoint` is to
+//! quinn.
 //!
-//! Events go in ([`Event`]: a client joined or left, an update arrived, time passed, the driver
-//! committed a round), actions come out ([`Action`]: send an offer, acknowledge or reject an
-//! update, commit a round, abandon a round, finish). The engine never touches a socket, a file or
-//! the clock: the caller passes the time (seconds on any monotonic clock) with every event. The
-//! QUIC service ([`crate::service`]) drives it; tests feed it seeded event logs and replay runs
-//! exactly.
+//! Events go in ([`Event`]: a client joined or left, an update arrived, time passed, the ledger
+//! append was done or refused, the release was applied), actions come out ([`Action`]: send an
+//! offer, acknowledge or reject an update, append a ledger record, release a round, abandon a
+//! round, finish). The engine never touches a socket, a file or the clock: the caller passes the
+//! time (seconds on any monotonic clock) with every event, and the randomness comes from an
+//! injected [`EntropySource`]. The driver ([`crate::service`]) executes the actions and journals
+//! every event it feeds ([`crate::journal`]); a journal replayed through a fresh engine with the
+//! same configuration and entropy reproduces the run's releases exactly.
 //!
-//! Privacy rules enforced here (DESIGN §3):
+//! # The commit order
+//! A round's close is a three-step exchange, and the order is the engine's, not the driver's:
+//! 1. [`Action::AppendLedger`]: the round's record. The engine waits.
+//! 2. The driver appends it (checked against the budget, fsynced) and feeds
+//!    [`Event::LedgerAppended`], or [`Event::LedgerRefused`] (budget exceeded, I/O error): then
+//!    nothing is released and the run finishes with that reason.
+//! 3. Only after `LedgerAppended` does the engine add the noise to the sum and emit
+//!    [`Action::Release`] with the noisy mean; the driver applies it to the model and feeds
+//!    [`Event::Released`] (saying whether the model reached its target, in which case the engine
+//!    finishes). Only then are the next round's offers emitted: no model leaves the aggregator
+//!    before its ledger record is durable.
+//!
+//! A non-private twin ([`EngineConfig::non_private`]) skips steps 1 and 2: no noise, no record.
+//!
+//! # Privacy rules enforced here (DESIGN §3)
 //! - every update is re-clipped to C ([`clip_l2`]); non-finite or wrong-length vectors are
 //!   rejected; a unit contributes at most once per round, and only if it is in the cohort and
 //!   hosted by the client that sends it;
 //! - the cohort is drawn by the engine: `fresh` picks units that never contributed to a released
 //!   round (across restarts: the caller seeds [`Resume::used_units`] from the ledger); `sampled`
 //!   draws a Poisson sample of the whole population with rate q;
-//! - the noisy aggregate is `(sum of clipped updates + N(0, (zC)^2 I)) / expected_cohort`, where
-//!   the denominator is the fixed public expected cohort size, never the realised count;
-//! - a round with fewer than `quorum` accepted updates at its deadline is abandoned: nothing
-//!   leaves the engine, so nothing needs accounting (the noise that was never drawn or released
-//!   protects nobody and costs nothing);
-//! - a released round is handed to the driver as [`Action::Commit`]: the driver appends the
-//!   ledger record (fsync) and only then applies and publishes the model, and tells the engine
-//!   with [`Event::Committed`]. Offers for the next round are only emitted after that, so no
-//!   model can leave before its ledger record.
+//! - the noisy aggregate is `(sum of clipped updates + noise) / expected_cohort`, where the
+//!   denominator is the fixed public expected cohort size, never the realised count, and the
+//!   noise is exact (review finding 5): each re-clipped update is quantised toward zero onto a
+//!   public grid of step `gamma` derived from C alone
+//!   ([`Grid`](fedrl_common::privacy::fixed_point::Grid)), summed in i64, and the sum gets
+//!   independent discrete Gaussian noise `N_Z(0, sigma^2)` per coordinate from integer
+//!   arithmetic and the round's CSPRNG, with `sigma / Delta >= z` for the exact L2 sensitivity
+//!   `Delta <= C / gamma` in grid units. The ledger records that mechanism as run
+//!   ([`DpEvent::DiscreteGaussian`]); only the noisy integers are turned back into floats.
 //!
-//! Updates are accumulated as they arrive into one f64 sum of the model's length: memory grows
-//! with the model size, not with the number of clients.
+//! # When a round is released (review finding 6)
+//! - **`sampled`: always.** The accountant models a Poisson-sampled Gaussian: every round is
+//!   released, whatever the realised sample size, and charged to every unit. Releasing only when
+//!   the accepted count reached a quorum would make the *decision to release* a function of the
+//!   realised sample, an extra output the PLD does not model (a round's absence tells something
+//!   about how many units were drawn and answered). So a sampled round with 0 or 1 accepted
+//!   updates is still released: the sum (possibly empty) plus noise over the fixed public
+//!   denominator, and it is recorded in the ledger like any other round. The scenario's quorum
+//!   does not apply to sampled rounds.
+//! - **`fresh`: only at quorum.** Each unit is accounted once, by the one round that releases
+//!   its contribution (parallel composition). A round below quorum at its deadline is abandoned:
+//!   nothing leaves the engine and nothing is recorded, no function of any update is output, and
+//!   its units stay unused. What an abandonment does reveal is that fewer than `quorum` of the
+//!   offered cohort answered: a function of participation (who answered), not of update values.
+//!   The ledger does not account that bit; it is treated as public (the cohort is offered in
+//!   the clear and dropouts are visible on the network), unlike under `sampled`, where the
+//!   amplification argument needs the realised sample to stay secret.
+//!
+//! Updates are accumulated as they arrive into one i64 sum of the model's length (f64 for a
+//! non-private twin): memory grows with the model size, not with the number of clients.
+
+mod entropy;
+
+pub use entropy::{
+    EntropyError, EntropySource, OsEntropy, SeededEntropy, for_seed, round_noise_seed,
+};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::privacy::ledger::{Participation, RoundRecord};
-use fedrl_common::privacy::noise::GaussianNoise;
+use fedrl_common::privacy::fixed_point::{
+    DEFAULT_GRID_BITS, FixedPointError, FixedPointSum, Grid, NoiseCalibration,
+};
+use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
+use fedrl_common::privacy::DpEvent;
 use fedrl_common::protocol::{ErrorCode, RoundSpec, UnitId, UnitRange};
-use rand::rngs::ChaCha20Rng;
-use rand::{RngExt, SeedableRng};
+use fedrl_common::scenario::Scenario;
+use rand::RngExt;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 /// A connection (session) id assigned by the driver.
 pub type ClientId = u64;
@@ -48,25 +95,92 @@ pub struct EngineConfig {
     pub rounds: u64,
     /// The population: units `0..population`.
     pub population: u64,
+    /// `fresh` or `sampled` (DESIGN §3); decides the cohort and whether the quorum applies.
     pub participation: Participation,
     /// Units per round under `fresh`.
     pub cohort_size: u64,
-    /// The fixed public denominator.
+    /// The fixed public denominator of every release (units).
     pub expected_cohort: f64,
-    /// Minimum accepted updates for a release.
+    /// Minimum accepted updates for a `fresh` round to be released (sampled rounds are always
+    /// released: see the module documentation).
     pub quorum: u64,
     /// Seconds from offer to close.
     pub deadline_s: f64,
     /// Seconds to wait for the whole population before opening a round with fewer units.
     pub start_timeout_s: f64,
-    /// C.
+    /// C: the L2 bound every update is re-clipped to (+inf for a non-private twin).
     pub clip_norm: f64,
-    /// z.
+    /// z: the noise on the sum has standard deviation z x C. Ignored by a non-private twin.
     pub noise_multiplier: f64,
-    /// `Some`: seeded (reproducible, not private) noise and cohorts.
-    pub seed: Option<u64>,
+    /// A non-private twin (comparison runs only): no noise, no ledger record
+    /// ([`Action::AppendLedger`] is never emitted), every round goes straight to release.
+    pub non_private: bool,
     /// The task specification sent with every offer (JSON).
     pub task_json: String,
+}
+
+/// A configuration the engine cannot run.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error("invalid engine configuration: {0}")]
+    InvalidConfig(String),
+}
+
+impl EngineConfig {
+    /// The configuration a scenario runs with (what the service builds, and what a replay of
+    /// its journal must use). A non-private twin runs with C = +inf and no noise.
+    pub fn for_scenario(scenario: &Scenario) -> Self {
+        EngineConfig {
+            dim: scenario.task.dim(),
+            rounds: scenario.rounds,
+            population: scenario.users,
+            participation: scenario.participation,
+            cohort_size: scenario.cohort_size,
+            expected_cohort: scenario.expected_cohort(),
+            quorum: scenario.quorum(),
+            deadline_s: scenario.round_deadline_s,
+            start_timeout_s: scenario.start_timeout_s,
+            clip_norm: scenario.effective_clip_norm(),
+            noise_multiplier: scenario.effective_noise_multiplier(),
+            non_private: scenario.non_private,
+            task_json: scenario.task.to_json(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::InvalidConfig(m));
+        if self.dim == 0 {
+            return bad("the model has no parameters (dim 0)".into());
+        }
+        if !(self.expected_cohort.is_finite() && self.expected_cohort > 0.0) {
+            return bad(format!(
+                "the expected cohort must be finite and > 0, got {}",
+                self.expected_cohort
+            ));
+        }
+        if self.clip_norm.is_nan() || self.clip_norm <= 0.0 {
+            return bad(format!("the clip norm must be > 0, got {}", self.clip_norm));
+        }
+        if !self.non_private {
+            // A private release needs a finite standard deviation z x C > 0.
+            if !self.clip_norm.is_finite() {
+                return bad("a private run needs a finite clip norm".into());
+            }
+            if !(self.noise_multiplier.is_finite() && self.noise_multiplier > 0.0) {
+                return bad(format!(
+                    "a private run needs a noise multiplier > 0, got {}",
+                    self.noise_multiplier
+                ));
+            }
+        }
+        if !(self.deadline_s.is_finite() && self.deadline_s >= 0.0) {
+            return bad(format!(
+                "the round deadline must be finite and >= 0 seconds, got {}",
+                self.deadline_s
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Where a restarted engine continues from (read from the ledger and the checkpoint).
@@ -82,17 +196,19 @@ pub struct Resume {
     pub rounds_abandoned: u64,
 }
 
-/// Inputs of the engine.
-#[derive(Clone, Debug, PartialEq)]
+/// Inputs of the engine. Serialisable: the driver journals every event it feeds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Event {
-    /// An authenticated client hosts `units`.
+    /// An authenticated client hosts `units` (empty: every unit nobody else hosts).
     ClientJoined {
         client: ClientId,
         units: Vec<UnitRange>,
     },
     /// The client's connection is gone.
     ClientLeft { client: ClientId },
-    /// A unit's update (already decoded; the engine validates and clips it).
+    /// A unit's update (already decoded; the engine validates and clips it). The journal stores
+    /// the body as raw little-endian f32, not through this type's serde form.
     UpdateArrived {
         client: ClientId,
         round: u64,
@@ -101,27 +217,33 @@ pub enum Event {
     },
     /// Time passed (deadlines, start timeout).
     Tick,
-    /// The driver appended the ledger record of `round` and released the model.
-    Committed { round: u64 },
-    /// The driver could not commit `round` (e.g. budget exhausted, ledger I/O): nothing was
-    /// released and the run stops.
-    CommitFailed { round: u64, reason: String },
+    /// The ledger record of `round` ([`Action::AppendLedger`]) is appended and fsynced.
+    LedgerAppended { round: u64 },
+    /// The ledger refused the record of `round` (budget exceeded, I/O error): nothing of it may
+    /// be released, and the run stops with `reason`.
+    LedgerRefused { round: u64, reason: String },
+    /// The driver applied [`Action::Release`] of `round` to the model. `target_reached`: the
+    /// model's evaluation of the released model reached its target (the engine then finishes).
+    Released { round: u64, target_reached: bool },
+    /// The driver could not apply the release of `round` (a model error): the run stops with
+    /// `reason`. Its ledger record stays: the ledger may over-report, never under-report.
+    ReleaseFailed { round: u64, reason: String },
 }
 
-/// What a commit carries.
+/// A round's release: what the driver applies to the model after its ledger record is durable.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Commit {
-    /// The ledger record (`unix_time_s` is left 0 for the driver to fill in).
-    pub record: RoundRecord,
-    /// `(sum of clipped updates + noise) / expected_cohort`, length `dim`.
+pub struct Release {
+    pub round: u64,
+    /// `(sum of clipped updates + noise) / expected_cohort`, length `dim` (no noise in a
+    /// non-private twin).
     pub noisy_mean: Vec<f32>,
-    /// Accepted updates.
+    /// Accepted updates (operator-only: an exact count next to a DP output).
     pub accepted: u64,
-    /// Of which the server had to clip.
+    /// Of which the server had to clip (operator-only).
     pub clipped: u64,
-    /// Units offered.
+    /// Units offered (operator-only; under `sampled` it is the realised sample size).
     pub offered: u64,
-    /// Updates rejected this round.
+    /// Updates rejected this round (operator-only).
     pub rejected: u64,
 }
 
@@ -151,10 +273,17 @@ pub enum Action {
         code: ErrorCode,
         message: String,
     },
-    /// Append `record` to the ledger (fsync), then apply `noisy_mean` to the model and release
-    /// it, then feed [`Event::Committed`] (or [`Event::CommitFailed`]).
-    Commit(Box<Commit>),
-    /// The round closed below quorum; nothing is released or recorded.
+    /// Append `record` to the ledger (checked against the budget, fsynced; `unix_time_s` is left
+    /// 0 for the driver to fill in), then feed [`Event::LedgerAppended`] or
+    /// [`Event::LedgerRefused`]. Nothing of the round has left the engine yet.
+    AppendLedger {
+        round: u64,
+        record: Box<RoundRecord>,
+    },
+    /// Apply the release to the model (it leaves with the next offers), then feed
+    /// [`Event::Released`] or [`Event::ReleaseFailed`].
+    Release(Box<Release>),
+    /// A `fresh` round closed below quorum; nothing is released or recorded.
     Abandoned {
         round: u64,
         accepted: u64,
@@ -166,7 +295,6 @@ pub enum Action {
     Finished { reason: String },
 }
 
-#[derive(Debug)]
 struct OpenRound {
     round: u64,
     deadline: f64,
@@ -174,30 +302,96 @@ struct OpenRound {
     /// Cohort units -> true once resolved (contributed, rejected, or host gone).
     cohort: BTreeMap<UnitId, bool>,
     contributed: BTreeSet<UnitId>,
-    sum: Vec<f64>,
+    sum: RoundSum,
     clipped: u64,
     rejected: u64,
     sampling_rate: Option<f64>,
 }
 
-#[derive(Debug)]
+/// The running sum of a round's accepted updates. A private round sums exactly, in fixed point
+/// on the public grid of its clip norm, so that exact discrete Gaussian noise can be added to
+/// integers (DESIGN §3, exact noise). A non-private twin has no clip norm (C = +inf), hence no
+/// grid: it sums in f64 and is never noised or recorded.
+enum RoundSum {
+    Exact(FixedPointSum),
+    Twin(Vec<f64>),
+}
+
+impl RoundSum {
+    /// Adds an update already re-clipped to C (for the exact sum: quantised toward zero, its
+    /// integer norm checked exactly against the grid's sensitivity).
+    fn add(&mut self, clipped: &[f32]) -> Result<(), FixedPointError> {
+        match self {
+            RoundSum::Exact(sum) => sum.add(clipped),
+            RoundSum::Twin(sum) => {
+                for (s, x) in sum.iter_mut().zip(clipped) {
+                    *s += *x as f64;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The sum before noise, in update units (tests check what one unit can do to it).
+    #[cfg(test)]
+    fn pre_noise(&self) -> Vec<f64> {
+        match self {
+            RoundSum::Exact(sum) => {
+                let gamma = sum.grid().gamma();
+                sum.sum().iter().map(|v| *v as f64 * gamma).collect()
+            }
+            RoundSum::Twin(sum) => sum.clone(),
+        }
+    }
+}
+
+/// A closed private round whose record is with the driver: the sum and its noise generator
+/// wait here until the record is durable.
+struct Recording {
+    round: u64,
+    units: Vec<UnitId>,
+    sum: FixedPointSum,
+    noise: DiscreteGaussianNoise,
+    accepted: u64,
+    clipped: u64,
+    offered: u64,
+    rejected: u64,
+}
+
 enum Phase {
     /// Waiting to open the next round (since the given time).
     Waiting {
         since: Option<f64>,
     },
     Open(OpenRound),
-    /// A commit is with the driver.
-    Committing {
+    /// [`Action::AppendLedger`] is with the driver.
+    Recording(Box<Recording>),
+    /// [`Action::Release`] is with the driver.
+    Releasing {
         round: u64,
         units: Vec<UnitId>,
     },
     Finished,
 }
 
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Waiting { .. } => "waiting for the next round",
+            Phase::Open(_) => "a round is open",
+            Phase::Recording(_) => "waiting for a ledger append",
+            Phase::Releasing { .. } => "waiting for a release",
+            Phase::Finished => "finished",
+        }
+    }
+}
+
 /// The round engine. See the module documentation.
 pub struct Engine {
     cfg: EngineConfig,
+    /// The grid and the exact noise of every private release (`None` for a non-private twin).
+    calibration: Option<NoiseCalibration>,
+    entropy: Box<dyn EntropySource>,
     phase: Phase,
     next_round: u64,
     used: HashSet<UnitId>,
@@ -210,34 +404,75 @@ pub struct Engine {
     opened_any: bool,
 }
 
-/// The seed of round `round`'s noise in a seeded run (public so tests can reproduce a release).
-pub fn round_noise_seed(seed: u64, round: u64) -> u64 {
-    splitmix64(seed ^ splitmix64(round.wrapping_add(0x006e_6f69_7365)))
+/// The ledger record of a released private round: the exact discrete Gaussian as run (sigma
+/// and L2 sensitivity in grid units; accounted as a Gaussian with z = sigma / sensitivity),
+/// Poisson-sampled when the aggregator drew the sample. Every record the engine emits is built
+/// here.
+fn ledger_record(
+    cfg: &EngineConfig,
+    calibration: &NoiseCalibration,
+    round: u64,
+    units: Vec<UnitId>,
+    sampling_rate: Option<f64>,
+    noise_source: NoiseSource,
+) -> RoundRecord {
+    let mechanism = DpEvent::DiscreteGaussian {
+        sigma: calibration.sigma(),
+        l2_sensitivity: calibration.l2_sensitivity(),
+    };
+    RoundRecord::training_round(
+        round,
+        units,
+        mechanism,
+        cfg.clip_norm,
+        sampling_rate,
+        cfg.expected_cohort,
+        noise_source,
+    )
 }
 
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// A twin's release: the plain mean of its unclipped updates over the fixed denominator.
+fn twin_mean(sum: &[f64], denom: f64) -> Vec<f32> {
+    sum.iter().map(|s| (s / denom) as f32).collect()
 }
 
 impl Engine {
-    /// A new engine; `resume` is `Resume::default()` for a fresh run.
-    pub fn new(cfg: EngineConfig, resume: Resume) -> Self {
-        Engine {
+    /// A new engine; `resume` is `Resume::default()` for a fresh run. `entropy` gives every
+    /// round's cohort and noise generators ([`for_seed`] picks the scenario's).
+    pub fn new(
+        cfg: EngineConfig,
+        resume: Resume,
+        entropy: Box<dyn EntropySource>,
+    ) -> Result<Self, EngineError> {
+        cfg.validate()?;
+        let calibration = if cfg.non_private {
+            None
+        } else {
+            let exact = Grid::for_clip_norm(cfg.clip_norm, DEFAULT_GRID_BITS)
+                .and_then(|grid| NoiseCalibration::new(&grid, cfg.noise_multiplier));
+            Some(exact.map_err(|e| {
+                EngineError::InvalidConfig(format!(
+                    "no exact noise for clip norm {} and noise multiplier {}: {e}",
+                    cfg.clip_norm, cfg.noise_multiplier
+                ))
+            })?)
+        };
+        Ok(Engine {
+            calibration,
             next_round: resume.next_round.max(1),
             used: resume.used_units,
             rounds_completed: resume.rounds_completed,
             rounds_abandoned: resume.rounds_abandoned,
             cfg,
+            entropy,
             phase: Phase::Waiting { since: None },
             hosted: BTreeMap::new(),
             clients: HashMap::new(),
             opened_any: false,
-        }
+        })
     }
 
+    /// The configuration the engine runs.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
@@ -256,6 +491,7 @@ impl Engine {
             _ => None,
         }
     }
+    /// True once [`Action::Finished`] was emitted: every later event is ignored or rejected.
     pub fn is_finished(&self) -> bool {
         matches!(self.phase, Phase::Finished)
     }
@@ -277,17 +513,57 @@ impl Engine {
                 mut update,
             } => self.on_update(now, client, round, unit, &mut update, &mut out),
             Event::Tick => self.on_tick(now, &mut out),
-            Event::Committed { round } => self.on_committed(now, round, &mut out),
-            Event::CommitFailed { round, reason } => {
-                if matches!(self.phase, Phase::Committing { round: r, .. } if r == round) {
-                    self.phase = Phase::Finished;
-                    out.push(Action::Finished {
-                        reason: format!("round {round} not released: {reason}"),
-                    });
+            Event::LedgerAppended { round } => self.on_ledger_appended(now, round, &mut out),
+            Event::LedgerRefused { round, reason } => {
+                if self.expects_ledger_answer(round, &mut out) {
+                    self.finish(format!("round {round} not released: {reason}"), &mut out);
+                }
+            }
+            Event::Released {
+                round,
+                target_reached,
+            } => self.on_released(now, round, target_reached, &mut out),
+            Event::ReleaseFailed { round, reason } => {
+                if matches!(self.phase, Phase::Releasing { round: r, .. } if r == round) {
+                    self.finish(
+                        format!("round {round} could not be applied to the model: {reason}"),
+                        &mut out,
+                    );
+                } else {
+                    self.out_of_order("release failure", round, &mut out);
                 }
             }
         }
         out
+    }
+
+    fn finish(&mut self, reason: String, out: &mut Vec<Action>) {
+        self.phase = Phase::Finished;
+        out.push(Action::Finished { reason });
+    }
+
+    /// A commit event that does not answer the action the engine is waiting for is a driver
+    /// bug: continuing could release a round whose record was never written, so the run stops.
+    fn out_of_order(&mut self, what: &str, round: u64, out: &mut Vec<Action>) {
+        if matches!(self.phase, Phase::Finished) {
+            return;
+        }
+        let reason = format!(
+            "driver error: {what} of round {round} fed while the engine is {}; stopping without releasing anything more",
+            self.phase.name()
+        );
+        self.finish(reason, out);
+    }
+
+    /// True when a ledger answer for `round` is what the engine waits for; otherwise stops the
+    /// run ([`Self::out_of_order`]).
+    fn expects_ledger_answer(&mut self, round: u64, out: &mut Vec<Action>) -> bool {
+        if matches!(&self.phase, Phase::Recording(r) if r.round == round) {
+            true
+        } else {
+            self.out_of_order("ledger answer", round, out);
+            false
+        }
     }
 
     /// The same as [`Event::UpdateArrived`], for an update in a caller-owned buffer (the service
@@ -526,8 +802,16 @@ impl Engine {
             return;
         }
         let clipped = clip_l2(update, clip_norm);
-        for (s, x) in open.sum.iter_mut().zip(update.iter()) {
-            *s += *x as f64;
+        if let Err(e) = open.sum.add(update) {
+            // Unreachable for a re-clipped update of the right length (the grid holds every
+            // contribution the configuration allows); refusing it keeps the sum exact.
+            resolve(open);
+            out.push(reject(
+                ErrorCode::Internal,
+                format!("update of unit {unit} cannot be summed: {e}"),
+            ));
+            self.maybe_close(now, out);
+            return;
         }
         open.contributed.insert(unit);
         if let Some(done) = open.cohort.get_mut(&unit) {
@@ -554,18 +838,66 @@ impl Engine {
         }
     }
 
-    fn on_committed(&mut self, now: f64, round: u64, out: &mut Vec<Action>) {
-        let Phase::Committing { round: r, units } = &self.phase else {
+    fn on_ledger_appended(&mut self, now: f64, round: u64, out: &mut Vec<Action>) {
+        if !self.expects_ledger_answer(round, out) {
+            return;
+        }
+        let Phase::Recording(mut rec) =
+            std::mem::replace(&mut self.phase, Phase::Waiting { since: Some(now) })
+        else {
             return;
         };
-        if *r != round {
+        // Only now, with the record durable, is the noise drawn and the mean released.
+        let Some(calibration) = self.calibration else {
+            self.finish(format!("round {round}: a twin has no ledger record"), out);
+            return;
+        };
+        let units = std::mem::take(&mut rec.units);
+        let rec = *rec;
+        let mut noise = rec.noise;
+        let noisy = match rec
+            .sum
+            .release(&mut noise, &calibration, self.cfg.expected_cohort)
+        {
+            Ok(v) => v,
+            Err(e) => {
+                // Validation makes this unreachable; the record over-reports, never under.
+                self.finish(format!("round {round}: noise failed: {e}"), out);
+                return;
+            }
+        };
+        self.phase = Phase::Releasing { round, units };
+        out.push(Action::Release(Box::new(Release {
+            round,
+            noisy_mean: noisy,
+            accepted: rec.accepted,
+            clipped: rec.clipped,
+            offered: rec.offered,
+            rejected: rec.rejected,
+        })));
+    }
+
+    fn on_released(&mut self, now: f64, round: u64, target_reached: bool, out: &mut Vec<Action>) {
+        if !matches!(&self.phase, Phase::Releasing { round: r, .. } if *r == round) {
+            self.out_of_order("release", round, out);
             return;
         }
+        let Phase::Releasing { units, .. } =
+            std::mem::replace(&mut self.phase, Phase::Waiting { since: Some(now) })
+        else {
+            return;
+        };
         if matches!(self.cfg.participation, Participation::Fresh) {
-            self.used.extend(units.iter().copied());
+            self.used.extend(units);
         }
         self.rounds_completed += 1;
-        self.phase = Phase::Waiting { since: Some(now) };
+        if target_reached {
+            self.finish(
+                format!("the model reached its target after round {round}"),
+                out,
+            );
+            return;
+        }
         self.try_open(now, out);
     }
 
@@ -584,7 +916,9 @@ impl Engine {
             return;
         };
         let accepted = open.contributed.len() as u64;
-        if accepted < self.cfg.quorum {
+        // Finding 6: sampled rounds are released whatever the count (see the module docs).
+        let needs_quorum = matches!(self.cfg.participation, Participation::Fresh);
+        if needs_quorum && accepted < self.cfg.quorum {
             self.rounds_abandoned += 1;
             let why = if all_resolved && now < open.deadline {
                 "every cohort unit answered, dropped or was rejected"
@@ -604,67 +938,79 @@ impl Engine {
             self.try_open(now, out);
             return;
         }
-        let mut noise = match self.cfg.seed {
-            Some(seed) => GaussianNoise::seeded(round_noise_seed(seed, open.round)),
-            None => match GaussianNoise::from_os() {
-                Ok(n) => n,
-                Err(e) => {
-                    self.phase = Phase::Finished;
-                    out.push(Action::Finished {
-                        reason: format!("no noise source: {e}"),
-                    });
-                    return;
-                }
-            },
-        };
-        let mut noisy: Vec<f32> = open.sum.iter().map(|s| *s as f32).collect();
-        // z = 0 (a non-private twin, whose C is infinite) means no noise, not 0 x inf = NaN.
-        let std = if self.cfg.noise_multiplier == 0.0 {
-            0.0
-        } else {
-            self.cfg.noise_multiplier * self.cfg.clip_norm
-        };
-        if let Err(e) = noise.add_to(&mut noisy, std) {
-            self.phase = Phase::Finished;
-            out.push(Action::Finished {
-                reason: format!("noise failed: {e}"),
-            });
+        let units: Vec<UnitId> = open.contributed.iter().copied().collect();
+        let offered = open.cohort.len() as u64;
+        if self.cfg.non_private {
+            // The twin: no noise, no record; straight to release.
+            let RoundSum::Twin(sum) = &open.sum else {
+                self.finish(format!("round {}: a twin sums in f64", open.round), out);
+                return;
+            };
+            let mean = twin_mean(sum, self.cfg.expected_cohort);
+            self.phase = Phase::Releasing {
+                round: open.round,
+                units,
+            };
+            out.push(Action::Release(Box::new(Release {
+                round: open.round,
+                noisy_mean: mean,
+                accepted,
+                clipped: open.clipped,
+                offered,
+                rejected: open.rejected,
+            })));
             return;
         }
-        let denom = self.cfg.expected_cohort;
-        for x in noisy.iter_mut() {
-            *x = (*x as f64 / denom) as f32;
-        }
-        let units: Vec<UnitId> = open.contributed.iter().copied().collect();
-        let record = RoundRecord::gaussian_round(
+        let noise = match self.entropy.noise(open.round) {
+            Ok(n) => n,
+            Err(e) => {
+                self.finish(
+                    format!("round {} not released: no noise source: {e}", open.round),
+                    out,
+                );
+                return;
+            }
+        };
+        let (Some(calibration), RoundSum::Exact(sum)) = (self.calibration, open.sum) else {
+            self.finish(
+                format!("round {}: a private round needs its exact sum", open.round),
+                out,
+            );
+            return;
+        };
+        let record = ledger_record(
+            &self.cfg,
+            &calibration,
             open.round,
             units.clone(),
-            self.cfg.noise_multiplier,
-            self.cfg.clip_norm,
             open.sampling_rate,
-            denom,
             noise.source(),
         );
-        self.phase = Phase::Committing {
+        self.phase = Phase::Recording(Box::new(Recording {
             round: open.round,
             units,
-        };
-        out.push(Action::Commit(Box::new(Commit {
-            record,
-            noisy_mean: noisy,
+            sum,
+            noise,
             accepted,
             clipped: open.clipped,
-            offered: open.cohort.len() as u64,
+            offered,
             rejected: open.rejected,
-        })));
+        }));
+        out.push(Action::AppendLedger {
+            round: open.round,
+            record: Box::new(record),
+        });
     }
 
-    fn cohort_rng(&self, round: u64) -> ChaCha20Rng {
-        match self.cfg.seed {
-            Some(seed) => {
-                ChaCha20Rng::seed_from_u64(splitmix64(round_noise_seed(seed, round) ^ 0xc0))
+    /// Round `round`'s cohort generator, or `None` after finishing the run when the entropy
+    /// source failed.
+    fn cohort_rng(&mut self, round: u64, out: &mut Vec<Action>) -> Option<rand::rngs::ChaCha20Rng> {
+        match self.entropy.cohort_rng(round) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.finish(format!("round {round} not opened: {e}"), out);
+                None
             }
-            None => rand::make_rng::<ChaCha20Rng>(),
         }
     }
 
@@ -715,7 +1061,9 @@ impl Engine {
                 if !self.opened_any && self.hosted_units() < self.cfg.population && !timed_out {
                     return;
                 }
-                let mut rng = self.cohort_rng(round);
+                let Some(mut rng) = self.cohort_rng(round, out) else {
+                    return;
+                };
                 let k = want.min(eligible.len());
                 // Partial Fisher-Yates: a uniformly random k-subset.
                 for i in 0..k {
@@ -731,7 +1079,9 @@ impl Engine {
                 if !ready {
                     return;
                 }
-                let mut rng = self.cohort_rng(round);
+                let Some(mut rng) = self.cohort_rng(round, out) else {
+                    return;
+                };
                 let q = rate.get();
                 let sample: Vec<UnitId> = (0..self.cfg.population)
                     .filter(|_| rng.random::<f64>() < q)
@@ -772,7 +1122,10 @@ impl Engine {
             spec,
             cohort: cohort_map,
             contributed: BTreeSet::new(),
-            sum: vec![0.0; self.cfg.dim],
+            sum: match &self.calibration {
+                Some(c) => RoundSum::Exact(FixedPointSum::new(*c.grid(), self.cfg.dim)),
+                None => RoundSum::Twin(vec![0.0; self.cfg.dim]),
+            },
             clipped: 0,
             rejected: 0,
             sampling_rate,

@@ -2,6 +2,7 @@
 //! the privacy ledger, central training and checkpoints.
 //!
 //! - [`engine`]: the round engine, a pure state machine (events in, actions out).
+//! - [`journal`]: the append-only journal of the events fed to the engine, and their replay.
 //! - [`model`]: the [`ServerModel`] trait (the central model and its server optimizer) and the
 //!   mean-estimation model; [`tasks::server_model`] picks one for a scenario ([`dppg`]: the PPO
 //!   policy; [`loglinear`]: the log-linear policy with the L2 trust-region clip).
@@ -12,6 +13,7 @@
 pub mod checkpoint;
 pub mod dppg;
 pub mod engine;
+pub mod journal;
 pub mod loglinear;
 pub mod model;
 pub mod service;

@@ -19,13 +19,8 @@ use tokio::sync::Semaphore;
 
 use crate::tls;
 use crate::trainer::{LocalTrainer, TrainerFactory};
+use fedrl_common::protocol::close_code;
 use fedrl_common::protocol::quic_io::{ReadFrameError, WriteFrameError, read_frame, write_frame};
-
-/// The server's close code for a finished run (mirrors the aggregator's `close_code::FINISHED`).
-const CLOSE_FINISHED: u32 = 0;
-const CLOSE_AUTH: u32 = 2;
-const CLOSE_REFUSED: u32 = 3;
-const CLOSE_PROTOCOL: u32 = 1;
 
 /// How to run a client agent.
 #[derive(Clone)]
@@ -246,11 +241,11 @@ fn close_end(e: &ConnectionError) -> SessionEnd {
         ConnectionError::ApplicationClosed(c) => {
             let reason = String::from_utf8_lossy(&c.reason).to_string();
             let code = c.error_code.into_inner();
-            if code == CLOSE_FINISHED as u64 {
+            if code == u64::from(close_code::FINISHED) {
                 SessionEnd::Finished(reason)
-            } else if code == CLOSE_AUTH as u64
-                || code == CLOSE_REFUSED as u64
-                || code == CLOSE_PROTOCOL as u64
+            } else if code == u64::from(close_code::AUTH)
+                || code == u64::from(close_code::REFUSED)
+                || code == u64::from(close_code::PROTOCOL)
             {
                 SessionEnd::Fatal(reason)
             } else {
@@ -528,7 +523,7 @@ impl Agent {
                 }
             }
             conn.close(
-                VarInt::from_u32(7),
+                VarInt::from_u32(close_code::SIMULATED_DISCONNECT),
                 b"churn: simulated disconnect mid-upload",
             );
             return Some(SessionEnd::Retry(

@@ -130,11 +130,29 @@ pub struct Scenario {
     /// Default false.
     #[serde(default)]
     pub non_private: bool,
+    /// What the aggregator's event journal (in its state directory; operator-only) keeps of each
+    /// update: `"digest"` (every event, an update only by round, unit, client, length and
+    /// SHA-256 digest: no user data on disk) or `"full"` (the update bodies too: users' raw,
+    /// unclipped updates on disk, sensitive, for the operator's exact replay of a run only).
+    /// Default `"digest"`.
+    #[serde(default)]
+    pub journal: JournalMode,
     /// Stress-test misbehaviour of client agents. Default: none.
     #[serde(default)]
     pub churn: Churn,
     /// What is trained.
     pub task: Task,
+}
+
+/// What the event journal keeps of each update (see [`Scenario::journal`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JournalMode {
+    /// Updates by their digest only (no user data on disk).
+    #[default]
+    Digest,
+    /// Updates with their bodies (operator-only, sensitive; makes an exact replay possible).
+    Full,
 }
 
 /// Churn model applied by client agents to each offered unit independently (stress tests).

@@ -179,10 +179,34 @@ impl RoundRecord {
         expected_cohort: f64,
         noise_source: NoiseSource,
     ) -> RoundRecord {
+        let base = DpEvent::Gaussian { noise_multiplier };
+        Self::training_round(
+            round,
+            units,
+            base,
+            clip_norm,
+            sampling_rate,
+            expected_cohort,
+            noise_source,
+        )
+    }
+
+    /// [`gaussian_round`](Self::gaussian_round) for any per-round mechanism `base` (the round
+    /// engine's exact [`DpEvent::DiscreteGaussian`]): Poisson-sampled at `sampling_rate` when it
+    /// is below 1, as [`training_event`] does for the Gaussian.
+    pub fn training_round(
+        round: u64,
+        units: Vec<u64>,
+        base: DpEvent,
+        clip_norm: f64,
+        sampling_rate: Option<f64>,
+        expected_cohort: f64,
+        noise_source: NoiseSource,
+    ) -> RoundRecord {
         RoundRecord {
             round,
             phase: TRAINING_PHASE.to_string(),
-            event: training_event(noise_multiplier, sampling_rate),
+            event: sampled_event(base, sampling_rate),
             sampled_by_aggregator: sampling_rate.is_some(),
             units,
             clip_norm: Some(clip_norm),
@@ -209,16 +233,23 @@ impl RoundRecord {
 /// The event of one training round at noise multiplier `z`, Poisson-sampled at `sampling_rate`
 /// (rate 1 is no sampling: see [`RoundRecord::gaussian_round`]).
 pub fn training_event(z: f64, sampling_rate: Option<f64>) -> DpEvent {
-    let g = DpEvent::Gaussian {
-        noise_multiplier: z,
-    };
+    sampled_event(
+        DpEvent::Gaussian {
+            noise_multiplier: z,
+        },
+        sampling_rate,
+    )
+}
+
+/// `base` run on a Poisson sample at `sampling_rate` (rate 1, or no sampling, is `base` itself).
+fn sampled_event(base: DpEvent, sampling_rate: Option<f64>) -> DpEvent {
     match sampling_rate {
         // An invalid rate stays in the event, so the ledger refuses the record.
         Some(q) if q != 1.0 => DpEvent::PoissonSampled {
             sampling_rate: q,
-            event: Box::new(g),
+            event: Box::new(base),
         },
-        Some(_) | None => g,
+        Some(_) | None => base,
     }
 }
 

@@ -28,3 +28,23 @@ pub use messages::*;
 /// The protocol version every frame carries. A peer speaking another version gets
 /// [`ErrorCode::UnsupportedVersion`] and is disconnected.
 pub const PROTOCOL_VERSION: u16 = 1;
+
+/// QUIC application close codes, shared by the aggregator (which closes with them) and the
+/// client agent (which decides from them whether to reconnect).
+pub mod close_code {
+    /// The run is over.
+    pub const FINISHED: u32 = 0;
+    /// A protocol violation (bad frame, oversized frame, wrong version, unexpected message).
+    pub const PROTOCOL: u32 = 1;
+    /// Authentication failed.
+    pub const AUTH: u32 = 2;
+    /// The join was refused (units in use).
+    pub const REFUSED: u32 = 3;
+    /// A newer connection of the same client replaced this one.
+    pub const REPLACED: u32 = 4;
+    /// The aggregator is shutting down.
+    pub const SHUTDOWN: u32 = 5;
+    /// Sent by a client agent whose churn model simulates a disconnect in the middle of an
+    /// upload (the aggregator treats it like any lost connection).
+    pub const SIMULATED_DISCONNECT: u32 = 7;
+}

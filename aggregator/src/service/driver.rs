@@ -1,0 +1,458 @@
+//! The engine thread: feeds the sans-IO engine with network inputs and ticks, journals every
+//! event it feeds ([`crate::journal`]), and executes the engine's actions (offers,
+//! acknowledgements, ledger appends, releases applied to the model, metrics, checkpoints, the
+//! end-of-run report). It holds no privacy logic: the order ledger append -> release -> next
+//! offers, the non-private twin and stopping at the model's target are the engine's decisions;
+//! the driver only reports what happened (`LedgerAppended`/`LedgerRefused`, `Released` with the
+//! model's `finished()`).
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
+
+use anyhow::Context;
+use bytes::Bytes;
+use fedrl_common::privacy::ledger::PrivacyLedger;
+use fedrl_common::protocol::{
+    Ack, ErrorCode, Leave, LeaveReason, Message, UnitId, UnitRange, close_code, encode_payload,
+};
+use fedrl_common::scenario::Scenario;
+use tokio::sync::mpsc;
+
+use super::RunReport;
+use super::connection::{OutTx, Outbound, Shared, UpdateBody};
+use crate::checkpoint::{self, CheckpointMeta};
+use crate::engine::{Action, ClientId, Engine, Event};
+use crate::journal::JournalWriter;
+use crate::model::ServerModel;
+use crate::state;
+
+/// Inputs of the engine thread.
+pub(super) enum Input {
+    Join {
+        session: ClientId,
+        client_id: String,
+        units: Vec<UnitRange>,
+        out: OutTx,
+    },
+    Left {
+        session: ClientId,
+    },
+    Update {
+        session: ClientId,
+        round: u64,
+        unit: UnitId,
+        body: UpdateBody,
+    },
+    /// A protocol violation on an update stream: forwarded to the connection's writer by the
+    /// engine thread, so acknowledgements of earlier updates go out first.
+    ProtocolError {
+        session: ClientId,
+        message: Message,
+        reason: String,
+    },
+    Tick,
+    Shutdown,
+}
+
+pub(super) struct EngineThread {
+    pub(super) engine: Engine,
+    /// Every event fed to the engine, in order (operator-only).
+    pub(super) journal: JournalWriter,
+    pub(super) ledger: PrivacyLedger,
+    pub(super) model: Box<dyn ServerModel>,
+    pub(super) dir: PathBuf,
+    pub(super) scenario: Scenario,
+    pub(super) sessions: HashMap<ClientId, OutTx>,
+    /// The released model, encoded once as raw little-endian bytes, shared by every offer.
+    pub(super) snapshot: Bytes,
+    pub(super) started: Instant,
+    pub(super) accepted: u64,
+    pub(super) rejected: u64,
+    pub(super) last_eval: Option<serde_json::Value>,
+    /// The model's end-of-run evaluation (e.g. held-out users' mean return).
+    pub(super) final_eval: Option<serde_json::Value>,
+    /// Contributions in released rounds so far (users, for fresh participation).
+    pub(super) users_released: u64,
+    pub(super) shared: Arc<Shared>,
+    pub(super) last_round: u64,
+    /// The metrics line of the round just released, written once the next round's offers are
+    /// out: its epsilon is a full accounting of the ledger (tens of ms), which would otherwise
+    /// delay every round.
+    pub(super) pending_line: Option<serde_json::Value>,
+}
+
+impl EngineThread {
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Input>) -> anyhow::Result<RunReport> {
+        self.snapshot = Bytes::from(encode_payload(self.model.params()));
+        let mut metrics = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(state::METRICS_FILE))
+            .context("opening metrics.jsonl")?;
+        let mut queue: VecDeque<Event> = VecDeque::new();
+        let finished_reason;
+        loop {
+            let Some(input) = rx.blocking_recv() else {
+                finished_reason = "all connections to the engine closed".to_string();
+                break;
+            };
+            let now = self.started.elapsed().as_secs_f64();
+            match input {
+                Input::Join {
+                    session,
+                    client_id,
+                    units,
+                    out,
+                } => {
+                    tracing::info!(session, client_id = %client_id, units = units.len(), "client joined");
+                    self.sessions.insert(session, out);
+                    queue.push_back(Event::ClientJoined {
+                        client: session,
+                        units,
+                    });
+                }
+                Input::Left { session } => {
+                    self.sessions.remove(&session);
+                    queue.push_back(Event::ClientLeft { client: session });
+                }
+                Input::Update {
+                    session,
+                    round,
+                    unit,
+                    mut body,
+                } => {
+                    self.journal
+                        .record_update(now, session, round, unit, &body.data)
+                        .context("journalling an update")?;
+                    let actions =
+                        self.engine
+                            .handle_update(now, session, round, unit, &mut body.data);
+                    // The engine has summed it: the buffer and the permit go back.
+                    drop(body);
+                    if let Some(reason) = self.execute(now, actions, &mut queue, &mut metrics)? {
+                        finished_reason = reason;
+                        break;
+                    }
+                }
+                Input::ProtocolError {
+                    session,
+                    message,
+                    reason,
+                } => {
+                    self.rejected += 1;
+                    self.send(
+                        session,
+                        Outbound::Close {
+                            code: close_code::PROTOCOL,
+                            message: Some(message),
+                            reason,
+                        },
+                    );
+                }
+                Input::Tick => queue.push_back(Event::Tick),
+                Input::Shutdown => {
+                    finished_reason = "shut down by signal".to_string();
+                    for out in self.sessions.values() {
+                        let _ = out.send(Outbound::Close {
+                            code: close_code::SHUTDOWN,
+                            message: Some(Message::Leave(Leave {
+                                reason: LeaveReason::Shutdown,
+                                message: "aggregator shutting down".into(),
+                            })),
+                            reason: "aggregator shutting down".into(),
+                        });
+                    }
+                    break;
+                }
+            }
+            let mut stop = None;
+            while let Some(ev) = queue.pop_front() {
+                let actions = self.feed(now, ev)?;
+                if let Some(reason) = self.execute(now, actions, &mut queue, &mut metrics)? {
+                    stop = Some(reason);
+                    break;
+                }
+            }
+            self.flush_metrics_line(&mut metrics)?;
+            if let Some(reason) = stop {
+                finished_reason = reason;
+                break;
+            }
+        }
+        self.flush_metrics_line(&mut metrics)?;
+        self.save_checkpoint()?;
+        self.final_eval = self.model.final_evaluation();
+        self.model
+            .export(&self.dir)
+            .context("exporting the trained model")?;
+        let report = self.report(finished_reason)?;
+        state::write_atomic(
+            &self.dir.join(state::REPORT_FILE),
+            &serde_json::to_vec_pretty(&report)?,
+        )?;
+        Ok(report)
+    }
+
+    /// Journals `event` and feeds it to the engine. A tick is journalled only when it did
+    /// something: a tick that yields no action leaves the engine unchanged, so a replay without
+    /// it is the same (the engine's replay test drives it the same way).
+    fn feed(&mut self, now: f64, event: Event) -> anyhow::Result<Vec<Action>> {
+        if matches!(event, Event::Tick) {
+            let actions = self.engine.handle(now, Event::Tick);
+            if !actions.is_empty() {
+                self.journal
+                    .record(now, &Event::Tick)
+                    .context("journalling an event")?;
+            }
+            return Ok(actions);
+        }
+        self.journal
+            .record(now, &event)
+            .context("journalling an event")?;
+        Ok(self.engine.handle(now, event))
+    }
+
+    /// Writes the pending metrics line, with the ledger's epsilon as of now (nothing was
+    /// appended since its round: the next commit flushes first).
+    fn flush_metrics_line(&mut self, metrics: &mut std::fs::File) -> anyhow::Result<()> {
+        if let Some(mut line) = self.pending_line.take() {
+            if !self.engine.config().non_private {
+                line["epsilon"] = self.ledger.epsilon().ok().into();
+            }
+            writeln!(metrics, "{line}")?;
+            metrics.flush()?;
+        }
+        Ok(())
+    }
+
+    fn send(&self, client: ClientId, out: Outbound) {
+        if let Some(tx) = self.sessions.get(&client) {
+            let _ = tx.send(out);
+        }
+    }
+
+    /// Executes actions in order; returns `Some(reason)` when the run is over.
+    fn execute(
+        &mut self,
+        now: f64,
+        actions: Vec<Action>,
+        queue: &mut VecDeque<Event>,
+        metrics: &mut std::fs::File,
+    ) -> anyhow::Result<Option<String>> {
+        for action in actions {
+            match action {
+                Action::SendOffer {
+                    client,
+                    spec,
+                    units,
+                } => {
+                    self.last_round = self.last_round.max(spec.round);
+                    self.send(
+                        client,
+                        Outbound::Offer {
+                            spec,
+                            units,
+                            model: self.snapshot.clone(),
+                        },
+                    );
+                }
+                Action::Accepted {
+                    client,
+                    round,
+                    unit,
+                    norm,
+                    clipped,
+                } => {
+                    self.accepted += 1;
+                    self.send(
+                        client,
+                        Outbound::Control(Message::Ack(Ack {
+                            round,
+                            unit,
+                            norm,
+                            clipped,
+                        })),
+                    );
+                }
+                Action::Rejected {
+                    client,
+                    round,
+                    unit,
+                    code,
+                    message,
+                } => {
+                    self.rejected += 1;
+                    tracing::warn!(client, ?code, message = %message, "rejected");
+                    let msg = Message::error(code, &message, round, unit);
+                    if code == ErrorCode::UnitsInUse {
+                        self.send(
+                            client,
+                            Outbound::Close {
+                                code: close_code::REFUSED,
+                                message: Some(msg),
+                                reason: message,
+                            },
+                        );
+                    } else {
+                        self.send(client, Outbound::Control(msg));
+                    }
+                }
+                Action::AppendLedger { round, record } => {
+                    self.flush_metrics_line(metrics)?;
+                    let mut record = *record;
+                    record.unix_time_s = SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0);
+                    // Checked against the budget, appended and fsynced; the engine releases the
+                    // round only after hearing so.
+                    match self.ledger.append(record) {
+                        Ok(()) => queue.push_back(Event::LedgerAppended { round }),
+                        Err(e) => {
+                            eprintln!("round {round} not released: {e}");
+                            queue.push_back(Event::LedgerRefused {
+                                round,
+                                reason: e.to_string(),
+                            });
+                        }
+                    }
+                }
+                Action::Release(release) => {
+                    let round = release.round;
+                    self.flush_metrics_line(metrics)?;
+                    if let Err(e) = self.model.apply(&release.noisy_mean) {
+                        queue.push_back(Event::ReleaseFailed {
+                            round,
+                            reason: e.to_string(),
+                        });
+                        continue;
+                    }
+                    self.snapshot = Bytes::from(encode_payload(self.model.params()));
+                    self.last_eval = self.model.evaluate(round);
+                    self.users_released += release.accepted;
+                    // The epsilon is filled in by `flush_metrics_line`.
+                    self.pending_line = Some(serde_json::json!({
+                        "users": self.users_released,
+                        "epsilon": None::<f64>,
+                        "round": round,
+                        "status": "released",
+                        "accepted": release.accepted,
+                        "clipped": release.clipped,
+                        "offered": release.offered,
+                        "rejected": release.rejected,
+                        "t_s": now,
+                        "rounds_completed": self.engine.rounds_completed() + 1,
+                        "rounds_abandoned": self.engine.rounds_abandoned(),
+                        "eval": self.last_eval,
+                    }));
+                    if (self.engine.rounds_completed() + 1)
+                        .is_multiple_of(self.scenario.checkpoint_every)
+                    {
+                        self.save_checkpoint()?;
+                    }
+                    // The engine decides whether reaching the target ends the run.
+                    queue.push_back(Event::Released {
+                        round,
+                        target_reached: self.model.finished(),
+                    });
+                }
+                Action::Abandoned {
+                    round,
+                    accepted,
+                    quorum,
+                    offered,
+                    reason,
+                } => {
+                    eprintln!("round {round} abandoned: {reason}");
+                    self.flush_metrics_line(metrics)?;
+                    let line = serde_json::json!({
+                        "round": round,
+                        "status": "abandoned",
+                        "accepted": accepted,
+                        "quorum": quorum,
+                        "offered": offered,
+                        "t_s": now,
+                        "rounds_completed": self.engine.rounds_completed(),
+                        "rounds_abandoned": self.engine.rounds_abandoned(),
+                        "reason": reason,
+                    });
+                    writeln!(metrics, "{line}")?;
+                    metrics.flush()?;
+                }
+                Action::Finished { reason } => {
+                    for out in self.sessions.values() {
+                        let _ = out.send(Outbound::Close {
+                            code: close_code::FINISHED,
+                            message: Some(Message::Leave(Leave {
+                                reason: LeaveReason::Finished,
+                                message: reason.clone(),
+                            })),
+                            reason: reason.clone(),
+                        });
+                    }
+                    return Ok(Some(reason));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn save_checkpoint(&self) -> anyhow::Result<()> {
+        let meta = CheckpointMeta {
+            round: self.ledger.last_round().unwrap_or(0).max(self.last_round),
+            rounds_completed: self.engine.rounds_completed(),
+            rounds_abandoned: self.engine.rounds_abandoned(),
+            ledger_records: self.ledger.records().len() as u64,
+            model_meta: serde_json::Value::Null,
+            tensors: 0,
+            tensors_sha256: String::new(),
+        };
+        checkpoint::save(&self.dir, meta, &self.model.state())?;
+        Ok(())
+    }
+
+    fn report(&self, finished: String) -> anyhow::Result<RunReport> {
+        let rep = self.ledger.report().context("accounting the ledger")?;
+        let noise_sources: Vec<String> = rep.noise_sources.iter().map(|s| s.to_string()).collect();
+        Ok(RunReport {
+            scenario: self.scenario.name.clone(),
+            rounds_completed: self.engine.rounds_completed(),
+            rounds_abandoned: self.engine.rounds_abandoned(),
+            rounds_attempted: self.engine.rounds_completed() + self.engine.rounds_abandoned(),
+            epsilon: if self.engine.config().non_private {
+                f64::INFINITY
+            } else {
+                rep.epsilon
+            },
+            epsilon_rdp: if self.engine.config().non_private {
+                f64::INFINITY
+            } else {
+                rep.epsilon_rdp
+            },
+            delta: rep.delta,
+            target_epsilon: rep.target_epsilon,
+            units: rep.units,
+            seeded: rep.noise_sources.iter().any(|s| !s.is_private()),
+            noise_sources,
+            accountant: if self.engine.config().non_private {
+                "none (non-private twin: no clipping, no noise)".into()
+            } else {
+                rep.accountant.clone()
+            },
+            wall_seconds: self.started.elapsed().as_secs_f64(),
+            finished,
+            final_eval: self.last_eval.clone(),
+            final_evaluation: self.final_eval.clone(),
+            non_private: self.engine.config().non_private,
+            updates_accepted: self.accepted,
+            updates_rejected: self.rejected,
+            bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
+            update_buffers_allocated: self.shared.pool.allocated.load(Ordering::Relaxed),
+        })
+    }
+}

@@ -1,0 +1,213 @@
+//! Start-up and resume: the state directory, TLS identity and enrolment secret, the ledger and
+//! checkpoint (which decide where the run continues), the engine configuration, and spawning the
+//! endpoint, the engine thread and the connection acceptor.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use fedrl_common::privacy::ledger::{Participation, PrivacyLedger};
+use fedrl_common::protocol::{Welcome, close_code};
+use quinn::VarInt;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::connection::{
+    BufferPool, MAX_CONCURRENT_OFFERS, STALL_TIMEOUT_S, Shared, handle_connection,
+};
+use super::driver::{EngineThread, Input};
+use super::transport::{self, IDLE_RECEIVE_WINDOW};
+use super::{AddressFile, AggregatorOptions, RunReport};
+use crate::checkpoint;
+use crate::engine::{self, Engine, EngineConfig, Resume};
+use crate::journal::{JOURNAL_FILE, JournalWriter};
+use crate::model::ServerModel;
+use crate::state;
+use crate::tls;
+
+/// Runs an aggregator until the scenario's rounds are done (or the budget or population is
+/// exhausted, or `shutdown` fires). Returns the report.
+pub async fn run(
+    opts: AggregatorOptions,
+    model: Box<dyn ServerModel>,
+    shutdown: Option<oneshot::Receiver<()>>,
+) -> anyhow::Result<RunReport> {
+    let scenario = opts.scenario.clone();
+    let dir = opts.state_dir.clone();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let identity = tls::load_or_create_identity(&dir)?;
+    let secret = state::load_or_create_secret(&dir)?;
+
+    // The ledger and checkpoint decide where this run continues.
+    let (ledger, recovery) =
+        PrivacyLedger::open(dir.join(state::LEDGER_FILE), scenario.ledger_config()?)
+            .context("opening the privacy ledger")?;
+    if recovery.torn_bytes > 0 {
+        eprintln!("ledger recovery: {recovery}");
+    }
+    let mut model = model;
+    let ckpt = checkpoint::load(&dir)?;
+    let mut resume = Resume::default();
+    let last_ledger_round = ledger.last_round().unwrap_or(0);
+    let mut ckpt_round = 0;
+    if let Some((meta, st)) = ckpt {
+        model
+            .restore(st)
+            .context("restoring the model from the checkpoint")?;
+        ckpt_round = meta.round;
+        resume.rounds_abandoned = meta.rounds_abandoned;
+        eprintln!(
+            "resuming from checkpoint at round {} ({} ledger records; the ledger has {})",
+            meta.round,
+            meta.ledger_records,
+            ledger.records().len()
+        );
+    }
+    resume.next_round = last_ledger_round.max(ckpt_round) + 1;
+    resume.rounds_completed = ledger.records().len() as u64;
+    if matches!(scenario.participation, Participation::Fresh) {
+        resume.used_units = ledger
+            .records()
+            .iter()
+            .flat_map(|r| r.units.iter().copied())
+            .collect();
+    }
+
+    let cfg = EngineConfig::for_scenario(&scenario);
+    if model.params().len() != cfg.dim {
+        anyhow::bail!(
+            "the model has {} parameters but the task's dim is {}",
+            model.params().len(),
+            cfg.dim
+        );
+    }
+
+    let endpoint = transport::create_endpoint(&opts, &identity, &secret)?;
+    let addr = endpoint.local_addr()?;
+    println!("fedrl aggregator listening on {addr}");
+    println!("certificate SHA-256: {}", identity.fingerprint);
+    let addr_file = AddressFile {
+        addr,
+        fingerprint: identity.fingerprint.clone(),
+        pid: std::process::id(),
+    };
+    state::write_atomic(
+        &dir.join(state::ADDRESS_FILE),
+        &serde_json::to_vec_pretty(&addr_file)?,
+    )?;
+
+    let (engine_tx, engine_rx) = mpsc::channel::<Input>(1024);
+    let shared = Arc::new(Shared {
+        engine_tx: engine_tx.clone(),
+        secret,
+        max_frame: scenario.max_frame_bytes,
+        permits: Arc::new(Semaphore::new(opts.max_inflight_updates.max(1))),
+        pool: Arc::new(BufferPool {
+            free: Mutex::new(Vec::new()),
+            keep: opts.max_inflight_updates.max(1),
+            allocated: AtomicU64::new(0),
+        }),
+        idle_window: IDLE_RECEIVE_WINDOW as u64,
+        admitted_window: opts.tuning.receive_window as u64,
+        stall_timeout: Duration::from_secs_f64(
+            STALL_TIMEOUT_S.min(scenario.round_deadline_s.max(1.0) * 2.0),
+        ),
+        offer_permits: Arc::new(Semaphore::new(MAX_CONCURRENT_OFFERS)),
+        welcome: Welcome {
+            session: 0,
+            task_json: scenario.task.to_json(),
+            churn_json: serde_json::to_string(&scenario.churn)?,
+            dim: cfg.dim as u32,
+            clip_norm: scenario.clip_norm,
+            max_frame_bytes: scenario.max_frame_bytes,
+            seed: scenario.seed,
+        },
+        next_session: AtomicU64::new(1),
+        clients: Mutex::new(HashMap::new()),
+        bytes_ingested: AtomicU64::new(0),
+        update_timeout: Duration::from_secs_f64(scenario.round_deadline_s.max(1.0) * 2.0),
+    });
+
+    let (done_tx, done_rx) = oneshot::channel::<anyhow::Result<RunReport>>();
+    let engine_shared = shared.clone();
+    // Entropy is injected: the OS CSPRNG, or the scenario's seed (reproducible, not private).
+    let engine = Engine::new(cfg, resume, engine::for_seed(scenario.seed))?;
+    let journal = JournalWriter::open(dir.join(JOURNAL_FILE), scenario.journal)
+        .context("opening the event journal")?;
+    let ctx = EngineThread {
+        engine,
+        journal,
+        ledger,
+        model,
+        dir: dir.clone(),
+        scenario: scenario.clone(),
+        sessions: HashMap::new(),
+        snapshot: Bytes::new(),
+        started: Instant::now(),
+        accepted: 0,
+        rejected: 0,
+        last_eval: None,
+        final_eval: None,
+        users_released: 0,
+        shared: engine_shared,
+        last_round: last_ledger_round.max(ckpt_round),
+        pending_line: None,
+    };
+    std::thread::Builder::new()
+        .name("fedrl-engine".into())
+        .spawn(move || {
+            let r = ctx.run(engine_rx);
+            let _ = done_tx.send(r);
+        })
+        .context("starting the engine thread")?;
+
+    // Ticks drive deadlines; a full channel just skips a tick.
+    let tick_tx = engine_tx.clone();
+    tokio::spawn(async move {
+        let mut iv = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            iv.tick().await;
+            match tick_tx.try_send(Input::Tick) {
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => break,
+            }
+        }
+    });
+    if let Some(sd) = shutdown {
+        let tx = engine_tx.clone();
+        tokio::spawn(async move {
+            if sd.await.is_ok() {
+                let _ = tx.send(Input::Shutdown).await;
+            }
+        });
+    }
+
+    let accept_ep = endpoint.clone();
+    let accept_shared = shared.clone();
+    let acceptor = tokio::spawn(async move {
+        while let Some(incoming) = accept_ep.accept().await {
+            let s = accept_shared.clone();
+            tokio::spawn(async move {
+                if let Ok(connecting) = incoming.accept()
+                    && let Ok(conn) = connecting.await
+                {
+                    handle_connection(s, conn).await;
+                }
+            });
+        }
+    });
+
+    let report = done_rx.await.context("the engine thread died")?;
+    // Let the writers deliver the final Leave messages, then close.
+    tokio::time::sleep(Duration::from_secs_f64(opts.drain_s.min(0.5))).await;
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.drain_s);
+    while Instant::now() < deadline && endpoint.open_connections() > 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    endpoint.close(VarInt::from_u32(close_code::FINISHED), b"run finished");
+    acceptor.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    report
+}
