@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::Bytes;
-use fedrl_common::privacy::ledger::{Participation, PrivacyLedger};
+use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::protocol::{Welcome, close_code};
 use quinn::VarInt;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -19,9 +19,9 @@ use super::connection::{
 };
 use super::driver::{EngineThread, Input};
 use super::transport::{self, IDLE_RECEIVE_WINDOW};
-use super::{AddressFile, AggregatorOptions, RunReport};
+use super::{AddressFile, AggregatorOptions, RunReport, resume};
 use crate::checkpoint;
-use crate::engine::{Engine, EngineConfig, Resume};
+use crate::engine::{Engine, EngineConfig};
 use crate::model::ServerModel;
 use crate::state;
 use crate::tls;
@@ -36,10 +36,14 @@ pub async fn run(
     let scenario = opts.scenario.clone();
     let dir = opts.state_dir.clone();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // One aggregator per state directory, for the whole run (released when `run` returns or the
+    // process dies): two would append to one ledger and under-report epsilon.
+    let _lock = state::lock_state_dir(&dir)?;
+    state::write_files_guide(&dir)?;
     let identity = tls::load_or_create_identity(&dir)?;
     let secret = state::load_or_create_secret(&dir)?;
 
-    // The ledger and checkpoint decide where this run continues.
+    // The ledger and checkpoint decide where this run continues, or that it must not.
     let (ledger, recovery) =
         PrivacyLedger::open(dir.join(state::LEDGER_FILE), scenario.ledger_config())
             .context("opening the privacy ledger")?;
@@ -48,30 +52,25 @@ pub async fn run(
     }
     let mut model = model;
     let ckpt = checkpoint::load(&dir)?;
-    let mut resume = Resume::default();
-    let last_ledger_round = ledger.last_round().unwrap_or(0);
-    let mut ckpt_round = 0;
+    let ckpt_meta = ckpt.as_ref().map(|(m, _)| m);
+    if let Some(raised) = resume::check_state(&ledger, ckpt_meta, opts.allow_budget_increase)? {
+        eprintln!(
+            "privacy budget raised by the operator (--allow-budget-increase): target epsilon {} -> {}",
+            raised.from, raised.to
+        );
+    }
+    let resume = resume::resume_point(&ledger, ckpt_meta, scenario.participation);
+    let last_round = resume.next_round - 1;
     if let Some((meta, st)) = ckpt {
         model
             .restore(st)
             .context("restoring the model from the checkpoint")?;
-        ckpt_round = meta.round;
-        resume.rounds_abandoned = meta.rounds_abandoned;
         eprintln!(
             "resuming from checkpoint at round {} ({} ledger records; the ledger has {})",
             meta.round,
             meta.ledger_records,
             ledger.records().len()
         );
-    }
-    resume.next_round = last_ledger_round.max(ckpt_round) + 1;
-    resume.rounds_completed = ledger.records().len() as u64;
-    if matches!(scenario.participation, Participation::Fresh) {
-        resume.used_units = ledger
-            .records()
-            .iter()
-            .flat_map(|r| r.units.iter().copied())
-            .collect();
     }
 
     let cfg = EngineConfig {
@@ -162,8 +161,7 @@ pub async fn run(
         final_eval: None,
         users_released: 0,
         shared: engine_shared,
-        last_round: last_ledger_round.max(ckpt_round),
-        pending_line: None,
+        last_round,
     };
     std::thread::Builder::new()
         .name("fedrl-engine".into())
