@@ -52,6 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let model = tasks::server_model(&scenario)?;
+    let state_dir = args.state_dir.clone();
     let mut opts = AggregatorOptions::new(scenario, args.listen, args.state_dir);
     opts.max_inflight_updates = args.max_inflight_updates;
     opts.allow_budget_increase = args.allow_budget_increase;
@@ -66,6 +67,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
         service::run(opts, model, Some(rx)).await
     })?;
+    // The whole report, exact counts included, goes to the operator's console; the publishable
+    // part is STATE_DIR/report.json.
+    eprintln!(
+        "run report (operator-only: it has exact counts; the public part is {}):",
+        state_dir.join(state::REPORT_FILE).display()
+    );
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(ExitCode::SUCCESS)
 }
