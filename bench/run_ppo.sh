@@ -11,7 +11,7 @@ cargo bench -p fedrl-bench --bench ppo -- --users 512 --threads 2
 echo "== fedrl: the default job, \`fedrl run\` (CartPole-v1 DPPG, user-level epsilon 1, over QUIC)"
 out="$(mktemp -d)"
 cargo run --release -q -- run --out "$out/run" >/dev/null
-grep -E '"(wall_seconds|final_eval_return|users|rounds_completed|epsilon)"' "$out/run/report.json"
+grep -E '"(wall_seconds|final_eval_return|users|rounds_completed|epsilon)"' "$out/run/operator/report.json"  # users is an exact count: operator-only
 rm -rf "$out"
 echo "== fedrl: DP-FedAvg PPO, epsilon 1 (fresh users), time to eval >= 475"
 cargo run --release -p fedrl-common --features nn --example fedavg_cartpole -- \

@@ -2,9 +2,10 @@
 //! follow progress, and collect the results (`fedrl run`). Reusable: the RL tasks extend the
 //! report (see [`RunResult::report`], a JSON object) without touching process management.
 //!
-//! Output directory layout: `scenario.toml` (the scenario as run), `state/` (the aggregator's
-//! state directory), `ledger` and `metrics.jsonl` (copied from `state/`), `report.json`,
-//! `aggregator.log`, `client-N.log`.
+//! Output directory layout ([`OUTPUT_FILES_GUIDE`], written as `FILES.md`): public files at the
+//! top (`scenario.toml`, `report.json`, `metrics.jsonl`, the model, plots), operator-only files
+//! under `operator/` (`report.json` and `metrics.jsonl` with exact counts, `privacy.ledger`, the
+//! processes' logs), and `state/` (the aggregator's state directory, operator-only as a whole).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,12 +21,39 @@ use fedrl_common::scenario::Scenario;
 /// The built-in scenario (`fedrl run` with no file).
 pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
 
+/// `FILES.md` of a `fedrl run` output directory.
+pub const OUTPUT_FILES_GUIDE: &str = "\
+# Files in this `fedrl run` output directory
+
+Public files are differentially private outputs or the run's configuration: they may be
+published. Operator-only files hold exact counts, unit ids, keys or logs: under Poisson sampling
+the units drawn each round (and how many) must stay secret, because the privacy amplification
+relies on it. Do not publish them.
+
+| file | who | what |
+| --- | --- | --- |
+| `report.json` | public | epsilon/delta, accountant, noise source, evaluations of the released model, run configuration |
+| `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+| `policy.safetensors` (or the task's model export) | public | the released model |
+| `learning_curve.png` | public | evaluation return of released models per round |
+| `scenario.toml`, `twin-scenario.toml` | public | the scenario as run |
+| `operator/report.json` | operator | the report plus exact counts (users, units, updates, bytes) and the client agents' summaries |
+| `operator/metrics.jsonl` | operator | per round with exact counts (offered, accepted, clipped, rejected) |
+| `operator/privacy.ledger` | operator | the privacy ledger: every released round and its unit ids (`fedrl ledger` reads it) |
+| `operator/aggregator.log`, `operator/client-N.log` | operator | the processes' logs |
+| `state/` | operator (holds keys) | the aggregator's state directory (see its own `FILES.md`) |
+| `twin/` | public/operator as above | the non-private twin's run (`--twin`), same layout |
+";
+
 /// A prepared local run: the scenario and where its results go.
 pub struct LocalRun {
     pub scenario: Scenario,
     /// The scenario file the aggregator reads (inside `out_dir`).
     pub scenario_path: PathBuf,
     pub out_dir: PathBuf,
+    /// Passed to the aggregator as `--allow-budget-increase`: a resumed run (an `out_dir` that
+    /// already holds `state/`) may ask for a larger `target_epsilon` than its ledger's.
+    pub allow_budget_increase: bool,
 }
 
 impl LocalRun {
@@ -59,15 +87,19 @@ impl LocalRun {
             scenario: parsed,
             scenario_path,
             out_dir,
+            allow_budget_increase: false,
         })
     }
 }
 
 /// What a local run produced.
 pub struct RunResult {
-    /// `report.json` as written: the aggregator's report plus `wall_seconds` of the whole run and
-    /// the client agents' summaries. Extend it freely (it is a JSON object).
+    /// `report.json` as written (public): the aggregator's public report plus `wall_seconds` of
+    /// the whole run. Extend it freely (it is a JSON object), with DP outputs only.
     pub report: serde_json::Value,
+    /// `operator/report.json` as written (operator-only): the aggregator's whole report with its
+    /// exact counts, `wall_seconds` and the client agents' summaries.
+    pub operator: serde_json::Value,
 }
 
 /// Kills and reaps child processes when dropped (errors, panics, timeouts).
@@ -93,12 +125,13 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join("\n")
 }
 
-/// Starts `exe aggregator` with `state_dir` and waits for its address file.
+/// Starts `exe aggregator` with `state_dir` (and `extra_args`) and waits for its address file.
 pub fn spawn_aggregator(
     exe: &Path,
     scenario_path: &Path,
     state_dir: &Path,
     listen: &str,
+    extra_args: &[&str],
     log: &Path,
 ) -> anyhow::Result<(Child, AddressFile)> {
     fs::create_dir_all(state_dir)?;
@@ -112,6 +145,7 @@ pub fn spawn_aggregator(
         .arg(listen)
         .arg("--state-dir")
         .arg(state_dir)
+        .args(extra_args)
         .stdout(out)
         .stderr(err)
         .spawn()
@@ -180,14 +214,28 @@ pub fn run_local(
     // The parent issues the tokens, so it chooses the enrolment secret.
     let secret = state::random_secret()?;
     state::store_secret(&state_dir, &secret)?;
-    let agg_log = out.join("aggregator.log");
-    let (agg, addr) =
-        spawn_aggregator(exe, &run.scenario_path, &state_dir, "127.0.0.1:0", &agg_log)?;
+    let op_dir = out.join(state::OPERATOR_DIR);
+    fs::create_dir_all(&op_dir).with_context(|| format!("creating {}", op_dir.display()))?;
+    fs::write(out.join(state::FILES_GUIDE_FILE), OUTPUT_FILES_GUIDE)?;
+    let agg_log = op_dir.join("aggregator.log");
+    let extra: &[&str] = if run.allow_budget_increase {
+        &["--allow-budget-increase"]
+    } else {
+        &[]
+    };
+    let (agg, addr) = spawn_aggregator(
+        exe,
+        &run.scenario_path,
+        &state_dir,
+        "127.0.0.1:0",
+        extra,
+        &agg_log,
+    )?;
     let mut children = Children(vec![("aggregator".into(), agg)]);
     for i in 0..run.scenario.client_agents {
         let token = issue_token(&secret, &format!("agent-{i}"))?;
         let units = run.scenario.agent_units(i);
-        let log = out.join(format!("client-{i}.log"));
+        let log = op_dir.join(format!("client-{i}.log"));
         let c = spawn_client(exe, &addr, &token, &units.to_string(), &log)?;
         children.0.push((format!("client-{i}"), c));
     }
@@ -204,9 +252,12 @@ pub fn run_local(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let metrics_path = state_dir.join(state::METRICS_FILE);
+    // The progress bar is the operator's: it reads the exact counts.
+    let op_metrics_path = state_dir
+        .join(state::OPERATOR_DIR)
+        .join(state::METRICS_FILE);
     let agg_status = loop {
-        if let Ok(text) = fs::read_to_string(&metrics_path) {
+        if let Ok(text) = fs::read_to_string(&op_metrics_path) {
             let (mut rel, mut ab) = (0u64, 0u64);
             let (mut users, mut epsilon, mut eval) = (0u64, None, None);
             for line in text.lines() {
@@ -242,7 +293,7 @@ pub fn run_local(
                 bar.abandon();
                 bail!(
                     "{name} exited ({status}):\n{}",
-                    tail(&out.join(format!("{name}.log")))
+                    tail(&op_dir.join(format!("{name}.log")))
                 );
             }
         }
@@ -269,7 +320,7 @@ pub fn run_local(
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        let log = out.join(format!("{name}.log"));
+        let log = op_dir.join(format!("{name}.log"));
         let summary = fs::read_to_string(&log)
             .ok()
             .and_then(|t| {
@@ -286,27 +337,45 @@ pub fn run_local(
     }
     drop(children);
 
-    let report_path = state_dir.join(state::REPORT_FILE);
-    let text = fs::read_to_string(&report_path)
-        .with_context(|| format!("reading {}", report_path.display()))?;
-    let mut report: serde_json::Value = serde_json::from_str(&text)?;
-    if let Some(obj) = report.as_object_mut() {
-        obj.insert(
-            "aggregator_wall_seconds".into(),
-            obj.get("wall_seconds").cloned().unwrap_or_default(),
-        );
-        obj.insert(
-            "wall_seconds".into(),
-            serde_json::json!(t0.elapsed().as_secs_f64()),
-        );
+    let read_json = |path: PathBuf| -> anyhow::Result<serde_json::Value> {
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    };
+    let wall = serde_json::json!(t0.elapsed().as_secs_f64());
+    let mut report = read_json(state_dir.join(state::REPORT_FILE))?;
+    let mut operator = read_json(state_dir.join(state::OPERATOR_DIR).join(state::REPORT_FILE))?;
+    for r in [&mut report, &mut operator] {
+        if let Some(obj) = r.as_object_mut() {
+            obj.insert(
+                "aggregator_wall_seconds".into(),
+                obj.get("wall_seconds").cloned().unwrap_or_default(),
+            );
+            obj.insert("wall_seconds".into(), wall.clone());
+        }
+    }
+    if let Some(obj) = operator.as_object_mut() {
         obj.insert("client_agents".into(), serde_json::Value::Array(clients));
     }
     fs::copy(
         state_dir.join(state::LEDGER_FILE),
-        out.join(state::LEDGER_FILE),
+        op_dir.join(state::LEDGER_FILE),
     )
     .context("copying the ledger")?;
-    fs::copy(&metrics_path, out.join("metrics.jsonl")).context("copying metrics.jsonl")?;
-    fs::write(out.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
-    Ok(RunResult { report })
+    fs::copy(
+        state_dir.join(state::METRICS_FILE),
+        out.join(state::METRICS_FILE),
+    )
+    .context("copying metrics.jsonl")?;
+    fs::copy(&op_metrics_path, op_dir.join(state::METRICS_FILE))
+        .context("copying operator/metrics.jsonl")?;
+    fs::write(
+        out.join(state::REPORT_FILE),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    fs::write(
+        op_dir.join(state::REPORT_FILE),
+        serde_json::to_vec_pretty(&operator)?,
+    )?;
+    Ok(RunResult { report, operator })
 }

@@ -1,5 +1,6 @@
 //! `fedrl run` end to end: aggregator and client agents as separate processes on loopback;
-//! report.json, the ledger and metrics.jsonl land in the output directory.
+//! report.json and metrics.jsonl (public) land in the output directory, the ledger and the exact
+//! counts under `operator/`.
 
 mod e2e_support;
 
@@ -46,8 +47,11 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
         "fedrl run failed: {stderr}\n{}",
         String::from_utf8_lossy(&o.stdout)
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let read_json = |p: std::path::PathBuf| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+    };
+    let report = read_json(out.join("report.json"));
+    let operator = read_json(out.join("operator").join("report.json"));
     for key in [
         "rounds_completed",
         "rounds_abandoned",
@@ -68,13 +72,17 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
     // Bodies are read into pooled buffers, one per read permit (8 by default) at most, reused
     // from update to update: memory for bodies does not grow with the updates or the clients.
     assert!(
-        report["updates_accepted"].as_u64().unwrap() >= 32,
-        "{report}"
+        operator["updates_accepted"].as_u64().unwrap() >= 32,
+        "{operator}"
     );
-    let buffers = report["update_buffers_allocated"].as_u64().unwrap();
-    assert!((1..=8).contains(&buffers), "{report}");
-    let (_, records, _) =
-        PrivacyLedger::read(out.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
+    let buffers = operator["update_buffers_allocated"].as_u64().unwrap();
+    assert!((1..=8).contains(&buffers), "{operator}");
+    assert!(operator["users"].as_u64().unwrap() >= 32, "{operator}");
+    let (_, records, _) = PrivacyLedger::read(
+        out.join("operator")
+            .join(fedrl_aggregator::state::LEDGER_FILE),
+    )
+    .unwrap();
     assert_eq!(records.len(), 4);
     // Fresh participation: no unit appears twice in the whole ledger.
     let mut all: Vec<u64> = records.iter().flat_map(|r| r.units.clone()).collect();
@@ -95,6 +103,7 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
             .count(),
         4
     );
+    public_files_hold_no_exact_counts(&out, &report);
     // The estimate approaches the true mean (norm 0.5): the error is well below the mean's norm.
     let err = report["final_eval"]["l2_error"].as_f64().unwrap();
     assert!(err < 0.6, "l2 error {err}");
@@ -117,4 +126,68 @@ fn bad_scenario_is_a_usage_error() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("roundz"));
+}
+
+/// Finding 4 of the privacy review: the files a user would publish (the output directory's top
+/// level) hold DP outputs and configuration only: no exact counts, no unit ids, no ledger.
+fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json::Value) {
+    const COUNTS: [&str; 12] = [
+        "accepted",
+        "clipped",
+        "offered",
+        "rejected",
+        "quorum",
+        "users",
+        "units",
+        "updates_accepted",
+        "updates_rejected",
+        "bytes_ingested",
+        "update_buffers_allocated",
+        "client_agents",
+    ];
+    for key in COUNTS {
+        assert!(report.get(key).is_none(), "report.json has {key}: {report}");
+    }
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    for line in metrics.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for key in v.as_object().unwrap().keys() {
+            assert!(
+                ["round", "status", "epsilon", "delta", "eval", "t_s"].contains(&key.as_str()),
+                "metrics.jsonl has {key}: {line}"
+            );
+        }
+    }
+    let operator_metrics =
+        std::fs::read_to_string(out.join("operator").join("metrics.jsonl")).unwrap();
+    assert!(
+        operator_metrics.contains("\"accepted\""),
+        "{operator_metrics}"
+    );
+    // Everything at the top level is public, and no unit list is among it.
+    let public: Vec<String> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for name in &public {
+        assert!(
+            [
+                "report.json",
+                "metrics.jsonl",
+                "scenario.toml",
+                "FILES.md",
+                "operator",
+                "state"
+            ]
+            .contains(&name.as_str()),
+            "unexpected file at the public top level: {name}"
+        );
+    }
+    let guide = std::fs::read_to_string(out.join("FILES.md")).unwrap();
+    assert!(guide.contains("operator/privacy.ledger"), "{guide}");
+    let state_guide = std::fs::read_to_string(out.join("state").join("FILES.md")).unwrap();
+    assert!(
+        state_guide.contains("operator/metrics.jsonl"),
+        "{state_guide}"
+    );
 }

@@ -243,8 +243,10 @@ fn fedrl_run_trains_riverswim_loglinear() {
     assert!(eps <= 1.0, "{report}");
     let ret = report["final_eval_return"].as_f64().unwrap();
     assert!(ret.is_finite() && ret >= 0.0, "{report}");
+    // The ledger lists unit ids: operator-only.
     let (_, records, _) = fedrl_common::privacy::ledger::PrivacyLedger::read(
-        out.join(fedrl_aggregator::state::LEDGER_FILE),
+        out.join(fedrl_aggregator::state::OPERATOR_DIR)
+            .join(fedrl_aggregator::state::LEDGER_FILE),
     )
     .unwrap();
     assert_eq!(records.len(), 12);

@@ -7,8 +7,6 @@
 //! model's `finished()`).
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,13 +21,13 @@ use fedrl_common::protocol::{
 use fedrl_common::scenario::Scenario;
 use tokio::sync::mpsc;
 
-use super::RunReport;
 use super::connection::{OutTx, Outbound, Shared, UpdateBody};
+use super::metrics::{Abandoned, Released, RoundMetrics};
+use super::report::{OperatorCounts, PublicReport, RunReport};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, Event};
 use crate::journal::JournalWriter;
 use crate::model::ServerModel;
-use crate::state;
 
 /// Inputs of the engine thread.
 pub(super) enum Input {
@@ -80,20 +78,12 @@ pub(super) struct EngineThread {
     pub(super) users_released: u64,
     pub(super) shared: Arc<Shared>,
     pub(super) last_round: u64,
-    /// The metrics line of the round just released, written once the next round's offers are
-    /// out: its epsilon is a full accounting of the ledger (tens of ms), which would otherwise
-    /// delay every round.
-    pub(super) pending_line: Option<serde_json::Value>,
 }
 
 impl EngineThread {
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Input>) -> anyhow::Result<RunReport> {
         self.snapshot = Bytes::from(encode_payload(self.model.params()));
-        let mut metrics = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(state::METRICS_FILE))
-            .context("opening metrics.jsonl")?;
+        let mut metrics = RoundMetrics::open(&self.dir)?;
         let mut queue: VecDeque<Event> = VecDeque::new();
         let finished_reason;
         loop {
@@ -191,10 +181,7 @@ impl EngineThread {
             .export(&self.dir)
             .context("exporting the trained model")?;
         let report = self.report(finished_reason)?;
-        state::write_atomic(
-            &self.dir.join(state::REPORT_FILE),
-            &serde_json::to_vec_pretty(&report)?,
-        )?;
+        report.write(&self.dir)?;
         Ok(report)
     }
 
@@ -217,17 +204,11 @@ impl EngineThread {
         Ok(self.engine.handle(now, event))
     }
 
-    /// Writes the pending metrics line, with the ledger's epsilon as of now (nothing was
+    /// Writes the pending metrics lines, with the ledger's epsilon as of now (nothing was
     /// appended since its round: the next commit flushes first).
-    fn flush_metrics_line(&mut self, metrics: &mut std::fs::File) -> anyhow::Result<()> {
-        if let Some(mut line) = self.pending_line.take() {
-            if !self.engine.config().non_private {
-                line["epsilon"] = self.ledger.epsilon().ok().into();
-            }
-            writeln!(metrics, "{line}")?;
-            metrics.flush()?;
-        }
-        Ok(())
+    fn flush_metrics_line(&mut self, metrics: &mut RoundMetrics) -> anyhow::Result<()> {
+        let (non_private, ledger) = (self.engine.config().non_private, &self.ledger);
+        metrics.flush(|| (!non_private).then(|| (ledger.epsilon().ok(), ledger.config().delta.get())))
     }
 
     fn send(&self, client: ClientId, out: Outbound) {
@@ -242,7 +223,7 @@ impl EngineThread {
         now: f64,
         actions: Vec<Action>,
         queue: &mut VecDeque<Event>,
-        metrics: &mut std::fs::File,
+        metrics: &mut RoundMetrics,
     ) -> anyhow::Result<Option<String>> {
         for action in actions {
             match action {
@@ -336,20 +317,18 @@ impl EngineThread {
                     self.last_eval = self.model.evaluate(round);
                     self.users_released += release.accepted;
                     // The epsilon is filled in by `flush_metrics_line`.
-                    self.pending_line = Some(serde_json::json!({
-                        "users": self.users_released,
-                        "epsilon": None::<f64>,
-                        "round": round,
-                        "status": "released",
-                        "accepted": release.accepted,
-                        "clipped": release.clipped,
-                        "offered": release.offered,
-                        "rejected": release.rejected,
-                        "t_s": now,
-                        "rounds_completed": self.engine.rounds_completed() + 1,
-                        "rounds_abandoned": self.engine.rounds_abandoned(),
-                        "eval": self.last_eval,
-                    }));
+                    metrics.released(Released {
+                        round,
+                        t_s: now,
+                        eval: self.last_eval.clone(),
+                        users: self.users_released,
+                        accepted: release.accepted,
+                        clipped: release.clipped,
+                        offered: release.offered,
+                        rejected: release.rejected,
+                        rounds_completed: self.engine.rounds_completed() + 1,
+                        rounds_abandoned: self.engine.rounds_abandoned(),
+                    });
                     if (self.engine.rounds_completed() + 1)
                         .is_multiple_of(self.scenario.checkpoint_every)
                     {
@@ -370,19 +349,16 @@ impl EngineThread {
                 } => {
                     eprintln!("round {round} abandoned: {reason}");
                     self.flush_metrics_line(metrics)?;
-                    let line = serde_json::json!({
-                        "round": round,
-                        "status": "abandoned",
-                        "accepted": accepted,
-                        "quorum": quorum,
-                        "offered": offered,
-                        "t_s": now,
-                        "rounds_completed": self.engine.rounds_completed(),
-                        "rounds_abandoned": self.engine.rounds_abandoned(),
-                        "reason": reason,
-                    });
-                    writeln!(metrics, "{line}")?;
-                    metrics.flush()?;
+                    metrics.abandoned(Abandoned {
+                        round,
+                        t_s: now,
+                        accepted,
+                        quorum,
+                        offered,
+                        rounds_completed: self.engine.rounds_completed(),
+                        rounds_abandoned: self.engine.rounds_abandoned(),
+                        reason,
+                    })?;
                 }
                 Action::Finished { reason } => {
                     for out in self.sessions.values() {
@@ -420,39 +396,43 @@ impl EngineThread {
         let rep = self.ledger.report().context("accounting the ledger")?;
         let noise_sources: Vec<String> = rep.noise_sources.iter().map(|s| s.to_string()).collect();
         Ok(RunReport {
-            scenario: self.scenario.name.clone(),
-            rounds_completed: self.engine.rounds_completed(),
-            rounds_abandoned: self.engine.rounds_abandoned(),
-            rounds_attempted: self.engine.rounds_completed() + self.engine.rounds_abandoned(),
-            epsilon: if self.engine.config().non_private {
-                f64::INFINITY
-            } else {
-                rep.epsilon
+            public: PublicReport {
+                scenario: self.scenario.name.clone(),
+                rounds_completed: self.engine.rounds_completed(),
+                rounds_abandoned: self.engine.rounds_abandoned(),
+                rounds_attempted: self.engine.rounds_completed() + self.engine.rounds_abandoned(),
+                epsilon: if self.engine.config().non_private {
+                    f64::INFINITY
+                } else {
+                    rep.epsilon
+                },
+                epsilon_rdp: if self.engine.config().non_private {
+                    f64::INFINITY
+                } else {
+                    rep.epsilon_rdp
+                },
+                delta: rep.delta,
+                target_epsilon: rep.target_epsilon,
+                seeded: rep.noise_sources.iter().any(|s| !s.is_private()),
+                noise_sources,
+                accountant: if self.engine.config().non_private {
+                    "none (non-private twin: no clipping, no noise)".into()
+                } else {
+                    rep.accountant.clone()
+                },
+                wall_seconds: self.started.elapsed().as_secs_f64(),
+                finished,
+                final_eval: self.last_eval.clone(),
+                final_evaluation: self.final_eval.clone(),
+                non_private: self.engine.config().non_private,
             },
-            epsilon_rdp: if self.engine.config().non_private {
-                f64::INFINITY
-            } else {
-                rep.epsilon_rdp
+            operator: OperatorCounts {
+                units: rep.units,
+                updates_accepted: self.accepted,
+                updates_rejected: self.rejected,
+                bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
+                update_buffers_allocated: self.shared.pool.allocated.load(Ordering::Relaxed),
             },
-            delta: rep.delta,
-            target_epsilon: rep.target_epsilon,
-            units: rep.units,
-            seeded: rep.noise_sources.iter().any(|s| !s.is_private()),
-            noise_sources,
-            accountant: if self.engine.config().non_private {
-                "none (non-private twin: no clipping, no noise)".into()
-            } else {
-                rep.accountant.clone()
-            },
-            wall_seconds: self.started.elapsed().as_secs_f64(),
-            finished,
-            final_eval: self.last_eval.clone(),
-            final_evaluation: self.final_eval.clone(),
-            non_private: self.engine.config().non_private,
-            updates_accepted: self.accepted,
-            updates_rejected: self.rejected,
-            bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
-            update_buffers_allocated: self.shared.pool.allocated.load(Ordering::Relaxed),
         })
     }
 }

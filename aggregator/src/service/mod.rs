@@ -9,7 +9,9 @@
 //! - [`driver`]: the engine thread (feeds the engine, executes its actions: ledger, model,
 //!   metrics, checkpoints, the report).
 //! - [`startup`]: state directory, identity, ledger and checkpoint, the resume point, and
-//!   spawning everything ([`run`]).
+//!   spawning everything ([`run`]); [`resume`]: where a run continues and when it must not.
+//! - [`metrics`], [`report`]: the per-round metrics and the end-of-run report, each split into a
+//!   public file (DP outputs) and an operator-only one (exact counts) under `operator/`.
 //!
 //! Threads: tokio tasks do network I/O only (one per connection, one per update stream, one
 //! writer per connection). The engine, the ledger and the model live on one dedicated OS thread
@@ -35,6 +37,9 @@
 
 mod connection;
 mod driver;
+mod metrics;
+pub mod report;
+pub mod resume;
 mod startup;
 mod transport;
 
@@ -48,6 +53,8 @@ use serde::Serialize;
 use crate::state;
 use crate::tls::TransportTuning;
 
+pub use report::{OperatorCounts, PublicReport, RunReport};
+pub use resume::ResumeError;
 pub use startup::run;
 pub use transport::{
     DEFAULT_SEND_UDP_PAYLOAD, IDLE_RECEIVE_WINDOW, MAX_UPDATE_STREAMS_PER_CONNECTION,
@@ -74,6 +81,10 @@ pub struct AggregatorOptions {
     /// `send_udp_payload` it must be off (see [`DEFAULT_SEND_UDP_PAYLOAD`]); it is turned off
     /// automatically then.
     pub segmentation_offload: bool,
+    /// Resume even though this run's `target_epsilon` is larger than the one the ledger allows
+    /// (the operator's explicit decision; the raise is recorded in the ledger). Default false:
+    /// such a resume is refused (`LedgerError::BudgetIncrease`).
+    pub allow_budget_increase: bool,
 }
 
 impl AggregatorOptions {
@@ -87,6 +98,7 @@ impl AggregatorOptions {
             drain_s: 2.0,
             send_udp_payload: DEFAULT_SEND_UDP_PAYLOAD,
             segmentation_offload: true,
+            allow_budget_increase: false,
         }
     }
 }
@@ -97,46 +109,6 @@ pub struct AddressFile {
     pub addr: SocketAddr,
     pub fingerprint: String,
     pub pid: u32,
-}
-
-/// The end-of-run report (also written to `report.json` in the state directory).
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
-pub struct RunReport {
-    pub scenario: String,
-    pub rounds_completed: u64,
-    pub rounds_abandoned: u64,
-    /// Rounds attempted by this process and its predecessors (released + abandoned).
-    pub rounds_attempted: u64,
-    pub epsilon: f64,
-    pub epsilon_rdp: f64,
-    pub delta: f64,
-    pub target_epsilon: f64,
-    /// Units that contributed to at least one released round.
-    pub units: u64,
-    /// True when the noise was seeded (reproducible, not private).
-    pub seeded: bool,
-    pub noise_sources: Vec<String>,
-    pub accountant: String,
-    /// Seconds this aggregator process ran.
-    pub wall_seconds: f64,
-    /// Why the run ended.
-    pub finished: String,
-    /// The model's last periodic evaluation, if any.
-    pub final_eval: Option<serde_json::Value>,
-    /// The model's end-of-run evaluation, if it has one (e.g. `final_eval_return` on held-out
-    /// users).
-    pub final_evaluation: Option<serde_json::Value>,
-    /// True for a non-private twin: no clipping, no noise, epsilon = infinity.
-    pub non_private: bool,
-    /// Updates accepted/rejected by this process.
-    pub updates_accepted: u64,
-    pub updates_rejected: u64,
-    /// Bytes of update frames read by this process.
-    pub bytes_ingested: u64,
-    /// Update buffers (4 x dim bytes each) this process allocated: at most
-    /// `max_inflight_updates`, however many clients and updates there are, because every body is
-    /// read under a permit into a pooled buffer.
-    pub update_buffers_allocated: u64,
 }
 
 /// Reads `address.json` from a state directory.

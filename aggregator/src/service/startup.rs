@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::Bytes;
-use fedrl_common::privacy::ledger::{Participation, PrivacyLedger};
+use fedrl_common::privacy::ledger::{OpenPolicy, PrivacyLedger};
 use fedrl_common::protocol::{Welcome, close_code};
 use quinn::VarInt;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -19,9 +19,9 @@ use super::connection::{
 };
 use super::driver::{EngineThread, Input};
 use super::transport::{self, IDLE_RECEIVE_WINDOW};
-use super::{AddressFile, AggregatorOptions, RunReport};
+use super::{AddressFile, AggregatorOptions, RunReport, resume};
 use crate::checkpoint;
-use crate::engine::{self, Engine, EngineConfig, Resume};
+use crate::engine::{self, Engine, EngineConfig};
 use crate::journal::{JOURNAL_FILE, JournalWriter};
 use crate::model::ServerModel;
 use crate::state;
@@ -37,42 +37,53 @@ pub async fn run(
     let scenario = opts.scenario.clone();
     let dir = opts.state_dir.clone();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // One aggregator per state directory, for the whole run (released when `run` returns or the
+    // process dies): two would append to one ledger and under-report epsilon.
+    let _lock = state::lock_state_dir(&dir)?;
+    state::write_files_guide(&dir)?;
     let identity = tls::load_or_create_identity(&dir)?;
     let secret = state::load_or_create_secret(&dir)?;
 
-    // The ledger and checkpoint decide where this run continues.
+    // The ledger and checkpoint decide where this run continues, or that it must not. The
+    // ledger refuses a larger target epsilon than it allows unless the operator said so
+    // (`--allow-budget-increase`), and records an allowed raise before anything else runs.
+    let ledger_path = dir.join(state::LEDGER_FILE);
+    let raises_before = PrivacyLedger::read_file(&ledger_path)
+        .map(|f| f.budget_changes().len())
+        .unwrap_or(0);
+    let policy = OpenPolicy {
+        allow_budget_increase: opts.allow_budget_increase,
+    };
     let (ledger, recovery) =
-        PrivacyLedger::open(dir.join(state::LEDGER_FILE), scenario.ledger_config()?)
+        PrivacyLedger::open_with(&ledger_path, scenario.ledger_config()?, policy)
             .context("opening the privacy ledger")?;
     if recovery.torn_bytes > 0 {
         eprintln!("ledger recovery: {recovery}");
     }
+    if ledger.budget_changes().len() > raises_before
+        && let Some(raise) = ledger.budget_changes().last()
+    {
+        eprintln!(
+            "privacy budget raised by the operator (--allow-budget-increase): target epsilon {} -> {} (recorded in the ledger)",
+            raise.from, raise.to
+        );
+    }
     let mut model = model;
     let ckpt = checkpoint::load(&dir)?;
-    let mut resume = Resume::default();
-    let last_ledger_round = ledger.last_round().unwrap_or(0);
-    let mut ckpt_round = 0;
+    let ckpt_meta = ckpt.as_ref().map(|(m, _)| m);
+    resume::check_state(&ledger, ckpt_meta)?;
+    let resume = resume::resume_point(&ledger, ckpt_meta, scenario.participation);
+    let last_round = resume.next_round - 1;
     if let Some((meta, st)) = ckpt {
         model
             .restore(st)
             .context("restoring the model from the checkpoint")?;
-        ckpt_round = meta.round;
-        resume.rounds_abandoned = meta.rounds_abandoned;
         eprintln!(
             "resuming from checkpoint at round {} ({} ledger records; the ledger has {})",
             meta.round,
             meta.ledger_records,
             ledger.records().len()
         );
-    }
-    resume.next_round = last_ledger_round.max(ckpt_round) + 1;
-    resume.rounds_completed = ledger.records().len() as u64;
-    if matches!(scenario.participation, Participation::Fresh) {
-        resume.used_units = ledger
-            .records()
-            .iter()
-            .flat_map(|r| r.units.iter().copied())
-            .collect();
     }
 
     let cfg = EngineConfig::for_scenario(&scenario);
@@ -152,8 +163,7 @@ pub async fn run(
         final_eval: None,
         users_released: 0,
         shared: engine_shared,
-        last_round: last_ledger_round.max(ckpt_round),
-        pending_line: None,
+        last_round,
     };
     std::thread::Builder::new()
         .name("fedrl-engine".into())

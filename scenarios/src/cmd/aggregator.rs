@@ -31,6 +31,11 @@ pub struct Args {
     /// Update frames read concurrently (bounds memory: each holds about 8 x dim bytes).
     #[arg(long, default_value_t = 8)]
     pub max_inflight_updates: usize,
+    /// Resume even though the scenario's `target_epsilon` is larger than the one the state
+    /// directory's ledger was created with (refused otherwise): raising a run's privacy budget is
+    /// the operator's explicit decision, and it is logged.
+    #[arg(long)]
+    pub allow_budget_increase: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -47,8 +52,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let model = tasks::server_model(&scenario)?;
+    let state_dir = args.state_dir.clone();
     let mut opts = AggregatorOptions::new(scenario, args.listen, args.state_dir);
     opts.max_inflight_updates = args.max_inflight_updates;
+    opts.allow_budget_increase = args.allow_budget_increase;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -60,6 +67,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
         service::run(opts, model, Some(rx)).await
     })?;
+    // The whole report, exact counts included, goes to the operator's console; the publishable
+    // part is STATE_DIR/report.json.
+    eprintln!(
+        "run report (operator-only: it has exact counts; the public part is {}):",
+        state_dir.join(state::REPORT_FILE).display()
+    );
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(ExitCode::SUCCESS)
 }

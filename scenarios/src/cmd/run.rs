@@ -22,8 +22,9 @@ const POLICY_FILE: &str = fedrl_aggregator::dppg::POLICY_FILE;
 pub struct Args {
     /// Scenario file (TOML); default: the built-in `scenarios/cartpole-dppg.toml`.
     pub scenario: Option<PathBuf>,
-    /// Output directory (report.json, privacy.ledger, metrics.jsonl, policy, plots, logs);
-    /// default runs/NAME-UNIXTIME.
+    /// Output directory (public: report.json, metrics.jsonl, policy, plots; operator-only, under
+    /// operator/: exact counts, privacy.ledger, logs; FILES.md says which is which); default
+    /// runs/NAME-UNIXTIME. An existing one whose state/ holds a run resumes it.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Also run this non-private twin scenario afterwards (into OUT/twin) and plot both curves.
@@ -33,14 +34,19 @@ pub struct Args {
     /// Give up (and stop every process) after this many seconds.
     #[arg(long, default_value_t = 3600.0)]
     pub timeout: f64,
+    /// When resuming (an --out whose state/ holds a run): allow a larger `target_epsilon` than
+    /// the ledger was created with (refused otherwise).
+    #[arg(long)]
+    pub allow_budget_increase: bool,
 }
 
 /// The built-in scenario's non-private twin.
 const DEFAULT_TWIN: &str = include_str!("../../cartpole-dppg-nonprivate.toml");
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let run = LocalRun::prepare(args.scenario.as_deref(), args.out.as_deref())
+    let mut run = LocalRun::prepare(args.scenario.as_deref(), args.out.as_deref())
         .map_err(|e| UsageError(format!("{e:#}")))?;
+    run.allow_budget_increase = args.allow_budget_increase;
     let twin = match &args.twin {
         None => None,
         Some(p) if p.as_os_str().is_empty() => {
@@ -87,17 +93,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         line_plot(
             &run.out_dir.join(CURVE_FILE),
             &format!("{}: evaluation return on held-out users", run.scenario.name),
-            "users (contributions in released rounds)",
+            "round",
             "mean return",
             &curves,
         )?;
     }
     finish(&run, &mut result)?;
-    print_summary(&run, &result.report);
+    print_summary(&run, &result.report, &result.operator);
     Ok(ExitCode::SUCCESS)
 }
 
-/// Completes `report.json` with the fields a user looks for first and copies the policy.
+/// Completes `report.json` with the fields a user looks for first (DP outputs only) and
+/// `operator/report.json` with the exact count of contributions, and copies the policy.
 fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
     let state_dir = run.out_dir.join("state");
     let policy = state_dir.join(POLICY_FILE);
@@ -121,8 +128,6 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
     };
     if let Some(obj) = r.as_object_mut() {
         obj.insert("final_eval_return".into(), fe["final_eval_return"].clone());
-        let users = last_users(&run.out_dir.join(state::METRICS_FILE));
-        obj.insert("users".into(), serde_json::json!(users));
         obj.insert(
             "rounds".into(),
             obj.get("rounds_completed").cloned().unwrap_or_default(),
@@ -135,14 +140,31 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
             obj.insert("epsilon".into(), serde_json::json!("inf"));
         }
     }
+    // The operator's report gets the same fields plus the exact count of contributions.
+    let mut operator = r.clone();
+    if let (Some(op), Some(obj)) = (result.operator.as_object(), operator.as_object_mut()) {
+        for (k, v) in op {
+            obj.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        let op_dir = run.out_dir.join(state::OPERATOR_DIR);
+        let users = last_users(&op_dir.join(state::METRICS_FILE));
+        obj.insert("users".into(), serde_json::json!(users));
+    }
+    result.operator = operator;
     std::fs::write(
         run.out_dir.join(state::REPORT_FILE),
-        serde_json::to_vec_pretty(r)?,
+        serde_json::to_vec_pretty(&result.report)?,
+    )?;
+    std::fs::write(
+        run.out_dir
+            .join(state::OPERATOR_DIR)
+            .join(state::REPORT_FILE),
+        serde_json::to_vec_pretty(&result.operator)?,
     )?;
     Ok(())
 }
 
-/// Evaluation return against users released so far, from `metrics.jsonl`.
+/// Evaluation return of each released model against its round, from the public `metrics.jsonl`.
 fn curve(run: &LocalRun, name: &str) -> anyhow::Result<Series> {
     let path = run.out_dir.join(state::METRICS_FILE);
     Ok(Series {
@@ -157,11 +179,12 @@ fn eval_points(path: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
     Ok(text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| Some((v["users"].as_f64()?, v["eval"]["eval_return"].as_f64()?)))
+        .filter_map(|v| Some((v["round"].as_f64()?, v["eval"]["eval_return"].as_f64()?)))
         .collect())
 }
 
-/// Contributions in released rounds, from the last released line of `metrics.jsonl`.
+/// Contributions in released rounds, from the last released line of the operator's
+/// `metrics.jsonl` (an exact count: operator-only).
 fn last_users(path: &Path) -> u64 {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -172,17 +195,17 @@ fn last_users(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn print_summary(run: &LocalRun, r: &serde_json::Value) {
+/// Public figures first; the exact counts after them, labelled operator-only.
+fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) {
     let eps = match &r["epsilon"] {
         serde_json::Value::Number(n) => format!("{:.4}", n.as_f64().unwrap_or(f64::NAN)),
         other => other.as_str().unwrap_or("?").to_string(),
     };
     println!(
-        "{}: {} rounds released, {} abandoned, {} users, epsilon {eps} at delta {:e}{} ({:.1} s)",
+        "{}: {} rounds released, {} abandoned, epsilon {eps} at delta {:e}{} ({:.1} s)",
         run.scenario.name,
         r["rounds_completed"],
         r["rounds_abandoned"],
-        r["users"],
         r["delta"].as_f64().unwrap_or(f64::NAN),
         if run.scenario.seed.is_some() {
             ", SEEDED noise (not private)"
@@ -197,5 +220,13 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value) {
             r["final_evaluation"]["final_eval_episodes"]
         );
     }
-    println!("results in {}", run.out_dir.display());
+    println!(
+        "operator-only (exact counts, do not publish): {} users, {} updates accepted, {} rejected",
+        op["users"], op["updates_accepted"], op["updates_rejected"]
+    );
+    println!(
+        "results in {} (public; operator-only files in {}; see FILES.md)",
+        run.out_dir.display(),
+        run.out_dir.join(state::OPERATOR_DIR).display()
+    );
 }

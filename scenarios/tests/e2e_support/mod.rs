@@ -92,8 +92,35 @@ pub fn aggregator(
     listen: &str,
     log: &Path,
 ) -> (Proc, AddressFile) {
+    aggregator_with(scenario, state_dir, listen, &[], log)
+}
+
+/// Starts `fedrl aggregator` with `extra` arguments, without waiting for anything (for starts
+/// that are expected to fail).
+pub fn spawn_aggregator(scenario: &Path, state_dir: &Path, extra: &[&str], log: &Path) -> Proc {
+    let mut args = vec![
+        "aggregator".into(),
+        "--scenario".into(),
+        scenario.display().to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--state-dir".into(),
+        state_dir.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    spawn("aggregator", log, &args)
+}
+
+/// Starts `fedrl aggregator` with `extra` arguments and waits until it listens.
+pub fn aggregator_with(
+    scenario: &Path,
+    state_dir: &Path,
+    listen: &str,
+    extra: &[&str],
+    log: &Path,
+) -> (Proc, AddressFile) {
     let _ = fs::remove_file(state_dir.join(state::ADDRESS_FILE));
-    let args = vec![
+    let mut args = vec![
         "aggregator".into(),
         "--scenario".into(),
         scenario.display().to_string(),
@@ -102,6 +129,7 @@ pub fn aggregator(
         "--state-dir".into(),
         state_dir.display().to_string(),
     ];
+    args.extend(extra.iter().map(|a| a.to_string()));
     let mut p = spawn("aggregator", log, &args);
     let t0 = Instant::now();
     loop {

@@ -1,0 +1,155 @@
+//! The end-of-run report, split by who may read it: [`PublicReport`] (DP outputs and the run's
+//! configuration, `report.json`) and [`OperatorCounts`] (exact counts, `operator/report.json`
+//! together with the public part).
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::state;
+
+/// What may be published about a run: its configuration and DP outputs (epsilon and delta, the
+/// evaluations of released models). No exact counts of units or updates.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PublicReport {
+    pub scenario: String,
+    /// Rounds released, over this process and its predecessors (the public metrics list them).
+    pub rounds_completed: u64,
+    /// Rounds closed without a release.
+    pub rounds_abandoned: u64,
+    /// Rounds attempted by this process and its predecessors (released + abandoned).
+    pub rounds_attempted: u64,
+    /// Epsilon of the worst unit at `delta`, by the reported accountant (infinite for a
+    /// non-private twin).
+    pub epsilon: f64,
+    /// The RDP cross-check at `delta` (never smaller than a valid bound needs to be).
+    pub epsilon_rdp: f64,
+    pub delta: f64,
+    pub target_epsilon: f64,
+    /// True when the noise was seeded (reproducible, not private).
+    pub seeded: bool,
+    pub noise_sources: Vec<String>,
+    pub accountant: String,
+    /// Seconds this aggregator process ran.
+    pub wall_seconds: f64,
+    /// Why the run ended.
+    pub finished: String,
+    /// The released model's last periodic evaluation, if any.
+    pub final_eval: Option<serde_json::Value>,
+    /// The released model's end-of-run evaluation, if it has one (e.g. `final_eval_return` on
+    /// held-out users).
+    pub final_evaluation: Option<serde_json::Value>,
+    /// True for a non-private twin: no clipping, no noise, epsilon = infinity.
+    pub non_private: bool,
+}
+
+/// Exact counts of a run, for the operator only: under Poisson sampling the number of units and
+/// updates is the size of the secret sample, which the amplification relies on.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OperatorCounts {
+    /// Units that contributed to at least one released round.
+    pub units: u64,
+    /// Updates accepted/rejected by this process.
+    pub updates_accepted: u64,
+    pub updates_rejected: u64,
+    /// Bytes of update frames read by this process.
+    pub bytes_ingested: u64,
+    /// Update buffers (4 x dim bytes each) this process allocated: at most
+    /// `max_inflight_updates`, however many clients and updates there are, because every body is
+    /// read under a permit into a pooled buffer.
+    pub update_buffers_allocated: u64,
+}
+
+/// The end-of-run report: serialised flat (both parts' fields side by side), as written to
+/// `operator/report.json`; `report.json` holds only [`RunReport::public`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunReport {
+    #[serde(flatten)]
+    pub public: PublicReport,
+    #[serde(flatten)]
+    pub operator: OperatorCounts,
+}
+
+impl RunReport {
+    /// Writes `report.json` (public part) and `operator/report.json` (everything) into the
+    /// state directory, each atomically.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        let op = dir.join(state::OPERATOR_DIR);
+        std::fs::create_dir_all(&op).with_context(|| format!("creating {}", op.display()))?;
+        state::write_atomic(
+            &dir.join(state::REPORT_FILE),
+            &serde_json::to_vec_pretty(&self.public)?,
+        )?;
+        state::write_atomic(
+            &op.join(state::REPORT_FILE),
+            &serde_json::to_vec_pretty(self)?,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_public_report_file_holds_no_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = RunReport {
+            public: PublicReport {
+                scenario: "s".into(),
+                rounds_completed: 3,
+                rounds_abandoned: 1,
+                rounds_attempted: 4,
+                epsilon: 0.9,
+                epsilon_rdp: 1.0,
+                delta: 1e-5,
+                target_epsilon: 2.0,
+                seeded: false,
+                noise_sources: vec!["os".into()],
+                accountant: "pld".into(),
+                wall_seconds: 1.0,
+                finished: "done".into(),
+                final_eval: None,
+                final_evaluation: None,
+                non_private: false,
+            },
+            operator: OperatorCounts {
+                units: 31,
+                updates_accepted: 37,
+                updates_rejected: 2,
+                bytes_ingested: 1234,
+                update_buffers_allocated: 3,
+            },
+        };
+        report.write(dir.path()).unwrap();
+        let public: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(state::REPORT_FILE)).unwrap())
+                .unwrap();
+        for key in [
+            "units",
+            "updates_accepted",
+            "updates_rejected",
+            "bytes_ingested",
+            "update_buffers_allocated",
+        ] {
+            assert!(public.get(key).is_none(), "{key} in {public}");
+        }
+        assert_eq!(public["epsilon"], 0.9);
+        let operator: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                dir.path()
+                    .join(state::OPERATOR_DIR)
+                    .join(state::REPORT_FILE),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(operator["units"], 31);
+        assert_eq!(operator["update_buffers_allocated"], 3);
+        assert_eq!(operator["epsilon"], 0.9);
+        // Flat, so readers of the old single file find every field where it was.
+        let back: RunReport = serde_json::from_value(operator).unwrap();
+        assert_eq!(back.operator.updates_accepted, 37);
+    }
+}

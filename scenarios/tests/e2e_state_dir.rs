@@ -1,0 +1,189 @@
+//! The state directory's safety checks, with the real `fedrl aggregator` processes: one
+//! aggregator per state directory (finding 2 of the privacy review), and a resume that would
+//! misreport epsilon is refused (finding 1): a checkpoint ahead of its ledger, or a larger
+//! `target_epsilon` than the ledger was created with unless `--allow-budget-increase`.
+
+mod e2e_support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use e2e_support::*;
+use fedrl_common::privacy::ledger::PrivacyLedger;
+
+fn scenario(rounds: u64, target_epsilon: f64) -> String {
+    format!(
+        r#"
+name = "e2e-state-dir"
+seed = 11
+rounds = {rounds}
+users = 20
+participation = {{ kind = "sampled", rate = 0.5 }}
+quorum = 3
+round_deadline_s = 5.0
+start_timeout_s = 60.0
+clip_norm = 1.0
+noise_multiplier = 2.0
+target_epsilon = {target_epsilon}
+checkpoint_every = 1
+
+[task]
+kind = "mean_estimation"
+dim = 8
+"#
+    )
+}
+
+fn ledger_rounds(state_dir: &Path) -> Vec<u64> {
+    let (_, records, _) =
+        PrivacyLedger::read(state_dir.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
+    records.iter().map(|r| r.round).collect()
+}
+
+/// Runs 4 rounds to completion in `dir/state`; returns the state directory.
+fn finished_run(dir: &Path) -> std::path::PathBuf {
+    let s = write(dir, "s.toml", &scenario(4, 20.0));
+    let state_dir = dir.join("state");
+    let secret = prepare_state(&state_dir);
+    let (mut agg, addr) = aggregator(&s, &state_dir, "127.0.0.1:0", &dir.join("agg.log"));
+    let mut c = client(
+        "c",
+        &addr,
+        &token(&secret, "c"),
+        "0..20",
+        &dir.join("c.log"),
+    );
+    assert!(
+        agg.wait(Duration::from_secs(90)).success(),
+        "{}",
+        agg.log_text()
+    );
+    assert!(
+        c.wait(Duration::from_secs(30)).success(),
+        "{}",
+        c.log_text()
+    );
+    assert_eq!(ledger_rounds(&state_dir), [1, 2, 3, 4]);
+    state_dir
+}
+
+/// Waits for a start that must fail; returns its log.
+fn refused(mut p: Proc) -> String {
+    let status = p.wait(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "the start was not refused:\n{}",
+        p.log_text()
+    );
+    p.log_text()
+}
+
+#[test]
+fn a_second_aggregator_on_one_state_dir_fails_and_the_first_is_unaffected() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = write(dir.path(), "s.toml", &scenario(4, 20.0));
+    let state_dir = dir.path().join("state");
+    let secret = prepare_state(&state_dir);
+    let (mut first, addr) = aggregator(&s, &state_dir, "127.0.0.1:0", &dir.path().join("agg1.log"));
+    let log = refused(spawn_aggregator(
+        &s,
+        &state_dir,
+        &[],
+        &dir.path().join("agg2.log"),
+    ));
+    assert!(log.contains("in use by another aggregator"), "{log}");
+    assert!(
+        log.contains(&state_dir.display().to_string()),
+        "the error names the directory: {log}"
+    );
+    assert!(
+        log.contains(&format!("pid {}", first.child.id())),
+        "the error names the holder: {log}"
+    );
+    // The first one still listens at its address and runs its clients to the end.
+    let mut c = client(
+        "c",
+        &addr,
+        &token(&secret, "c"),
+        "0..20",
+        &dir.path().join("c.log"),
+    );
+    assert!(
+        first.wait(Duration::from_secs(90)).success(),
+        "{}",
+        first.log_text()
+    );
+    assert!(
+        c.wait(Duration::from_secs(30)).success(),
+        "{}",
+        c.log_text()
+    );
+    assert_eq!(ledger_rounds(&state_dir), [1, 2, 3, 4]);
+}
+
+#[test]
+fn a_checkpoint_ahead_of_its_ledger_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = finished_run(dir.path());
+    // The reproduced finding: the ledger deleted, the run resumed with more rounds.
+    std::fs::remove_file(state_dir.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
+    let more = write(dir.path(), "more.toml", &scenario(8, 20.0));
+    let log = refused(spawn_aggregator(
+        &more,
+        &state_dir,
+        &[],
+        &dir.path().join("resume.log"),
+    ));
+    assert!(
+        log.contains("the checkpointed model's privacy history is not in the ledger"),
+        "{log}"
+    );
+    assert!(log.contains("covers 4 ledger records"), "{log}");
+}
+
+#[test]
+fn a_larger_target_epsilon_on_resume_needs_the_operators_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = finished_run(dir.path());
+    let raised = write(dir.path(), "raised.toml", &scenario(8, 40.0));
+    let log = refused(spawn_aggregator(
+        &raised,
+        &state_dir,
+        &[],
+        &dir.path().join("refused.log"),
+    ));
+    assert!(
+        log.contains("asks for target epsilon 40, above the 20 the ledger allows"),
+        "{log}"
+    );
+    assert!(log.contains("--allow-budget-increase"), "{log}");
+    assert_eq!(ledger_rounds(&state_dir), [1, 2, 3, 4]);
+    // With the flag it resumes, and says so in its log.
+    let (agg, _) = aggregator_with(
+        &raised,
+        &state_dir,
+        "127.0.0.1:0",
+        &["--allow-budget-increase"],
+        &dir.path().join("allowed.log"),
+    );
+    let t0 = std::time::Instant::now();
+    while !agg.log_text().contains("resuming from checkpoint") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", agg.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agg.log_text();
+    assert!(
+        log.contains("privacy budget raised by the operator (--allow-budget-increase): target epsilon 20 -> 40 (recorded in the ledger)"),
+        "{log}"
+    );
+    // A lower target needs no flag (it only makes the budget check stricter).
+    drop(agg);
+    let lower = write(dir.path(), "lower.toml", &scenario(8, 10.0));
+    let (agg, _) = aggregator(
+        &lower,
+        &state_dir,
+        "127.0.0.1:0",
+        &dir.path().join("lower.log"),
+    );
+    drop(agg);
+}
