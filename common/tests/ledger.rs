@@ -551,7 +551,7 @@ fn new_ledgers_are_version_two() {
     frame.extend_from_slice(&digest.as_ref()[..8]);
     frame.extend_from_slice(header);
     std::fs::write(&p2, &frame).unwrap();
-    let err = PrivacyLedger::read_file(&p2).err().expect("must fail");
+    let err = PrivacyLedger::read_file(&p2).expect_err("must fail");
     assert!(
         matches!(err, LedgerError::UnsupportedVersion { version: 9, .. }),
         "{err}"

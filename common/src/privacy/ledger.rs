@@ -21,6 +21,7 @@
 //! may receive version-2 entries appended by this code; a version-2 file holds only version-2
 //! entries.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -1035,20 +1036,28 @@ fn account_units(
     for &unit in &units {
         let past = index.get(&unit).unwrap_or(&none);
         let in_cand = cand_units.contains(&unit);
-        let mut history: Vec<usize> = past
-            .unsampled
-            .iter()
-            .copied()
-            .filter(|&i| in_phase(records[i], phase))
-            .collect();
-        if in_cand && cand_unsampled && candidate.is_some_and(|c| in_phase(c, phase)) {
-            history.push(cand_i);
-        }
+        let extend = in_cand && cand_unsampled && candidate.is_some_and(|c| in_phase(c, phase));
+        // Borrowed in the common case (whole ledger, no new record of its own): no allocation
+        // per unit.
+        let history: Cow<'_, [usize]> = if phase.is_none() && !extend {
+            Cow::Borrowed(&past.unsampled)
+        } else {
+            let mut h: Vec<usize> = past
+                .unsampled
+                .iter()
+                .copied()
+                .filter(|&i| in_phase(records[i], phase))
+                .collect();
+            if extend {
+                h.push(cand_i);
+            }
+            Cow::Owned(h)
+        };
         let (eps, m) = account(&history)?;
         if eps > worst {
             worst = eps;
             method = m;
-            worst_history = history;
+            worst_history = history.into_owned();
         }
         per_unit.push(UnitEpsilon {
             unit,
