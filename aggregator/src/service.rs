@@ -42,6 +42,7 @@ use fedrl_common::protocol::{
     RoundSpec, UnitId, UnitRange, Welcome, encode_payload, frame_prefix,
 };
 use fedrl_common::scenario::Scenario;
+use fedrl_rl::task::TaskExt;
 use quinn::{Connection, SendStream, VarInt};
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -410,7 +411,7 @@ pub async fn run(
     }
 
     let cfg = EngineConfig {
-        dim: scenario.task.dim(),
+        dim: scenario.task.dim()?,
         rounds: scenario.rounds,
         population: scenario.users,
         participation: scenario.participation,
@@ -423,7 +424,7 @@ pub async fn run(
         clip_norm: scenario.effective_clip_norm(),
         noise_multiplier: scenario.effective_noise_multiplier(),
         seed: scenario.seed,
-        task_json: scenario.task.to_json(),
+        task_json: scenario.task.to_json()?,
     };
     if model.params().len() != cfg.dim {
         anyhow::bail!(
@@ -502,7 +503,7 @@ pub async fn run(
         offer_permits: Arc::new(Semaphore::new(MAX_CONCURRENT_OFFERS)),
         welcome: Welcome {
             session: 0,
-            task_json: scenario.task.to_json(),
+            task_json: scenario.task.to_json()?,
             churn_json: serde_json::to_string(&scenario.churn)?,
             dim: cfg.dim as u32,
             clip_norm: scenario.clip_norm,

@@ -94,7 +94,8 @@ mod tests {
 
     #[test]
     fn updates_are_clipped_deterministic_and_carry_the_learning_rate() {
-        let s = fedrl_rl::task::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
+        let s =
+            fedrl_rl::task::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
         let Task::LogLinearPg(task) = s.task.clone() else {
             unreachable!()
         };

@@ -38,9 +38,8 @@ pub fn default_factory(device: Device) -> TrainerFactory {
             Task::MeanEstimation(t) => {
                 Ok(Box::new(MeanEstimationTrainer::new(t)) as Box<dyn LocalTrainer>)
             }
-            Task::Dppg(t) => {
-                Ok(Box::new(crate::dppg::DppgTrainer::new(&t, device.clone())?) as Box<dyn LocalTrainer>)
-            }
+            Task::Dppg(t) => Ok(Box::new(crate::dppg::DppgTrainer::new(&t, device.clone())?)
+                as Box<dyn LocalTrainer>),
             Task::LogLinearPg(t) => {
                 Ok(Box::new(crate::loglinear::LogLinearTrainer::new(&t)?) as Box<dyn LocalTrainer>)
             }

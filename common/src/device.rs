@@ -22,7 +22,9 @@ pub enum DeviceSpec {
 
 /// A device name that is neither `cpu` nor `cuda:N`.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("device \"{0}\" is not a device name: use \"cpu\" or \"cuda:N\" (N a GPU number, e.g. cuda:0)")]
+#[error(
+    "device \"{0}\" is not a device name: use \"cpu\" or \"cuda:N\" (N a GPU number, e.g. cuda:0)"
+)]
 pub struct DeviceSpecError(pub String);
 
 impl FromStr for DeviceSpec {
@@ -74,8 +76,13 @@ mod tests {
         assert_eq!("cpu".parse(), Ok(DeviceSpec::Cpu));
         assert_eq!("cuda:0".parse(), Ok(DeviceSpec::Cuda(0)));
         assert_eq!("cuda:1".parse(), Ok(DeviceSpec::Cuda(1)));
-        assert_eq!("cuda:12".parse::<DeviceSpec>().unwrap().to_string(), "cuda:12");
-        for bad in ["", "CPU", "gpu", "cuda", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", " cpu", "cuda:1 "] {
+        assert_eq!(
+            "cuda:12".parse::<DeviceSpec>().unwrap().to_string(),
+            "cuda:12"
+        );
+        for bad in [
+            "", "CPU", "gpu", "cuda", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", " cpu", "cuda:1 ",
+        ] {
             let e = bad.parse::<DeviceSpec>().unwrap_err();
             assert_eq!(e, DeviceSpecError(bad.to_string()));
             assert!(e.to_string().contains("cuda:N"), "{e}");

@@ -541,4 +541,3 @@ impl Default for LocalUpdateConfig {
         }
     }
 }
-

@@ -15,10 +15,8 @@
 use std::time::Instant;
 
 use fedrl_common::device::DeviceSpec;
-use fedrl_rl::{
-    EvalConfig, LocalUpdateConfig, ModelSpec, device, evaluate, io, local_updates,
-};
 use fedrl_common::privacy::gaussian;
+use fedrl_rl::{EvalConfig, LocalUpdateConfig, ModelSpec, device, evaluate, io, local_updates};
 use fedrl_sim::Env;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -209,14 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start.elapsed().as_secs_f64()
         );
         if (round + 1) % a.eval_every.max(1) == 0 || round + 1 == a.rounds {
-            let r = evaluate(
-                &spec,
-                &global,
-                &mut eval_envs,
-                &eval_seeds,
-                &eval_cfg,
-                &dev,
-            )?;
+            let r = evaluate(&spec, &global, &mut eval_envs, &eval_seeds, &eval_cfg, &dev)?;
             line += &format!(" | eval {:.1} +- {:.1}", r.mean, r.std);
             if r.mean >= a.target && solved.is_none() {
                 solved = Some((round + 1, users, steps, start.elapsed().as_secs_f64()));

@@ -35,8 +35,8 @@ pub mod rollout;
 pub mod task;
 pub mod value;
 
-pub use evaluate::{EvalConfig, EvalResult, evaluate};
 pub use device::DeviceError;
+pub use evaluate::{EvalConfig, EvalResult, evaluate};
 pub use local_update::{
     LocalUpdate, LocalUpdateConfig, LocalUpdateExt, local_updates, local_updates_from_batches,
 };

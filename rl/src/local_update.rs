@@ -53,7 +53,6 @@ impl LocalUpdateExt for LocalUpdateConfig {
         spec.check_preprocessing()?;
         Ok(spec)
     }
-
 }
 
 /// The PPO loss coefficients of a local update configuration.

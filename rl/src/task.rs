@@ -104,14 +104,17 @@ mod tests {
     /// 4-64-64-2 policy and 4-64-64-1 value network; no silent 0.
     #[test]
     fn dppg_dimension_is_the_models() {
-        let s = scenario_from_toml_str("[task]\nkind = \"dppg\"\nlocal = { hidden = [8] }\n")
-            .unwrap();
+        let s =
+            scenario_from_toml_str("[task]\nkind = \"dppg\"\nlocal = { hidden = [8] }\n").unwrap();
         // policy 4*8+8 + 8*2+2, value 4*8+8 + 8*1+1
         assert_eq!(s.task.dim().unwrap(), 40 + 18 + 40 + 9);
         let err = scenario_from_toml_str("[task]\nkind = \"dppg\"\npopulation = \"Nope-v0\"\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("task.population") && err.contains("Nope-v0"), "{err}");
+        assert!(
+            err.contains("task.population") && err.contains("Nope-v0"),
+            "{err}"
+        );
         let Task::Dppg(t) = Task::from_json(r#"{"kind":"dppg","population":"Nope-v0"}"#).unwrap()
         else {
             unreachable!()

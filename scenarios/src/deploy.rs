@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use fedrl_aggregator::service::{AddressFile, read_address_file};
 use fedrl_aggregator::state;
+use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::issue_token;
 use fedrl_common::scenario::Scenario;
 
@@ -22,6 +23,8 @@ pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
 
 /// A prepared local run: the scenario and where its results go.
 pub struct LocalRun {
+    /// The scenario; its `device` (or the `--device` override written into it) is passed to the
+    /// aggregator and to every client agent.
     pub scenario: Scenario,
     /// The scenario file the aggregator reads (inside `out_dir`).
     pub scenario_path: PathBuf,
@@ -29,17 +32,28 @@ pub struct LocalRun {
 }
 
 impl LocalRun {
-    /// Reads the scenario (or the built-in one), creates the output directory and writes the
-    /// scenario into it.
-    pub fn prepare(scenario: Option<&Path>, out: Option<&Path>) -> anyhow::Result<LocalRun> {
+    /// Reads the scenario (or the built-in one), builds its task's model (a scenario whose model
+    /// cannot be built fails here), creates the output directory and writes the scenario into
+    /// it. `device` overrides the scenario's `device`.
+    pub fn prepare(
+        scenario: Option<&Path>,
+        out: Option<&Path>,
+        device: Option<DeviceSpec>,
+    ) -> anyhow::Result<LocalRun> {
         let text = match scenario {
             Some(p) => fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
             None => DEFAULT_SCENARIO.to_string(),
         };
-        let parsed = Scenario::from_toml_str(&text).map_err(|e| match scenario {
-            Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
-            None => anyhow::anyhow!("built-in scenario: {e}"),
-        })?;
+        let mut parsed =
+            fedrl_rl::task::scenario_from_toml_str(&text).map_err(|e| match scenario {
+                Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
+                None => anyhow::anyhow!("built-in scenario: {e}"),
+            })?;
+        if let Some(d) = device {
+            parsed.device = d;
+        }
+        // Fail before starting any process if this build cannot open the device.
+        fedrl_rl::device::open(parsed.device)?;
         let out_dir = match out {
             Some(o) => o.to_path_buf(),
             None => {
@@ -91,12 +105,13 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join("\n")
 }
 
-/// Starts `exe aggregator` with `state_dir` and waits for its address file.
+/// Starts `exe aggregator` with `state_dir` on `device` and waits for its address file.
 pub fn spawn_aggregator(
     exe: &Path,
     scenario_path: &Path,
     state_dir: &Path,
     listen: &str,
+    device: DeviceSpec,
     log: &Path,
 ) -> anyhow::Result<(Child, AddressFile)> {
     fs::create_dir_all(state_dir)?;
@@ -110,6 +125,8 @@ pub fn spawn_aggregator(
         .arg(listen)
         .arg("--state-dir")
         .arg(state_dir)
+        .arg("--device")
+        .arg(device.to_string())
         .stdout(out)
         .stderr(err)
         .spawn()
@@ -138,12 +155,13 @@ pub fn spawn_aggregator(
     }
 }
 
-/// Starts `exe client` for `token` hosting `users` (`A..B`).
+/// Starts `exe client` for `token` hosting `users` (`A..B`), computing on `device`.
 pub fn spawn_client(
     exe: &Path,
     addr: &AddressFile,
     token: &str,
     users: &str,
+    device: DeviceSpec,
     log: &Path,
 ) -> anyhow::Result<Child> {
     let (out, err) = log_file(log)?;
@@ -157,6 +175,8 @@ pub fn spawn_client(
         .arg(token)
         .arg("--users")
         .arg(users)
+        .arg("--device")
+        .arg(device.to_string())
         .stdout(out)
         .stderr(err)
         .spawn()
@@ -179,14 +199,21 @@ pub fn run_local(
     let secret = state::random_secret()?;
     state::store_secret(&state_dir, &secret)?;
     let agg_log = out.join("aggregator.log");
-    let (agg, addr) =
-        spawn_aggregator(exe, &run.scenario_path, &state_dir, "127.0.0.1:0", &agg_log)?;
+    let device = run.scenario.device;
+    let (agg, addr) = spawn_aggregator(
+        exe,
+        &run.scenario_path,
+        &state_dir,
+        "127.0.0.1:0",
+        device,
+        &agg_log,
+    )?;
     let mut children = Children(vec![("aggregator".into(), agg)]);
     for i in 0..run.scenario.client_agents {
         let token = issue_token(&secret, &format!("agent-{i}"))?;
         let units = run.scenario.agent_units(i);
         let log = out.join(format!("client-{i}.log"));
-        let c = spawn_client(exe, &addr, &token, &units.to_string(), &log)?;
+        let c = spawn_client(exe, &addr, &token, &units.to_string(), device, &log)?;
         children.0.push((format!("client-{i}"), c));
     }
 
