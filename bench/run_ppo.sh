@@ -14,10 +14,10 @@ cargo run --release -q -- run --out "$out/run" >/dev/null
 grep -E '"(wall_seconds|final_eval_return|users|rounds_completed|epsilon)"' "$out/run/operator/report.json"  # users is an exact count: operator-only
 rm -rf "$out"
 echo "== fedrl: DP-FedAvg PPO, epsilon 1 (fresh users), time to eval >= 475"
-cargo run --release -p fedrl-common --features nn --example fedavg_cartpole -- \
+cargo run --release -p fedrl-rl --example fedavg_cartpole -- \
   --epsilon 1 --cohort 1024 --rounds 80 --hidden 32,32 --clip 0.3 --server-lr 1.5 --threads 2
 echo "== fedrl: non-private FedAvg PPO"
-cargo run --release -p fedrl-common --features nn --example fedavg_cartpole -- \
+cargo run --release -p fedrl-rl --example fedavg_cartpole -- \
   --epsilon 0 --cohort 256 --rounds 80 --hidden 32,32 --threads 2
 py="$root/bench/peers/.venv/bin/python"
 if [ -x "$py" ] && "$py" -c "import torch, gymnasium" 2>/dev/null; then

@@ -9,8 +9,10 @@
 
 use std::path::Path;
 
-use fedrl_common::nn::{EvalConfig, ModelSpec, evaluate, io};
 use fedrl_common::scenario::DppgTask;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::task::DppgTaskExt;
+use fedrl_rl::{EvalConfig, ModelSpec, evaluate, io};
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
@@ -32,6 +34,8 @@ pub struct DppgModel {
     /// The best periodically evaluated parameters and their return.
     best: BestModel,
     reached_target: bool,
+    /// Where evaluations run.
+    device: Device,
 }
 
 /// What an evaluation measured.
@@ -54,8 +58,9 @@ impl Evaluation {
 }
 
 impl DppgModel {
-    /// `training_users`: held-out evaluation users get ids from there on.
-    pub fn new(task: &DppgTask, training_users: u64) -> anyhow::Result<Self> {
+    /// `training_users`: held-out evaluation users get ids from there on; evaluations run on
+    /// `device`.
+    pub fn new(task: &DppgTask, training_users: u64, device: Device) -> anyhow::Result<Self> {
         let spec = task.model_spec()?;
         let params = spec.init(task.model_seed);
         Ok(Self {
@@ -66,6 +71,7 @@ impl DppgModel {
             first_eval_user: training_users,
             best: None,
             reached_target: false,
+            device,
         })
     }
 
@@ -85,7 +91,7 @@ impl DppgModel {
             episodes_per_env: self.task.eval_episodes.max(1),
             ..EvalConfig::default()
         };
-        let r = evaluate(&self.spec, params, &mut envs, &seeds, &cfg)?;
+        let r = evaluate(&self.spec, params, &mut envs, &seeds, &cfg, &self.device)?;
         Ok(Evaluation {
             mean: r.mean,
             std: r.std,
@@ -174,7 +180,7 @@ mod tests {
             "local": { "hidden": [4] },
         }))
         .unwrap();
-        DppgModel::new(&task, 10).unwrap()
+        DppgModel::new(&task, 10, Device::Cpu).unwrap()
     }
 
     #[test]

@@ -78,7 +78,8 @@ use fedrl_common::privacy::fixed_point::{
 use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
 use fedrl_common::privacy::DpEvent;
 use fedrl_common::protocol::{ErrorCode, RoundSpec, UnitId, UnitRange};
-use fedrl_common::scenario::Scenario;
+use fedrl_common::scenario::{Scenario, TaskError};
+use fedrl_rl::task::TaskExt;
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -124,14 +125,16 @@ pub struct EngineConfig {
 pub enum EngineError {
     #[error("invalid engine configuration: {0}")]
     InvalidConfig(String),
+    #[error(transparent)]
+    Task(#[from] TaskError),
 }
 
 impl EngineConfig {
     /// The configuration a scenario runs with (what the service builds, and what a replay of
     /// its journal must use). A non-private twin runs with C = +inf and no noise.
-    pub fn for_scenario(scenario: &Scenario) -> Self {
-        EngineConfig {
-            dim: scenario.task.dim(),
+    pub fn for_scenario(scenario: &Scenario) -> Result<Self, EngineError> {
+        Ok(EngineConfig {
+            dim: scenario.task.dim()?,
             rounds: scenario.rounds,
             population: scenario.users,
             participation: scenario.participation,
@@ -143,8 +146,8 @@ impl EngineConfig {
             clip_norm: scenario.effective_clip_norm(),
             noise_multiplier: scenario.effective_noise_multiplier(),
             non_private: scenario.non_private,
-            task_json: scenario.task.to_json(),
-        }
+            task_json: scenario.task.to_json()?,
+        })
     }
 
     fn validate(&self) -> Result<(), EngineError> {

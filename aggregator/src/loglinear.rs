@@ -10,8 +10,9 @@
 
 use std::path::Path;
 
-use fedrl_common::nn::loglinear::{self, LogLinearSpec};
 use fedrl_common::scenario::LogLinearTask;
+use fedrl_rl::loglinear::{self, LogLinearSpec};
+use fedrl_rl::task::LogLinearTaskExt;
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
@@ -149,7 +150,7 @@ impl ServerModel for LogLinearModel {
     }
 
     /// Writes `policy.safetensors` in the log-linear layout (`policy.theta`, `baseline.w`; see
-    /// `fedrl_common::nn::loglinear::to_bytes`), not the MLP layout `fedrl eval` reads.
+    /// `fedrl_rl::loglinear::to_bytes`), not the MLP layout `fedrl eval` reads.
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
         loglinear::save(&dir.join(POLICY_FILE), &self.spec, self.chosen())?;
         Ok(())
@@ -161,7 +162,7 @@ mod tests {
     use super::*;
 
     fn task() -> LogLinearTask {
-        let s = fedrl_common::scenario::Scenario::from_toml_str(
+        let s = fedrl_rl::task::scenario_from_toml_str(
             "[task]\nkind = \"loglinear_pg\"\neval_every = 2\neval_users = 20\nfinal_eval_users = 30\n",
         )
         .unwrap();

@@ -1,6 +1,6 @@
-//! Throughput of the batched DPPG client step (`fedrl_common::nn::local_updates`).
+//! Throughput of the batched DPPG client step (`fedrl_rl::local_updates`).
 //!
-//! `cargo bench -p fedrl-bench --bench ppo [-- --users 512 --threads 2]`
+//! `cargo bench -p fedrl-bench --bench ppo [-- --users 512 --threads 2 --device cpu]`
 //!
 //! Cases (CartPole-v1, 2 x `--hidden` (64) tanh policy and value, 4 epochs x 2 minibatches, fresh Adam):
 //! - `client_step`: rollout + local PPO + clip with the initial policy (short episodes);
@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use fedrl_common::nn::{
+use fedrl_rl::{
     LocalUpdateConfig, ModelSpec, UserBatch, local_updates, local_updates_from_batches,
 };
 use fedrl_sim::Env;
@@ -44,6 +44,13 @@ fn report(case: &str, users: usize, steps: usize, secs: f64, cfg: &LocalUpdateCo
 }
 
 fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    let device_name = argv
+        .iter()
+        .position(|a| a == "--device")
+        .and_then(|i| argv.get(i + 1))
+        .map_or("cpu", String::as_str);
+    let device = fedrl_rl::device::parse(device_name)?;
     let users = arg("--users", 512);
     let cfg = LocalUpdateConfig {
         threads: arg("--threads", 2),
@@ -67,9 +74,10 @@ fn main() -> anyhow::Result<()> {
         &mut envs[..16.min(users)],
         &seeds[..16.min(users)],
         &cfg,
+        &device,
     )?;
     let t = Instant::now();
-    let ups = local_updates(&spec, &global, &mut envs, &seeds, &cfg)?;
+    let ups = local_updates(&spec, &global, &mut envs, &seeds, &cfg, &device)?;
     let secs = t.elapsed().as_secs_f64();
     report(
         "client_step",
@@ -102,7 +110,14 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     let t = Instant::now();
-    local_updates_from_batches(&spec, &global, &batches, &seeds[..train_users], &cfg)?;
+    local_updates_from_batches(
+        &spec,
+        &global,
+        &batches,
+        &seeds[..train_users],
+        &cfg,
+        &device,
+    )?;
     let secs = t.elapsed().as_secs_f64();
     report("train_only_500", train_users, train_users * n, secs, &cfg);
     Ok(())

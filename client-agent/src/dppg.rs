@@ -1,11 +1,13 @@
 //! DPPG (seed 004, Algorithm 2), client side: each offered user plays its episode(s) in its own
 //! simulator with the current global policy and computes a local PPO update with a fresh
 //! optimizer; all offered users of this agent are trained as one batched tensor job
-//! ([`fedrl_common::nn::local_updates`]).
+//! ([`fedrl_rl::local_updates`]) on the agent's device.
 
-use fedrl_common::nn::{LocalUpdateConfig, ModelSpec, local_updates};
 use fedrl_common::protocol::{RoundSpec, UnitId};
 use fedrl_common::scenario::DppgTask;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::task::DppgTaskExt;
+use fedrl_rl::{LocalUpdateConfig, ModelSpec, local_updates};
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
@@ -18,10 +20,13 @@ pub struct DppgTrainer {
     local: LocalUpdateConfig,
     /// Seeds the users' episodes (simulation randomness, not privacy noise).
     episode_seed: u64,
+    /// Where the rollouts and the local PPO update run.
+    device: Device,
 }
 
 impl DppgTrainer {
-    pub fn new(task: &DppgTask) -> anyhow::Result<Self> {
+    /// The trainer for `task`, computing on `device`.
+    pub fn new(task: &DppgTask, device: Device) -> anyhow::Result<Self> {
         let population = Population::new(&task.population, task.population_seed)?;
         let spec = task.model_spec()?;
         Ok(Self {
@@ -29,6 +34,7 @@ impl DppgTrainer {
             spec,
             local: task.local.clone(),
             episode_seed: task.episode_seed,
+            device,
         })
     }
 }
@@ -70,7 +76,7 @@ impl LocalTrainer for DppgTrainer {
         // The aggregator's C is authoritative; the client clips to it (the server clips again).
         let mut cfg = self.local.clone();
         cfg.clip_norm = round.clip_norm;
-        match local_updates(&self.spec, global, &mut envs, &seeds, &cfg) {
+        match local_updates(&self.spec, global, &mut envs, &seeds, &cfg, &self.device) {
             Ok(updates) => hosted
                 .into_iter()
                 .zip(updates)

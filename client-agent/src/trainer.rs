@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange, Welcome};
 use fedrl_common::scenario::{MeanEstimationTask, Task};
+use fedrl_rl::candle_core::Device;
 
 /// Computes local updates for the units a client agent hosts.
 ///
@@ -28,17 +29,17 @@ pub trait LocalTrainer: Send {
 pub type TrainerFactory =
     Arc<dyn Fn(&Welcome, &[UnitRange]) -> anyhow::Result<Box<dyn LocalTrainer>> + Send + Sync>;
 
-/// The factory for the built-in tasks; add an arm per task.
-pub fn default_factory() -> TrainerFactory {
-    Arc::new(|welcome: &Welcome, _units: &[UnitRange]| {
+/// The factory for the built-in tasks, computing on `device` (`fedrl client --device`); add an
+/// arm per task.
+pub fn default_factory(device: Device) -> TrainerFactory {
+    Arc::new(move |welcome: &Welcome, _units: &[UnitRange]| {
         let task = Task::from_json(&welcome.task_json)?;
         match task {
             Task::MeanEstimation(t) => {
                 Ok(Box::new(MeanEstimationTrainer::new(t)) as Box<dyn LocalTrainer>)
             }
-            Task::Dppg(t) => {
-                Ok(Box::new(crate::dppg::DppgTrainer::new(&t)?) as Box<dyn LocalTrainer>)
-            }
+            Task::Dppg(t) => Ok(Box::new(crate::dppg::DppgTrainer::new(&t, device.clone())?)
+                as Box<dyn LocalTrainer>),
             Task::LogLinearPg(t) => {
                 Ok(Box::new(crate::loglinear::LogLinearTrainer::new(&t)?) as Box<dyn LocalTrainer>)
             }

@@ -3,11 +3,12 @@
 //! - [`privacy`]: mechanisms, clipping, noise, accountants (RDP, PLD) and the durable ledger.
 //!   Pure Rust, no candle or tokio, so it is fast to build and to test.
 //! - [`protocol`]: the versioned wire messages and their one codec.
-//! - [`scenario`]: the TOML scenario schema with documented defaults.
-//! - `nn` (feature `nn`): candle models and RL losses.
+//! - [`scenario`]: the TOML scenario schema with documented defaults; [`task`]: the tasks it
+//!   trains and [`device`]: where tensors live, both plain data (models and losses are in
+//!   `fedrl-rl`).
 
-#[cfg(feature = "nn")]
-pub mod nn;
+pub mod device;
 pub mod privacy;
 pub mod protocol;
 pub mod scenario;
+pub mod task;

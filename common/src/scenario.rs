@@ -30,9 +30,6 @@
 
 use std::path::Path;
 
-use rand::SeedableRng;
-use rand::rngs::ChaCha20Rng;
-use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -40,7 +37,13 @@ use crate::privacy::accountant::{self, AccountantKind};
 use crate::privacy::ledger::{LedgerConfig, Participation, UnitKind, training_event};
 use crate::privacy::params::{ClipNorm, Delta, NoiseMultiplier};
 use crate::privacy::{DpEvent, PrivacyError};
+pub use crate::device::DeviceSpec;
 use crate::protocol::DEFAULT_MAX_FRAME_BYTES;
+// The task types live in `crate::task`; re-exported here because a scenario holds one.
+pub use crate::task::{
+    DppgTask, LocalUpdateConfig, LogLinearTask, MeanEstimationTask, PlainTasks, Task, TaskError,
+    TaskModels,
+};
 
 /// Why a scenario could not be loaded.
 #[derive(Debug, Error)]
@@ -57,6 +60,8 @@ pub enum ScenarioError {
     },
     #[error("invalid scenario: {0}")]
     Invalid(String),
+    #[error("invalid scenario: {0}")]
+    Task(#[from] TaskError),
 }
 
 /// A whole deployment: see the module documentation for an example.
@@ -116,7 +121,8 @@ pub struct Scenario {
     /// stops. Default 10.
     #[serde(default = "d_target_epsilon")]
     pub target_epsilon: f64,
-    /// What a unit is: `user`, `trajectory` or `expert`. Default `user`.
+    /// What a unit is: `user`, `trajectory` or `expert`. Default `user`. It must be what the
+    /// task groups into one clipped contribution ([`Task::unit_kind`]); another value is refused.
     #[serde(default = "d_unit_kind")]
     pub unit_kind: UnitKind,
     /// Checkpoint every K released rounds (and at shutdown). Default 10.
@@ -137,6 +143,11 @@ pub struct Scenario {
     /// Default `"digest"`.
     #[serde(default)]
     pub journal: JournalMode,
+    /// Where the aggregator's (and, under `fedrl run`, the client agents') tensors live: `cpu`
+    /// or `cuda:N` (GPU N; needs a build with the `cuda` feature). `--device` on the command
+    /// line overrides it. Default `cpu`.
+    #[serde(default)]
+    pub device: DeviceSpec,
     /// Stress-test misbehaviour of client agents. Default: none.
     #[serde(default)]
     pub churn: Churn,
@@ -180,402 +191,6 @@ impl Churn {
     }
 }
 
-/// The task: a tagged enum (`kind = "..."` in TOML). Add a variant per task.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-// A scenario holds one task, parsed once: the size difference between variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Task {
-    /// DP federated mean estimation: each user holds a private vector; the aggregator learns
-    /// their mean (needs no RL; proves the transport, engine and ledger on their own).
-    MeanEstimation(MeanEstimationTask),
-    /// User-level DP policy gradient (seed 004): users play episodes in their own simulators
-    /// and send clipped local PPO updates. Needs fedrl-common's `nn` feature.
-    #[cfg(feature = "nn")]
-    Dppg(DppgTask),
-    /// User-level DP log-linear policy gradient with the L2 trust-region clipping rule (seed 004
-    /// §4.2.1, its Riverswim experiments): the scenario's clip norm is derived from the trust
-    /// region (see [`Scenario::derived_clip_norm`]). Needs fedrl-common's `nn` feature.
-    #[cfg(feature = "nn")]
-    #[serde(rename = "loglinear_pg")]
-    LogLinearPg(LogLinearTask),
-}
-
-impl Task {
-    /// Length of the model and of every update (number of f32).
-    pub fn dim(&self) -> usize {
-        match self {
-            Task::MeanEstimation(t) => t.dim,
-            #[cfg(feature = "nn")]
-            Task::Dppg(t) => t.model_spec().map(|m| m.layout().len()).unwrap_or(0),
-            #[cfg(feature = "nn")]
-            Task::LogLinearPg(t) => t.spec().map(|s| s.dim()).unwrap_or(0),
-        }
-    }
-
-    /// The JSON form carried on the wire.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| "{}".into())
-    }
-
-    /// Parses the JSON form carried on the wire.
-    pub fn from_json(text: &str) -> Result<Self, ScenarioError> {
-        serde_json::from_str(text).map_err(|e| ScenarioError::Parse {
-            path: None,
-            message: format!("task specification: {e}"),
-        })
-    }
-}
-
-/// Parameters of [`Task::Dppg`]: the population of simulated users, the policy, the local update
-/// and the server side.
-///
-/// Training users are ids `0..users`; evaluation uses held-out users `users..users + eval_users`
-/// of the same population, never a training user.
-#[cfg(feature = "nn")]
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DppgTask {
-    /// Population name or environment id (`fedrl sim list`). Default `CartPole-v1`.
-    #[serde(default = "d_population")]
-    pub population: String,
-    /// Seed of the population's per-user parameters. Default 0.
-    #[serde(default)]
-    pub population_seed: u64,
-    /// Seed of the initial global parameters. Default 0.
-    #[serde(default)]
-    pub model_seed: u64,
-    /// Base seed of the users' episodes (simulation randomness, not privacy noise). Default 0.
-    #[serde(default)]
-    pub episode_seed: u64,
-    /// Server learning rate applied to the released noisy mean update. Default 1.
-    #[serde(default = "d_one_f")]
-    pub server_lr: f64,
-    /// Server momentum in [0, 1). Default 0.
-    #[serde(default)]
-    pub server_momentum: f64,
-    /// Evaluate on held-out users every K released rounds (and at the end). Default 5.
-    #[serde(default = "d_eval_every")]
-    pub eval_every: u64,
-    /// Held-out users evaluated during training. Default 20.
-    #[serde(default = "d_eval_users")]
-    pub eval_users: u64,
-    /// Held-out users (one episode each) in the final evaluation. Default 100.
-    #[serde(default = "d_final_eval_users")]
-    pub final_eval_users: u64,
-    /// Episodes per held-out user in periodic evaluations. Default 1.
-    #[serde(default = "d_one_usize")]
-    pub eval_episodes: usize,
-    /// Stop training once a periodic evaluation on held-out users reaches this mean return (a
-    /// non-private diagnostic on simulated users: post-processing, no privacy cost). Default:
-    /// never; train for `rounds`.
-    #[serde(default)]
-    pub stop_at_return: Option<f64>,
-    /// The local PPO update (episodes per user, epochs, learning rate, hidden sizes, ...); its
-    /// `clip_norm` is replaced by the scenario's `clip_norm`.
-    #[serde(default)]
-    pub local: crate::nn::LocalUpdateConfig,
-}
-
-#[cfg(feature = "nn")]
-impl DppgTask {
-    /// The policy/value model for the population's environment.
-    pub fn model_spec(&self) -> Result<crate::nn::ModelSpec, ScenarioError> {
-        let pop = fedrl_sim::population::Population::new(&self.population, self.population_seed)
-            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
-        let env = pop
-            .user_env(0)
-            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
-        self.local
-            .model_spec(env.observation_space(), env.action_space())
-            .map_err(|e| ScenarioError::Invalid(format!("task.local: {e}")))
-    }
-
-    fn validate(&self) -> Result<(), ScenarioError> {
-        let bad = |m: String| Err(ScenarioError::Invalid(m));
-        self.model_spec()?;
-        if !(self.server_lr.is_finite() && self.server_lr > 0.0) {
-            return bad(format!(
-                "task.server_lr must be > 0, got {}",
-                self.server_lr
-            ));
-        }
-        if !(0.0..1.0).contains(&self.server_momentum) {
-            return bad(format!(
-                "task.server_momentum must be in [0, 1), got {}",
-                self.server_momentum
-            ));
-        }
-        if self.eval_every == 0 || self.eval_users == 0 || self.final_eval_users == 0 {
-            return bad(
-                "task.eval_every, task.eval_users and task.final_eval_users must be >= 1".into(),
-            );
-        }
-        let l = &self.local;
-        if l.episodes_per_user == 0 || l.epochs == 0 || l.minibatches == 0 || l.hidden.is_empty() {
-            return bad(
-                "task.local: episodes_per_user, epochs, minibatches >= 1 and hidden non-empty"
-                    .into(),
-            );
-        }
-        if !(l.lr.is_finite() && l.lr > 0.0) {
-            return bad(format!("task.local.lr must be > 0, got {}", l.lr));
-        }
-        Ok(())
-    }
-}
-
-#[cfg(feature = "nn")]
-fn d_population() -> String {
-    "CartPole-v1".into()
-}
-#[cfg(feature = "nn")]
-fn d_eval_every() -> u64 {
-    5
-}
-#[cfg(feature = "nn")]
-fn d_eval_users() -> u64 {
-    20
-}
-#[cfg(feature = "nn")]
-fn d_final_eval_users() -> u64 {
-    100
-}
-#[cfg(feature = "nn")]
-fn d_one_usize() -> usize {
-    1
-}
-
-/// Parameters of [`Task::LogLinearPg`]: a log-linear policy with a linear baseline
-/// (`fedrl_common::nn::loglinear`), one REINFORCE step per user, the policy learning-rate
-/// schedule of seed 004 C.2.2 and the L2 trust region of §4.2.1.
-///
-/// The learning rate is folded into the client's update (`u = eta_t g_theta`, plus
-/// `baseline_lr g_w`) and the server applies the noisy mean with learning rate 1, so the clip
-/// norm `C' = eta_t C` the engine enforces is the same every round (`privacy::trust_region`).
-/// The schedule counts rounds (policy updates): the paper updates after every episode of one
-/// user, so its "every 50 episodes" is every 50 updates. Training users are `0..users`;
-/// evaluation uses held-out users `users..`, never a training user.
-#[cfg(feature = "nn")]
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogLinearTask {
-    /// Population name or environment id; needs a box observation and discrete actions.
-    /// Default `RiverSwim-v0`.
-    #[serde(default = "d_loglinear_population")]
-    pub population: String,
-    /// Seed of the population's per-user parameters. Default 0.
-    #[serde(default)]
-    pub population_seed: u64,
-    /// Base seed of the users' episodes (simulation randomness, not privacy noise). Default 0.
-    #[serde(default)]
-    pub episode_seed: u64,
-    /// Episodes each user plays per contribution. Default 1.
-    #[serde(default = "d_one_usize")]
-    pub episodes_per_user: usize,
-    /// Discount factor gamma in [0, 1]. Seed 004 C.3: 0.99.
-    #[serde(default = "d_gamma")]
-    pub gamma: f64,
-    /// Policy learning rate eta at the first round. Seed 004 C.3: 12.
-    #[serde(default = "d_loglinear_lr")]
-    pub lr: f64,
-    /// The policy learning rate is divided by `lr_decay_factor` every this many rounds.
-    /// Seed 004 C.3: 50.
-    #[serde(default = "d_lr_decay_every")]
-    pub lr_decay_every: u64,
-    /// Divisor of the policy learning rate at each decay (>= 1). Seed 004 C.3: 5.
-    #[serde(default = "d_lr_decay_factor")]
-    pub lr_decay_factor: f64,
-    /// Floor of the policy learning rate. Seed 004 C.3: 0.06.
-    #[serde(default = "d_lr_min")]
-    pub lr_min: f64,
-    /// Learning rate of the baseline's regression step (the paper gives none). Default 0.5.
-    #[serde(default = "d_baseline_lr")]
-    pub baseline_lr: f64,
-    /// The L2 trust region the clip norm is derived from. Default: seed 004 C.3's Riverswim
-    /// values, size 3.5 at confidence 0.6, exact quantile rule.
-    #[serde(default = "d_trust_region")]
-    pub trust_region: crate::privacy::trust_region::TrustRegion,
-    /// Evaluate on held-out users every K released rounds (and at the end). Default 5.
-    #[serde(default = "d_eval_every")]
-    pub eval_every: u64,
-    /// Held-out users (one sampled episode each) in periodic evaluations. Default 200.
-    #[serde(default = "d_loglinear_eval_users")]
-    pub eval_users: u64,
-    /// Held-out users (one sampled episode each) in the final evaluation. Default 1000.
-    #[serde(default = "d_loglinear_final_eval_users")]
-    pub final_eval_users: u64,
-}
-
-#[cfg(feature = "nn")]
-impl LogLinearTask {
-    /// The policy's shape for the population's environment.
-    pub fn spec(&self) -> Result<crate::nn::loglinear::LogLinearSpec, ScenarioError> {
-        let pop = fedrl_sim::population::Population::new(&self.population, self.population_seed)
-            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
-        let env = pop
-            .user_env(0)
-            .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))?;
-        crate::nn::loglinear::LogLinearSpec::from_spaces(
-            env.observation_space(),
-            env.action_space(),
-        )
-        .map_err(|e| ScenarioError::Invalid(format!("task.population: {e}")))
-    }
-
-    /// The policy learning rate eta_t of `round` (rounds count from 1):
-    /// `max(lr_min, lr / lr_decay_factor^floor((round - 1) / lr_decay_every))`.
-    pub fn lr_at(&self, round: u64) -> f64 {
-        let k = round.saturating_sub(1) / self.lr_decay_every.max(1);
-        let k = i32::try_from(k).unwrap_or(i32::MAX);
-        (self.lr / self.lr_decay_factor.powi(k)).max(self.lr_min)
-    }
-
-    fn validate(&self) -> Result<(), ScenarioError> {
-        let bad = |m: String| Err(ScenarioError::Invalid(m));
-        let pos = |x: f64| x.is_finite() && x > 0.0;
-        self.spec()?;
-        if self.episodes_per_user == 0 {
-            return bad("task.episodes_per_user must be >= 1".into());
-        }
-        if !(0.0..=1.0).contains(&self.gamma) {
-            return bad(format!("task.gamma must be in [0, 1], got {}", self.gamma));
-        }
-        if !pos(self.lr) || !pos(self.lr_min) || self.lr_min > self.lr {
-            return bad(format!(
-                "task.lr and task.lr_min must be > 0 with lr_min <= lr, got {} and {}",
-                self.lr, self.lr_min
-            ));
-        }
-        if self.lr_decay_every == 0
-            || !(self.lr_decay_factor.is_finite() && self.lr_decay_factor >= 1.0)
-        {
-            return bad(format!(
-                "task.lr_decay_every must be >= 1 and task.lr_decay_factor >= 1, got {} and {}",
-                self.lr_decay_every, self.lr_decay_factor
-            ));
-        }
-        if !(self.baseline_lr.is_finite() && self.baseline_lr >= 0.0) {
-            return bad(format!(
-                "task.baseline_lr must be >= 0, got {}",
-                self.baseline_lr
-            ));
-        }
-        self.trust_region
-            .validate()
-            .map_err(|e| ScenarioError::Invalid(format!("task.trust_region: {e}")))?;
-        if self.eval_every == 0 || self.eval_users == 0 || self.final_eval_users == 0 {
-            return bad(
-                "task.eval_every, task.eval_users and task.final_eval_users must be >= 1".into(),
-            );
-        }
-        Ok(())
-    }
-}
-
-#[cfg(feature = "nn")]
-fn d_loglinear_population() -> String {
-    "RiverSwim-v0".into()
-}
-#[cfg(feature = "nn")]
-fn d_gamma() -> f64 {
-    0.99
-}
-#[cfg(feature = "nn")]
-fn d_loglinear_lr() -> f64 {
-    12.0
-}
-#[cfg(feature = "nn")]
-fn d_lr_decay_every() -> u64 {
-    50
-}
-#[cfg(feature = "nn")]
-fn d_lr_decay_factor() -> f64 {
-    5.0
-}
-#[cfg(feature = "nn")]
-fn d_lr_min() -> f64 {
-    0.06
-}
-#[cfg(feature = "nn")]
-fn d_baseline_lr() -> f64 {
-    0.5
-}
-#[cfg(feature = "nn")]
-fn d_trust_region() -> crate::privacy::trust_region::TrustRegion {
-    crate::privacy::trust_region::TrustRegion {
-        size: 3.5,
-        confidence: 0.6,
-        bound: crate::privacy::trust_region::TrustRegionBound::Quantile,
-    }
-}
-#[cfg(feature = "nn")]
-fn d_loglinear_eval_users() -> u64 {
-    200
-}
-#[cfg(feature = "nn")]
-fn d_loglinear_final_eval_users() -> u64 {
-    1000
-}
-
-/// Parameters of [`Task::MeanEstimation`].
-///
-/// User `u` holds `x_u = mu + user_std * g_u`, with `g_u` standard normal from a generator seeded
-/// by `(data_seed, u)` and `mu` a fixed vector of norm `mean_norm` derived from `data_seed`. Its
-/// update in a round is `x_u - theta` (theta: the global estimate); the server applies
-/// `theta += server_lr * noisy_mean_update`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MeanEstimationTask {
-    /// Dimension of the vectors. Default 16.
-    #[serde(default = "d_dim")]
-    pub dim: usize,
-    /// L2 norm of the true mean. Default 0.5.
-    #[serde(default = "d_mean_norm")]
-    pub mean_norm: f64,
-    /// Per-coordinate standard deviation of users around the mean. Default 0.1.
-    #[serde(default = "d_user_std")]
-    pub user_std: f64,
-    /// Server learning rate. Default 1.
-    #[serde(default = "d_one_f")]
-    pub server_lr: f64,
-    /// Seed of the simulated users' data (public: it is the simulation, not the noise).
-    /// Default 0.
-    #[serde(default)]
-    pub data_seed: u64,
-}
-
-impl MeanEstimationTask {
-    /// The true mean `mu` (simulation ground truth).
-    pub fn true_mean(&self) -> Vec<f32> {
-        let mut rng = ChaCha20Rng::seed_from_u64(self.data_seed ^ 0x6d65_616e_6d75_0000);
-        let g: Vec<f64> = (0..self.dim)
-            .map(|_| StandardNormal.sample(&mut rng))
-            .collect();
-        let norm = g
-            .iter()
-            .map(|x| x * x)
-            .sum::<f64>()
-            .sqrt()
-            .max(f64::MIN_POSITIVE);
-        g.iter()
-            .map(|x| (x / norm * self.mean_norm) as f32)
-            .collect()
-    }
-
-    /// User `unit`'s private vector, given the true mean from [`Self::true_mean`].
-    pub fn user_vector(&self, mu: &[f32], unit: u64) -> Vec<f32> {
-        let mut rng =
-            ChaCha20Rng::seed_from_u64(self.data_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ unit);
-        mu.iter()
-            .map(|m| {
-                let g: f64 = StandardNormal.sample(&mut rng);
-                (*m as f64 + self.user_std * g) as f32
-            })
-            .collect()
-    }
-}
-
 fn d_name() -> String {
     "unnamed".into()
 }
@@ -587,9 +202,6 @@ fn d_users() -> u64 {
 }
 fn d_one() -> u32 {
     1
-}
-fn d_one_f() -> f64 {
-    1.0
 }
 fn d_participation() -> Participation {
     Participation::Fresh
@@ -645,44 +257,53 @@ fn d_checkpoint() -> u64 {
 fn d_max_frame() -> u64 {
     DEFAULT_MAX_FRAME_BYTES
 }
-fn d_dim() -> usize {
-    16
-}
-fn d_mean_norm() -> f64 {
-    0.5
-}
-fn d_user_std() -> f64 {
-    0.1
-}
 
 impl Scenario {
-    /// Parses and validates TOML text.
+    /// Parses and validates TOML text whose task's dimension is one of its parameters
+    /// ([`PlainTasks`]); a task that needs its model built is an error here (load it through
+    /// `fedrl_rl::task::scenario_from_toml_str`).
     pub fn from_toml_str(text: &str) -> Result<Self, ScenarioError> {
-        let mut s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+        Self::from_toml_str_with(text, &PlainTasks)
+    }
+
+    /// Parses and validates TOML text; `models` builds the task's model (its dimension and the
+    /// checks that need it).
+    pub fn from_toml_str_with(text: &str, models: &dyn TaskModels) -> Result<Self, ScenarioError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
             path: None,
             message: e.to_string(),
         })?;
-        s.resolve_noise_multiplier()?;
-        s.validate()?;
-        s.resolve_clip_norm()?;
-        Ok(s)
+        s.resolve(models)
     }
 
-    /// Reads, parses and validates a TOML file.
+    /// Reads, parses and validates a TOML file (see [`Self::from_toml_str`]).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ScenarioError> {
+        Self::from_file_with(path, &PlainTasks)
+    }
+
+    /// Reads, parses and validates a TOML file; `models` builds the task's model.
+    pub fn from_file_with(
+        path: impl AsRef<Path>,
+        models: &dyn TaskModels,
+    ) -> Result<Self, ScenarioError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        let mut s: Scenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse {
+        let s: Scenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse {
             path: Some(path.display().to_string()),
             message: e.to_string(),
         })?;
-        s.resolve_noise_multiplier()?;
-        s.validate()?;
-        s.resolve_clip_norm()?;
-        Ok(s)
+        s.resolve(models)
+    }
+
+    /// The automatic noise multiplier, validation and the derived clip norm, in that order.
+    fn resolve(mut self, models: &dyn TaskModels) -> Result<Self, ScenarioError> {
+        self.resolve_noise_multiplier()?;
+        self.validate(models)?;
+        self.resolve_clip_norm(models.dim(&self.task)?)?;
+        Ok(self)
     }
 
     /// The TOML form (for writing a resolved scenario next to a run's results).
@@ -704,35 +325,32 @@ impl Scenario {
             .unwrap_or_else(|| ((self.expected_cohort() / 2.0).ceil() as u64).max(1))
     }
 
-    /// The L2 bound every update is clipped to: `clip_norm` (or the clip norm derived from the
-    /// task's trust region, [`Self::derived_clip_norm`]), or +inf for a non-private twin.
+    /// The L2 bound every update is clipped to: `clip_norm` (which loading replaced by the
+    /// clip norm derived from the task's trust region, [`Self::derived_clip_norm`], when the
+    /// task has one), or +inf for a non-private twin.
     pub fn effective_clip_norm(&self) -> f64 {
         if self.non_private {
             f64::INFINITY
         } else {
-            // Validation has checked that the derivation succeeds.
-            self.derived_clip_norm()
-                .ok()
-                .flatten()
-                .unwrap_or(self.clip_norm)
+            self.clip_norm
         }
     }
 
     /// The clip norm a task derives from its own rule instead of `clip_norm`, if any.
     ///
     /// [`Task::LogLinearPg`]: the L2 trust-region rule of seed 004 §4.2.1 for updates that
-    /// include their learning rate (`C' = eta C`, independent of eta), with `d = task.dim()` (the
+    /// include their learning rate (`C' = eta C`, independent of eta), with `d = dim` (the task's
+    /// dimension: the
     /// policy and the baseline: the baseline shares the clipped vector and its noise, so
     /// counting it in `d` is conservative for the policy's trust region), `n` the expected
     /// cohort (the fixed public denominator) and `sigma` the effective noise multiplier (a
     /// non-private twin derives `sqrt(size)` but is not clipped at all).
-    pub fn derived_clip_norm(&self) -> Result<Option<f64>, ScenarioError> {
+    pub fn derived_clip_norm(&self, dim: usize) -> Result<Option<f64>, ScenarioError> {
         match &self.task {
-            #[cfg(feature = "nn")]
             Task::LogLinearPg(t) => t
                 .trust_region
                 .clip_norm(
-                    self.task.dim(),
+                    dim,
                     self.expected_cohort(),
                     self.effective_noise_multiplier(),
                     1.0,
@@ -745,8 +363,8 @@ impl Scenario {
 
     /// Replaces `clip_norm` by the derived clip norm when the task has one, so that every
     /// reader (reports, the welcome message, the resolved scenario file) sees the value used.
-    fn resolve_clip_norm(&mut self) -> Result<(), ScenarioError> {
-        if let Some(c) = self.derived_clip_norm()? {
+    fn resolve_clip_norm(&mut self, dim: usize) -> Result<(), ScenarioError> {
+        if let Some(c) = self.derived_clip_norm(dim)? {
             self.clip_norm = c;
         }
         Ok(())
@@ -852,8 +470,9 @@ impl Scenario {
         }
     }
 
-    /// Checks every field; the message names the field and the allowed values.
-    pub fn validate(&self) -> Result<(), ScenarioError> {
+    /// Checks every field; the message names the field and the allowed values. `models` builds
+    /// the task's model (its dimension bounds the frame size).
+    pub fn validate(&self, models: &dyn TaskModels) -> Result<(), ScenarioError> {
         let bad = |m: String| Err(ScenarioError::Invalid(m));
         let finite_pos = |x: f64| x.is_finite() && x > 0.0;
         if self.rounds == 0 {
@@ -935,23 +554,21 @@ impl Scenario {
                 self.churn.added_latency_s
             ));
         }
-        match &self.task {
-            #[cfg(feature = "nn")]
-            Task::Dppg(t) => t.validate()?,
-            #[cfg(feature = "nn")]
-            Task::LogLinearPg(t) => t.validate()?,
-            Task::MeanEstimation(t) => {
-                if !(t.mean_norm.is_finite() && t.user_std.is_finite() && t.user_std >= 0.0) {
-                    return bad(
-                        "task.mean_norm and task.user_std must be finite, user_std >= 0".into(),
-                    );
-                }
-                if !t.server_lr.is_finite() {
-                    return bad("task.server_lr must be finite".into());
-                }
-            }
+        self.task.validate()?;
+        // The label must be what one clipped contribution actually holds: the ledger and every
+        // report print it as the level of protection.
+        if self.unit_kind != self.task.unit_kind() {
+            return bad(format!(
+                "unit_kind = \"{}\" but task `{}` clips one {}'s data per contribution: its \
+                 epsilon is {}-level; set unit_kind = \"{}\"",
+                self.unit_kind,
+                self.task.kind_name(),
+                self.task.unit_kind(),
+                self.task.unit_kind(),
+                self.task.unit_kind()
+            ));
         }
-        let dim = self.task.dim();
+        let dim = models.dim(&self.task)?;
         if dim == 0 || dim > (u32::MAX / 4) as usize {
             return bad(format!(
                 "task dim must be between 1 and {}, got {dim}",
@@ -959,7 +576,7 @@ impl Scenario {
             ));
         }
         // A derived clip norm replaces `clip_norm`: an explicit different value is a mistake.
-        if let Some(c) = self.derived_clip_norm()?
+        if let Some(c) = self.derived_clip_norm(dim)?
             && self.clip_norm != d_clip()
             && (self.clip_norm - c).abs() > 1e-12 * c
         {
@@ -989,7 +606,7 @@ mod tests {
         assert_eq!(s.rounds, 10);
         assert_eq!(s.participation, Participation::Fresh);
         assert_eq!(s.quorum(), 5);
-        assert_eq!(s.task.dim(), 16);
+        assert_eq!(PlainTasks.dim(&s.task).unwrap(), 16);
         assert_eq!(s.expected_cohort(), 10.0);
     }
 
@@ -1109,7 +726,7 @@ mod tests {
         assert_eq!(s.quorum(), 10);
         let again = Scenario::from_toml_str(&s.to_toml_string()).unwrap();
         assert_eq!(again, s);
-        assert_eq!(Task::from_json(&s.task.to_json()).unwrap(), s.task);
+        assert_eq!(Task::from_json(&s.task.to_json().unwrap()).unwrap(), s.task);
     }
 
     #[test]
@@ -1168,59 +785,61 @@ mod tests {
         assert_eq!(ranges.iter().map(|r| r.len()).sum::<u64>(), 10);
     }
 
-    #[cfg(feature = "nn")]
+    /// Finding 7: `unit_kind` is what one clipped contribution holds, not a free label. Every
+    /// task here clips one user's data, so `trajectory` or `expert` is refused by name.
     #[test]
-    fn loglinear_task_derives_its_clip_norm() {
-        use crate::privacy::trust_region::{TrustRegion, TrustRegionBound};
-        let text = "cohort_size = 8\nusers = 100\nnoise_multiplier = 3.74\n\
-                    [task]\nkind = \"loglinear_pg\"\n";
-        let s = Scenario::from_toml_str(text).unwrap();
-        let Task::LogLinearPg(t) = &s.task else {
-            panic!("{:?}", s.task)
-        };
-        assert_eq!(s.task.dim(), 18);
-        let want = TrustRegion {
-            size: 3.5,
-            confidence: 0.6,
-            bound: TrustRegionBound::Quantile,
+    fn unit_kind_must_match_what_the_task_clips() {
+        let task = "[task]\nkind = \"mean_estimation\"\n";
+        let s = Scenario::from_toml_str(&format!("unit_kind = \"user\"\n{task}")).unwrap();
+        assert_eq!(s.unit_kind, UnitKind::User);
+        assert_eq!(s.task.unit_kind(), UnitKind::User);
+        for wrong in ["expert", "trajectory"] {
+            let err = Scenario::from_toml_str(&format!("unit_kind = \"{wrong}\"\n{task}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("unit_kind") && err.contains(wrong) && err.contains("user"),
+                "{err}"
+            );
         }
-        .clip_norm(18, 8.0, 3.74, 1.0)
-        .unwrap();
-        assert_eq!(s.clip_norm, want);
-        assert_eq!(s.effective_clip_norm(), want);
-        // The resolved scenario round-trips (the derived value is accepted back).
-        let again = Scenario::from_toml_str(&s.to_toml_string()).unwrap();
-        assert_eq!(again, s);
-        // The learning-rate schedule of seed 004 C.3, counted in rounds.
-        assert_eq!(t.lr_at(1), 12.0);
-        assert_eq!(t.lr_at(50), 12.0);
-        assert!((t.lr_at(51) - 2.4).abs() < 1e-12);
-        assert!((t.lr_at(101) - 0.48).abs() < 1e-12);
-        assert_eq!(t.lr_at(10_000), 0.06);
-        // An explicit, different clip norm is refused with a message naming the field.
-        let err = Scenario::from_toml_str(&format!("clip_norm = 0.5\n{text}"))
+        // The RL tasks are user-level too (their dimension needs fedrl-rl; the label does not).
+        for kind in ["dppg", "loglinear_pg"] {
+            let t = Task::from_json(&format!("{{\"kind\":\"{kind}\"}}")).unwrap();
+            assert_eq!(t.unit_kind(), UnitKind::User, "{kind}");
+        }
+    }
+
+    /// Without the crate that builds models, a task whose dimension needs one is an error that
+    /// says where to load it, never a dimension of 0.
+    #[test]
+    fn a_task_needing_its_model_is_refused_without_one() {
+        let err = Scenario::from_toml_str("[task]\nkind = \"dppg\"\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("clip_norm"), "{err}");
-        // The twin is unclipped and noiseless.
-        let twin = Scenario::from_toml_str(&format!("non_private = true\n{text}")).unwrap();
-        assert_eq!(twin.effective_clip_norm(), f64::INFINITY);
-        // Markov is more conservative; a bad region is named.
-        let mk = Scenario::from_toml_str(&format!(
-            "{text}[task.trust_region]\nsize = 3.5\nconfidence = 0.6\nbound = \"markov\"\n"
-        ))
-        .unwrap();
-        assert!(mk.clip_norm < s.clip_norm);
-        let err = Scenario::from_toml_str(&format!(
-            "{text}[task.trust_region]\nsize = 3.5\nconfidence = 1.5\n"
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("trust_region"), "{err}");
-        let err = Scenario::from_toml_str(&format!("{text}population = \"Pendulum-v1\"\n"))
+        assert!(err.contains("dppg") && err.contains("fedrl-rl"), "{err}");
+        let t = Task::from_json("{\"kind\":\"loglinear_pg\"}").unwrap();
+        assert!(matches!(
+            PlainTasks.dim(&t),
+            Err(TaskError::NeedsModel {
+                kind: "loglinear_pg"
+            })
+        ));
+    }
+
+    /// The device is a plain string in TOML with default `cpu`; a bad one is named.
+    #[test]
+    fn device_field_defaults_to_cpu_and_round_trips() {
+        let task = "[task]\nkind = \"mean_estimation\"\n";
+        let s = Scenario::from_toml_str(task).unwrap();
+        assert_eq!(s.device, DeviceSpec::Cpu);
+        let s = Scenario::from_toml_str(&format!("device = \"cuda:1\"\n{task}")).unwrap();
+        assert_eq!(s.device, DeviceSpec::Cuda(1));
+        assert!(s.to_toml_string().contains("device = \"cuda:1\""));
+        assert_eq!(Scenario::from_toml_str(&s.to_toml_string()).unwrap(), s);
+        let err = Scenario::from_toml_str(&format!("device = \"gpu\"\n{task}"))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("population"), "{err}");
+        assert!(err.contains("gpu") && err.contains("cuda:N"), "{err}");
     }
 
     #[test]

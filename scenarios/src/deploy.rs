@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use fedrl_aggregator::service::{AddressFile, read_address_file};
 use fedrl_aggregator::state;
+use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::issue_token;
 use fedrl_common::scenario::Scenario;
 
@@ -47,6 +48,8 @@ relies on it. Do not publish them.
 
 /// A prepared local run: the scenario and where its results go.
 pub struct LocalRun {
+    /// The scenario; its `device` (or the `--device` override written into it) is passed to the
+    /// aggregator and to every client agent.
     pub scenario: Scenario,
     /// The scenario file the aggregator reads (inside `out_dir`).
     pub scenario_path: PathBuf,
@@ -57,17 +60,28 @@ pub struct LocalRun {
 }
 
 impl LocalRun {
-    /// Reads the scenario (or the built-in one), creates the output directory and writes the
-    /// scenario into it.
-    pub fn prepare(scenario: Option<&Path>, out: Option<&Path>) -> anyhow::Result<LocalRun> {
+    /// Reads the scenario (or the built-in one), builds its task's model (a scenario whose model
+    /// cannot be built fails here), creates the output directory and writes the scenario into
+    /// it. `device` overrides the scenario's `device`.
+    pub fn prepare(
+        scenario: Option<&Path>,
+        out: Option<&Path>,
+        device: Option<DeviceSpec>,
+    ) -> anyhow::Result<LocalRun> {
         let text = match scenario {
             Some(p) => fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
             None => DEFAULT_SCENARIO.to_string(),
         };
-        let parsed = Scenario::from_toml_str(&text).map_err(|e| match scenario {
-            Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
-            None => anyhow::anyhow!("built-in scenario: {e}"),
-        })?;
+        let mut parsed =
+            fedrl_rl::task::scenario_from_toml_str(&text).map_err(|e| match scenario {
+                Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
+                None => anyhow::anyhow!("built-in scenario: {e}"),
+            })?;
+        if let Some(d) = device {
+            parsed.device = d;
+        }
+        // Fail before starting any process if this build cannot open the device.
+        fedrl_rl::device::open(parsed.device)?;
         let out_dir = match out {
             Some(o) => o.to_path_buf(),
             None => {
@@ -125,12 +139,14 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join("\n")
 }
 
-/// Starts `exe aggregator` with `state_dir` (and `extra_args`) and waits for its address file.
+/// Starts `exe aggregator` with `state_dir` on `device` (and `extra_args`) and waits for its
+/// address file.
 pub fn spawn_aggregator(
     exe: &Path,
     scenario_path: &Path,
     state_dir: &Path,
     listen: &str,
+    device: DeviceSpec,
     extra_args: &[&str],
     log: &Path,
 ) -> anyhow::Result<(Child, AddressFile)> {
@@ -145,6 +161,8 @@ pub fn spawn_aggregator(
         .arg(listen)
         .arg("--state-dir")
         .arg(state_dir)
+        .arg("--device")
+        .arg(device.to_string())
         .args(extra_args)
         .stdout(out)
         .stderr(err)
@@ -174,12 +192,13 @@ pub fn spawn_aggregator(
     }
 }
 
-/// Starts `exe client` for `token` hosting `users` (`A..B`).
+/// Starts `exe client` for `token` hosting `users` (`A..B`), computing on `device`.
 pub fn spawn_client(
     exe: &Path,
     addr: &AddressFile,
     token: &str,
     users: &str,
+    device: DeviceSpec,
     log: &Path,
 ) -> anyhow::Result<Child> {
     let (out, err) = log_file(log)?;
@@ -193,6 +212,8 @@ pub fn spawn_client(
         .arg(token)
         .arg("--users")
         .arg(users)
+        .arg("--device")
+        .arg(device.to_string())
         .stdout(out)
         .stderr(err)
         .spawn()
@@ -223,11 +244,13 @@ pub fn run_local(
     } else {
         &[]
     };
+    let device = run.scenario.device;
     let (agg, addr) = spawn_aggregator(
         exe,
         &run.scenario_path,
         &state_dir,
         "127.0.0.1:0",
+        device,
         extra,
         &agg_log,
     )?;
@@ -236,7 +259,7 @@ pub fn run_local(
         let token = issue_token(&secret, &format!("agent-{i}"))?;
         let units = run.scenario.agent_units(i);
         let log = op_dir.join(format!("client-{i}.log"));
-        let c = spawn_client(exe, &addr, &token, &units.to_string(), &log)?;
+        let c = spawn_client(exe, &addr, &token, &units.to_string(), device, &log)?;
         children.0.push((format!("client-{i}"), c));
     }
 

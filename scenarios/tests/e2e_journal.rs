@@ -58,7 +58,7 @@ fn run(dir: &Path, journal: &str) -> std::path::PathBuf {
 
 fn fresh_engine(scenario: &Scenario) -> Engine {
     Engine::new(
-        EngineConfig::for_scenario(scenario),
+        EngineConfig::for_scenario(scenario).unwrap(),
         Resume::default(),
         for_seed(scenario.seed),
     )

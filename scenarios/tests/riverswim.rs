@@ -11,12 +11,13 @@ use fedrl_aggregator::ServerModel;
 use fedrl_aggregator::loglinear::LogLinearModel;
 use fedrl_client::LocalTrainer;
 use fedrl_client::loglinear::LogLinearTrainer;
-use fedrl_common::nn::loglinear::riverswim_optimal_return;
 use fedrl_common::privacy::clipping::{clip_l2, l2_norm};
 use fedrl_common::privacy::noise::GaussianNoise;
 use fedrl_common::privacy::trust_region::TrustRegionBound;
 use fedrl_common::protocol::RoundSpec;
 use fedrl_common::scenario::{Scenario, Task};
+use fedrl_rl::loglinear::riverswim_optimal_return;
+use fedrl_rl::task::{TaskExt, scenario_from_file};
 use fedrl_sim::riverswim::RiverSwim;
 
 fn scenario_path(name: &str) -> PathBuf {
@@ -25,8 +26,8 @@ fn scenario_path(name: &str) -> PathBuf {
 
 #[test]
 fn riverswim_scenarios_are_loglinear_with_a_twin() {
-    let private = Scenario::from_file(scenario_path("riverswim-dppg.toml")).unwrap();
-    let twin = Scenario::from_file(scenario_path("riverswim-dppg-nonprivate.toml")).unwrap();
+    let private = scenario_from_file(scenario_path("riverswim-dppg.toml")).unwrap();
+    let twin = scenario_from_file(scenario_path("riverswim-dppg-nonprivate.toml")).unwrap();
     let (Task::LogLinearPg(tp), Task::LogLinearPg(tt)) = (&private.task, &twin.task) else {
         panic!("both riverswim scenarios use the loglinear_pg task");
     };
@@ -83,7 +84,7 @@ fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> 
     let c = s.effective_clip_norm();
     let z = s.effective_noise_multiplier();
     let n = s.cohort_size;
-    let dim = s.task.dim();
+    let dim = s.task.dim().unwrap();
     let mut noise = GaussianNoise::seeded(noise_seed);
     let (mut max_step_sq, mut inside) = (0.0f64, 0u64);
     for round in 1..=rounds {
@@ -149,7 +150,7 @@ fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> 
 /// by a wide margin.
 #[test]
 fn private_riverswim_learns_in_process() {
-    let s = Scenario::from_file(scenario_path("riverswim-dppg.toml")).unwrap();
+    let s = scenario_from_file(scenario_path("riverswim-dppg.toml")).unwrap();
     let r = run_in_process(
         &s,
         s.rounds,
@@ -177,7 +178,7 @@ fn explore() {
     let path = std::env::var("RIVERSWIM_SCENARIO")
         .map(PathBuf::from)
         .unwrap_or_else(|_| scenario_path("riverswim-dppg.toml"));
-    let s = Scenario::from_file(&path).unwrap();
+    let s = scenario_from_file(&path).unwrap();
     eprintln!("clip norm {}", s.effective_clip_norm());
     for seed in 1..=3 {
         let r = run_in_process(&s, s.rounds, seed, seed == 1);
@@ -219,7 +220,7 @@ final_eval_users = 500
 fn fedrl_run_trains_riverswim_loglinear() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = write(dir.path(), "s.toml", E2E_SCENARIO);
-    let parsed = Scenario::from_file(&scenario).unwrap();
+    let parsed = scenario_from_file(&scenario).unwrap();
     let out = dir.path().join("out");
     let o = Command::new(exe())
         .arg("run")
@@ -253,7 +254,7 @@ fn fedrl_run_trains_riverswim_loglinear() {
     for r in &records {
         assert_eq!(r.clip_norm, Some(parsed.effective_clip_norm()));
     }
-    let (spec, params) = fedrl_common::nn::loglinear::from_bytes(
+    let (spec, params) = fedrl_rl::loglinear::from_bytes(
         &std::fs::read(out.join(fedrl_aggregator::dppg::POLICY_FILE)).unwrap(),
     )
     .unwrap();

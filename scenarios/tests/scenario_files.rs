@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use fedrl_common::scenario::{Scenario, Task};
+use fedrl_common::scenario::Task;
+use fedrl_rl::task::{scenario_from_file, scenario_from_toml_str};
 
 fn scenario_files() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -22,7 +23,7 @@ fn every_scenario_file_is_valid() {
     let files = scenario_files();
     assert!(files.len() >= 11, "{files:?}");
     for f in &files {
-        let s = Scenario::from_file(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let s = scenario_from_file(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         let stem = f.file_stem().unwrap().to_string_lossy().to_string();
         assert_eq!(s.name, stem, "{}: name should match the file", f.display());
         if matches!(s.task, Task::Dppg(_) | Task::LogLinearPg(_)) {
@@ -47,7 +48,7 @@ fn the_default_scenario_is_cartpole_dppg_at_epsilon_below_one() {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cartpole-dppg.toml"),
     )
     .unwrap();
-    let s = Scenario::from_toml_str(&text).unwrap();
+    let s = scenario_from_toml_str(&text).unwrap();
     let eps = fedrl_common::privacy::gaussian::epsilon(s.noise_multiplier, s.delta).unwrap();
     assert!(eps <= 1.0, "one fresh user's epsilon is {eps}");
     assert!(eps <= s.target_epsilon);

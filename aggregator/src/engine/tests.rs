@@ -105,7 +105,7 @@ fn host(u: UnitId) -> ClientId {
 /// discrete Gaussian noise for `z`) with round `round`'s seeded noise (seed 42), over `denom`.
 fn expected_release(vecs: &[Vec<f32>], c: f64, z: f64, denom: f64, round: u64) -> Vec<f32> {
     let mut noise = DiscreteGaussianNoise::seeded(round_noise_seed(42, round));
-    fixed_point::noisy_mean(
+    fedrl_common::privacy::fixed_point::noisy_mean(
         vecs.iter().map(|v| v.as_slice()),
         vecs[0].len(),
         c,
@@ -398,7 +398,7 @@ fn ledger_refusal_from_a_real_ledger_releases_nothing_and_stops() {
         dir.path().join("privacy.ledger"),
         LedgerConfig {
             target_epsilon: 3.0,
-            delta: 1e-5,
+            delta: fedrl_common::privacy::params::Delta::try_from(1e-5).unwrap(),
             unit_kind: UnitKind::User,
             participation,
         },
@@ -808,7 +808,7 @@ fn sampled_rounds_with_zero_or_one_update_are_released_and_recorded() {
         dir.path().join("privacy.ledger"),
         LedgerConfig {
             target_epsilon: 1000.0,
-            delta: 1e-5,
+            delta: fedrl_common::privacy::params::Delta::try_from(1e-5).unwrap(),
             unit_kind: UnitKind::User,
             participation,
         },

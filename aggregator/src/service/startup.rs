@@ -86,7 +86,7 @@ pub async fn run(
         );
     }
 
-    let cfg = EngineConfig::for_scenario(&scenario);
+    let cfg = EngineConfig::for_scenario(&scenario)?;
     if model.params().len() != cfg.dim {
         anyhow::bail!(
             "the model has {} parameters but the task's dim is {}",
@@ -128,7 +128,7 @@ pub async fn run(
         offer_permits: Arc::new(Semaphore::new(MAX_CONCURRENT_OFFERS)),
         welcome: Welcome {
             session: 0,
-            task_json: scenario.task.to_json(),
+            task_json: scenario.task.to_json()?,
             churn_json: serde_json::to_string(&scenario.churn)?,
             dim: cfg.dim as u32,
             clip_norm: scenario.clip_norm,

@@ -21,7 +21,6 @@ use fedrl_aggregator::{state, tasks};
 use fedrl_client::{AgentOptions, LocalTrainer, TrainerFactory, run_agent};
 use fedrl_common::protocol::auth::{issue_token, parse_fingerprint};
 use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
-use fedrl_common::scenario::Scenario;
 
 #[derive(Parser)]
 struct Args {
@@ -85,7 +84,7 @@ fn cpu_seconds() -> f64 {
 }
 
 fn serve(scenario: &Path, state_dir: &Path, args: &Args) -> anyhow::Result<()> {
-    let s = Scenario::from_file(scenario)?;
+    let s = fedrl_rl::task::scenario_from_file(scenario)?;
     let model = tasks::server_model(&s)?;
     let mut opts = AggregatorOptions::new(s, "127.0.0.1:0".parse()?, state_dir.to_path_buf());
     opts.max_inflight_updates = args.inflight;

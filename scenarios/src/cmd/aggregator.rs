@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use fedrl_aggregator::service::{self, AggregatorOptions};
 use fedrl_aggregator::{state, tasks};
+use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::issue_token;
-use fedrl_common::scenario::Scenario;
 
 use crate::cmd::UsageError;
 
@@ -36,10 +36,19 @@ pub struct Args {
     /// the operator's explicit decision, and it is logged.
     #[arg(long)]
     pub allow_budget_increase: bool,
+    /// Where the server model computes: `cpu` or `cuda:N` (needs a build with the `cuda`
+    /// feature). Overrides the scenario's `device`.
+    #[arg(long, value_name = "cpu|cuda:N")]
+    pub device: Option<DeviceSpec>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let scenario = Scenario::from_file(&args.scenario).map_err(|e| UsageError(e.to_string()))?;
+    let mut scenario = fedrl_rl::task::scenario_from_file(&args.scenario)
+        .map_err(|e| UsageError(e.to_string()))?;
+    if let Some(d) = args.device {
+        scenario.device = d;
+    }
+    fedrl_rl::device::open(scenario.device).map_err(|e| UsageError(e.to_string()))?;
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("creating {}", args.state_dir.display()))?;
     if !args.issue_token.is_empty() {

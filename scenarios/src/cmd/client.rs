@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_client::{AgentOptions, default_factory, parse_unit_ranges, run_agent};
+use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::parse_fingerprint;
 
 use crate::cmd::UsageError;
@@ -30,6 +31,10 @@ pub struct Args {
     /// Seed of the churn model's random choices (default: from the OS).
     #[arg(long)]
     pub churn_seed: Option<u64>,
+    /// Where the local updates compute: `cpu` or `cuda:N` (needs a build with the `cuda`
+    /// feature).
+    #[arg(long, value_name = "cpu|cuda:N", default_value = "cpu")]
+    pub device: DeviceSpec,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -45,6 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(r) => parse_unit_ranges(r).map_err(|e| UsageError(format!("--users: {e}")))?,
         None => Vec::new(),
     };
+    let device = fedrl_rl::device::open(args.device).map_err(|e| UsageError(e.to_string()))?;
     let mut opts = AgentOptions::new(server, fingerprint, args.token, units);
     opts.give_up_after_s = args.give_up_after;
     opts.churn_seed = args.churn_seed;
@@ -52,7 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let summary = rt
-        .block_on(run_agent(opts, default_factory()))
+        .block_on(run_agent(opts, default_factory(device)))
         .context("client agent")?;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(ExitCode::SUCCESS)

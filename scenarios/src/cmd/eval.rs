@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use fedrl_common::nn::{EvalConfig, evaluate, io, loglinear};
+use fedrl_common::device::DeviceSpec;
+use fedrl_rl::{EvalConfig, evaluate, io, loglinear};
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
@@ -37,12 +38,16 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Where the policy runs: `cpu` or `cuda:N` (needs a build with the `cuda` feature).
+    #[arg(long, value_name = "cpu|cuda:N", default_value = "cpu")]
+    pub device: DeviceSpec,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.episodes == 0 {
         return Err(UsageError("--episodes must be at least 1".into()).into());
     }
+    let device = fedrl_rl::device::open(args.device).map_err(|e| UsageError(e.to_string()))?;
     if !args.policy.is_file() {
         return Err(UsageError(format!("no policy file at {}", args.policy.display())).into());
     }
@@ -64,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 greedy: !args.stochastic,
                 ..EvalConfig::default()
             };
-            evaluate(&spec, &params, &mut envs, &seeds, &cfg)
+            evaluate(&spec, &params, &mut envs, &seeds, &cfg, &device)
                 .context("evaluating (does the policy match this environment's spaces?)")?
                 .returns
         }

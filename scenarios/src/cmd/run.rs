@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_aggregator::state;
+use fedrl_common::device::DeviceSpec;
 
 use crate::cmd::UsageError;
 use crate::deploy::{self, LocalRun, RunResult};
@@ -38,13 +39,17 @@ pub struct Args {
     /// the ledger was created with (refused otherwise).
     #[arg(long)]
     pub allow_budget_increase: bool,
+    /// Where the aggregator and the client agents compute: `cpu` or `cuda:N` (needs a build
+    /// with the `cuda` feature). Overrides the scenario's `device` (and the twin's).
+    #[arg(long, value_name = "cpu|cuda:N")]
+    pub device: Option<DeviceSpec>,
 }
 
 /// The built-in scenario's non-private twin.
 const DEFAULT_TWIN: &str = include_str!("../../cartpole-dppg-nonprivate.toml");
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut run = LocalRun::prepare(args.scenario.as_deref(), args.out.as_deref())
+    let mut run = LocalRun::prepare(args.scenario.as_deref(), args.out.as_deref(), args.device)
         .map_err(|e| UsageError(format!("{e:#}")))?;
     run.allow_budget_increase = args.allow_budget_increase;
     let twin = match &args.twin {
@@ -64,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let twin_run = match &twin {
         Some(p) => Some(
-            LocalRun::prepare(Some(p), Some(&run.out_dir.join("twin")))
+            LocalRun::prepare(Some(p), Some(&run.out_dir.join("twin")), args.device)
                 .map_err(|e| UsageError(format!("{e:#}")))?,
         ),
         None => None,

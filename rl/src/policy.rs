@@ -7,8 +7,8 @@ use candle_core::{D, DType, Tensor};
 use rand::RngExt;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::Result;
-use super::mlp::ActionKind;
+use crate::Result;
+use crate::mlp::ActionKind;
 
 /// ln(2 pi) / 2.
 const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8;
@@ -33,7 +33,7 @@ pub fn log_prob_entropy(
         }
         ActionKind::Gaussian { .. } => {
             let log_std = log_std
-                .ok_or_else(|| super::NnError::Invalid("Gaussian policy without log_std".into()))?;
+                .ok_or_else(|| crate::NnError::Invalid("Gaussian policy without log_std".into()))?;
             let ls = log_std.unsqueeze(1)?; // [U, 1, A]
             let z = actions.sub(head)?.broadcast_mul(&ls.neg()?.exp()?)?;
             let per_dim = (z.sqr()?.affine(-0.5, -HALF_LN_2PI))?.broadcast_sub(&ls)?;

@@ -1,12 +1,13 @@
 //! Evaluation of a policy on held-out users (never the training users): a non-private
 //! diagnostic of the released model.
 
+use candle_core::Device;
 use fedrl_sim::Env;
 use serde::{Deserialize, Serialize};
 
-use super::Result;
-use super::mlp::ModelSpec;
-use super::rollout::{RolloutConfig, run_users};
+use crate::Result;
+use crate::mlp::ModelSpec;
+use crate::rollout::{RolloutConfig, run_users};
 
 /// How to evaluate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -43,13 +44,15 @@ pub struct EvalResult {
 }
 
 /// Runs `cfg.episodes_per_env` episodes in each of `envs` (all at once, one batched forward per
-/// step) with the policy in `params`; `seeds[i]` seeds env `i`'s resets (and sampling).
+/// step) with the policy in `params`; `seeds[i]` seeds env `i`'s resets (and sampling). The
+/// policy runs on `device`.
 pub fn evaluate(
     spec: &ModelSpec,
     params: &[f32],
     envs: &mut [Box<dyn Env>],
     seeds: &[u64],
     cfg: &EvalConfig,
+    device: &Device,
 ) -> Result<EvalResult> {
     let layout = spec.layout();
     let rollout = RolloutConfig {
@@ -57,7 +60,7 @@ pub fn evaluate(
         max_episode_steps: cfg.max_episode_steps,
     };
     let out = run_users(
-        spec, &layout, params, envs, seeds, &rollout, cfg.greedy, false,
+        spec, &layout, params, envs, seeds, &rollout, cfg.greedy, false, device,
     )?;
     let returns: Vec<f64> = out.into_iter().flat_map(|b| b.episode_returns).collect();
     let n = returns.len().max(1) as f64;

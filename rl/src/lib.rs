@@ -1,4 +1,11 @@
-//! Neural models (candle) and RL losses shared by the client agent and the aggregator.
+//! fedrl-rl: the learning side of fedrl, neural models (candle), RL losses, rollouts and local
+//! updates, shared by the client agent and the aggregator. The privacy core and the wire protocol
+//! (`fedrl-common`) stay free of candle and the simulators; this crate depends on both.
+//!
+//! Every tensor is made on a [`Device`](candle_core::Device) passed in ([`device::open`] turns the
+//! scenario's `device` name into one); parameters travel as `Vec<f32>` and are moved to and from
+//! the device at the edges of [`local_updates`], [`collect_rollouts`] and [`evaluate`].
+//! [`task`] builds each scenario task's model (its dimension, the checks that need it).
 //!
 //! The pieces of the DPPG client step (seed 004, Algorithms 2 and 3):
 //! - [`mlp`]: the model description ([`ModelSpec`]), the flat parameter layout ([`ParamLayout`]),
@@ -16,6 +23,7 @@
 //! PyTorch's row-major layout (`weight` is `[out, in]`). Internally the stacked copies keep
 //! weights as `[users, in, out]` so that the batched matmul needs no transpose.
 
+pub mod device;
 pub mod evaluate;
 pub mod io;
 pub mod local_update;
@@ -24,16 +32,23 @@ pub mod mlp;
 pub mod policy;
 pub mod ppo;
 pub mod rollout;
+pub mod task;
 pub mod value;
 
+pub use device::DeviceError;
 pub use evaluate::{EvalConfig, EvalResult, evaluate};
-pub use local_update::{LocalUpdate, LocalUpdateConfig, local_updates, local_updates_from_batches};
+pub use local_update::{
+    LocalUpdate, LocalUpdateConfig, LocalUpdateExt, local_updates, local_updates_from_batches,
+};
 pub use mlp::{ActionKind, ModelSpec, ParamLayout, ParamSpec};
 pub use rollout::{RolloutConfig, UserBatch, collect_rollouts};
 
+// Callers name the device type through this crate, so they need no candle dependency of their own.
+pub use candle_core;
+
 use thiserror::Error;
 
-/// Errors of the neural-network layer.
+/// Errors of the learning layer.
 #[derive(Debug, Error)]
 pub enum NnError {
     #[error("candle: {0}")]
@@ -50,5 +65,5 @@ pub enum NnError {
     Invalid(String),
 }
 
-/// Result type of the `nn` module.
+/// Result type of this crate.
 pub type Result<T> = std::result::Result<T, NnError>;

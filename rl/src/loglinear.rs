@@ -49,7 +49,7 @@ use rand::{RngExt, SeedableRng};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
-use super::{NnError, Result};
+use crate::{NnError, Result};
 
 /// Metadata key holding the [`LogLinearSpec`] as JSON in an exported policy file.
 pub const LOGLINEAR_SPEC_KEY: &str = "fedrl.loglinear_spec";

@@ -3,8 +3,8 @@
 
 use candle_core::{D, Tensor};
 
-use super::Result;
-use super::mlp::{ParamLayout, forward, value_layers};
+use crate::Result;
+use crate::mlp::{ParamLayout, forward, value_layers};
 
 /// State values `[users, n]` for observations `[users, n, obs]` under stacked parameters.
 pub fn values(layout: &ParamLayout, params: &[Tensor], obs: &Tensor) -> Result<Tensor> {

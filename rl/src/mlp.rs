@@ -8,7 +8,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-use super::{NnError, Result};
+use crate::{NnError, Result};
 
 /// What the policy outputs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

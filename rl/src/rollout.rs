@@ -8,8 +8,8 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use serde::{Deserialize, Serialize};
 
-use super::mlp::{ActionKind, ModelSpec, ParamLayout, forward, policy_layers, value_layers};
-use super::{NnError, Result, policy};
+use crate::mlp::{ActionKind, ModelSpec, ParamLayout, forward, policy_layers, value_layers};
+use crate::{NnError, Result, policy};
 
 /// How a user's data is collected.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,8 +93,8 @@ struct Actor<'a> {
 }
 
 impl<'a> Actor<'a> {
-    fn new(layout: &'a ParamLayout, global: &[f32]) -> Result<Self> {
-        let device = Device::Cpu;
+    fn new(layout: &'a ParamLayout, global: &[f32], device: &Device) -> Result<Self> {
+        let device = device.clone();
         let params = layout.stack(&[global], &device)?;
         let log_std = match layout.log_std {
             Some(i) => {
@@ -161,7 +161,8 @@ fn env_action<'b>(
 ///
 /// `seeds[u]` drives user `u`'s episode resets and action sampling, so a user's data depends
 /// only on its seed, its environment and `global`. `greedy` acts with the most likely action
-/// (for evaluation). When `record` is false only episode returns are kept.
+/// (for evaluation). When `record` is false only episode returns are kept. The forward passes
+/// run on `device`; observations go to it and head outputs come back every step.
 #[allow(clippy::too_many_arguments)] // internal; the public entry points take fewer
 pub(crate) fn run_users(
     spec: &ModelSpec,
@@ -172,6 +173,7 @@ pub(crate) fn run_users(
     cfg: &RolloutConfig,
     greedy: bool,
     record: bool,
+    device: &Device,
 ) -> Result<Vec<UserBatch>> {
     layout.check(global)?;
     if envs.len() != seeds.len() {
@@ -194,7 +196,7 @@ pub(crate) fn run_users(
             )));
         }
     }
-    let actor = Actor::new(layout, global)?;
+    let actor = Actor::new(layout, global, device)?;
     let spaces: Vec<Space> = envs.iter().map(|e| e.action_space().clone()).collect();
     let mut rngs: Vec<Xoshiro256PlusPlus> = seeds
         .iter()
@@ -303,14 +305,16 @@ pub(crate) fn run_users(
 }
 
 /// Collects each user's on-policy data with the global parameters, sampling actions.
-/// `seeds[u]` makes user `u`'s data reproducible and independent of the other users.
+/// `seeds[u]` makes user `u`'s data reproducible and independent of the other users. The
+/// policy runs on `device`.
 pub fn collect_rollouts(
     spec: &ModelSpec,
     global: &[f32],
     envs: &mut [Box<dyn Env>],
     seeds: &[u64],
     cfg: &RolloutConfig,
+    device: &Device,
 ) -> Result<Vec<UserBatch>> {
     let layout = spec.layout();
-    run_users(spec, &layout, global, envs, seeds, cfg, false, true)
+    run_users(spec, &layout, global, envs, seeds, cfg, false, true, device)
 }

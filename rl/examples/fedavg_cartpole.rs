@@ -6,16 +6,17 @@
 //! evaluated greedily on 100 held-out users (never trained on): a non-private diagnostic.
 //!
 //! ```text
-//! cargo run --release -p fedrl-common --features nn --example fedavg_cartpole -- \
-//!     [--epsilon 1] [--delta 1e-5] [--cohort 1000] [--rounds 60] [--clip 0.5] ...
+//! cargo run --release -p fedrl-rl --example fedavg_cartpole -- \
+//!     [--epsilon 1] [--delta 1e-5] [--cohort 1000] [--rounds 60] [--clip 0.5] [--device cpu] ...
 //! ```
 //! `--epsilon 0` runs without noise. Noise here comes from a seeded generator (reproducible
 //! research run; the real aggregator uses a CSPRNG).
 
 use std::time::Instant;
 
-use fedrl_common::nn::{EvalConfig, LocalUpdateConfig, ModelSpec, evaluate, io, local_updates};
+use fedrl_common::device::DeviceSpec;
 use fedrl_common::privacy::gaussian;
+use fedrl_rl::{EvalConfig, LocalUpdateConfig, ModelSpec, device, evaluate, io, local_updates};
 use fedrl_sim::Env;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -34,6 +35,7 @@ struct Args {
     target: f64,
     seed: u64,
     save: Option<String>,
+    device: DeviceSpec,
     cfg: LocalUpdateConfig,
 }
 
@@ -51,6 +53,7 @@ fn parse() -> Result<Args, String> {
         target: 475.0,
         seed: 0,
         save: None,
+        device: DeviceSpec::Cpu,
         cfg: LocalUpdateConfig::default(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -77,6 +80,7 @@ fn parse() -> Result<Args, String> {
             "target" => a.target = f()?,
             "seed" => a.seed = u()? as u64,
             "save" => a.save = Some(val.clone()),
+            "device" => a.device = val.parse().map_err(|e| format!("--device: {e}"))?,
             "clip" => c.clip_norm = f()?,
             "lr" => c.lr = f()?,
             "epochs" => c.epochs = u()?,
@@ -111,6 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
     }
     let a = parse()?;
+    let dev = device::open(a.device)?;
     let make = |n: usize| -> Result<Vec<Box<dyn Env>>, fedrl_sim::SimError> {
         (0..n).map(|_| fedrl_sim::make(&a.env)).collect()
     };
@@ -161,7 +166,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|i| a.seed.wrapping_mul(1 << 40) + (round * a.cohort) as u64 + i)
             .collect();
         let t0 = Instant::now();
-        let ups = local_updates(&spec, &global, &mut envs, &seeds, &a.cfg)?;
+        let ups = local_updates(&spec, &global, &mut envs, &seeds, &a.cfg, &dev)?;
         let t_local = t0.elapsed().as_secs_f64();
         users += ups.len();
         let round_steps: usize = ups.iter().map(|u| u.steps).sum();
@@ -202,7 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start.elapsed().as_secs_f64()
         );
         if (round + 1) % a.eval_every.max(1) == 0 || round + 1 == a.rounds {
-            let r = evaluate(&spec, &global, &mut eval_envs, &eval_seeds, &eval_cfg)?;
+            let r = evaluate(&spec, &global, &mut eval_envs, &eval_seeds, &eval_cfg, &dev)?;
             line += &format!(" | eval {:.1} +- {:.1}", r.mean, r.std);
             if r.mean >= a.target && solved.is_none() {
                 solved = Some((round + 1, users, steps, start.elapsed().as_secs_f64()));

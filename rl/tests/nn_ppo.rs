@@ -1,12 +1,11 @@
 //! PPO: GAE on hand-computed cases, the loss gradient against central finite differences (f64),
 //! and the batched local update: clip bound, independence between users, batched == alone.
-#![cfg(feature = "nn")]
 
 use candle_core::{DType, Device, Tensor};
-use fedrl_common::nn::ppo::{Minibatch, PpoCoefs, gae, ppo_loss};
-use fedrl_common::nn::{
-    ActionKind, LocalUpdateConfig, ModelSpec, UserBatch, collect_rollouts, local_updates,
-    local_updates_from_batches,
+use fedrl_rl::ppo::{Minibatch, PpoCoefs, gae, ppo_loss};
+use fedrl_rl::{
+    ActionKind, LocalUpdateConfig, LocalUpdateExt, ModelSpec, UserBatch, collect_rollouts,
+    local_updates, local_updates_from_batches,
 };
 use fedrl_sim::{Action, Env, SimError, Space, Step};
 use rand::rngs::Xoshiro256PlusPlus;
@@ -241,7 +240,15 @@ fn clip_bound_holds_on_every_update() {
         let spec = spec_for(&cfg);
         let global = spec.init(1);
         let seeds: Vec<u64> = (0..7).collect();
-        let ups = local_updates(&spec, &global, &mut cartpoles(7), &seeds, &cfg).unwrap();
+        let ups = local_updates(
+            &spec,
+            &global,
+            &mut cartpoles(7),
+            &seeds,
+            &cfg,
+            &Device::Cpu,
+        )
+        .unwrap();
         assert_eq!(ups.len(), 7);
         for u in &ups {
             let norm = u
@@ -267,13 +274,28 @@ fn users_are_independent_and_batched_equals_alone() {
     let spec = spec_for(&cfg);
     let global = spec.init(2);
     let seeds: Vec<u64> = vec![10, 11, 12, 13, 14];
-    let batches =
-        collect_rollouts(&spec, &global, &mut cartpoles(5), &seeds, &cfg.rollout()).unwrap();
-    let all = local_updates_from_batches(&spec, &global, &batches, &seeds, &cfg).unwrap();
+    let batches = collect_rollouts(
+        &spec,
+        &global,
+        &mut cartpoles(5),
+        &seeds,
+        &cfg.rollout(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let all =
+        local_updates_from_batches(&spec, &global, &batches, &seeds, &cfg, &Device::Cpu).unwrap();
 
     // User 0 alone.
-    let alone =
-        local_updates_from_batches(&spec, &global, &batches[..1], &seeds[..1], &cfg).unwrap();
+    let alone = local_updates_from_batches(
+        &spec,
+        &global,
+        &batches[..1],
+        &seeds[..1],
+        &cfg,
+        &Device::Cpu,
+    )
+    .unwrap();
     let close = |a: &[f32], b: &[f32]| {
         let scale = a.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
         a.iter()
@@ -292,7 +314,8 @@ fn users_are_independent_and_batched_equals_alone() {
             *o += 0.5;
         }
     }
-    let all2 = local_updates_from_batches(&spec, &global, &other, &seeds, &cfg).unwrap();
+    let all2 =
+        local_updates_from_batches(&spec, &global, &other, &seeds, &cfg, &Device::Cpu).unwrap();
     assert!(
         close(&all[0].delta, &all2[0].delta),
         "user 0 depends on the others"
@@ -307,7 +330,8 @@ fn users_are_independent_and_batched_equals_alone() {
         threads: 2,
         ..cfg.clone()
     };
-    let all3 = local_updates_from_batches(&spec, &global, &batches, &seeds, &two).unwrap();
+    let all3 =
+        local_updates_from_batches(&spec, &global, &batches, &seeds, &two, &Device::Cpu).unwrap();
     for (a, b) in all.iter().zip(&all3) {
         assert!(close(&a.delta, &b.delta));
     }
@@ -394,7 +418,7 @@ fn gaussian_policy_local_update() {
     )
     .unwrap();
     let global = spec.init(0);
-    let ups = local_updates(&spec, &global, &mut envs, &[1, 2, 3, 4], &cfg).unwrap();
+    let ups = local_updates(&spec, &global, &mut envs, &[1, 2, 3, 4], &cfg, &Device::Cpu).unwrap();
     for u in &ups {
         assert_eq!(u.steps, 30);
         assert_eq!(u.episode_returns.len(), 2);
@@ -431,7 +455,15 @@ fn rollouts_apply_observation_normalisation_and_action_range() {
         .model_spec(envs[0].observation_space(), envs[0].action_space())
         .unwrap();
     let global = spec.init(3);
-    let batches = collect_rollouts(&spec, &global, &mut envs, &[4, 5, 6], &cfg.rollout()).unwrap();
+    let batches = collect_rollouts(
+        &spec,
+        &global,
+        &mut envs,
+        &[4, 5, 6],
+        &cfg.rollout(),
+        &Device::Cpu,
+    )
+    .unwrap();
     for (b, seed) in batches.iter().zip([4u64, 5, 6]) {
         // Point starts at x0 = (seed' % 7) / 7 - 0.5 and moves by 0.3 a with a in [0.1, 0.3]:
         // x only grows, by 0.03 to 0.09 a step.
@@ -475,7 +507,15 @@ fn action_repeat_holds_actions_and_sums_rewards() {
             .model_spec(envs[0].observation_space(), envs[0].action_space())
             .unwrap();
         let global = spec.init(1);
-        let b = collect_rollouts(&spec, &global, &mut envs, &[8, 9], &cfg.rollout()).unwrap();
+        let b = collect_rollouts(
+            &spec,
+            &global,
+            &mut envs,
+            &[8, 9],
+            &cfg.rollout(),
+            &Device::Cpu,
+        )
+        .unwrap();
         for ub in &b {
             assert_eq!(ub.len(), decisions, "repeat {k}");
             let r: f64 = ub.rewards.iter().map(|&r| r as f64).sum();

@@ -1,10 +1,9 @@
 //! Models: layout, flatten/unflatten and stack/unstack round trips, orthogonal init,
 //! safetensors round trip.
-#![cfg(feature = "nn")]
 
-use fedrl_common::nn::io;
-use fedrl_common::nn::mlp::orthogonal;
-use fedrl_common::nn::{ActionKind, ModelSpec};
+use fedrl_rl::io;
+use fedrl_rl::mlp::orthogonal;
+use fedrl_rl::{ActionKind, ModelSpec};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 

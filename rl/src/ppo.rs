@@ -4,10 +4,10 @@
 use candle_core::{D, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::Result;
-use super::mlp::{ModelSpec, ParamLayout, forward, policy_layers};
-use super::rollout::UserBatch;
-use super::{policy, value};
+use crate::Result;
+use crate::mlp::{ModelSpec, ParamLayout, forward, policy_layers};
+use crate::rollout::UserBatch;
+use crate::{policy, value};
 
 /// Loss coefficients.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

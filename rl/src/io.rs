@@ -8,8 +8,8 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use super::mlp::{ModelSpec, ParamLayout};
-use super::{NnError, Result};
+use crate::mlp::{ModelSpec, ParamLayout};
+use crate::{NnError, Result};
 
 /// Metadata key holding the model spec as JSON.
 pub const SPEC_KEY: &str = "fedrl.model_spec";

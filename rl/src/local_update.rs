@@ -13,122 +13,36 @@ use fedrl_sim::Env;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::SliceRandom;
-use serde::{Deserialize, Serialize};
 
-use super::mlp::{ModelSpec, ParamLayout};
-use super::ppo::{Minibatch, PpoCoefs, gae, normalize, ppo_loss};
-use super::rollout::{RolloutConfig, UserBatch, action_dim, mix, run_users};
-use super::{NnError, Result, policy};
-use crate::privacy::clipping::clip_l2;
+use crate::mlp::{ModelSpec, ParamLayout};
+use crate::ppo::{Minibatch, PpoCoefs, gae, normalize, ppo_loss};
+use crate::rollout::{RolloutConfig, UserBatch, action_dim, mix, run_users};
+use crate::{NnError, Result, policy};
+use fedrl_common::privacy::clipping::clip_l2;
 
-/// Hyper-parameters of the local update. Every field has a default; the defaults are the ones
-/// that reached a greedy evaluation return of 475 on CartPole-v1 at user-level epsilon 1
-/// (cohort 1024 fresh users, server lr 1.5; see `common/examples/fedavg_cartpole.rs`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LocalUpdateConfig {
-    /// Episodes each user plays per round.
-    pub episodes_per_user: usize,
-    /// Cap on steps per episode, 0 for the environment's own limit (a capped episode is
-    /// truncated and bootstrapped).
-    pub max_episode_steps: usize,
-    /// Local PPO epochs over the user's data (E).
-    pub epochs: usize,
-    /// Minibatches per epoch (each user's steps are split into this many).
-    pub minibatches: usize,
-    /// Adam learning rate.
-    pub lr: f64,
-    /// Adam beta1.
-    pub adam_beta1: f64,
-    /// Adam beta2.
-    pub adam_beta2: f64,
-    /// Adam epsilon.
-    pub adam_eps: f64,
-    /// Per-step gradient L2 clip inside the local optimisation (0: off). Not the DP clip.
-    pub max_grad_norm: f64,
-    /// PPO ratio clip.
-    pub clip_eps: f64,
-    /// Discount factor.
-    pub gamma: f64,
-    /// GAE lambda.
-    pub gae_lambda: f64,
-    /// Value loss weight.
-    pub vf_coef: f64,
-    /// Entropy bonus weight.
-    pub ent_coef: f64,
-    /// Rewards are multiplied by this before GAE (the value network works in these units).
-    pub reward_scale: f64,
-    /// DP clip norm C of each user's delta (policy and value together), L2.
-    pub clip_norm: f64,
-    /// Hidden layer widths of the policy and of the value network.
-    pub hidden: Vec<usize>,
-    /// Users whose PPO steps run as one batched tensor operation.
-    pub group_size: usize,
-    /// Worker threads (users are split across them).
-    pub threads: usize,
-    /// Initial log standard deviation of Gaussian policies (nats).
-    pub init_log_std: f32,
-    /// Fixed public observation offsets (see [`ModelSpec::obs_offset`]); empty: none.
-    pub obs_offset: Vec<f32>,
-    /// Fixed public observation scales (see [`ModelSpec::obs_scale`]); empty: none.
-    pub obs_scale: Vec<f32>,
-    /// Action range the Gaussian policy's `[-1, 1]` maps to (see [`ModelSpec::action_low`]);
-    /// empty: raw samples clipped to the environment's box.
-    pub action_low: Vec<f32>,
-    /// See `action_low`.
-    pub action_high: Vec<f32>,
-    /// Environment steps per policy decision (see [`ModelSpec::action_repeat`]); default 1.
-    pub action_repeat: usize,
-}
+/// The local update's hyper-parameters are plain scenario data (they travel in the task JSON);
+/// this crate adds what needs the model ([`LocalUpdateExt`]).
+pub use fedrl_common::task::LocalUpdateConfig;
 
-impl Default for LocalUpdateConfig {
-    fn default() -> Self {
-        Self {
-            episodes_per_user: 1,
-            max_episode_steps: 0,
-            epochs: 4,
-            minibatches: 2,
-            lr: 2.5e-3,
-            adam_beta1: 0.9,
-            adam_beta2: 0.999,
-            adam_eps: 1e-5,
-            max_grad_norm: 0.5,
-            clip_eps: 0.2,
-            gamma: 0.99,
-            gae_lambda: 0.95,
-            vf_coef: 0.5,
-            ent_coef: 0.0,
-            reward_scale: 0.1,
-            clip_norm: 0.3,
-            hidden: vec![32, 32],
-            group_size: 64,
-            threads: 2,
-            init_log_std: 0.0,
-            obs_offset: Vec::new(),
-            obs_scale: Vec::new(),
-            action_low: Vec::new(),
-            action_high: Vec::new(),
-            action_repeat: 1,
-        }
-    }
-}
-
-impl LocalUpdateConfig {
+/// What a [`LocalUpdateConfig`] implies for the model and the rollouts.
+pub trait LocalUpdateExt {
     /// The rollout part.
-    pub fn rollout(&self) -> RolloutConfig {
+    fn rollout(&self) -> RolloutConfig;
+
+    /// The policy/value model for an environment's spaces with this config's hidden sizes,
+    /// initial log-std, observation normalisation and action range (checked).
+    fn model_spec(&self, obs: &fedrl_sim::Space, action: &fedrl_sim::Space) -> Result<ModelSpec>;
+}
+
+impl LocalUpdateExt for LocalUpdateConfig {
+    fn rollout(&self) -> RolloutConfig {
         RolloutConfig {
             episodes_per_user: self.episodes_per_user,
             max_episode_steps: self.max_episode_steps,
         }
     }
 
-    /// The policy/value model for an environment's spaces with this config's hidden sizes,
-    /// initial log-std, observation normalisation and action range (checked).
-    pub fn model_spec(
-        &self,
-        obs: &fedrl_sim::Space,
-        action: &fedrl_sim::Space,
-    ) -> Result<ModelSpec> {
+    fn model_spec(&self, obs: &fedrl_sim::Space, action: &fedrl_sim::Space) -> Result<ModelSpec> {
         let mut spec = ModelSpec::from_spaces(obs, action, &self.hidden)?;
         spec.init_log_std = self.init_log_std;
         spec.obs_offset = self.obs_offset.clone();
@@ -139,13 +53,14 @@ impl LocalUpdateConfig {
         spec.check_preprocessing()?;
         Ok(spec)
     }
+}
 
-    fn coefs(&self) -> PpoCoefs {
-        PpoCoefs {
-            clip_eps: self.clip_eps,
-            vf_coef: self.vf_coef,
-            ent_coef: self.ent_coef,
-        }
+/// The PPO loss coefficients of a local update configuration.
+fn ppo_coefs(cfg: &LocalUpdateConfig) -> PpoCoefs {
+    PpoCoefs {
+        clip_eps: cfg.clip_eps,
+        vf_coef: cfg.vf_coef,
+        ent_coef: cfg.ent_coef,
     }
 }
 
@@ -164,13 +79,15 @@ pub struct LocalUpdate {
 
 /// The full client step for many users: collect each user's episodes in its own environment
 /// (`envs[u]`, seeded by `seeds[u]`) with the `global` parameters, then run the batched local
-/// PPO update. Returns one clipped delta per user, in input order.
+/// PPO update. Returns one clipped delta per user, in input order. Tensors live on `device`
+/// (every worker thread uses it); the deltas come back as `Vec<f32>`.
 pub fn local_updates(
     spec: &ModelSpec,
     global: &[f32],
     envs: &mut [Box<dyn Env>],
     seeds: &[u64],
     cfg: &LocalUpdateConfig,
+    device: &Device,
 ) -> Result<Vec<LocalUpdate>> {
     let layout = spec.layout();
     layout.check(global)?;
@@ -193,9 +110,10 @@ pub fn local_updates(
             .map(|(envs, seeds)| {
                 let (layout, one, rollout) = (&layout, &one, &rollout);
                 s.spawn(move || {
-                    let batches =
-                        run_users(spec, layout, global, envs, seeds, rollout, false, true)?;
-                    train_users(spec, layout, global, &batches, seeds, one)
+                    let batches = run_users(
+                        spec, layout, global, envs, seeds, rollout, false, true, device,
+                    )?;
+                    train_users(spec, layout, global, &batches, seeds, one, device)
                 })
             })
             .collect();
@@ -215,13 +133,15 @@ pub fn local_updates(
 }
 
 /// The local update from already collected data (`batches[u]` is user `u`'s data collected with
-/// `global`; `seeds[u]` drives its minibatch shuffles). One clipped delta per user.
+/// `global`; `seeds[u]` drives its minibatch shuffles). One clipped delta per user; tensors
+/// live on `device`.
 pub fn local_updates_from_batches(
     spec: &ModelSpec,
     global: &[f32],
     batches: &[UserBatch],
     seeds: &[u64],
     cfg: &LocalUpdateConfig,
+    device: &Device,
 ) -> Result<Vec<LocalUpdate>> {
     let layout = spec.layout();
     layout.check(global)?;
@@ -234,7 +154,7 @@ pub fn local_updates_from_batches(
     }
     let threads = cfg.threads.max(1).min(batches.len().max(1));
     if threads == 1 {
-        return train_users(spec, &layout, global, batches, seeds, cfg);
+        return train_users(spec, &layout, global, batches, seeds, cfg, device);
     }
     let per = batches.len().div_ceil(threads);
     let results: Vec<Result<Vec<LocalUpdate>>> = std::thread::scope(|s| {
@@ -243,7 +163,7 @@ pub fn local_updates_from_batches(
             .zip(seeds.chunks(per))
             .map(|(b, sd)| {
                 let layout = &layout;
-                s.spawn(move || train_users(spec, layout, global, b, sd, cfg))
+                s.spawn(move || train_users(spec, layout, global, b, sd, cfg, device))
             })
             .collect();
         handles
@@ -277,6 +197,7 @@ fn train_users(
     batches: &[UserBatch],
     seeds: &[u64],
     cfg: &LocalUpdateConfig,
+    device: &Device,
 ) -> Result<Vec<LocalUpdate>> {
     let prepared: Vec<Prepared> = batches
         .iter()
@@ -292,7 +213,7 @@ fn train_users(
     let mut out: Vec<Option<LocalUpdate>> = vec![None; batches.len()];
     for group in order.chunks(cfg.group_size.max(1)) {
         let users: Vec<&Prepared> = group.iter().map(|&u| &prepared[u]).collect();
-        let deltas = train_group(spec, layout, global, &users, cfg)?;
+        let deltas = train_group(spec, layout, global, &users, cfg, device)?;
         for (&u, mut delta) in group.iter().zip(deltas) {
             let norm = clip_l2(&mut delta, cfg.clip_norm).norm;
             out[u] = Some(LocalUpdate {
@@ -315,18 +236,18 @@ fn train_group(
     global: &[f32],
     users: &[&Prepared],
     cfg: &LocalUpdateConfig,
+    device: &Device,
 ) -> Result<Vec<Vec<f32>>> {
-    let device = Device::Cpu;
     let n_users = users.len();
     let copies: Vec<&[f32]> = vec![global; n_users];
     // All of a user's parameters in one row: Adam and the gradient clip are a few whole-tensor
     // operations instead of a dozen per parameter tensor.
-    let theta = Var::from_tensor(&layout.stack_flat(&copies, &device)?)?;
+    let theta = Var::from_tensor(&layout.stack_flat(&copies, device)?)?;
     let mut m = theta.as_tensor().zeros_like()?;
     let mut v = m.clone();
     let obs_dim = spec.obs_dim;
     let a_dim = action_dim(&spec.action);
-    let coefs = cfg.coefs();
+    let coefs = ppo_coefs(cfg);
     let mb_count = cfg.minibatches.max(1);
     let mut rngs: Vec<Xoshiro256PlusPlus> = users
         .iter()
@@ -348,7 +269,7 @@ fn train_group(
                 })
                 .collect();
             let width = slices.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
-            let mb = build_minibatch(spec, users, &slices, width, obs_dim, a_dim, &device)?;
+            let mb = build_minibatch(spec, users, &slices, width, obs_dim, a_dim, device)?;
             let params = layout.split(theta.as_tensor())?;
             let loss = ppo_loss(spec, layout, &params, &mb, &coefs)?.sum_all()?;
             let grads = loss.backward()?;

@@ -1,1 +1,0 @@
-//! fedrl-tests: end-to-end tests that cross crates and processes live in `tests/`.
