@@ -70,13 +70,13 @@ pub use entropy::{
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use fedrl_common::privacy::DpEvent;
 use fedrl_common::privacy::clipping::clip_l2;
-use fedrl_common::privacy::ledger::{Participation, RoundRecord};
 use fedrl_common::privacy::fixed_point::{
     DEFAULT_GRID_BITS, FixedPointError, FixedPointSum, Grid, NoiseCalibration,
 };
+use fedrl_common::privacy::ledger::{Participation, RoundRecord};
 use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
-use fedrl_common::privacy::DpEvent;
 use fedrl_common::protocol::{ErrorCode, RoundSpec, UnitId, UnitRange};
 use fedrl_common::scenario::{Scenario, TaskError};
 use fedrl_rl::task::TaskExt;
@@ -366,7 +366,7 @@ enum Phase {
     Waiting {
         since: Option<f64>,
     },
-    Open(OpenRound),
+    Open(Box<OpenRound>),
     /// [`Action::AppendLedger`] is with the driver.
     Recording(Box<Recording>),
     /// [`Action::Release`] is with the driver.
@@ -918,6 +918,7 @@ impl Engine {
         else {
             return;
         };
+        let open = *open;
         let accepted = open.contributed.len() as u64;
         // Finding 6: sampled rounds are released whatever the count (see the module docs).
         let needs_quorum = matches!(self.cfg.participation, Participation::Fresh);
@@ -1119,7 +1120,7 @@ impl Engine {
                 units,
             });
         }
-        self.phase = Phase::Open(OpenRound {
+        self.phase = Phase::Open(Box::new(OpenRound {
             round,
             deadline: now + self.cfg.deadline_s,
             spec,
@@ -1132,7 +1133,7 @@ impl Engine {
             clipped: 0,
             rejected: 0,
             sampling_rate,
-        });
+        }));
         // An empty cohort (possible under sampling) closes at once.
         self.maybe_close(now, out);
     }

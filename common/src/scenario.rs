@@ -33,11 +33,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use crate::device::DeviceSpec;
 use crate::privacy::accountant::{self, AccountantKind};
 use crate::privacy::ledger::{LedgerConfig, Participation, UnitKind, training_event};
 use crate::privacy::params::{ClipNorm, Delta, NoiseMultiplier};
 use crate::privacy::{DpEvent, PrivacyError};
-pub use crate::device::DeviceSpec;
 use crate::protocol::DEFAULT_MAX_FRAME_BYTES;
 // The task types live in `crate::task`; re-exported here because a scenario holds one.
 pub use crate::task::{

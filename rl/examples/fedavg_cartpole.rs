@@ -1,8 +1,9 @@
 //! DP-FedAvg of PPO local updates (seed 004, Algorithm 2) on CartPole-v1 users, in one process:
 //! the learning half without the network. Each round a cohort of *fresh* users (each user
 //! contributes once, so per-user epsilon is one Gaussian mechanism) plays with the current
-//! policy, computes its clipped local update, and the server adds N(0, (z C)^2) to the sum,
-//! divides by the fixed cohort size and steps. Every `--eval-every` rounds the policy is
+//! policy, computes its clipped local update, and the server sums them in fixed point, adds
+//! exact discrete Gaussian noise of standard deviation z C (`fixed_point::noisy_mean`, as the
+//! aggregator does), divides by the fixed cohort size and steps. Every `--eval-every` rounds the policy is
 //! evaluated greedily on 100 held-out users (never trained on): a non-private diagnostic.
 //!
 //! ```text
@@ -15,12 +16,11 @@
 use std::time::Instant;
 
 use fedrl_common::device::DeviceSpec;
+use fedrl_common::privacy::fixed_point::{noisy_mean, non_private_mean};
 use fedrl_common::privacy::gaussian;
+use fedrl_common::privacy::noise::DiscreteGaussianNoise;
 use fedrl_rl::{EvalConfig, LocalUpdateConfig, ModelSpec, device, evaluate, io, local_updates};
 use fedrl_sim::Env;
-use rand::SeedableRng;
-use rand::rngs::Xoshiro256PlusPlus;
-use rand_distr::{Distribution, Normal};
 
 struct Args {
     env: String,
@@ -149,8 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         z * a.cfg.clip_norm / a.cohort as f64
     );
     println!("config {:?}", a.cfg);
-    let mut noise_rng = Xoshiro256PlusPlus::seed_from_u64(a.seed ^ 0xA5A5_5A5A);
-    let normal = Normal::new(0.0, (z * a.cfg.clip_norm).max(1e-300))?;
+    let mut noise = DiscreteGaussianNoise::seeded(a.seed ^ 0xA5A5_5A5A);
     let mut envs = make(a.cohort)?;
     let mut eval_envs = make(a.eval_users)?;
     // Held-out users: seeds in a range training users never use.
@@ -181,27 +180,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .filter(|u| u.norm_before_clip > a.cfg.clip_norm)
             .count();
-        let mut sum = vec![0.0f64; layout.len()];
-        for u in &ups {
-            for (s, d) in sum.iter_mut().zip(&u.delta) {
-                *s += *d as f64;
-            }
-        }
+        // The project's one noisy aggregation (fixed point, exact discrete Gaussian noise over
+        // the fixed cohort size), or the plain mean without noise. `local_updates` clipped the
+        // deltas already; `noisy_mean` re-clips, as the aggregator does.
+        let deltas = ups.iter().map(|u| u.delta.as_slice());
+        let mean = if z > 0.0 {
+            noisy_mean(
+                deltas,
+                layout.len(),
+                a.cfg.clip_norm,
+                z,
+                a.cohort as f64,
+                &mut noise,
+            )?
+            .mean
+        } else {
+            non_private_mean(deltas, layout.len(), a.cohort as f64)?
+        };
         let mut mean_norm = 0.0;
-        for (i, s) in sum.iter().enumerate() {
-            let noisy = if z > 0.0 {
-                *s + normal.sample(&mut noise_rng)
-            } else {
-                *s
-            };
-            let upd = (noisy / a.cohort as f64) as f32;
-            mean_norm += (s / a.cohort as f64).powi(2);
+        for (i, upd) in mean.iter().enumerate() {
+            mean_norm += (*upd as f64).powi(2);
             momentum[i] = a.server_momentum as f32 * momentum[i] + upd;
             global[i] += a.server_lr as f32 * momentum[i];
         }
         let mut line = format!(
             "round {round:3} users {users:7} steps {steps:9} train-return {train_ret:7.1} \
-             clipped {clipped:4}/{} mean-delta-norm {:.4} local {t_local:6.2}s elapsed {:6.1}s",
+             clipped {clipped:4}/{} noisy-mean-norm {:.4} local {t_local:6.2}s elapsed {:6.1}s",
             ups.len(),
             mean_norm.sqrt(),
             start.elapsed().as_secs_f64()

@@ -8,11 +8,13 @@ use std::process::Command;
 
 use e2e_support::*;
 use fedrl_aggregator::ServerModel;
+use fedrl_aggregator::engine::round_noise_seed;
 use fedrl_aggregator::loglinear::LogLinearModel;
 use fedrl_client::LocalTrainer;
 use fedrl_client::loglinear::LogLinearTrainer;
 use fedrl_common::privacy::clipping::{clip_l2, l2_norm};
-use fedrl_common::privacy::noise::GaussianNoise;
+use fedrl_common::privacy::fixed_point::{noisy_mean, non_private_mean};
+use fedrl_common::privacy::noise::DiscreteGaussianNoise;
 use fedrl_common::privacy::trust_region::TrustRegionBound;
 use fedrl_common::protocol::RoundSpec;
 use fedrl_common::scenario::{Scenario, Task};
@@ -72,9 +74,9 @@ struct InProcess {
     inside: f64,
 }
 
-/// Runs `s` in process: the real client trainer and server model; the engine's clip, seeded
-/// Gaussian noise `N(0, (z C)^2)` on the sum and division by the fixed cohort are replicated here
-/// (the CLI test below runs the real engine).
+/// Runs `s` in process: the real client trainer and server model, aggregated by the engine's
+/// own noisy aggregation (`fixed_point::noisy_mean`, seeded per round as the engine seeds it;
+/// the CLI test below runs the real engine).
 fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> InProcess {
     let Task::LogLinearPg(task) = &s.task else {
         panic!("not a loglinear_pg scenario")
@@ -85,7 +87,6 @@ fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> 
     let z = s.effective_noise_multiplier();
     let n = s.cohort_size;
     let dim = s.task.dim().unwrap();
-    let mut noise = GaussianNoise::seeded(noise_seed);
     let (mut max_step_sq, mut inside) = (0.0f64, 0u64);
     for round in 1..=rounds {
         let units: Vec<u64> = ((round - 1) * n..round * n).collect();
@@ -99,25 +100,22 @@ fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> 
         let global = model.params().to_vec();
         let ups = trainer.local_updates(&spec, &global, &units);
         assert_eq!(ups.len(), n as usize);
-        let mut sum = vec![0.0f64; dim];
-        for (_, mut v) in ups {
+        for (_, v) in &ups {
+            let mut v = v.clone();
             clip_l2(&mut v, c);
             assert!(l2_norm(&v) <= c * (1.0 + 1e-6) || c.is_infinite());
-            for (a, b) in sum.iter_mut().zip(&v) {
-                *a += *b as f64;
-            }
         }
-        let mean: Vec<f32> = sum
-            .iter()
-            .map(|x| {
-                let e = if z > 0.0 {
-                    z * c * noise.standard_normal()
-                } else {
-                    0.0
-                };
-                ((x + e) / n as f64) as f32
-            })
-            .collect();
+        let updates = ups.iter().map(|(_, v)| v.as_slice());
+        // The engine's aggregation: the twin's plain mean, or the one noisy aggregation
+        // (fixed point, exact discrete Gaussian noise from the round's seed).
+        let mean = if z > 0.0 {
+            let mut noise = DiscreteGaussianNoise::seeded(round_noise_seed(noise_seed, round));
+            noisy_mean(updates, dim, c, z, n as f64, &mut noise)
+                .unwrap()
+                .mean
+        } else {
+            non_private_mean(updates, dim, n as f64).unwrap()
+        };
         model.apply(&mean).unwrap();
         let step_sq: f64 = model.params()[..12]
             .iter()

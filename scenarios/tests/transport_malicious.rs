@@ -15,9 +15,9 @@ use std::time::Duration;
 use e2e_support::*;
 use fedrl_aggregator::checkpoint;
 use fedrl_aggregator::engine::round_noise_seed;
-use fedrl_common::privacy::clipping::clip_l2;
+use fedrl_common::privacy::fixed_point::noisy_mean;
 use fedrl_common::privacy::ledger::PrivacyLedger;
-use fedrl_common::privacy::noise::{GaussianNoise, NoiseSource};
+use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
 use fedrl_common::protocol::auth::parse_fingerprint;
 use fedrl_common::protocol::{
     ErrorCode, Join, MAX_CONTROL_FRAME_BYTES, Message, UnitRange, Update, decode_frame,
@@ -326,30 +326,27 @@ fn malicious_clients_get_clear_errors_and_honest_rounds_complete_exactly() {
         panic!("the scenario is mean estimation")
     };
     let mu = task.true_mean();
-    let mut sum = [0.0f64; 8];
-    let mut add = |mut v: Vec<f32>| {
-        clip_l2(&mut v, 1.0); // client side (honest) or the server's re-clip
-        clip_l2(&mut v, 1.0);
-        for (s, x) in sum.iter_mut().zip(&v) {
-            *s += *x as f64;
-        }
-    };
-    for u in 0..12 {
-        add(task.user_vector(&mu, u));
-    }
-    add(v12);
-    add(v15);
-    let mut noisy: Vec<f32> = sum.iter().map(|s| *s as f32).collect();
-    GaussianNoise::seeded(seed)
-        .add_to(&mut noisy, 0.5 * 1.0)
-        .unwrap();
-    let expected: Vec<f32> = noisy.iter().map(|x| (*x as f64 / 17.0) as f32).collect();
+    // The engine's one noisy aggregation: re-clip to C = 1, fixed-point sum, exact discrete
+    // Gaussian noise (z = 0.5) from the round's seed, over the fixed denominator 17.
+    let mut updates: Vec<Vec<f32>> = (0..12).map(|u| task.user_vector(&mu, u)).collect();
+    updates.push(v12);
+    updates.push(v15);
+    let expected = noisy_mean(
+        updates.iter().map(|v| v.as_slice()),
+        8,
+        1.0,
+        0.5,
+        17.0,
+        &mut DiscreteGaussianNoise::seeded(seed),
+    )
+    .unwrap()
+    .mean;
     let (_, st) = checkpoint::load(&state_dir).unwrap().expect("checkpoint");
     let released = &st.tensors[..8];
     for (a, b) in released.iter().zip(&expected) {
-        // Only the order of the f64 additions can differ.
+        // Integer sums do not depend on the order of the additions: bit for bit.
         assert!(
-            (a - b).abs() <= 1e-6,
+            a.to_bits() == b.to_bits(),
             "released {released:?}\nexpected {expected:?}"
         );
     }

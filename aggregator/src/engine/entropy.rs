@@ -68,7 +68,9 @@ impl EntropySource for SeededEntropy {
     }
 
     fn noise(&mut self, round: u64) -> Result<DiscreteGaussianNoise, EntropyError> {
-        Ok(DiscreteGaussianNoise::seeded(round_noise_seed(self.seed, round)))
+        Ok(DiscreteGaussianNoise::seeded(round_noise_seed(
+            self.seed, round,
+        )))
     }
 }
 

@@ -729,11 +729,17 @@ fn fresh_round_releases_exact_noisy_mean_over_fixed_denominator() {
         l2_sensitivity,
     } = rec.event
     else {
-        panic!("a private round records its discrete Gaussian: {:?}", rec.event)
+        panic!(
+            "a private round records its discrete Gaussian: {:?}",
+            rec.event
+        )
     };
     let z = sigma / l2_sensitivity;
     assert!((0.5..0.5 * (1.0 + 1e-9)).contains(&z), "z = {z}");
-    assert!(l2_sensitivity >= (1u64 << 24) as f64, "C / gamma on the default grid");
+    assert!(
+        l2_sensitivity >= (1u64 << 24) as f64,
+        "C / gamma on the default grid"
+    );
     assert_eq!(rec.clip_norm, Some(1.0));
     assert_eq!(
         rec.noise_source,

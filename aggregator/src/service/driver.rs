@@ -208,7 +208,8 @@ impl EngineThread {
     /// appended since its round: the next commit flushes first).
     fn flush_metrics_line(&mut self, metrics: &mut RoundMetrics) -> anyhow::Result<()> {
         let (non_private, ledger) = (self.engine.config().non_private, &self.ledger);
-        metrics.flush(|| (!non_private).then(|| (ledger.epsilon().ok(), ledger.config().delta.get())))
+        metrics
+            .flush(|| (!non_private).then(|| (ledger.epsilon().ok(), ledger.config().delta.get())))
     }
 
     fn send(&self, client: ClientId, out: Outbound) {

@@ -1,11 +1,7 @@
-//! Noise generators: exact discrete Gaussian noise for releases ([`DiscreteGaussianNoise`]) and
-//! floating-point Gaussian noise ([`GaussianNoise`]).
-//!
-//! [`DiscreteGaussianNoise`] is the private mechanism: integer noise drawn exactly (see
-//! [`super::discrete_gaussian`]) and added to a fixed-point sum ([`super::fixed_point`]).
-//! [`GaussianNoise`] is a floating-point sampler; such samplers leave gaps that can reveal the
-//! exact value being noised (Mironov 2012), so it is for simulations only. It stays while the
-//! round engine is moved onto the fixed-point path.
+//! The noise generator of releases: exact discrete Gaussian noise ([`DiscreteGaussianNoise`]),
+//! integers drawn exactly (see [`super::discrete_gaussian`]) and added to a fixed-point sum
+//! ([`super::fixed_point`]). There is deliberately no floating-point Gaussian sampler here:
+//! such samplers leave gaps that can reveal the exact value being noised (Mironov 2012).
 //!
 //! Production noise comes from ChaCha20 seeded by the operating system (a CSPRNG). A `--seed` run
 //! uses the same generator seeded from a number, for reproducible research; every place that
@@ -14,7 +10,6 @@
 
 use rand::SeedableRng;
 use rand::rngs::{ChaCha20Rng, SysRng};
-use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use super::PrivacyError;
@@ -118,94 +113,9 @@ impl DiscreteGaussianNoise {
     }
 }
 
-/// A generator of floating-point Gaussian noise vectors (simulations only; see the module docs).
-pub struct GaussianNoise {
-    rng: ChaCha20Rng,
-    source: NoiseSource,
-}
-
-impl GaussianNoise {
-    /// A generator seeded by the operating system's random source.
-    pub fn from_os() -> Result<Self, PrivacyError> {
-        Ok(Self {
-            rng: os_chacha()?,
-            source: NoiseSource::Os,
-        })
-    }
-
-    /// A reproducible generator; it identifies itself as seeded wherever it is recorded.
-    pub fn seeded(seed: u64) -> Self {
-        Self {
-            rng: ChaCha20Rng::seed_from_u64(seed),
-            source: NoiseSource::Seeded { seed },
-        }
-    }
-
-    /// `from_os()` when `seed` is `None`, else `seeded(seed)`.
-    pub fn new(seed: Option<u64>) -> Result<Self, PrivacyError> {
-        match seed {
-            Some(s) => Ok(Self::seeded(s)),
-            None => Self::from_os(),
-        }
-    }
-
-    pub fn source(&self) -> NoiseSource {
-        self.source
-    }
-
-    /// Adds independent N(0, std^2) noise to every component of `v`. The sample is drawn in f64
-    /// and rounded once when added.
-    pub fn add_to(&mut self, v: &mut [f32], std: f64) -> Result<(), PrivacyError> {
-        if !(std.is_finite() && std >= 0.0) {
-            return Err(PrivacyError::InvalidParameter(format!(
-                "noise standard deviation must be finite and >= 0, got {std}"
-            )));
-        }
-        for x in v.iter_mut() {
-            let n: f64 = StandardNormal.sample(&mut self.rng);
-            *x = (*x as f64 + std * n) as f32;
-        }
-        Ok(())
-    }
-
-    /// One standard normal sample (for mechanisms other than vector noise).
-    pub fn standard_normal(&mut self) -> f64 {
-        StandardNormal.sample(&mut self.rng)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn seeded_noise_is_reproducible_and_says_so() {
-        let mut a = GaussianNoise::seeded(7);
-        let mut b = GaussianNoise::seeded(7);
-        let (mut va, mut vb) = (vec![0f32; 100], vec![0f32; 100]);
-        a.add_to(&mut va, 2.0).unwrap();
-        b.add_to(&mut vb, 2.0).unwrap();
-        assert_eq!(va, vb);
-        assert!(!a.source().is_private());
-        assert!(a.source().to_string().contains("not private"));
-    }
-
-    #[test]
-    fn os_noise_differs_between_generators_and_has_the_right_scale() {
-        let mut a = GaussianNoise::from_os().unwrap();
-        let mut b = GaussianNoise::from_os().unwrap();
-        let n = 200_000;
-        let (mut va, mut vb) = (vec![0f32; n], vec![0f32; n]);
-        a.add_to(&mut va, 3.0).unwrap();
-        b.add_to(&mut vb, 3.0).unwrap();
-        assert_ne!(va, vb);
-        assert!(a.source().is_private());
-        let mean = va.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
-        let var = va.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n as f64;
-        // Standard error of the variance estimate is ~ 9 * sqrt(2/n) = 0.03.
-        assert!((var - 9.0).abs() < 0.2, "variance {var}");
-        assert!(mean.abs() < 0.05, "mean {mean}");
-    }
 
     #[test]
     fn discrete_noise_is_reproducible_when_seeded_and_differs_from_the_os() {
@@ -220,6 +130,7 @@ mod tests {
         assert_eq!(va, vb);
         assert!(va.iter().any(|&x| x != 5));
         assert!(!a.source().is_private());
+        assert!(a.source().to_string().contains("not private"));
         let mut os = DiscreteGaussianNoise::from_os().unwrap();
         assert!(os.source().is_private());
         let mut vo = vec![5i64; 200];
@@ -237,12 +148,5 @@ mod tests {
             a.add_to(&mut v, &g),
             Err(DiscreteGaussianError::Overflow(_))
         ));
-    }
-
-    #[test]
-    fn rejects_bad_std() {
-        let mut a = GaussianNoise::seeded(1);
-        assert!(a.add_to(&mut [0.0], f64::NAN).is_err());
-        assert!(a.add_to(&mut [0.0], -1.0).is_err());
     }
 }
