@@ -306,9 +306,13 @@ impl Scenario {
         Ok(self)
     }
 
-    /// The TOML form (for writing a resolved scenario next to a run's results).
-    pub fn to_toml_string(&self) -> String {
-        toml::to_string(self).unwrap_or_default()
+    /// The TOML form (for writing a resolved scenario next to a run's results). An error (a
+    /// value TOML cannot hold) is reported, never replaced by an empty file.
+    pub fn to_toml_string(&self) -> Result<String, ScenarioError> {
+        toml::to_string(self).map_err(|e| ScenarioError::Parse {
+            path: None,
+            message: format!("cannot write the scenario as TOML: {e}"),
+        })
     }
 
     /// The fixed public denominator: `cohort_size` under `fresh`, `rate x users` under `sampled`.
@@ -625,7 +629,7 @@ mod tests {
         // The scenarios' hand-set z = 3.74 is a little above the exact 3.73.
         assert!((3.72..3.74).contains(&z), "{z}");
         // The resolved file carries the number and parses to the same scenario.
-        let again = Scenario::from_toml_str(&fresh.to_toml_string()).unwrap();
+        let again = Scenario::from_toml_str(&fresh.to_toml_string().unwrap()).unwrap();
         assert_eq!(again, fresh);
 
         let sampled = Scenario::from_toml_str(
@@ -724,7 +728,7 @@ mod tests {
         let s = Scenario::from_toml_str(text).unwrap();
         assert_eq!(s.expected_cohort(), 20.0);
         assert_eq!(s.quorum(), 10);
-        let again = Scenario::from_toml_str(&s.to_toml_string()).unwrap();
+        let again = Scenario::from_toml_str(&s.to_toml_string().unwrap()).unwrap();
         assert_eq!(again, s);
         assert_eq!(Task::from_json(&s.task.to_json().unwrap()).unwrap(), s.task);
     }
@@ -834,8 +838,11 @@ mod tests {
         assert_eq!(s.device, DeviceSpec::Cpu);
         let s = Scenario::from_toml_str(&format!("device = \"cuda:1\"\n{task}")).unwrap();
         assert_eq!(s.device, DeviceSpec::Cuda(1));
-        assert!(s.to_toml_string().contains("device = \"cuda:1\""));
-        assert_eq!(Scenario::from_toml_str(&s.to_toml_string()).unwrap(), s);
+        assert!(s.to_toml_string().unwrap().contains("device = \"cuda:1\""));
+        assert_eq!(
+            Scenario::from_toml_str(&s.to_toml_string().unwrap()).unwrap(),
+            s
+        );
         let err = Scenario::from_toml_str(&format!("device = \"gpu\"\n{task}"))
             .unwrap_err()
             .to_string();

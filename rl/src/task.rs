@@ -149,7 +149,7 @@ mod tests {
         assert_eq!(s.derived_clip_norm(18).unwrap(), Some(want));
         assert_eq!(s.effective_clip_norm(), want);
         // The resolved scenario round-trips (the derived value is accepted back).
-        let again = scenario_from_toml_str(&s.to_toml_string()).unwrap();
+        let again = scenario_from_toml_str(&s.to_toml_string().unwrap()).unwrap();
         assert_eq!(again, s);
         // The learning-rate schedule of seed 004 C.3, counted in rounds.
         assert_eq!(t.lr_at(1), 12.0);

@@ -96,7 +96,7 @@ impl LocalRun {
         let scenario_path = out_dir.join("scenario.toml");
         // The scenario as resolved (`noise_multiplier = "auto"` and derived clip norms become the
         // numbers used), so the file says what ran and every process reads the same values.
-        fs::write(&scenario_path, parsed.to_toml_string())?;
+        fs::write(&scenario_path, parsed.to_toml_string()?)?;
         Ok(LocalRun {
             scenario: parsed,
             scenario_path,

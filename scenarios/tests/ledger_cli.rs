@@ -209,12 +209,19 @@ dim = 4
     assert!(!written.contains("\"auto\""), "{written}");
     let resolved = Scenario::from_toml_str(&written).unwrap();
     assert_eq!(resolved.noise_multiplier, expected);
-    // The ledger of the run records that z, and reports within the target.
+    // The ledger of the run (found under the output's `operator/`) records the exact discrete
+    // Gaussian that ran, whose sigma / sensitivity covers that z, and reports within the target.
     let v = json(&["ledger", out.to_str().unwrap(), "--json"]);
     let entries = v["entries"].as_array().unwrap();
     assert!(!entries.is_empty(), "{v}");
     for e in entries {
-        assert_eq!(f(&e["event"]["event"]["noise_multiplier"]), expected, "{e}");
+        let dg = &e["event"]["event"];
+        assert_eq!(dg["kind"], "discrete_gaussian", "{e}");
+        let z = f(&dg["sigma"]) / f(&dg["l2_sensitivity"]);
+        assert!(
+            z >= expected && z <= expected * (1.0 + 1e-9),
+            "{z} vs {expected}: {e}"
+        );
     }
     assert!(f(&v["epsilon"]) <= 8.0, "{v}");
 }

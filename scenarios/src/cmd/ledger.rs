@@ -14,7 +14,8 @@ use super::UsageError;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// An output or state directory holding `privacy.ledger`, or the ledger file itself.
+    /// A state directory holding `privacy.ledger`, a `fedrl run` output directory (its ledger is
+    /// in `operator/`), or the ledger file itself.
     pub path: PathBuf,
     /// Print one JSON document (every record's event, the accounting, every unit's epsilon)
     /// instead of text.
@@ -36,8 +37,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.accountant
         ))
     })?;
+    // A state directory holds the ledger at its top; a `fedrl run` output directory keeps it
+    // with the other operator-only files under `operator/`.
     let file = if args.path.is_dir() {
-        args.path.join(LEDGER_FILE_NAME)
+        let top = args.path.join(LEDGER_FILE_NAME);
+        let operator = args.path.join("operator").join(LEDGER_FILE_NAME);
+        if !top.exists() && operator.exists() {
+            operator
+        } else {
+            top
+        }
     } else {
         args.path.clone()
     };
