@@ -222,6 +222,21 @@ impl JournalWriter {
         unit: UnitId,
         update: &[f32],
     ) -> Result<(), JournalError> {
+        let sha256 = update_digest(update);
+        self.record_digested_update(t, client, round, unit, update, &sha256)
+    }
+
+    /// [`record_update`](Self::record_update) with the body's digest computed by the caller
+    /// ([`update_digest`]; the service hashes on the connection's task, off the engine thread).
+    pub fn record_digested_update(
+        &mut self,
+        t: f64,
+        client: ClientId,
+        round: u64,
+        unit: UnitId,
+        update: &[f32],
+        sha256: &[u8; 32],
+    ) -> Result<(), JournalError> {
         let full = self.mode == JournalMode::Full;
         let mut scratch = std::mem::take(&mut self.buf);
         let bytes = le_bytes(update, &mut scratch);
@@ -231,7 +246,7 @@ impl JournalWriter {
             round,
             unit,
             len: update.len() as u64,
-            sha256: hex(digest::digest(&SHA256, bytes).as_ref()),
+            sha256: hex(sha256),
             body: full,
         };
         let r = self.write_frame(&header, full.then_some(bytes));
@@ -560,6 +575,14 @@ pub fn replay(
 /// The values as raw little-endian f32 bytes: on little-endian machines the memory itself (no
 /// copy: hashing and writing a 10^6-value update touch its 4 MB once), elsewhere a converted
 /// copy in `scratch`.
+/// SHA-256 of an update's little-endian f32 bytes: what the journal records of it.
+pub fn update_digest(update: &[f32]) -> [u8; 32] {
+    let mut scratch = Vec::new();
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest::digest(&SHA256, le_bytes(update, &mut scratch)).as_ref());
+    out
+}
+
 fn le_bytes<'a>(v: &'a [f32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
     if cfg!(target_endian = "little") {
         bytemuck::cast_slice(v)

@@ -21,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::driver::Input;
 use crate::engine::ClientId;
+use crate::journal;
 
 /// Offers transmitted concurrently.
 pub(super) const MAX_CONCURRENT_OFFERS: usize = 16;
@@ -66,6 +67,10 @@ impl OutTx {
 /// An update read under a permit. Dropping it returns the buffer to the pool, then the permit.
 pub(super) struct UpdateBody {
     pub(super) data: Vec<f32>,
+    /// SHA-256 of the body as received, for the journal: computed here, on the connection's
+    /// task, so that the engine thread (whose work at a round's close delays the next offer)
+    /// does not hash every update itself.
+    pub(super) sha256: [u8; 32],
     pub(super) pool: Arc<BufferPool>,
     pub(super) _permit: OwnedSemaphorePermit,
 }
@@ -387,6 +392,7 @@ async fn update_stream(
             return;
         };
         let mut body = UpdateBody {
+            sha256: [0; 32],
             data: shared.pool.take(),
             pool: shared.pool.clone(),
             _permit: permit,
@@ -421,6 +427,7 @@ async fn update_stream(
             .fetch_add(body_len as u64 + 4, Ordering::Relaxed);
         match message {
             Message::Update(u) => {
+                body.sha256 = journal::update_digest(&body.data);
                 let input = Input::Update {
                     session,
                     round: u.round,

@@ -117,7 +117,7 @@ impl EngineThread {
                     mut body,
                 } => {
                     self.journal
-                        .record_update(now, session, round, unit, &body.data)
+                        .record_digested_update(now, session, round, unit, &body.data, &body.sha256)
                         .context("journalling an update")?;
                     let actions =
                         self.engine
