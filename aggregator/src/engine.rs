@@ -845,7 +845,7 @@ impl Engine {
         if !self.expects_ledger_answer(round, out) {
             return;
         }
-        let Phase::Recording(mut rec) =
+        let Phase::Recording(rec) =
             std::mem::replace(&mut self.phase, Phase::Waiting { since: Some(now) })
         else {
             return;
@@ -855,13 +855,17 @@ impl Engine {
             self.finish(format!("round {round}: a twin has no ledger record"), out);
             return;
         };
-        let units = std::mem::take(&mut rec.units);
-        let rec = *rec;
-        let mut noise = rec.noise;
-        let noisy = match rec
-            .sum
-            .release(&mut noise, &calibration, self.cfg.expected_cohort)
-        {
+        let Recording {
+            units,
+            sum,
+            mut noise,
+            accepted,
+            clipped,
+            offered,
+            rejected,
+            ..
+        } = *rec;
+        let noisy = match sum.release(&mut noise, &calibration, self.cfg.expected_cohort) {
             Ok(v) => v,
             Err(e) => {
                 // Validation makes this unreachable; the record over-reports, never under.
@@ -873,10 +877,10 @@ impl Engine {
         out.push(Action::Release(Box::new(Release {
             round,
             noisy_mean: noisy,
-            accepted: rec.accepted,
-            clipped: rec.clipped,
-            offered: rec.offered,
-            rejected: rec.rejected,
+            accepted,
+            clipped,
+            offered,
+            rejected,
         })));
     }
 
