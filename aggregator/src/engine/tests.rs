@@ -389,21 +389,29 @@ fn commit_order_holds_under_churn_fresh_and_sampled() {
     }
 }
 
+/// A real ledger in `dir` (delta 1e-5, user level) with budget `target_epsilon`.
+fn real_ledger(
+    dir: &std::path::Path,
+    participation: Participation,
+    target_epsilon: f64,
+) -> PrivacyLedger {
+    let config = LedgerConfig {
+        target_epsilon,
+        delta: fedrl_common::privacy::params::Delta::try_from(1e-5).unwrap(),
+        unit_kind: UnitKind::User,
+        participation,
+    };
+    PrivacyLedger::open(dir.join("privacy.ledger"), config)
+        .unwrap()
+        .0
+}
+
 #[test]
 fn ledger_refusal_from_a_real_ledger_releases_nothing_and_stops() {
     // Every unit in every round (rate 1): epsilon grows each round until the budget refuses.
     let dir = tempfile::tempdir().unwrap();
     let participation = Participation::sampled(1.0).unwrap();
-    let (ledger, _) = PrivacyLedger::open(
-        dir.path().join("privacy.ledger"),
-        LedgerConfig {
-            target_epsilon: 3.0,
-            delta: fedrl_common::privacy::params::Delta::try_from(1e-5).unwrap(),
-            unit_kind: UnitKind::User,
-            participation,
-        },
-    )
-    .unwrap();
+    let ledger = real_ledger(dir.path(), participation, 3.0);
     let mut c = cfg(participation);
     c.rounds = 50;
     c.expected_cohort = 10.0;
@@ -810,16 +818,7 @@ fn sampled_rounds_with_zero_or_one_update_are_released_and_recorded() {
     // depend on the realised count (finding 6), and the ledger must accept the records.
     let dir = tempfile::tempdir().unwrap();
     let participation = Participation::sampled(0.3).unwrap();
-    let (ledger, _) = PrivacyLedger::open(
-        dir.path().join("privacy.ledger"),
-        LedgerConfig {
-            target_epsilon: 1000.0,
-            delta: fedrl_common::privacy::params::Delta::try_from(1e-5).unwrap(),
-            unit_kind: UnitKind::User,
-            participation,
-        },
-    )
-    .unwrap();
+    let ledger = real_ledger(dir.path(), participation, 1000.0);
     let mut c = cfg(participation);
     c.quorum = 5;
     c.expected_cohort = 3.0;
