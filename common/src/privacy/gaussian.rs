@@ -142,11 +142,7 @@ fn check_sigma(sigma: f64) -> Result<(), PrivacyError> {
 }
 
 fn check_delta(delta: f64) -> Result<(), PrivacyError> {
-    if !(delta > 0.0 && delta < 1.0) {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "delta must be in (0, 1), got {delta}"
-        )));
-    }
+    super::params::Delta::try_from(delta)?;
     Ok(())
 }
 

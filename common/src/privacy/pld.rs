@@ -1097,11 +1097,7 @@ fn check_discretization(d: f64) -> Result<(), PrivacyError> {
 }
 
 fn check_rate_open(q: f64) -> Result<(), PrivacyError> {
-    if !(q > 0.0 && q <= 1.0) {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "sampling rate must be in (0, 1], got {q}"
-        )));
-    }
+    super::params::SamplingRate::try_from(q)?;
     Ok(())
 }
 
