@@ -3,7 +3,6 @@
 //! number into the output `scenario.toml`, and its ledger reads back through the command.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use fedrl_common::privacy::DpEvent;
 use fedrl_common::privacy::ledger::{
@@ -13,24 +12,9 @@ use fedrl_common::privacy::noise::NoiseSource;
 use fedrl_common::scenario::Scenario;
 use serde_json::Value;
 
-fn fedrl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fedrl"))
-        .args(args)
-        .output()
-        .expect("fedrl runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod e2e_support;
 
-fn json(args: &[&str]) -> Value {
-    let (code, stdout, stderr) = fedrl(args);
-    assert_eq!(code, 0, "{args:?}: {stderr}");
-    assert_eq!(stdout.lines().count(), 1, "one JSON document: {stdout}");
-    serde_json::from_str(&stdout).expect("valid JSON")
-}
+use e2e_support::{fedrl_json as json, fedrl_output as fedrl};
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)

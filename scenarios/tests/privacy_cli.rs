@@ -1,28 +1,18 @@
 //! `fedrl privacy`: JSON output against dp_accounting's figures, human output, and one-line
 //! errors with exit code 2 for bad arguments.
 
-use std::process::Command;
-
 use serde_json::Value;
 
+mod e2e_support;
+
+/// `fedrl privacy ARGS`: (exit code, stdout, stderr).
 fn fedrl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fedrl"))
-        .arg("privacy")
-        .args(args)
-        .output()
-        .expect("fedrl runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    e2e_support::fedrl_output(&[&["privacy"], args].concat())
 }
 
+/// `fedrl privacy ARGS`, which must succeed with one JSON object.
 fn json(args: &[&str]) -> Value {
-    let (code, stdout, stderr) = fedrl(args);
-    assert_eq!(code, 0, "{args:?}: {stderr}");
-    assert_eq!(stdout.lines().count(), 1, "one JSON object: {stdout}");
-    serde_json::from_str(&stdout).expect("valid JSON")
+    e2e_support::fedrl_json(&[&["privacy"], args].concat())
 }
 
 fn rel(a: f64, b: f64) -> f64 {

@@ -16,6 +16,24 @@ pub fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fedrl"))
 }
 
+/// Runs `fedrl ARGS` to completion: (exit code, stdout, stderr).
+pub fn fedrl_output(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(exe()).args(args).output().expect("fedrl runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `fedrl ARGS`, which must succeed and print exactly one JSON document.
+pub fn fedrl_json(args: &[&str]) -> serde_json::Value {
+    let (code, stdout, stderr) = fedrl_output(args);
+    assert_eq!(code, 0, "{args:?}: {stderr}");
+    assert_eq!(stdout.lines().count(), 1, "one JSON document: {stdout}");
+    serde_json::from_str(&stdout).expect("valid JSON")
+}
+
 /// Kills the process when dropped (failed assertions must not leak processes).
 pub struct Proc {
     pub name: String,
