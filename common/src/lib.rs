@@ -5,9 +5,10 @@
 //! - [`protocol`]: the versioned wire messages and their one codec.
 //! - [`scenario`]: the TOML scenario schema with documented defaults; [`task`]: the tasks it
 //!   trains and [`device`]: where tensors live, both plain data (models and losses are in
-//!   `fedrl-rl`).
+//!   `fedrl-rl`); [`offline`]: dataset specs, CQL settings and the DP-SGD update modes.
 
 pub mod device;
+pub mod offline;
 pub mod privacy;
 pub mod protocol;
 pub mod scenario;

@@ -29,6 +29,7 @@ pub mod io;
 pub mod local_update;
 pub mod loglinear;
 pub mod mlp;
+pub mod offline;
 pub mod policy;
 pub mod ppo;
 pub mod rollout;

@@ -1,0 +1,176 @@
+//! Plain-data descriptions of the offline half (DESIGN §2.2-2.5): how a dataset held by privacy
+//! units is generated, the discrete CQL hyper-parameters and the two DP-SGD update modes. The
+//! datasets themselves, the losses and the per-unit gradients live in `fedrl_rl::offline`.
+
+use serde::{Deserialize, Serialize};
+
+/// A named, seeded procedure that generates an offline dataset: a behaviour policy rolled out in
+/// a simulator population. Two equal specs produce the same dataset bit for bit, so a dataset is
+/// cached on disk under a key derived from its spec ([`DatasetSpec::cache_key`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    /// Population name or environment id (`fedrl sim list`). Default `CartPole-v1`.
+    #[serde(default = "d_env")]
+    pub env: String,
+    /// Seed of the population's per-user parameters. Default 0.
+    #[serde(default)]
+    pub population_seed: u64,
+    /// Who acts while the data is recorded. Default: PPO checkpoints with epsilon-greedy noise.
+    #[serde(default)]
+    pub behaviour: Behaviour,
+    /// Number of privacy units (trajectories or experts) in the dataset. Default 1000.
+    #[serde(default = "d_units")]
+    pub units: u64,
+    /// Episodes each unit owns: 1 for trajectory-level units, e.g. 20 for an expert. Default 1.
+    #[serde(default = "d_one")]
+    pub episodes_per_unit: u64,
+    /// Seed of the behaviour policy's training and of the episodes. Default 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// The behaviour policy of a generated dataset.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Behaviour {
+    /// Uniformly random actions.
+    Random,
+    /// A PPO policy trained (non-privately, on the simulator, not on anyone's data) for
+    /// `iterations`, snapshotted at `checkpoints` evenly spaced points; unit `u` acts with
+    /// checkpoint `u % checkpoints`, taking a uniformly random action with probability `epsilon`
+    /// at every step: a dataset of mixed quality.
+    PpoMixed {
+        #[serde(default = "d_ppo_iterations")]
+        iterations: u64,
+        #[serde(default = "d_checkpoints")]
+        checkpoints: u32,
+        #[serde(default = "d_epsilon")]
+        epsilon: f64,
+    },
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour::PpoMixed {
+            iterations: d_ppo_iterations(),
+            checkpoints: d_checkpoints(),
+            epsilon: d_epsilon(),
+        }
+    }
+}
+
+impl Default for DatasetSpec {
+    fn default() -> Self {
+        DatasetSpec {
+            env: d_env(),
+            population_seed: 0,
+            behaviour: Behaviour::default(),
+            units: d_units(),
+            episodes_per_unit: 1,
+            seed: 0,
+        }
+    }
+}
+
+/// Discrete CQL (Kumar et al. 2020, CQL(H) on a double-DQN target) hyper-parameters. Defaults are
+/// d3rlpy 2.8's `DiscreteCQLConfig` with its default vector encoder, so the two compare like for
+/// like.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CqlConfig {
+    /// Hidden layer widths of the Q-network MLP (ReLU). Default `[256, 256]`.
+    #[serde(default = "d_hidden")]
+    pub hidden: Vec<usize>,
+    /// Discount factor. Default 0.99.
+    #[serde(default = "d_gamma")]
+    pub gamma: f64,
+    /// Weight of the CQL(H) regulariser `logsumexp_a Q(s, a) - Q(s, a_data)`. Default 1.
+    #[serde(default = "d_alpha")]
+    pub alpha: f64,
+    /// Adam learning rate. Default 6.25e-5.
+    #[serde(default = "d_lr")]
+    pub learning_rate: f64,
+    /// Adam epsilon. Default 1e-8.
+    #[serde(default = "d_adam_eps")]
+    pub adam_eps: f64,
+    /// Minibatch size of the non-private trainer (the private one draws units instead). Default
+    /// 32.
+    #[serde(default = "d_batch")]
+    pub batch_size: usize,
+    /// Gradient steps between copies of the online network into the target network. Default
+    /// 8000.
+    #[serde(default = "d_target_update")]
+    pub target_update_interval: u64,
+    /// Seed of the Q-network's initial weights. Default 0.
+    #[serde(default)]
+    pub model_seed: u64,
+}
+
+impl Default for CqlConfig {
+    fn default() -> Self {
+        CqlConfig {
+            hidden: d_hidden(),
+            gamma: d_gamma(),
+            alpha: d_alpha(),
+            learning_rate: d_lr(),
+            adam_eps: d_adam_eps(),
+            batch_size: d_batch(),
+            target_update_interval: d_target_update(),
+            model_seed: 0,
+        }
+    }
+}
+
+/// Where per-unit DP-SGD gradients are computed (DESIGN §2.5); both feed the same noise, server
+/// optimizer and ledger.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateMode {
+    /// The data stays on the client agents, which send each sampled unit's clipped gradient.
+    #[default]
+    Federated,
+    /// The client agents upload their units' data once to the aggregator (the trusted curator of
+    /// the seeds' setting), which computes the clipped per-unit gradients itself in large batches.
+    Central,
+}
+
+fn d_env() -> String {
+    "CartPole-v1".into()
+}
+fn d_units() -> u64 {
+    1000
+}
+fn d_one() -> u64 {
+    1
+}
+fn d_ppo_iterations() -> u64 {
+    60
+}
+fn d_checkpoints() -> u32 {
+    4
+}
+fn d_epsilon() -> f64 {
+    0.2
+}
+fn d_hidden() -> Vec<usize> {
+    vec![256, 256]
+}
+fn d_gamma() -> f64 {
+    0.99
+}
+fn d_alpha() -> f64 {
+    1.0
+}
+fn d_lr() -> f64 {
+    6.25e-5
+}
+fn d_adam_eps() -> f64 {
+    1e-8
+}
+fn d_batch() -> usize {
+    32
+}
+fn d_target_update() -> u64 {
+    8000
+}
