@@ -90,8 +90,11 @@ pub type ClientId = u64;
 /// The fixed parameters of a run.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Model and update length (number of f32).
+    /// Update length (number of f32).
     pub dim: usize,
+    /// Length of the model vector each offer carries (`dim`, or more: offline CQL's offer also
+    /// carries the target network). Only passed on in the round spec.
+    pub offer_dim: usize,
     /// Last round index to attempt (rounds are numbered from 1).
     pub rounds: u64,
     /// The population: units `0..population`.
@@ -135,6 +138,7 @@ impl EngineConfig {
     pub fn for_scenario(scenario: &Scenario) -> Result<Self, EngineError> {
         Ok(EngineConfig {
             dim: scenario.task.dim()?,
+            offer_dim: scenario.task.offer_dim()?,
             rounds: scenario.rounds,
             population: scenario.users,
             participation: scenario.participation,
@@ -154,6 +158,12 @@ impl EngineConfig {
         let bad = |m: String| Err(EngineError::InvalidConfig(m));
         if self.dim == 0 {
             return bad("the model has no parameters (dim 0)".into());
+        }
+        if self.offer_dim < self.dim {
+            return bad(format!(
+                "the offered model ({} values) is shorter than an update ({})",
+                self.offer_dim, self.dim
+            ));
         }
         if !(self.expected_cohort.is_finite() && self.expected_cohort > 0.0) {
             return bad(format!(
@@ -1102,6 +1112,7 @@ impl Engine {
         let spec = RoundSpec {
             round,
             dim: self.cfg.dim as u32,
+            offer_dim: self.cfg.offer_dim as u32,
             clip_norm: self.cfg.clip_norm,
             deadline_s: self.cfg.deadline_s,
             task_json: self.cfg.task_json.clone(),

@@ -11,6 +11,7 @@
 //!   `fedrl_common::protocol::quic_io`).
 
 pub mod checkpoint;
+pub mod cql;
 pub mod dppg;
 pub mod engine;
 pub mod journal;

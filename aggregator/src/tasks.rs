@@ -22,5 +22,9 @@ pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>>
             t,
             scenario.users,
         )?)),
+        Task::OfflineCql(t) => {
+            let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
+            Ok(Box::new(crate::cql::CqlModel::new(t, device)?))
+        }
     }
 }

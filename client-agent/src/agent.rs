@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::protocol::{
-    DecodeError, ErrorCode, Join, LeaveReason, MAX_CONTROL_FRAME_BYTES, Message, RoundOffer,
-    UnitId, UnitRange, Update, Welcome, encode_payload, frame_prefix,
+    DataComplete, DecodeError, ErrorCode, Join, LeaveReason, MAX_CONTROL_FRAME_BYTES, Message,
+    RoundOffer, UnitData, UnitId, UnitRange, Update, Welcome, encode_payload, frame_prefix,
 };
 use fedrl_common::scenario::Churn;
 use quinn::{Connection, ConnectionError, VarInt};
@@ -18,7 +18,7 @@ use rand::{RngExt, SeedableRng};
 use tokio::sync::Semaphore;
 
 use crate::tls;
-use crate::trainer::{LocalTrainer, TrainerFactory};
+use crate::trainer::{LocalTrainer, TrainerFactory, UnitUpload};
 use fedrl_common::protocol::close_code;
 use fedrl_common::protocol::quic_io::{ReadFrameError, WriteFrameError, read_frame, write_frame};
 
@@ -349,6 +349,25 @@ impl Agent {
                 }
             }
         }
+        // Central update mode: the units' data goes to the aggregator once per session, before
+        // the agent's units can be sampled.
+        let uploads = self
+            .trainer
+            .as_ref()
+            .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()).unit_data())
+            .unwrap_or_default();
+        if !uploads.is_empty() {
+            tracing::info!(units = uploads.len(), "uploading the units' data");
+            if let Err(e) = upload_unit_data(&conn, &uploads).await {
+                return (SessionEnd::Retry(format!("uploading unit data: {e}")), true);
+            }
+            let done = Message::DataComplete(DataComplete {
+                units: uploads.len() as u64,
+            });
+            if let Err(e) = write_frame(&mut send, &done, &[]).await {
+                return (SessionEnd::Retry(e.to_string()), true);
+            }
+        }
         let end = self.serve(&conn, recv, &welcome).await;
         (end, true)
     }
@@ -449,7 +468,13 @@ impl Agent {
     ) -> Option<SessionEnd> {
         self.summary.offers += 1;
         let spec = offer.spec;
-        if global.len() != spec.dim as usize {
+        if global.len() != spec.offer_dim as usize || spec.offer_dim < spec.dim {
+            tracing::warn!(
+                round = spec.round,
+                got = global.len(),
+                expected = spec.offer_dim,
+                "offer with a model of the wrong length; skipped"
+            );
             return None;
         }
         let Some(trainer) = self.trainer.clone() else {
@@ -594,6 +619,23 @@ async fn upload(
     }
     s.finish()?;
     Ok(updates.len())
+}
+
+/// Uploads every unit's data on one new stream, one `UnitData` frame per unit.
+async fn upload_unit_data(conn: &Connection, units: &[UnitUpload]) -> Result<(), UploadError> {
+    let mut s = conn.open_uni().await?;
+    for u in units {
+        let msg = Message::UnitData(UnitData {
+            unit: u.unit,
+            rows: u.rows,
+            obs_dim: u.obs_dim,
+        });
+        let prefix = frame_prefix(&msg, u.payload.len() * 4)?;
+        s.write_all(&prefix).await?;
+        s.write_chunk(encode_payload(&u.payload).into()).await?;
+    }
+    s.finish()?;
+    Ok(())
 }
 
 /// Parses `A..B[,C..D...]` into unit ranges.

@@ -8,6 +8,7 @@
 //! - [`tls`]: certificate pinning by SHA-256 fingerprint.
 
 pub mod agent;
+pub mod cql;
 pub mod dppg;
 pub mod loglinear;
 pub mod tls;

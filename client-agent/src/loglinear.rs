@@ -104,6 +104,7 @@ mod tests {
         let spec = RoundSpec {
             round: 1,
             dim: 18,
+            offer_dim: 18,
             clip_norm: s.effective_clip_norm(),
             deadline_s: 1.0,
             task_json: s.task.to_json().unwrap(),

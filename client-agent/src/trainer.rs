@@ -15,13 +15,31 @@ use fedrl_rl::candle_core::Device;
 /// returned update to `round.clip_norm` before sending; returning fewer units than asked simply
 /// means those units do not contribute this round.
 pub trait LocalTrainer: Send {
-    /// `global` has `round.dim` values; each returned vector must have `round.dim` values.
+    /// `global` has `round.offer_dim` values (the model, then any public state the task's offer
+    /// carries); each returned vector must have `round.dim` values.
     fn local_updates(
         &mut self,
         round: &RoundSpec,
         global: &[f32],
         units: &[UnitId],
     ) -> Vec<(UnitId, Vec<f32>)>;
+
+    /// The units' data to upload once after joining, for tasks in the central update mode
+    /// (DESIGN §2.5: the aggregator then computes the units' clipped updates itself). Empty (the
+    /// default) in the federated mode: the data never leaves the agent.
+    fn unit_data(&self) -> Vec<UnitUpload> {
+        Vec::new()
+    }
+}
+
+/// One unit's data for a `UnitData` frame: `rows` rows of f32 (layout:
+/// `fedrl_rl::offline::dpsgd::encode_rows`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnitUpload {
+    pub unit: UnitId,
+    pub obs_dim: u32,
+    pub rows: u32,
+    pub payload: Vec<f32>,
 }
 
 /// Builds an agent's trainer from the server's welcome (task JSON, dimension, seed) and the unit
@@ -32,7 +50,7 @@ pub type TrainerFactory =
 /// The factory for the built-in tasks, computing on `device` (`fedrl client --device`); add an
 /// arm per task.
 pub fn default_factory(device: Device) -> TrainerFactory {
-    Arc::new(move |welcome: &Welcome, _units: &[UnitRange]| {
+    Arc::new(move |welcome: &Welcome, units: &[UnitRange]| {
         let task = Task::from_json(&welcome.task_json)?;
         match task {
             Task::MeanEstimation(t) => {
@@ -43,6 +61,11 @@ pub fn default_factory(device: Device) -> TrainerFactory {
             Task::LogLinearPg(t) => {
                 Ok(Box::new(crate::loglinear::LogLinearTrainer::new(&t)?) as Box<dyn LocalTrainer>)
             }
+            Task::OfflineCql(t) => Ok(Box::new(crate::cql::CqlTrainer::new(
+                &t,
+                units,
+                device.clone(),
+            )?) as Box<dyn LocalTrainer>),
         }
     })
 }

@@ -559,6 +559,22 @@ impl Scenario {
             ));
         }
         self.task.validate()?;
+        if let Task::OfflineCql(t) = &self.task {
+            // DP-SGD: the batch is a Poisson sample the aggregator draws, one unit per dataset
+            // unit.
+            if !matches!(self.participation, Participation::Sampled { .. }) {
+                return bad(
+                    "task `offline_cql` trains by DP-SGD: set participation = { kind = \"sampled\", rate = q }"
+                        .into(),
+                );
+            }
+            if self.users != t.dataset.units {
+                return bad(format!(
+                    "users ({}) must equal task.dataset.units ({}): every unit of the dataset is a privacy unit",
+                    self.users, t.dataset.units
+                ));
+            }
+        }
         // The label must be what one clipped contribution actually holds: the ledger and every
         // report print it as the level of protection.
         if self.unit_kind != self.task.unit_kind() {
@@ -589,7 +605,7 @@ impl Scenario {
                 self.clip_norm
             ));
         }
-        let need = dim as u64 * 4 + 4096;
+        let need = (dim * self.task.offer_copies()) as u64 * 4 + 4096;
         if self.max_frame_bytes < need {
             return bad(format!(
                 "max_frame_bytes ({}) is too small for vectors of dim {dim} (need at least {need})",

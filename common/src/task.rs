@@ -79,6 +79,10 @@ pub enum Task {
     /// region (see [`crate::scenario::Scenario::derived_clip_norm`]).
     #[serde(rename = "loglinear_pg")]
     LogLinearPg(LogLinearTask),
+    /// Discrete CQL trained by per-unit DP-SGD on an offline dataset held by its units (DESIGN
+    /// §2.3-2.5): one round is one DP-SGD step over a Poisson sample of units drawn by the
+    /// aggregator.
+    OfflineCql(OfflineCqlTask),
 }
 
 impl Task {
@@ -88,6 +92,7 @@ impl Task {
             Task::MeanEstimation(_) => "mean_estimation",
             Task::Dppg(_) => "dppg",
             Task::LogLinearPg(_) => "loglinear_pg",
+            Task::OfflineCql(_) => "offline_cql",
         }
     }
 
@@ -95,9 +100,23 @@ impl Task {
     /// task here computes one update from one user's data (mean estimation: the user's vector;
     /// DPPG and log-linear PG: the user's own episodes), so each is `user`: calling that unit a
     /// trajectory or an expert would print a level of protection nothing enforces.
+    ///
+    /// An offline CQL unit owns its episodes: one episode makes it a trajectory, several (an
+    /// expert's demonstrations) an expert.
     pub fn unit_kind(&self) -> UnitKind {
         match self {
             Task::MeanEstimation(_) | Task::Dppg(_) | Task::LogLinearPg(_) => UnitKind::User,
+            Task::OfflineCql(t) if t.dataset.episodes_per_unit == 1 => UnitKind::Trajectory,
+            Task::OfflineCql(_) => UnitKind::Expert,
+        }
+    }
+
+    /// How many model-sized vectors a round offer carries: 1, or 2 for offline CQL, whose offer
+    /// also carries the target network (a copy of an earlier released model, so public).
+    pub fn offer_copies(&self) -> usize {
+        match self {
+            Task::OfflineCql(_) => 2,
+            _ => 1,
         }
     }
 
@@ -117,6 +136,7 @@ impl Task {
             Task::Dppg(t) => t.validate(),
             Task::LogLinearPg(t) => t.validate(),
             Task::MeanEstimation(t) => t.validate(),
+            Task::OfflineCql(t) => t.validate(),
         }
     }
 }
@@ -203,6 +223,117 @@ impl DppgTask {
         }
         Ok(())
     }
+}
+
+/// Parameters of [`Task::OfflineCql`]: the dataset the units hold, the CQL loss, where the
+/// per-unit gradients are computed, and the held-out evaluation.
+///
+/// Round `r` is one DP-SGD step: every unit sampled by the aggregator contributes the gradient
+/// of the CQL loss averaged over `transitions_per_unit` of its own transitions (drawn with a
+/// generator seeded by `(data_seed, r, unit)`, the same in both modes), clipped to the scenario's
+/// `clip_norm`; the aggregator sums, adds the noise, divides by the expected batch
+/// `rate x users` and takes one Adam step. The scenario's `users` is the dataset's number of
+/// units.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OfflineCqlTask {
+    /// The dataset, generated (or loaded from the cache) by every client agent for its units.
+    #[serde(default)]
+    pub dataset: crate::offline::DatasetSpec,
+    /// Q-network and loss. `batch_size` is unused here (the batch is the sample of units).
+    #[serde(default)]
+    pub cql: crate::offline::CqlConfig,
+    /// `federated` (default) or `central` (DESIGN §2.5).
+    #[serde(default)]
+    pub mode: crate::offline::UpdateMode,
+    /// Transitions each sampled unit draws from its own data per step. Default 1.
+    #[serde(default = "d_one_u32")]
+    pub transitions_per_unit: u32,
+    /// Seed of the transitions drawn each step (not privacy noise). Default 0.
+    #[serde(default)]
+    pub data_seed: u64,
+    /// Greedy evaluation every K released steps (and at the end). Default 500.
+    #[serde(default = "d_cql_eval_every")]
+    pub eval_every: u64,
+    /// Episodes of a periodic evaluation. Default 10.
+    #[serde(default = "d_cql_eval_episodes")]
+    pub eval_episodes: usize,
+    /// Episodes of the final evaluation. Default 100.
+    #[serde(default = "d_cql_final_eval_episodes")]
+    pub final_eval_episodes: usize,
+    /// Seed of the evaluation episodes (held out: disjoint from the dataset's seeds). Default
+    /// 1_000_000.
+    #[serde(default = "d_cql_eval_seed")]
+    pub eval_seed: u64,
+}
+
+impl OfflineCqlTask {
+    fn validate(&self) -> Result<(), TaskError> {
+        let bad = |m: String| Err(TaskError::Invalid(m));
+        let d = &self.dataset;
+        if d.units == 0 || d.episodes_per_unit == 0 {
+            return bad(
+                "task.dataset.units and task.dataset.episodes_per_unit must be >= 1".into(),
+            );
+        }
+        if let crate::offline::Behaviour::PpoMixed {
+            checkpoints,
+            epsilon,
+            ..
+        } = &d.behaviour
+            && (*checkpoints == 0 || !(0.0..=1.0).contains(epsilon))
+        {
+            return bad(format!(
+                "task.dataset.behaviour: checkpoints must be >= 1 and epsilon in [0, 1], got {checkpoints} and {epsilon}"
+            ));
+        }
+        let c = &self.cql;
+        if c.hidden.is_empty() || c.hidden.contains(&0) {
+            return bad("task.cql.hidden must be non-empty widths >= 1".into());
+        }
+        if !(0.0..=1.0).contains(&c.gamma) {
+            return bad(format!("task.cql.gamma must be in [0, 1], got {}", c.gamma));
+        }
+        if !(c.alpha.is_finite() && c.alpha >= 0.0) {
+            return bad(format!("task.cql.alpha must be >= 0, got {}", c.alpha));
+        }
+        if !(c.learning_rate.is_finite() && c.learning_rate > 0.0)
+            || !(c.adam_eps.is_finite() && c.adam_eps > 0.0)
+        {
+            return bad("task.cql.learning_rate and task.cql.adam_eps must be > 0".into());
+        }
+        if c.target_update_interval == 0 || c.batch_size == 0 {
+            return bad(
+                "task.cql.target_update_interval and task.cql.batch_size must be >= 1".into(),
+            );
+        }
+        if self.transitions_per_unit == 0 {
+            return bad("task.transitions_per_unit must be >= 1".into());
+        }
+        if self.eval_every == 0 || self.eval_episodes == 0 || self.final_eval_episodes == 0 {
+            return bad(
+                "task.eval_every, task.eval_episodes and task.final_eval_episodes must be >= 1"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+fn d_one_u32() -> u32 {
+    1
+}
+fn d_cql_eval_every() -> u64 {
+    500
+}
+fn d_cql_eval_episodes() -> usize {
+    10
+}
+fn d_cql_final_eval_episodes() -> usize {
+    100
+}
+fn d_cql_eval_seed() -> u64 {
+    1_000_000
 }
 
 fn d_population() -> String {

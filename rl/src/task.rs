@@ -10,12 +10,13 @@
 use std::path::Path;
 
 use fedrl_common::scenario::{Scenario, ScenarioError};
-use fedrl_common::task::{DppgTask, LogLinearTask, Task, TaskError, TaskModels};
+use fedrl_common::task::{DppgTask, LogLinearTask, OfflineCqlTask, Task, TaskError, TaskModels};
 use fedrl_sim::population::Population;
 
 use crate::local_update::LocalUpdateExt;
 use crate::loglinear::LogLinearSpec;
 use crate::mlp::ModelSpec;
+use crate::offline::qnet::QNetSpec;
 
 /// [`TaskModels`] for every task: builds the model to know its dimension.
 #[derive(Clone, Copy, Debug, Default)]
@@ -27,6 +28,7 @@ impl TaskModels for Models {
             Task::MeanEstimation(t) => Ok(t.dim),
             Task::Dppg(t) => Ok(t.model_spec()?.layout().len()),
             Task::LogLinearPg(t) => Ok(t.spec()?.dim()),
+            Task::OfflineCql(t) => Ok(t.qnet_spec()?.dim()),
         }
     }
 }
@@ -35,11 +37,57 @@ impl TaskModels for Models {
 pub trait TaskExt {
     /// See [`TaskModels::dim`].
     fn dim(&self) -> Result<usize, TaskError>;
+    /// Length of the model vector every round offer carries: [`dim`](Self::dim), except for
+    /// offline CQL, whose offer also carries the target network (a copy of an earlier released
+    /// model, so public): online parameters, then target parameters.
+    fn offer_dim(&self) -> Result<usize, TaskError>;
 }
 
 impl TaskExt for Task {
     fn dim(&self) -> Result<usize, TaskError> {
         Models.dim(self)
+    }
+
+    fn offer_dim(&self) -> Result<usize, TaskError> {
+        Ok(Models.dim(self)? * self.offer_copies())
+    }
+}
+
+/// The Q-network an [`OfflineCqlTask`] trains.
+pub trait OfflineCqlTaskExt {
+    /// `obs_dim -> cql.hidden -> n_actions` for the dataset's environment, which must have a
+    /// box observation and discrete actions.
+    fn qnet_spec(&self) -> Result<QNetSpec, TaskError>;
+}
+
+impl OfflineCqlTaskExt for OfflineCqlTask {
+    fn qnet_spec(&self) -> Result<QNetSpec, TaskError> {
+        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
+            .and_then(|p| p.user_env(0))
+            .map_err(|e| model_error("task.dataset.env", e))?;
+        let obs_dim = match env.observation_space() {
+            fedrl_sim::Space::Box { low, .. } => low.len(),
+            other => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: offline CQL needs a box observation space, `{}` has {other:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        let n_actions = match env.action_space() {
+            fedrl_sim::Space::Discrete { n } => *n,
+            other => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: discrete CQL needs discrete actions, `{}` has {other:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        Ok(QNetSpec {
+            obs_dim,
+            hidden: self.cql.hidden.clone(),
+            n_actions,
+        })
     }
 }
 

@@ -93,6 +93,7 @@ fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> 
         let spec = RoundSpec {
             round,
             dim: dim as u32,
+            offer_dim: dim as u32,
             clip_norm: c,
             deadline_s: 1.0,
             task_json: String::new(),

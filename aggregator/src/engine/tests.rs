@@ -10,6 +10,7 @@ use rand::rngs::ChaCha20Rng;
 fn cfg(participation: Participation) -> EngineConfig {
     EngineConfig {
         dim: 3,
+        offer_dim: 3,
         rounds: 5,
         population: 10,
         participation,

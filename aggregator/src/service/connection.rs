@@ -322,6 +322,11 @@ pub(super) async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
                 match frame {
                     Some(Ok(Some(f))) => match f.message {
                         Message::Leave(_) => control_done = true,
+                        Message::DataComplete(_) => {
+                            if shared.engine_tx.send(Input::DataComplete { session }).await.is_err() {
+                                break;
+                            }
+                        }
                         other => {
                             let m = format!("unexpected {} on the control stream", other.kind());
                             let _ = out_tx.send(Outbound::Close { code: close_code::PROTOCOL, message: Some(Message::error(ErrorCode::Unexpected, &m, None, None)), reason: m });
@@ -433,6 +438,16 @@ async fn update_stream(
                     round: u.round,
                     unit: u.unit,
                     body,
+                };
+                if shared.engine_tx.send(input).await.is_err() {
+                    return;
+                }
+            }
+            Message::UnitData(header) => {
+                let input = Input::UnitData {
+                    session,
+                    header,
+                    payload: std::mem::take(&mut body.data),
                 };
                 if shared.engine_tx.send(input).await.is_err() {
                     return;

@@ -16,14 +16,16 @@ use anyhow::Context;
 use bytes::Bytes;
 use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::protocol::{
-    Ack, ErrorCode, Leave, LeaveReason, Message, UnitId, UnitRange, close_code, encode_payload,
+    Ack, ErrorCode, Leave, LeaveReason, Message, UnitData, UnitId, UnitRange, close_code,
+    encode_payload,
 };
 use fedrl_common::scenario::Scenario;
 use tokio::sync::mpsc;
 
+use super::central::{Central, CentralUpdate};
 use super::connection::{OutTx, Outbound, Shared, UpdateBody};
 use super::metrics::{Abandoned, Released, RoundMetrics};
-use super::report::{OperatorCounts, PublicReport, RunReport};
+use super::report::{OperatorCounts, PublicReport, RunReport, Timings};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, Event};
 use crate::journal::JournalWriter;
@@ -53,6 +55,16 @@ pub(super) enum Input {
         message: Message,
         reason: String,
     },
+    /// Central update mode: one unit's uploaded transitions (DESIGN §2.5).
+    UnitData {
+        session: ClientId,
+        header: UnitData,
+        payload: Vec<f32>,
+    },
+    /// Central update mode: the client uploaded all its units.
+    DataComplete {
+        session: ClientId,
+    },
     Tick,
     Shutdown,
 }
@@ -78,6 +90,9 @@ pub(super) struct EngineThread {
     pub(super) users_released: u64,
     pub(super) shared: Arc<Shared>,
     pub(super) last_round: u64,
+    /// The central update mode's data and work, when the task runs in it.
+    pub(super) central: Option<Central>,
+    pub(super) timings: Timings,
 }
 
 impl EngineThread {
@@ -87,11 +102,35 @@ impl EngineThread {
         let mut queue: VecDeque<Event> = VecDeque::new();
         let finished_reason;
         loop {
-            let Some(input) = rx.blocking_recv() else {
-                finished_reason = "all connections to the engine closed".to_string();
-                break;
+            // With central work pending the engine thread computes it between inputs instead
+            // of waiting for one.
+            let input = if self.central.as_ref().is_some_and(Central::has_work) {
+                match rx.try_recv() {
+                    Ok(i) => Some(i),
+                    Err(mpsc::error::TryRecvError::Empty) => None,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        finished_reason = "all connections to the engine closed".to_string();
+                        break;
+                    }
+                }
+            } else {
+                match rx.blocking_recv() {
+                    Some(i) => Some(i),
+                    None => {
+                        finished_reason = "all connections to the engine closed".to_string();
+                        break;
+                    }
+                }
             };
             let now = self.started.elapsed().as_secs_f64();
+            let Some(input) = input else {
+                if let Some(reason) = self.run_central(now, &mut queue, &mut metrics)? {
+                    finished_reason = reason;
+                    break;
+                }
+                self.flush_metrics_line(&mut metrics)?;
+                continue;
+            };
             match input {
                 Input::Join {
                     session,
@@ -101,14 +140,79 @@ impl EngineThread {
                 } => {
                     tracing::info!(session, client_id = %client_id, units = units.len(), "client joined");
                     self.sessions.insert(session, out);
-                    queue.push_back(Event::ClientJoined {
-                        client: session,
-                        units,
-                    });
+                    match self.central.as_mut() {
+                        // Its units join the population once their data is here.
+                        Some(c) => c.hold_join(session, units),
+                        None => queue.push_back(Event::ClientJoined {
+                            client: session,
+                            units,
+                        }),
+                    }
                 }
                 Input::Left { session } => {
                     self.sessions.remove(&session);
-                    queue.push_back(Event::ClientLeft { client: session });
+                    let held = match self.central.as_mut() {
+                        Some(c) => {
+                            let held = c.is_pending(session);
+                            c.left(session);
+                            held
+                        }
+                        None => false,
+                    };
+                    if !held {
+                        queue.push_back(Event::ClientLeft { client: session });
+                    }
+                }
+                Input::UnitData {
+                    session,
+                    header,
+                    payload,
+                } => {
+                    let unit = header.unit;
+                    let result = match self.central.as_mut() {
+                        Some(c) => c.unit_data(session, &header, &payload),
+                        None => Err("unit data, but this run is not in the central update mode (the data stays with the clients)".into()),
+                    };
+                    match result {
+                        Ok(()) => self.central_ready(&mut queue),
+                        Err(m) => {
+                            self.rejected += 1;
+                            tracing::warn!(session, unit, message = %m, "unit data refused");
+                            self.send(
+                                session,
+                                Outbound::Control(Message::error(
+                                    ErrorCode::Unexpected,
+                                    &m,
+                                    None,
+                                    Some(unit),
+                                )),
+                            );
+                        }
+                    }
+                }
+                Input::DataComplete { session } => {
+                    let result = match self.central.as_mut() {
+                        Some(c) => c.data_complete(session),
+                        None => Err(
+                            "data complete, but this run is not in the central update mode".into(),
+                        ),
+                    };
+                    match result {
+                        Ok(()) => self.central_ready(&mut queue),
+                        Err(m) => self.send(
+                            session,
+                            Outbound::Close {
+                                code: close_code::PROTOCOL,
+                                message: Some(Message::error(
+                                    ErrorCode::Unexpected,
+                                    &m,
+                                    None,
+                                    None,
+                                )),
+                                reason: m,
+                            },
+                        ),
+                    }
                 }
                 Input::Update {
                     session,
@@ -116,15 +220,34 @@ impl EngineThread {
                     unit,
                     mut body,
                 } => {
-                    self.journal
-                        .record_digested_update(now, session, round, unit, &body.data, &body.sha256)
-                        .context("journalling an update")?;
-                    let actions =
-                        self.engine
-                            .handle_update(now, session, round, unit, &mut body.data);
+                    if self.central.is_some() {
+                        // The central mode computes every update here; one from a client is
+                        // refused like any update for a unit it was not offered.
+                        self.rejected += 1;
+                        self.send(
+                            session,
+                            Outbound::Control(Message::error(
+                                ErrorCode::NotInCohort,
+                                "central update mode: the aggregator computes the units' updates",
+                                Some(round),
+                                Some(unit),
+                            )),
+                        );
+                        continue;
+                    }
+                    let stop = self.feed_update(
+                        now,
+                        session,
+                        round,
+                        unit,
+                        &mut body.data,
+                        Some(&body.sha256),
+                        &mut queue,
+                        &mut metrics,
+                    )?;
                     // The engine has summed it: the buffer and the permit go back.
                     drop(body);
-                    if let Some(reason) = self.execute(now, actions, &mut queue, &mut metrics)? {
+                    if let Some(reason) = stop {
                         finished_reason = reason;
                         break;
                     }
@@ -185,6 +308,99 @@ impl EngineThread {
         Ok(report)
     }
 
+    /// Journals one update (`sha256` is its digest when the connection computed it already) and
+    /// feeds it to the engine, then executes the actions; `Some(reason)` when the run is over.
+    #[allow(clippy::too_many_arguments)]
+    fn feed_update(
+        &mut self,
+        now: f64,
+        client: ClientId,
+        round: u64,
+        unit: UnitId,
+        data: &mut [f32],
+        sha256: Option<&[u8; 32]>,
+        queue: &mut VecDeque<Event>,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<Option<String>> {
+        let digest = match sha256 {
+            Some(d) => *d,
+            None => crate::journal::update_digest(data),
+        };
+        let t = Instant::now();
+        self.journal
+            .record_digested_update(now, client, round, unit, data, &digest)
+            .context("journalling an update")?;
+        let actions = self.engine.handle_update(now, client, round, unit, data);
+        self.timings.updates_s += t.elapsed().as_secs_f64();
+        self.execute(now, actions, queue, metrics)
+    }
+
+    /// Central mode: gives the engine the joins of clients whose data is complete, and refuses
+    /// clients that declared completion with units missing.
+    fn central_ready(&mut self, queue: &mut VecDeque<Event>) {
+        let Some(c) = self.central.as_mut() else {
+            return;
+        };
+        let (ready, incomplete) = c.ready();
+        for (client, units) in ready {
+            tracing::info!(
+                client,
+                "unit data complete; the client's units join the population"
+            );
+            queue.push_back(Event::ClientJoined { client, units });
+        }
+        for (client, missing) in incomplete {
+            self.rejected += 1;
+            let m = format!("{missing} hosted unit(s) uploaded no data; every hosted unit must");
+            self.send(
+                client,
+                Outbound::Close {
+                    code: close_code::PROTOCOL,
+                    message: Some(Message::error(ErrorCode::Unexpected, &m, None, None)),
+                    reason: m,
+                },
+            );
+        }
+    }
+
+    /// Central mode: computes the pending offers' updates and feeds them to the engine, then
+    /// drains the events that follow; `Some(reason)` when the run is over.
+    fn run_central(
+        &mut self,
+        now: f64,
+        queue: &mut VecDeque<Event>,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<Option<String>> {
+        let Some(c) = self.central.as_mut() else {
+            return Ok(None);
+        };
+        let t = Instant::now();
+        let updates = c
+            .compute(self.model.params())
+            .context("computing the units' gradients (central mode)")?;
+        self.timings.central_compute_s += t.elapsed().as_secs_f64();
+        for CentralUpdate {
+            client,
+            round,
+            unit,
+            mut data,
+        } in updates
+        {
+            if let Some(reason) =
+                self.feed_update(now, client, round, unit, &mut data, None, queue, metrics)?
+            {
+                return Ok(Some(reason));
+            }
+        }
+        while let Some(ev) = queue.pop_front() {
+            let actions = self.feed(now, ev)?;
+            if let Some(reason) = self.execute(now, actions, queue, metrics)? {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
+    }
+
     /// Journals `event` and feeds it to the engine. A tick is journalled only when it did
     /// something: a tick that yields no action leaves the engine unchanged, so a replay without
     /// it is the same (the engine's replay test drives it the same way).
@@ -201,7 +417,13 @@ impl EngineThread {
         self.journal
             .record(now, &event)
             .context("journalling an event")?;
-        Ok(self.engine.handle(now, event))
+        let release = matches!(event, Event::LedgerAppended { .. });
+        let t = Instant::now();
+        let actions = self.engine.handle(now, event);
+        if release {
+            self.timings.release_s += t.elapsed().as_secs_f64();
+        }
+        Ok(actions)
     }
 
     /// Writes the pending metrics lines, with the ledger's epsilon as of now (nothing was
@@ -234,14 +456,17 @@ impl EngineThread {
                     units,
                 } => {
                     self.last_round = self.last_round.max(spec.round);
-                    self.send(
-                        client,
-                        Outbound::Offer {
-                            spec,
-                            units,
-                            model: self.snapshot.clone(),
-                        },
-                    );
+                    match self.central.as_mut() {
+                        Some(c) => c.offer(client, spec, units),
+                        None => self.send(
+                            client,
+                            Outbound::Offer {
+                                spec,
+                                units,
+                                model: self.snapshot.clone(),
+                            },
+                        ),
+                    }
                 }
                 Action::Accepted {
                     client,
@@ -293,7 +518,10 @@ impl EngineThread {
                         .unwrap_or(0.0);
                     // Checked against the budget, appended and fsynced; the engine releases the
                     // round only after hearing so.
-                    match self.ledger.append(record) {
+                    let t = Instant::now();
+                    let appended = self.ledger.append(record);
+                    self.timings.ledger_append_s += t.elapsed().as_secs_f64();
+                    match appended {
                         Ok(()) => queue.push_back(Event::LedgerAppended { round }),
                         Err(e) => {
                             eprintln!("round {round} not released: {e}");
@@ -307,6 +535,7 @@ impl EngineThread {
                 Action::Release(release) => {
                     let round = release.round;
                     self.flush_metrics_line(metrics)?;
+                    let t = Instant::now();
                     if let Err(e) = self.model.apply(&release.noisy_mean) {
                         queue.push_back(Event::ReleaseFailed {
                             round,
@@ -315,7 +544,10 @@ impl EngineThread {
                         continue;
                     }
                     self.snapshot = Bytes::from(encode_payload(self.model.params()));
+                    self.timings.apply_s += t.elapsed().as_secs_f64();
+                    let t = Instant::now();
                     self.last_eval = self.model.evaluate(round);
+                    self.timings.evaluation_s += t.elapsed().as_secs_f64();
                     self.users_released += release.accepted;
                     // The epsilon is filled in by `flush_metrics_line`.
                     metrics.released(Released {
@@ -433,6 +665,7 @@ impl EngineThread {
                 updates_rejected: self.rejected,
                 bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
                 update_buffers_allocated: self.shared.pool.allocated.load(Ordering::Relaxed),
+                timings: self.timings.clone(),
             },
         })
     }

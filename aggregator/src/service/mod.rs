@@ -35,6 +35,7 @@
 //! queue event per received datagram, receive batches kept alive by buffered stream chunks, a
 //! transmit buffer of one GSO batch (capped here at `transport::MAX_GSO_SEGMENTS` x MTU), stream
 
+mod central;
 mod connection;
 mod driver;
 mod metrics;

@@ -59,6 +59,27 @@ pub struct OperatorCounts {
     /// `max_inflight_updates`, however many clients and updates there are, because every body is
     /// read under a permit into a pooled buffer.
     pub update_buffers_allocated: u64,
+    /// Where the engine thread's time went (seconds, whole run).
+    #[serde(default)]
+    pub timings: Timings,
+}
+
+/// Seconds the engine thread spent in each kind of work over the run; the rest of the wall
+/// clock is waiting for the network and the clients (or idle).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Timings {
+    /// Re-clipping, quantising and summing updates (and journalling them).
+    pub updates_s: f64,
+    /// Ledger appends: the budget check (accounting) plus the write and fsync.
+    pub ledger_append_s: f64,
+    /// Adding the noise and releasing (after the ledger append).
+    pub release_s: f64,
+    /// Applying releases to the model (the server optimizer) and encoding the next offer.
+    pub apply_s: f64,
+    /// Evaluations of released models.
+    pub evaluation_s: f64,
+    /// Central mode: computing the units' clipped gradients.
+    pub central_compute_s: f64,
 }
 
 /// The end-of-run report: serialised flat (both parts' fields side by side), as written to
@@ -120,6 +141,7 @@ mod tests {
                 updates_rejected: 2,
                 bytes_ingested: 1234,
                 update_buffers_allocated: 3,
+                timings: Timings::default(),
             },
         };
         report.write(dir.path()).unwrap();

@@ -87,11 +87,11 @@ pub async fn run(
     }
 
     let cfg = EngineConfig::for_scenario(&scenario)?;
-    if model.params().len() != cfg.dim {
+    if model.params().len() != cfg.offer_dim {
         anyhow::bail!(
-            "the model has {} parameters but the task's dim is {}",
+            "the model offers {} values but the task's offer has {}",
             model.params().len(),
-            cfg.dim
+            cfg.offer_dim
         );
     }
 
@@ -164,6 +164,8 @@ pub async fn run(
         users_released: 0,
         shared: engine_shared,
         last_round,
+        central: super::central::Central::for_scenario(&scenario)?,
+        timings: Default::default(),
     };
     std::thread::Builder::new()
         .name("fedrl-engine".into())

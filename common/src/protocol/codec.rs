@@ -418,6 +418,7 @@ mod tests {
                 spec: RoundSpec {
                     round: 2,
                     dim: 3,
+                    offer_dim: 3,
                     clip_norm: 1.5,
                     deadline_s: 2.0,
                     task_json: "{\"kind\":\"x\"}".into(),

@@ -100,8 +100,11 @@ pub struct Welcome {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RoundSpec {
     pub round: u64,
-    /// Length of the model and of every update (number of f32).
+    /// Length of every update (number of f32).
     pub dim: u32,
+    /// Length of the model vector the offer carries: `dim`, or more for tasks whose offer also
+    /// carries public state derived from earlier releases (offline CQL: the target network).
+    pub offer_dim: u32,
     /// The L2 bound C.
     pub clip_norm: f64,
     /// Seconds from the offer until the round closes; later updates are discarded.
@@ -124,6 +127,24 @@ pub struct RoundOffer {
 pub struct Update {
     pub round: u64,
     pub unit: UnitId,
+}
+
+/// Client -> server on its own unidirectional stream, central update mode only (DESIGN §2.5):
+/// one unit's transitions, uploaded once after joining. The frame's payload is `rows` rows of
+/// `2 * obs_dim + 3` f32: observation, next observation, action index, reward, terminal (0 or 1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnitData {
+    pub unit: UnitId,
+    pub rows: u32,
+    pub obs_dim: u32,
+}
+
+/// Client -> server on the control stream, central update mode only: every hosted unit's
+/// [`UnitData`] has been sent; the client's units may now be sampled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataComplete {
+    /// Number of units uploaded.
+    pub units: u64,
 }
 
 /// Server -> client on the control stream: an update was accepted into the round's sum.
@@ -206,6 +227,8 @@ pub enum Message {
     Ack(Ack),
     Error(ErrorMsg),
     Leave(Leave),
+    UnitData(UnitData),
+    DataComplete(DataComplete),
 }
 
 impl Message {
@@ -219,6 +242,8 @@ impl Message {
             Message::Ack(_) => "ack",
             Message::Error(_) => "error",
             Message::Leave(_) => "leave",
+            Message::UnitData(_) => "unit data",
+            Message::DataComplete(_) => "data complete",
         }
     }
 

@@ -27,7 +27,10 @@ pub use messages::*;
 
 /// The protocol version every frame carries. A peer speaking another version gets
 /// [`ErrorCode::UnsupportedVersion`] and is disconnected.
-pub const PROTOCOL_VERSION: u16 = 1;
+///
+/// Version 2: round specs carry `offer_dim`; units can upload their data (`UnitData`,
+/// `DataComplete`) for the central update mode.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).

@@ -13,3 +13,9 @@ pub mod dataset;
 
 pub use batch::TransitionBatch;
 pub use dataset::{Dataset, Episode};
+pub mod adam;
+pub mod dpsgd;
+pub mod generate;
+pub mod per_example;
+pub mod qnet;
+pub mod train;

@@ -82,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         run.scenario.users,
         run.out_dir.display()
     );
+    prepare_dataset(&run.scenario)?;
     let mut result = deploy::run_local(&run, &exe, args.timeout, true)?;
     let mut curves = vec![curve(&run, "private")?];
     if let Some(t) = &twin_run {
@@ -108,13 +109,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// An offline task's dataset is generated (or found in the cache) once here, before the client
+/// agents start: they then all load it from the cache instead of generating it side by side.
+fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Result<()> {
+    if let fedrl_common::scenario::Task::OfflineCql(t) = &scenario.task {
+        let root = fedrl_rl::offline::generate::default_root();
+        let d = fedrl_rl::offline::generate::load_or_generate(&t.dataset, &root)
+            .with_context(|| format!("preparing the dataset under {}", root.display()))?;
+        eprintln!(
+            "dataset {}: {} episodes of {} units",
+            d.id,
+            d.episodes.len(),
+            t.dataset.units
+        );
+    }
+    Ok(())
+}
+
 /// Completes `report.json` with the fields a user looks for first (DP outputs only) and
 /// `operator/report.json` with the exact count of contributions, and copies the policy.
 fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
     let state_dir = run.out_dir.join("state");
-    let policy = state_dir.join(POLICY_FILE);
-    if policy.exists() {
-        std::fs::copy(&policy, run.out_dir.join(POLICY_FILE)).context("copying the policy")?;
+    for file in [POLICY_FILE, fedrl_aggregator::cql::QNET_FILE] {
+        let model = state_dir.join(file);
+        if model.exists() {
+            std::fs::copy(&model, run.out_dir.join(file))
+                .with_context(|| format!("copying {file}"))?;
+        }
     }
     let r = &mut result.report;
     let fe = r["final_evaluation"].clone();
@@ -138,8 +159,10 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
             obj.get("rounds_completed").cloned().unwrap_or_default(),
         );
         obj.insert("noise_source".into(), serde_json::json!(noise_source));
-        if policy.exists() {
-            obj.insert("policy".into(), serde_json::json!(POLICY_FILE));
+        for file in [POLICY_FILE, fedrl_aggregator::cql::QNET_FILE] {
+            if state_dir.join(file).exists() {
+                obj.insert("policy".into(), serde_json::json!(file));
+            }
         }
         if run.scenario.non_private {
             obj.insert("epsilon".into(), serde_json::json!("inf"));

@@ -1,0 +1,161 @@
+//! Offline discrete CQL by DP-SGD, server side: the Q-network, its target network, the Adam
+//! server optimizer that takes one step per released noisy mean gradient, and the greedy
+//! evaluation on held-out simulator episodes.
+//!
+//! Every round's offer carries the online parameters and then the target network's. The target
+//! is a copy of an earlier released online network (refreshed every
+//! `cql.target_update_interval` steps), so sending it is post-processing of released outputs.
+//! Evaluations run the released greedy policy in the simulator with seeds disjoint from the
+//! dataset's: a diagnostic that touches no unit's data. The exported network is the final one
+//! (no selection by evaluation, which would tune on the environment).
+
+use std::path::Path;
+
+use fedrl_common::task::OfflineCqlTask;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::offline::adam::Adam;
+use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_rl::offline::train::evaluate_greedy;
+use fedrl_rl::task::OfflineCqlTaskExt;
+
+use crate::model::{ModelError, ModelState, ServerModel};
+
+/// File name of the exported Q-network in the output directory.
+pub const QNET_FILE: &str = "q_network.safetensors";
+
+pub struct CqlModel {
+    task: OfflineCqlTask,
+    spec: QNetSpec,
+    /// Online parameters, then the target network's: what every offer carries.
+    offer: Vec<f32>,
+    adam: Adam,
+    /// Released DP-SGD steps applied so far.
+    steps: u64,
+    device: Device,
+}
+
+impl CqlModel {
+    pub fn new(task: &OfflineCqlTask, device: Device) -> anyhow::Result<Self> {
+        let spec = task.qnet_spec()?;
+        let online = spec.init(task.cql.model_seed);
+        let mut offer = online.clone();
+        offer.extend_from_slice(&online);
+        Ok(CqlModel {
+            adam: Adam::new(spec.dim(), task.cql.learning_rate, task.cql.adam_eps),
+            task: task.clone(),
+            spec,
+            offer,
+            steps: 0,
+            device,
+        })
+    }
+
+    /// The online Q-network's parameters.
+    pub fn online(&self) -> &[f32] {
+        &self.offer[..self.spec.dim()]
+    }
+
+    fn evaluate_with(&self, episodes: usize, seed: u64) -> anyhow::Result<serde_json::Value> {
+        let r = evaluate_greedy(
+            &self.spec,
+            self.online(),
+            &self.task.dataset.env,
+            episodes,
+            seed,
+        )?;
+        Ok(serde_json::json!({
+            "eval_return": r.mean,
+            "eval_return_std": r.std,
+            "eval_episodes": r.returns.len(),
+        }))
+    }
+}
+
+impl ServerModel for CqlModel {
+    fn params(&self) -> &[f32] {
+        &self.offer
+    }
+
+    /// One Adam descent step on the online network with the released noisy mean gradient, then
+    /// the target refresh when its interval is reached.
+    fn apply(&mut self, noisy_mean_gradient: &[f32]) -> Result<(), ModelError> {
+        let dim = self.spec.dim();
+        if noisy_mean_gradient.len() != dim {
+            return Err(ModelError::Length {
+                expected: dim,
+                got: noisy_mean_gradient.len(),
+            });
+        }
+        let (online, target) = self.offer.split_at_mut(dim);
+        self.adam.step(online, noisy_mean_gradient);
+        self.steps += 1;
+        if self
+            .steps
+            .is_multiple_of(self.task.cql.target_update_interval.max(1))
+        {
+            target.copy_from_slice(online);
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> ModelState {
+        let mut tensors = self.offer.clone();
+        tensors.extend(self.adam.state());
+        ModelState {
+            meta: serde_json::json!({ "model": "offline_cql", "steps": self.steps }),
+            tensors,
+        }
+    }
+
+    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
+        let n = self.offer.len();
+        if state.tensors.len() < n {
+            return Err(ModelError::Restore(format!(
+                "the checkpoint has {} values, the Q-networks alone need {n}",
+                state.tensors.len()
+            )));
+        }
+        let steps = state
+            .meta
+            .get("steps")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| ModelError::Restore("checkpoint metadata has no `steps`".into()))?;
+        self.adam
+            .restore(&state.tensors[n..])
+            .map_err(|e| ModelError::Restore(e.to_string()))?;
+        self.offer.copy_from_slice(&state.tensors[..n]);
+        self.steps = steps;
+        Ok(())
+    }
+
+    fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
+        if !(round + 1).is_multiple_of(self.task.eval_every.max(1)) {
+            return None;
+        }
+        Some(
+            self.evaluate_with(self.task.eval_episodes, self.task.eval_seed)
+                .unwrap_or_else(|e| serde_json::json!({ "eval_error": e.to_string() })),
+        )
+    }
+
+    fn final_evaluation(&mut self) -> Option<serde_json::Value> {
+        // Other episodes than the periodic evaluations'.
+        let seed = self.task.eval_seed.wrapping_add(0x5EED_F1A1);
+        Some(
+            match self.evaluate_with(self.task.final_eval_episodes, seed) {
+                Ok(e) => serde_json::json!({
+                    "final_eval_return": e["eval_return"],
+                    "final_eval_return_std": e["eval_return_std"],
+                    "final_eval_episodes": e["eval_episodes"],
+                }),
+                Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
+            },
+        )
+    }
+
+    fn export(&self, dir: &Path) -> anyhow::Result<()> {
+        self.spec
+            .save(&dir.join(QNET_FILE), self.online(), &self.device)?;
+        Ok(())
+    }
+}

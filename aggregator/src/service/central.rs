@@ -1,0 +1,232 @@
+//! The central update mode (DESIGN §2.5) on the engine thread: client agents upload their units'
+//! transitions once ([`UnitData`] frames, then [`DataComplete`](fedrl_common::protocol::DataComplete)),
+//! and the aggregator, as the trusted curator of the seeds' setting, computes the sampled units'
+//! clipped gradients itself in one batch per round instead of sending offers.
+//!
+//! The engine does not know the difference: a client's units enter its population
+//! (`ClientJoined`) only once all of their data is here, its offers are turned into local work,
+//! and the gradients are fed back as that client's updates, so they go through the same
+//! re-clipping, fixed-point sum, noise, ledger and server optimizer as federated ones. The
+//! gradients come from [`unit_gradients`], the very function a federated agent runs, with the
+//! same per-(round, unit) transition draw: under one seed both modes release the same
+//! parameters up to float rounding.
+
+use std::collections::HashMap;
+
+use fedrl_common::offline::UpdateMode;
+use fedrl_common::protocol::{RoundSpec, UnitData, UnitId, UnitRange};
+use fedrl_common::scenario::{Scenario, Task};
+use fedrl_common::task::OfflineCqlTask;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::offline::TransitionBatch;
+use fedrl_rl::offline::dpsgd::{decode_rows, unit_gradients};
+use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_rl::task::OfflineCqlTaskExt;
+
+use crate::engine::ClientId;
+
+/// A client that joined but whose units are not all uploaded yet.
+struct Pending {
+    units: Vec<UnitRange>,
+    /// The client said it sent everything.
+    complete: bool,
+}
+
+/// One offer the engine emitted, to be computed here.
+struct Work {
+    client: ClientId,
+    spec: RoundSpec,
+    units: Vec<UnitId>,
+}
+
+/// A unit's gradient computed here, to be fed to the engine as `client`'s update.
+pub(super) struct CentralUpdate {
+    pub(super) client: ClientId,
+    pub(super) round: u64,
+    pub(super) unit: UnitId,
+    pub(super) data: Vec<f32>,
+}
+
+pub(super) struct Central {
+    task: OfflineCqlTask,
+    spec: QNetSpec,
+    device: Device,
+    /// Uploaded transitions by unit (operator-side data: never written to any output).
+    data: HashMap<UnitId, TransitionBatch>,
+    /// Which session uploaded each unit (a unit is hosted by one client at a time).
+    owner: HashMap<UnitId, ClientId>,
+    pending: HashMap<ClientId, Pending>,
+    work: Vec<Work>,
+}
+
+impl Central {
+    /// The central mode of `scenario`, if its task runs in it.
+    pub(super) fn for_scenario(scenario: &Scenario) -> anyhow::Result<Option<Self>> {
+        let Task::OfflineCql(task) = &scenario.task else {
+            return Ok(None);
+        };
+        if task.mode != UpdateMode::Central {
+            return Ok(None);
+        }
+        Ok(Some(Central {
+            spec: task.qnet_spec()?,
+            task: task.clone(),
+            device: fedrl_rl::device::open(scenario.device)?,
+            data: HashMap::new(),
+            owner: HashMap::new(),
+            pending: HashMap::new(),
+            work: Vec::new(),
+        }))
+    }
+
+    /// Holds a join until the client's data is complete.
+    pub(super) fn hold_join(&mut self, client: ClientId, units: Vec<UnitRange>) {
+        self.pending.insert(
+            client,
+            Pending {
+                units,
+                complete: false,
+            },
+        );
+    }
+
+    /// Stores one uploaded unit after checking it; the message says why it was refused.
+    pub(super) fn unit_data(
+        &mut self,
+        client: ClientId,
+        header: &UnitData,
+        payload: &[f32],
+    ) -> Result<(), String> {
+        let Some(p) = self.pending.get(&client) else {
+            return Err(format!(
+                "unit data for unit {} after this client's upload was complete",
+                header.unit
+            ));
+        };
+        if !p.units.iter().any(|r| r.contains(header.unit)) {
+            return Err(format!("unit {} is not hosted by this client", header.unit));
+        }
+        let batch = decode_rows(
+            &self.spec,
+            header.obs_dim as usize,
+            header.rows as usize,
+            payload,
+        )
+        .map_err(|e| format!("unit {}: {e}", header.unit))?;
+        self.data.insert(header.unit, batch);
+        self.owner.insert(header.unit, client);
+        Ok(())
+    }
+
+    /// The client says it uploaded `units` units.
+    pub(super) fn data_complete(&mut self, client: ClientId) -> Result<(), String> {
+        match self.pending.get_mut(&client) {
+            Some(p) => {
+                p.complete = true;
+                Ok(())
+            }
+            None => Err("data complete sent twice, or before joining".into()),
+        }
+    }
+
+    /// Clients whose data is complete: their joins go to the engine now. A client that said it
+    /// was complete but left units without data is returned in the second list with the count
+    /// missing (it is refused: the engine would sample units that cannot contribute).
+    pub(super) fn ready(&mut self) -> (Vec<(ClientId, Vec<UnitRange>)>, Vec<(ClientId, u64)>) {
+        let mut ready = Vec::new();
+        let mut incomplete = Vec::new();
+        for (client, p) in &self.pending {
+            if !p.complete {
+                continue;
+            }
+            let missing = p
+                .units
+                .iter()
+                .flat_map(|r| r.start..r.end)
+                .filter(|u| self.owner.get(u) != Some(client))
+                .count() as u64;
+            if missing == 0 {
+                ready.push((*client, p.units.clone()));
+            } else {
+                incomplete.push((*client, missing));
+            }
+        }
+        for (c, _) in ready.iter() {
+            self.pending.remove(c);
+        }
+        for (c, _) in incomplete.iter() {
+            self.pending.remove(c);
+        }
+        (ready, incomplete)
+    }
+
+    /// Whether `client` is still uploading (its join was not given to the engine).
+    pub(super) fn is_pending(&self, client: ClientId) -> bool {
+        self.pending.contains_key(&client)
+    }
+
+    pub(super) fn left(&mut self, client: ClientId) {
+        self.pending.remove(&client);
+        self.work.retain(|w| w.client != client);
+    }
+
+    /// An offer of the engine becomes local work.
+    pub(super) fn offer(&mut self, client: ClientId, spec: RoundSpec, units: Vec<UnitId>) {
+        self.work.push(Work {
+            client,
+            spec,
+            units,
+        });
+    }
+
+    pub(super) fn has_work(&self) -> bool {
+        !self.work.is_empty()
+    }
+
+    /// Computes every pending offer's units in one batch with the offered vector `offer`.
+    pub(super) fn compute(&mut self, offer: &[f32]) -> anyhow::Result<Vec<CentralUpdate>> {
+        let work = std::mem::take(&mut self.work);
+        let mut out = Vec::new();
+        // Offers of one round share the model: one batch per round.
+        let mut rounds: Vec<u64> = work.iter().map(|w| w.spec.round).collect();
+        rounds.sort_unstable();
+        rounds.dedup();
+        for round in rounds {
+            let of_round: Vec<&Work> = work.iter().filter(|w| w.spec.round == round).collect();
+            let Some(first) = of_round.first() else {
+                continue;
+            };
+            let clip = first.spec.clip_norm;
+            let mut owners = Vec::new();
+            let mut chosen = Vec::new();
+            for w in &of_round {
+                for u in &w.units {
+                    if let Some(d) = self.data.get(u) {
+                        chosen.push((*u, d));
+                        owners.push(w.client);
+                    }
+                }
+            }
+            let grads = unit_gradients(
+                &self.spec,
+                &self.task.cql,
+                offer,
+                &chosen,
+                round,
+                self.task.data_seed,
+                self.task.transitions_per_unit,
+                clip,
+                &self.device,
+            )?;
+            for ((unit, data), client) in grads.into_iter().zip(owners) {
+                out.push(CentralUpdate {
+                    client,
+                    round,
+                    unit,
+                    data,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
