@@ -137,7 +137,11 @@ fn measure(dir: &Path, n: u64, appends: u64) -> anyhow::Result<Row> {
     let t = Instant::now();
     let (mut ledger, recovery) = PrivacyLedger::open(&path, config()?)?;
     let open_s = t.elapsed().as_secs_f64();
-    anyhow::ensure!(recovery.records as u64 == n, "read {} records", recovery.records);
+    anyhow::ensure!(
+        recovery.records as u64 == n,
+        "read {} records",
+        recovery.records
+    );
     let t = Instant::now();
     let epsilon = ledger.epsilon()?;
     let first_epsilon_s = t.elapsed().as_secs_f64();
