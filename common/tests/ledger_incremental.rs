@@ -221,7 +221,10 @@ fn run(fresh: bool, initial_target: f64, ops: &[Op]) -> Result<(), TestCaseError
                 other => prop_assert!(false, "round {round}: expected a refusal, got {other:?}"),
             }
         } else {
-            prop_assert!(got.is_ok(), "round {round}: {got:?} (reference {with} <= {target})");
+            prop_assert!(
+                got.is_ok(),
+                "round {round}: {got:?} (reference {with} <= {target})"
+            );
             round += 1;
         }
         let (now, per_unit) = reference.account(&records);
@@ -246,7 +249,7 @@ fn run(fresh: bool, initial_target: f64, ops: &[Op]) -> Result<(), TestCaseError
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(16))]
 
     /// Random ledgers of sampled and un-sampled records, budget raises and cuts: the
     /// incremental ledger refuses exactly where the full recomputation does, with its figure,
