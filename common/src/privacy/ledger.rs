@@ -7,6 +7,16 @@
 //! [`PrivacyLedger::report`] reports the worst unit (tight), the RDP cross-check, each phase and
 //! the basic composition of the phases.
 //!
+//! Cost: a run appends one record per step (100,000 steps and more), so nothing per append may
+//! walk the history. Records are folded, as they are appended or read, into grouped histories
+//! (`grouped.rs`: the shared sampled events and each unit's own un-sampled ones as
+//! (event, count) lists, the form the accountant reads), and the budget check compares the
+//! grown count with limits cached per history shape (`budget.rs`), so most appends make no
+//! accountant call and the others one (a bisection once per shape near the budget). Refusals
+//! fall on the same round, and every figure is the same bit for bit, as accounting every unit
+//! from all records (`tests/ledger_incremental.rs` checks both against that recomputation).
+//! [`PrivacyLedger::epsilon`] accounts when asked: one accountant call per distinct history.
+//!
 //! File layout: a header frame (format version, [`LedgerConfig`]), then one frame per entry (a
 //! [`RoundRecord`] or a [`BudgetChange`]). A frame is `b"FRL1"`, the payload length (u32 LE), the
 //! first 8 bytes of SHA-256(payload), then the JSON payload. Records are written and fsynced
