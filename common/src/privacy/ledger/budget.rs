@@ -29,6 +29,9 @@ use super::grouped::{Candidate, EventId, EventTable, Groups};
 /// Entries of the epsilon cache before it is emptied (each is a short grouped history and a
 /// figure; a run asking for epsilon every step adds one per step).
 const MAX_EPSILONS: usize = 4096;
+/// Shapes kept before the limits are emptied (a history whose other counts keep changing makes
+/// a new shape per append). Forgetting only costs accountant calls, never a wrong answer.
+const MAX_LIMITS: usize = 4096;
 
 /// What is known of one shape: counts up to `within` are within the target, from `over` on
 /// above it.
@@ -128,6 +131,9 @@ impl BudgetCache {
             ahead: 1,
         });
         let verdict = self.decide(&mut limit, count, eps_at, target);
+        if self.limits.len() >= MAX_LIMITS && !self.limits.contains_key(&key) {
+            self.limits.clear();
+        }
         self.limits.insert(key, limit);
         verdict
     }
@@ -195,5 +201,80 @@ impl BudgetCache {
             limit.over = Some(count);
             Ok(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Asks every count from 1 on, as a run appending one event per step does, against a
+    /// monotone epsilon: the verdict is always `f(count) <= target`, and the calls stay
+    /// logarithmic in the run length.
+    fn run(f: impl Fn(u64) -> f64, target: f64, steps: u64) -> u64 {
+        let mut cache = BudgetCache::default();
+        let mut limit = Limit {
+            within: 0,
+            over: None,
+            ahead: 1,
+        };
+        let calls = std::cell::Cell::new(0u64);
+        for count in 1..=steps {
+            let verdict = cache
+                .decide(
+                    &mut limit,
+                    count,
+                    |_, n| {
+                        calls.set(calls.get() + 1);
+                        Ok(f(n))
+                    },
+                    target,
+                )
+                .unwrap();
+            assert_eq!(verdict, f(count) <= target, "count {count}");
+            // Retrying a refused count asks nothing new.
+            if !verdict {
+                let before = calls.get();
+                let again = cache.decide(&mut limit, count, |_, n| Ok(f(n)), target);
+                assert!(!again.unwrap());
+                assert_eq!(calls.get(), before);
+            }
+        }
+        calls.get()
+    }
+
+    #[test]
+    fn limits_decide_exactly_with_logarithmically_many_calls() {
+        let f = |n: u64| (n as f64).sqrt();
+        // Never refused in 100,000 steps.
+        let calls = run(f, 1e9, 100_000);
+        assert!(calls <= 40, "{calls} calls");
+        // A boundary inside the run: sqrt(n) <= 100 up to n = 10,000 exactly.
+        let calls = run(f, 100.0, 20_000);
+        assert!(calls <= 80, "{calls} calls");
+        // A boundary at the first count.
+        run(f, 0.5, 10);
+    }
+
+    #[test]
+    fn a_failing_probe_falls_back_to_the_asked_count() {
+        let mut cache = BudgetCache::default();
+        let mut limit = Limit {
+            within: 5,
+            over: None,
+            ahead: 8,
+        };
+        // Counts above 6 cannot be accounted; 6 itself can, and is within.
+        let eps = |_: &mut BudgetCache, n: u64| {
+            if n > 6 {
+                Err(PrivacyError::Unsupported("grid too large".into()))
+            } else {
+                Ok(n as f64)
+            }
+        };
+        assert!(cache.decide(&mut limit, 6, eps, 10.0).unwrap());
+        assert_eq!(limit.within, 6);
+        // The asked count's own failure is the full check's failure.
+        assert!(cache.decide(&mut limit, 7, eps, 10.0).is_err());
     }
 }
