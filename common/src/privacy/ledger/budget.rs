@@ -12,10 +12,12 @@
 //! accounting every append in full would. Every figure it holds is an accountant result for a
 //! complete grouped history, never an estimate.
 //!
-//! The one assumption is that monotonicity, which holds for the mechanisms and for the PLD's
-//! pessimistic discretisation (the k-fold composition with one more pessimistic PMF dominates);
-//! `accountant_is_monotone_in_the_count_near_the_budget` in the ledger tests checks it on the
-//! DP-SGD event around a budget.
+//! The one assumption is that monotonicity. It holds mathematically (composing one more
+//! mechanism never shrinks the privacy curve); the computed figure could only break it where two
+//! consecutive counts differ by less than the PLD's floating-point rounding, far below the step
+//! one more DP-SGD round adds. `accountant_is_monotone_in_the_count_near_the_budget`
+//! (`tests/ledger_incremental.rs`) checks consecutive counts of the DP-SGD event, and
+//! `a_long_run_is_refused_exactly_at_the_first_round_above_the_target` the refusal round.
 
 use std::collections::HashMap;
 

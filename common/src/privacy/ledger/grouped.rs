@@ -3,12 +3,13 @@
 //!
 //! A unit is charged with every record the aggregator sampled (the *shared* events, the same for
 //! every unit) plus the records it took part in that the aggregator did not sample (its *own*
-//! events). [`accountant::unit_epsilon`] depends only on the grouped form of that list: distinct
-//! events with their counts, in order of first appearance. Shared events come first, so a unit's
-//! grouped list is [`merge`]`(shared, own)` of the two grouped lists kept here: the shared one
-//! (one per ledger) and the own ones, interned (units with the same own history share one entry;
-//! a sampled DP-SGD run has a single, empty one). Appending a record is O(its units), whatever
-//! the length of the history.
+//! events). The accountant
+//! ([`unit_epsilon`](crate::privacy::accountant::unit_epsilon)) depends only on the grouped form
+//! of that list: distinct events with their counts, in order of first appearance. Shared events
+//! come first, so a unit's grouped list is [`merge`]`(shared, own)` of the two grouped lists
+//! kept here: the shared one (one per ledger) and the own ones, interned (units with the same own
+//! history share one entry; a sampled DP-SGD run has a single, empty one). Appending a record is
+//! O(its units), whatever the length of the history.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -28,8 +29,9 @@ pub(super) type Groups = Vec<(EventId, u64)>;
 /// Index of an own history in a [`GroupedHistories`]; 0 is the empty history.
 pub(super) type HistoryId = usize;
 
-/// Distinct events, each stored once. Two events are the same exactly when they are `==` (as
-/// [`accountant::group_counts`] decides), so the grouped lists here are the ones it would build.
+/// Distinct events, each stored once. Two events are the same exactly when they are `==`, as
+/// [`group_counts`](crate::privacy::accountant::group_counts) decides, so the grouped lists
+/// here are the ones it would build.
 #[derive(Clone, Debug, Default)]
 pub(super) struct EventTable {
     events: Vec<DpEvent>,
