@@ -167,24 +167,30 @@ fn plain_gaussian(event: &DpEvent) -> Option<f64> {
     }
 }
 
-/// Groups identical events into self-compositions, in order of first appearance, so the
-/// accountants compose each group by fast self-composition instead of one event at a time.
-pub fn grouped(events: &[DpEvent]) -> DpEvent {
-    let mut counts: Vec<(DpEvent, u64)> = Vec::new();
+/// Groups identical events (`==`) into (event, count) pairs, in order of first appearance: the
+/// canonical form [`unit_epsilon`] accounts.
+pub fn group_counts(events: &[DpEvent]) -> Vec<(&DpEvent, u64)> {
+    let mut counts: Vec<(&DpEvent, u64)> = Vec::new();
     for e in events {
-        match counts.iter_mut().find(|(g, _)| g == e) {
+        match counts.iter_mut().find(|(g, _)| *g == e) {
             Some((_, n)) => *n += 1,
-            None => counts.push((e.clone(), 1)),
+            None => counts.push((e, 1)),
         }
     }
-    let mut parts: Vec<DpEvent> = counts
-        .into_iter()
-        .map(|(e, n)| {
+    counts
+}
+
+/// The event tree of grouped events: each group a self-composition (a lone event as itself),
+/// several groups composed.
+fn composed(groups: &[(&DpEvent, u64)]) -> DpEvent {
+    let mut parts: Vec<DpEvent> = groups
+        .iter()
+        .map(|&(e, n)| {
             if n == 1 {
-                e
+                e.clone()
             } else {
                 DpEvent::SelfComposed {
-                    event: Box::new(e),
+                    event: Box::new(e.clone()),
                     count: n,
                 }
             }
@@ -195,6 +201,12 @@ pub fn grouped(events: &[DpEvent]) -> DpEvent {
     } else {
         DpEvent::Composed { events: parts }
     }
+}
+
+/// Groups identical events into self-compositions, in order of first appearance, so the
+/// accountants compose each group by fast self-composition instead of one event at a time.
+pub fn grouped(events: &[DpEvent]) -> DpEvent {
+    composed(&group_counts(events))
 }
 
 /// The one accounting policy of fedrl: epsilon (nats) at `delta` of everything one unit was
@@ -208,22 +220,42 @@ pub fn grouped(events: &[DpEvent]) -> DpEvent {
 /// Gaussian or Laplace events). With [`AccountantKind::Rdp`], the RDP bound (the cross-check;
 /// `Unsupported` for an (epsilon, delta) event with delta > 0 or a sampled Laplace).
 /// +inf when an event is non-private (e.g. z = 0).
+///
+/// It is [`unit_epsilon_grouped`] of [`group_counts`]`(events)`: the figure depends only on the
+/// grouped form, so a caller that keeps its history grouped (the ledger) gets the same bits.
 pub fn unit_epsilon(
     events: &[DpEvent],
     delta: Delta,
     kind: AccountantKind,
 ) -> Result<(f64, Method), PrivacyError> {
-    if events.is_empty() {
+    unit_epsilon_grouped(&group_counts(events), delta, kind)
+}
+
+/// [`unit_epsilon`] of a history already grouped: `groups` holds distinct events with how many
+/// times each was charged (counts >= 1), in order of first appearance.
+pub fn unit_epsilon_grouped(
+    groups: &[(&DpEvent, u64)],
+    delta: Delta,
+    kind: AccountantKind,
+) -> Result<(f64, Method), PrivacyError> {
+    if groups.is_empty() {
         return Ok((0.0, Method::None));
+    }
+    if let Some(&(e, _)) = groups.iter().find(|(_, n)| *n == 0) {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "a grouped history counts {e} zero times"
+        )));
     }
     let delta = delta.get();
     match kind {
         AccountantKind::Pld => {
+            // 1/sigma^2 of the composition: count x 1/z^2 per group (one rounding per group,
+            // whatever the count).
             let mut inv_var = 0.0;
             let mut all_gaussian = true;
-            for e in events {
+            for &(e, n) in groups {
                 match plain_gaussian(e) {
-                    Some(z) => inv_var += z.powi(-2),
+                    Some(z) => inv_var += n as f64 * z.powi(-2),
                     None => all_gaussian = false,
                 }
             }
@@ -234,9 +266,9 @@ pub fn unit_epsilon(
                 let sigma = inv_var.powf(-0.5);
                 return Ok((gaussian::epsilon(sigma, delta)?, Method::AnalyticGaussian));
             }
-            Ok((epsilon(&grouped(events), delta, kind)?, Method::Pld))
+            Ok((epsilon(&composed(groups), delta, kind)?, Method::Pld))
         }
-        AccountantKind::Rdp => Ok((epsilon(&grouped(events), delta, kind)?, Method::Rdp)),
+        AccountantKind::Rdp => Ok((epsilon(&composed(groups), delta, kind)?, Method::Rdp)),
     }
 }
 

@@ -7,6 +7,16 @@
 //! [`PrivacyLedger::report`] reports the worst unit (tight), the RDP cross-check, each phase and
 //! the basic composition of the phases.
 //!
+//! Cost: a run appends one record per step (100,000 steps and more), so nothing per append may
+//! walk the history. Records are folded, as they are appended or read, into grouped histories
+//! (`grouped.rs`: the shared sampled events and each unit's own un-sampled ones as
+//! (event, count) lists, the form the accountant reads), and the budget check compares the
+//! grown count with limits cached per history shape (`budget.rs`), so most appends make no
+//! accountant call and the others one (a bisection once per shape near the budget). Refusals
+//! fall on the same round, and every figure is the same bit for bit, as accounting every unit
+//! from all records (`tests/ledger_incremental.rs` checks both against that recomputation).
+//! [`PrivacyLedger::epsilon`] accounts when asked: one accountant call per distinct history.
+//!
 //! File layout: a header frame (format version, [`LedgerConfig`]), then one frame per entry (a
 //! [`RoundRecord`] or a [`BudgetChange`]). A frame is `b"FRL1"`, the payload length (u32 LE), the
 //! first 8 bytes of SHA-256(payload), then the JSON payload. Records are written and fsynced
@@ -21,11 +31,11 @@
 //! may receive version-2 entries appended by this code; a version-2 file holds only version-2
 //! entries.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ring::digest;
 use serde::{Deserialize, Serialize};
@@ -35,6 +45,12 @@ use super::accountant::{self, AccountantKind, Method};
 use super::noise::NoiseSource;
 use super::params::{ClipNorm, Delta, ParamError, SamplingRate};
 use super::{DpEvent, PrivacyError};
+
+mod budget;
+mod grouped;
+
+use budget::BudgetCache;
+use grouped::{EventId, GroupedHistories, Groups, HistoryId};
 
 /// The ledger's file name inside a state or output directory.
 pub const LEDGER_FILE_NAME: &str = "privacy.ledger";
@@ -497,24 +513,45 @@ impl LedgerFile {
     pub fn report(&self, kind: AccountantKind) -> Result<LedgerReport, LedgerError> {
         let records = self.records();
         let mut index = UnitIndex::new();
-        for (i, r) in records.iter().enumerate() {
-            index_record(&mut index, i, r);
+        for r in &records {
+            index_record(&mut index, r);
         }
-        full_report(&self.config, &records, &index, &self.budget_changes(), kind)
+        let grouped = GroupedHistories::from_records(&records, |_| true);
+        let mut cache = BudgetCache::default();
+        full_report(
+            &self.config,
+            &records,
+            &index,
+            &grouped,
+            &self.budget_changes(),
+            kind,
+            &mut cache,
+        )
     }
 }
 
-/// The append-only ledger file, with an in-memory index of participations.
+/// The append-only ledger file, with an in-memory index of participations and the records
+/// grouped for accounting.
+///
+/// Accounting cost does not grow with the history: records are folded into grouped histories
+/// as they are appended (shared sampled events and each unit's own un-sampled ones, as
+/// (event, count) lists), and the budget check of a record compares counts with limits cached
+/// per history shape (see `budget.rs`), so most appends make no accountant call at all.
 pub struct PrivacyLedger {
     path: PathBuf,
     file: File,
     config: LedgerConfig,
     records: Vec<RoundRecord>,
     budget_changes: Vec<BudgetChange>,
-    /// What each unit's accounting needs of `records`.
+    /// Each unit's participation count.
     participations: UnitIndex,
-    /// Worst-unit epsilon of `records`, as accounted by the last [`append`](Self::append).
-    epsilon: Option<f64>,
+    /// `records` grouped for accounting, updated by every append.
+    grouped: GroupedHistories,
+    /// True when every unit's epsilon is known to be within the target of this process (after
+    /// a successful append; not yet after opening, when the target may have been lowered).
+    verified: bool,
+    /// What the budget checks and epsilon queries learnt; `check` and `epsilon` take `&self`.
+    cache: Mutex<BudgetCache>,
 }
 
 impl PrivacyLedger {
@@ -569,7 +606,9 @@ impl PrivacyLedger {
                 records: Vec::new(),
                 budget_changes: Vec::new(),
                 participations: UnitIndex::new(),
-                epsilon: None,
+                grouped: GroupedHistories::default(),
+                verified: false,
+                cache: Mutex::default(),
             };
             return Ok((ledger, Recovery::default()));
         }
@@ -612,7 +651,9 @@ impl PrivacyLedger {
             records: Vec::new(),
             budget_changes: Vec::new(),
             participations: UnitIndex::new(),
-            epsilon: None,
+            grouped: GroupedHistories::default(),
+            verified: false,
+            cache: Mutex::default(),
         };
         for entry in parsed.entries {
             match entry {
@@ -705,44 +746,117 @@ impl PrivacyLedger {
     }
 
     /// Checks that `record` may be appended (order, units, event, budget) without writing
-    /// anything.
+    /// anything. The budget is exceeded when the worst unit's epsilon with `record` appended
+    /// (at the ledger's delta, by the reported accountant) is above the target.
     pub fn check(&self, record: &RoundRecord) -> Result<(), LedgerError> {
-        self.epsilon_with(record).map(|_| ())
+        self.validate(record)?;
+        self.check_budget(record)
     }
 
-    /// [`check`](Self::check), returning the worst-unit epsilon with `record` appended.
-    fn epsilon_with(&self, record: &RoundRecord) -> Result<f64, LedgerError> {
-        self.validate(record)?;
-        let records: Vec<&RoundRecord> = self.records.iter().chain(Some(record)).collect();
-        let account = account_units(
-            &records,
-            &self.participations,
-            Some(record),
-            None,
-            self.config.delta,
-            AccountantKind::Pld,
-        )?;
-        if account.worst > self.config.target_epsilon {
-            return Err(LedgerError::BudgetExceeded {
-                round: record.round,
-                epsilon: account.worst,
-                target: self.config.target_epsilon,
-                delta: self.config.delta.get(),
-            });
+    /// The caches, whatever a panicking holder left in them: every entry is a fact about the
+    /// records (an epsilon, a count verified within or over the target), written whole.
+    fn cache(&self) -> MutexGuard<'_, BudgetCache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// [`check`](Self::check) without the record's validation: is every unit's epsilon, with
+    /// `record` appended, within the target? Decides exactly as accounting every unit would
+    /// (the worst unit above the target refuses), but only accounts the histories the record
+    /// changes, and those through the cached limits.
+    fn check_budget(&self, record: &RoundRecord) -> Result<(), LedgerError> {
+        let g = &self.grouped;
+        let cand = g.events.peek(&record.event);
+        let target = self.config.target_epsilon;
+        let delta = self.config.delta;
+        let mut cache = self.cache();
+        // Every unit's grouped history once `record` is in (the histories it does not change
+        // are left out when they were verified already), each with the event whose count
+        // grew.
+        let mut after: Vec<(Groups, EventId)> = Vec::new();
+        if record.sampled_by_aggregator {
+            let mut shared = g.shared().clone();
+            grouped::push(&mut shared, cand.id);
+            for h in g.live() {
+                after.push((grouped::merge(&shared, g.own(h)), cand.id));
+            }
+        } else {
+            let mut moving: HashMap<HistoryId, u64> = HashMap::new();
+            for &u in &record.units {
+                *moving.entry(g.history_of(u)).or_default() += 1;
+            }
+            let mut moved: Vec<HistoryId> = moving.keys().copied().collect();
+            moved.sort_unstable();
+            for &h in &moved {
+                let mut own = g.own(h).clone();
+                grouped::push(&mut own, cand.id);
+                after.push((grouped::merge(g.shared(), &own), cand.id));
+            }
+            if !self.verified {
+                for h in g.live() {
+                    let stays = h == 0 || g.members(h) > moving.get(&h).copied().unwrap_or(0);
+                    if stays {
+                        let groups = g.combined(h);
+                        if let Some(&(last, _)) = groups.last() {
+                            after.push((groups, last));
+                        }
+                    }
+                }
+            }
         }
-        Ok(account.worst)
+        for (groups, vary) in &after {
+            if !cache.within(groups, *vary, &cand, delta, target)? {
+                drop(cache);
+                return Err(self.refusal(record));
+            }
+        }
+        Ok(())
+    }
+
+    /// The refusal of `record`, with the worst unit's epsilon had it been appended (a refusal
+    /// is rare: this accounts every history once).
+    fn refusal(&self, record: &RoundRecord) -> LedgerError {
+        let mut with = self.grouped.clone();
+        with.add(record);
+        // A new event's id exists only in this copy: nothing about it may enter the cache.
+        let known = self.grouped.events.find(&record.event).is_some();
+        let delta = self.config.delta;
+        let mut cache = self.cache();
+        let mut worst = 0.0f64;
+        for h in with.live() {
+            let groups = with.combined(h);
+            let eps = if known {
+                cache.epsilon(&with.events, &groups, delta)
+            } else {
+                let resolved = with.events.resolve(&groups);
+                accountant::unit_epsilon_grouped(&resolved, delta, AccountantKind::Pld)
+            };
+            match eps {
+                Ok((e, _)) => {
+                    if e > worst {
+                        worst = e;
+                    }
+                }
+                Err(e) => return e.into(),
+            }
+        }
+        LedgerError::BudgetExceeded {
+            round: record.round,
+            epsilon: worst,
+            target: self.config.target_epsilon,
+            delta: self.config.delta.get(),
+        }
     }
 
     /// Appends `record` after [`check`](Self::check), and fsyncs it: when this returns `Ok`, the
     /// round is durably accounted and its output may be released.
     pub fn append(&mut self, record: RoundRecord) -> Result<(), LedgerError> {
-        let epsilon = self.epsilon_with(&record)?;
+        self.check(&record)?;
         let entry = Entry::Round(record);
         self.write_entry(&entry)?;
         if let Entry::Round(record) = entry {
             self.index(record);
         }
-        self.epsilon = Some(epsilon);
+        self.verified = true;
         Ok(())
     }
 
@@ -755,24 +869,24 @@ impl PrivacyLedger {
     }
 
     /// Worst-unit epsilon of every record at the ledger's delta: the same figure as
-    /// [`report`](Self::report)'s, without its per-unit list, phases and RDP bound, and free right
-    /// after an [`append`](Self::append) (which accounted it already).
+    /// [`report`](Self::report)'s, without its per-unit list, phases and RDP bound. Accounted
+    /// when asked (one accountant call per distinct unit history, usually one) and kept until
+    /// the next append.
     pub fn epsilon(&self) -> Result<f64, LedgerError> {
-        match self.epsilon {
-            Some(e) => Ok(e),
-            None => {
-                let records: Vec<&RoundRecord> = self.records.iter().collect();
-                Ok(account_units(
-                    &records,
-                    &self.participations,
-                    None,
-                    None,
-                    self.config.delta,
-                    AccountantKind::Pld,
-                )?
-                .worst)
+        let mut cache = self.cache();
+        if let Some(e) = cache.worst {
+            return Ok(e);
+        }
+        let g = &self.grouped;
+        let mut worst = 0.0f64;
+        for h in g.live() {
+            let (e, _) = cache.epsilon(&g.events, &g.combined(h), self.config.delta)?;
+            if e > worst {
+                worst = e;
             }
         }
+        cache.worst = Some(worst);
+        Ok(worst)
     }
 
     /// Accounts every record with the reported accountant (PLD, exact where possible).
@@ -782,24 +896,26 @@ impl PrivacyLedger {
 
     /// Accounts every record with accountant `kind`: total, per-phase and per-unit epsilon.
     pub fn report_with(&self, kind: AccountantKind) -> Result<LedgerReport, LedgerError> {
+        let mut cache = self.cache();
         full_report(
             &self.config,
             &self.records,
             &self.participations,
+            &self.grouped,
             &self.budget_changes,
             kind,
+            &mut cache,
         )
     }
 
     /// The realised epsilon of one unit at the ledger's delta.
     pub fn unit_epsilon(&self, unit: u64) -> Result<f64, LedgerError> {
-        let records: Vec<&RoundRecord> = self.records.iter().collect();
-        let own = self
-            .participations
-            .get(&unit)
-            .map_or(&[][..], |p| p.unsampled.as_slice());
-        let events = unit_events(&shared_events(&records, None), &records, own, None);
-        Ok(accountant::unit_epsilon(&events, self.config.delta, AccountantKind::Pld)?.0)
+        let g = &self.grouped;
+        let groups = g.combined(g.history_of(unit));
+        Ok(self
+            .cache()
+            .epsilon(&g.events, &groups, self.config.delta)?
+            .0)
     }
 
     fn validate(&self, record: &RoundRecord) -> Result<(), LedgerError> {
@@ -859,7 +975,9 @@ impl PrivacyLedger {
     }
 
     fn index(&mut self, record: RoundRecord) {
-        index_record(&mut self.participations, self.records.len(), &record);
+        index_record(&mut self.participations, &record);
+        self.grouped.add(&record);
+        self.cache().appended();
         self.records.push(record);
     }
 }
@@ -923,172 +1041,100 @@ fn decode_entry(payload: &[u8], version: u32) -> Result<Entry, serde_json::Error
     serde_json::from_slice(payload)
 }
 
-/// What one unit's accounting needs of the records it took part in.
+/// What the ledger keeps per unit besides its grouped history.
 #[derive(Clone, Debug, Default)]
 struct UnitRounds {
     /// Rounds it contributed to.
     rounds: u64,
-    /// Indices of those records the aggregator did not sample: they add to its events (a
-    /// sampled record counts for every unit, drawn or not).
-    unsampled: Vec<usize>,
 }
 
-/// unit -> its rounds. Kept up to date by every append, so an accounting costs one pass over
-/// the units, not over units x rounds.
+/// unit -> its rounds.
 type UnitIndex = HashMap<u64, UnitRounds>;
 
-fn index_record(index: &mut UnitIndex, i: usize, record: &RoundRecord) {
+fn index_record(index: &mut UnitIndex, record: &RoundRecord) {
     for &u in &record.units {
-        let e = index.entry(u).or_default();
-        e.rounds += 1;
-        if !record.sampled_by_aggregator {
-            e.unsampled.push(i);
-        }
+        index.entry(u).or_default().rounds += 1;
     }
-}
-
-fn in_phase(r: &RoundRecord, phase: Option<&str>) -> bool {
-    phase.is_none_or(|p| r.phase == p)
-}
-
-/// The events every unit is charged with: every record the aggregator sampled (whether or not
-/// the unit was drawn — that is what amplification accounts for), within `phase` if given.
-fn shared_events(records: &[&RoundRecord], phase: Option<&str>) -> Vec<DpEvent> {
-    records
-        .iter()
-        .filter(|r| r.sampled_by_aggregator && in_phase(r, phase))
-        .map(|r| r.event.clone())
-        .collect()
-}
-
-/// One unit's events: the shared ones plus its own un-sampled records `own`, within `phase`.
-fn unit_events(
-    shared: &[DpEvent],
-    records: &[&RoundRecord],
-    own: &[usize],
-    phase: Option<&str>,
-) -> Vec<DpEvent> {
-    let mut events = shared.to_vec();
-    for &i in own {
-        let r = records[i];
-        if !r.sampled_by_aggregator && in_phase(r, phase) {
-            events.push(r.event.clone());
-        }
-    }
-    events
 }
 
 /// Every unit's epsilon and the worst case.
 struct UnitsAccount {
     worst: f64,
     method: Method,
-    worst_events: Vec<DpEvent>,
+    /// The worst unit's grouped history.
+    worst_groups: Groups,
     per_unit: Vec<UnitEpsilon>,
 }
 
-/// Accounts `records` (the last one being `candidate` when given; the others indexed by
-/// `index`) for every unit, within `phase` if given. A unit's events are the shared (sampled)
-/// records plus its own un-sampled ones, so units are grouped by those un-sampled records first
-/// (one group in sampled runs, one per round in fresh runs), then by identical event lists
-/// (records with the same mechanism): the work per call grows with the units, the rounds and
-/// the groups, not with units x rounds.
+/// Accounts every unit of `index` (ascending by id) and a unit that never took part, with the
+/// histories of `grouped`, by accountant `kind`: one accountant call per distinct history. The
+/// worst is the first largest in that order (the never-seen unit first). `cache` is the
+/// ledger's, for its own `grouped` and delta only.
 fn account_units(
-    records: &[&RoundRecord],
+    grouped: &GroupedHistories,
     index: &UnitIndex,
-    candidate: Option<&RoundRecord>,
-    phase: Option<&str>,
     delta: Delta,
     kind: AccountantKind,
+    mut cache: Option<&mut BudgetCache>,
 ) -> Result<UnitsAccount, LedgerError> {
-    let cand_units: HashSet<u64> = candidate
-        .map(|c| c.units.iter().copied().collect())
-        .unwrap_or_default();
-    let cand_unsampled = candidate.is_some_and(|c| !c.sampled_by_aggregator);
-    let cand_i = records.len().saturating_sub(1);
-    let mut units: Vec<u64> = index.keys().copied().collect();
-    units.extend(cand_units.iter().filter(|u| !index.contains_key(u)));
-    units.sort_unstable();
-    let shared = shared_events(records, phase);
-    let mut by_events: HashMap<String, (f64, Method)> = HashMap::new();
-    let mut by_history: HashMap<Vec<usize>, (f64, Method)> = HashMap::new();
-    let mut account = |history: &[usize]| -> Result<(f64, Method), LedgerError> {
-        if let Some(v) = by_history.get(history) {
+    let mut by_history: HashMap<HistoryId, (f64, Method)> = HashMap::new();
+    let mut account = |h: HistoryId| -> Result<(f64, Method), LedgerError> {
+        if let Some(v) = by_history.get(&h) {
             return Ok(*v);
         }
-        let events = unit_events(&shared, records, history, phase);
-        let key = serde_json::to_string(&events).map_err(json_err)?;
-        let v = match by_events.get(&key) {
-            Some(v) => *v,
-            None => {
-                let v = accountant::unit_epsilon(&events, delta, kind)?;
-                by_events.insert(key, v);
-                v
-            }
+        let groups = grouped.combined(h);
+        let v = match (kind, cache.as_deref_mut()) {
+            (AccountantKind::Pld, Some(cache)) => cache.epsilon(&grouped.events, &groups, delta)?,
+            _ => accountant::unit_epsilon_grouped(&grouped.events.resolve(&groups), delta, kind)?,
         };
-        by_history.insert(history.to_vec(), v);
+        by_history.insert(h, v);
         Ok(v)
     };
-    // A unit that never took part still spends every sampled record.
-    let (mut worst, mut method) = account(&[])?;
-    let mut worst_history: Vec<usize> = Vec::new();
+    let (mut worst, mut method) = account(0)?;
+    let mut worst_history = 0;
+    let mut units: Vec<u64> = index.keys().copied().collect();
+    units.sort_unstable();
     let mut per_unit = Vec::with_capacity(units.len());
-    let none = UnitRounds::default();
-    for &unit in &units {
-        let past = index.get(&unit).unwrap_or(&none);
-        let in_cand = cand_units.contains(&unit);
-        let extend = in_cand && cand_unsampled && candidate.is_some_and(|c| in_phase(c, phase));
-        // Borrowed in the common case (whole ledger, no new record of its own): no allocation
-        // per unit.
-        let history: Cow<'_, [usize]> = if phase.is_none() && !extend {
-            Cow::Borrowed(&past.unsampled)
-        } else {
-            let mut h: Vec<usize> = past
-                .unsampled
-                .iter()
-                .copied()
-                .filter(|&i| in_phase(records[i], phase))
-                .collect();
-            if extend {
-                h.push(cand_i);
-            }
-            Cow::Owned(h)
-        };
-        let (eps, m) = account(&history)?;
+    for unit in units {
+        let h = grouped.history_of(unit);
+        let (eps, m) = account(h)?;
         if eps > worst {
             worst = eps;
             method = m;
-            worst_history = history.into_owned();
+            worst_history = h;
         }
         per_unit.push(UnitEpsilon {
             unit,
-            participations: past.rounds + u64::from(in_cand),
+            participations: index.get(&unit).map_or(0, |p| p.rounds),
             epsilon: eps,
         });
     }
     Ok(UnitsAccount {
         worst,
         method,
-        worst_events: unit_events(&shared, records, &worst_history, phase),
+        worst_groups: grouped.combined(worst_history),
         per_unit,
     })
 }
 
 /// The full report: worst unit by `kind`, the RDP cross-check, each phase at delta / P and
-/// their basic composition.
+/// their basic composition. `grouped` holds every record.
 fn full_report(
     config: &LedgerConfig,
     records: &[RoundRecord],
     index: &UnitIndex,
+    grouped: &GroupedHistories,
     budget_changes: &[BudgetChange],
     kind: AccountantKind,
+    cache: &mut BudgetCache,
 ) -> Result<LedgerReport, LedgerError> {
-    let refs: Vec<&RoundRecord> = records.iter().collect();
     let delta = config.delta;
-    let total = account_units(&refs, index, None, None, delta, kind)?;
-    let (epsilon_rdp, rdp_note) = if total.worst_events.is_empty() {
+    let total = account_units(grouped, index, delta, kind, Some(cache))?;
+    let (epsilon_rdp, rdp_note) = if total.worst_groups.is_empty() {
         (0.0, None)
     } else {
-        match accountant::unit_epsilon(&total.worst_events, delta, AccountantKind::Rdp) {
+        let groups = grouped.events.resolve(&total.worst_groups);
+        match accountant::unit_epsilon_grouped(&groups, delta, AccountantKind::Rdp) {
             Ok((e, _)) => (e, None),
             Err(PrivacyError::Unsupported(why)) => (f64::INFINITY, Some(why)),
             Err(e) => return Err(e.into()),
@@ -1108,7 +1154,8 @@ fn full_report(
         let (epsilon, method) = if names.len() == 1 {
             (total.worst, total.method)
         } else {
-            let a = account_units(&refs, index, None, Some(name), split, kind)?;
+            let phase = GroupedHistories::from_records(records, |r| r.phase == *name);
+            let a = account_units(&phase, index, split, kind, None)?;
             (a.worst, a.method)
         };
         phases.push(PhaseEpsilon {
