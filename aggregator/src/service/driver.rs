@@ -428,10 +428,24 @@ impl EngineThread {
 
     /// Writes the pending metrics lines, with the ledger's epsilon as of now (nothing was
     /// appended since its round: the next commit flushes first).
+    ///
+    /// The epsilon is a full accounting (one PLD composition, up to half a second after 100,000
+    /// DP-SGD steps), so a line carries it on every `max(1, rounds / 100)`-th round, on rounds
+    /// with an evaluation and on the last round, and null in between; the end-of-run report
+    /// always has it.
     fn flush_metrics_line(&mut self, metrics: &mut RoundMetrics) -> anyhow::Result<()> {
         let (non_private, ledger) = (self.engine.config().non_private, &self.ledger);
-        metrics
-            .flush(|| (!non_private).then(|| (ledger.epsilon().ok(), ledger.config().delta.get())))
+        let rounds = self.scenario.rounds;
+        let every = (rounds / 100).max(1);
+        let ask = metrics.pending().is_some_and(|(round, evaluated)| {
+            evaluated || round.is_multiple_of(every) || round >= rounds
+        });
+        metrics.flush(|| {
+            (!non_private).then(|| {
+                let eps = if ask { ledger.epsilon().ok() } else { None };
+                (eps, ledger.config().delta.get())
+            })
+        })
     }
 
     fn send(&self, client: ClientId, out: Outbound) {

@@ -90,6 +90,11 @@ impl RoundMetrics {
         self.pending = Some(r);
     }
 
+    /// The pending released round, if any, and whether it carries an evaluation.
+    pub fn pending(&self) -> Option<(u64, bool)> {
+        self.pending.as_ref().map(|r| (r.round, r.eval.is_some()))
+    }
+
     /// Writes the pending released round, if any, with `privacy()`'s (epsilon, delta): `None`
     /// for a non-private twin (written as null). `privacy` is only called when a line is
     /// pending.
