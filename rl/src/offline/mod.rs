@@ -8,8 +8,18 @@
 //!   gradients and per-unit clipping; [`adam`]: the flat-vector Adam both trainers use;
 //!   [`train`]: the non-private CQL trainer and the greedy evaluation.
 
+pub mod adam;
 pub mod batch;
+pub mod cql;
 pub mod dataset;
+pub mod per_example;
+pub mod qnet;
+pub mod train;
 
+pub use adam::Adam;
 pub use batch::TransitionBatch;
+pub use cql::loss_and_grad;
 pub use dataset::{Dataset, Episode};
+pub use per_example::{UnitGradients, clipped_sum, per_unit_clipped};
+pub use qnet::QNetSpec;
+pub use train::{evaluate_greedy, train_cql};
