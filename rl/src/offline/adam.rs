@@ -58,15 +58,17 @@ impl Adam {
         let bc2_sqrt = (1.0 - BETA2.powi(t)).sqrt();
         let step_size = (self.lr / bc1) as f32;
         let bc2_sqrt = bc2_sqrt as f32;
+        // 1 - beta in f64 first, as PyTorch does (0.999f32 is not exactly 0.999).
         let (b1, b2, eps) = (BETA1 as f32, BETA2 as f32, self.eps as f32);
+        let (c1, c2) = ((1.0 - BETA1) as f32, (1.0 - BETA2) as f32);
         for (((p, &g), m), v) in params
             .iter_mut()
             .zip(grad)
             .zip(self.m.iter_mut())
             .zip(self.v.iter_mut())
         {
-            *m = b1 * *m + (1.0 - b1) * g;
-            *v = b2 * *v + (1.0 - b2) * g * g;
+            *m = b1 * *m + c1 * g;
+            *v = b2 * *v + c2 * g * g;
             let denom = v.sqrt() / bc2_sqrt + eps;
             *p -= step_size * *m / denom;
         }

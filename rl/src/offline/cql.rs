@@ -74,7 +74,11 @@ pub(crate) fn check_batch(spec: &QNetSpec, batch: &TransitionBatch) -> Result<()
     if n == 0 {
         return bad("empty batch".into());
     }
-    if let Some(a) = batch.actions.iter().find(|&&a| a as usize >= spec.n_actions) {
+    if let Some(a) = batch
+        .actions
+        .iter()
+        .find(|&&a| a as usize >= spec.n_actions)
+    {
         return bad(format!(
             "action {a} out of range for {} actions",
             spec.n_actions

@@ -144,12 +144,7 @@ fn check_clip(clip_norm: f64) -> Result<()> {
 
 /// Norms of the units' mean gradients (Gram form, see the module docs) and the clip factors
 /// from their rounding-safe upper bounds.
-fn unit_clip(
-    pe: &PerExample,
-    g: &Grouping,
-    idx: Option<&Tensor>,
-    clip_norm: f64,
-) -> Result<Clip> {
+fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64) -> Result<Clip> {
     let mut norm2: Option<Tensor> = None;
     let mut abs2: Option<Tensor> = None;
     let mut longest_dot = 0usize;

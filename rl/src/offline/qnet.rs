@@ -6,8 +6,8 @@
 
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
-use rand::rngs::Xoshiro256PlusPlus;
 use rand::distr::{Distribution, Uniform};
+use rand::rngs::Xoshiro256PlusPlus;
 use serde::{Deserialize, Serialize};
 
 use crate::{NnError, Result};
@@ -138,7 +138,11 @@ pub(crate) fn obs_tensor(obs_dim: usize, obs: &[f32], device: &Device) -> Result
             obs.len()
         )));
     }
-    Ok(Tensor::from_slice(obs, (obs.len() / obs_dim, obs_dim), device)?)
+    Ok(Tensor::from_slice(
+        obs,
+        (obs.len() / obs_dim, obs_dim),
+        device,
+    )?)
 }
 
 /// A Q-network's parameters on a device: per layer a `[out, in]` weight and a `[1, out]` bias.

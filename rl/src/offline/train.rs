@@ -90,8 +90,7 @@ pub fn evaluate_greedy(
     if let Some(env) = envs.first() {
         let obs_ok =
             matches!(env.observation_space(), Space::Box { low, .. } if low.len() == spec.obs_dim);
-        let act_ok =
-            matches!(env.action_space(), Space::Discrete { n } if *n == spec.n_actions);
+        let act_ok = matches!(env.action_space(), Space::Discrete { n } if *n == spec.n_actions);
         if !(obs_ok && act_ok) {
             return Err(NnError::Invalid(format!(
                 "{env_id} does not match a Q-network for {}-dimensional observations and {} \
