@@ -61,7 +61,8 @@ fn assert_close(a: &[f32], b: &[f32], rel: f64, what: &str) {
 }
 
 /// Per-example gradients (one row per unit, no clipping) equal `loss_and_grad` on each row
-/// alone; multi-row units equal `loss_and_grad` on the unit's rows (the mean).
+/// alone; multi-row units equal `loss_and_grad` on the unit's rows (the mean), and every
+/// unit's norm is its gradient's norm.
 #[test]
 fn per_example_gradients_match_single_example_loop() {
     let spec = small_spec();
@@ -81,15 +82,33 @@ fn per_example_gradients_match_single_example_loop() {
             "norm of row {i}"
         );
     }
-    // Units of 3, 0, 5, 4 rows (a unit without rows gets a zero gradient).
-    let counts = [3usize, 0, 5, 4];
+    // Multi-row units, units of one row next to an empty one, and uniform units of 3 rows (a
+    // unit without rows gets a zero gradient).
+    for counts in [
+        vec![3usize, 0, 5, 4],
+        vec![1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+        vec![3; 4],
+    ] {
+        check_groups(&spec, &cfg, &params, &target, &batch, &counts);
+    }
+}
+
+fn check_groups(
+    spec: &QNetSpec,
+    cfg: &CqlConfig,
+    params: &[f32],
+    target: &[f32],
+    batch: &TransitionBatch,
+    counts: &[usize],
+) {
     let units: Vec<u32> = counts
         .iter()
         .enumerate()
         .flat_map(|(u, &k)| std::iter::repeat_n(u as u32, k))
         .collect();
+    let n_units = counts.len();
     let out =
-        per_unit_clipped(&spec, &cfg, &params, &target, &batch, &units, 4, 1e9, &CPU).unwrap();
+        per_unit_clipped(spec, cfg, params, target, batch, &units, n_units, 1e9, &CPU).unwrap();
     let mut start = 0;
     for (u, &k) in counts.iter().enumerate() {
         if k == 0 {
@@ -98,9 +117,8 @@ fn per_example_gradients_match_single_example_loop() {
             continue;
         }
         let rows: Vec<usize> = (start..start + k).collect();
-        let (_, g) =
-            loss_and_grad(&spec, &cfg, &params, &target, &batch.select(&rows), &CPU).unwrap();
-        assert_close(&out.grads[u], &g, 1e-5, &format!("unit {u}"));
+        let (_, g) = loss_and_grad(spec, cfg, params, target, &batch.select(&rows), &CPU).unwrap();
+        assert_close(&out.grads[u], &g, 1e-5, &format!("unit {u} of {counts:?}"));
         assert!(
             (out.norms[u] - norm(&g)).abs() <= 1e-4 * norm(&g),
             "norm of unit {u}"

@@ -55,8 +55,8 @@ struct Grouping {
     starts: Vec<usize>,
     /// Largest count.
     kmax: usize,
-    /// Every unit has exactly one row, unit `u` being row `u`: no padding needed.
-    one_row_each: bool,
+    /// Every unit has exactly `kmax` rows: the regrouping is a reshape, no padding needed.
+    uniform: bool,
 }
 
 impl Grouping {
@@ -92,7 +92,7 @@ impl Grouping {
         }
         let kmax = counts.iter().copied().max().unwrap_or(0);
         Ok(Grouping {
-            one_row_each: counts.iter().all(|&c| c == 1),
+            uniform: counts.iter().all(|&c| c == kmax),
             counts,
             starts,
             kmax,
@@ -114,11 +114,11 @@ impl Grouping {
     }
 
     /// `[B, w]` rows regrouped as `[U, kmax, w]`, zero-padded through `idx`
-    /// ([`Self::pad_index`]); `None` when every unit has one row (a reshape).
+    /// ([`Self::pad_index`]); `None` when the units are uniform (a reshape).
     fn pad(&self, t: &Tensor, idx: Option<&Tensor>) -> Result<Tensor> {
         let (_, w) = t.dims2()?;
         let Some(idx) = idx else {
-            return Ok(t.reshape((self.n_units(), 1, w))?);
+            return Ok(t.reshape((self.n_units(), self.kmax, w))?);
         };
         let zero = Tensor::zeros((1, w), t.dtype(), t.device())?;
         Ok(Tensor::cat(&[t, &zero], 0)?
@@ -155,21 +155,21 @@ fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64
         // Row norms: |d_i|^2 and |ã_i|^2 = |a_i|^2 + 1.
         let dn = delta.sqr()?.sum_keepdim(D::Minus1)?;
         let an = (input.sqr()?.sum_keepdim(D::Minus1)? + 1.0)?;
-        let (n2, a2) = match idx {
-            None => {
-                // One row per unit: |g_u|^2 = |d|^2 |ã|^2 and (sum |g_i|)^2 is the same.
+        let (n2, a2) = match (g.uniform, g.kmax) {
+            (true, 1) => {
+                // Unit u is row u: |g_u|^2 = |d|^2 |ã|^2 and (sum |g_i|)^2 is the same.
                 let t = dn.mul(&an)?.squeeze(D::Minus1)?;
                 (t.clone(), t)
             }
-            Some(idx) => {
-                let dp = g.pad(delta, Some(idx))?;
+            _ => {
+                let dp = g.pad(delta, idx)?;
                 let ones = Tensor::ones(input.dims2()?.0, input.dtype(), input.device())?
                     .unsqueeze(D::Minus1)?;
-                let ap = g.pad(&Tensor::cat(&[input, &ones], 1)?, Some(idx))?;
+                let ap = g.pad(&Tensor::cat(&[input, &ones], 1)?, idx)?;
                 let gd = dp.matmul(&dp.transpose(1, 2)?)?;
                 let ga = ap.matmul(&ap.transpose(1, 2)?)?;
                 let n2 = gd.mul(&ga)?.sum((1, 2))?;
-                let row_abs = g.pad(&dn.mul(&an)?.sqrt()?, Some(idx))?; // [U, k, 1]
+                let row_abs = g.pad(&dn.mul(&an)?.sqrt()?, idx)?; // [U, k, 1]
                 let a2 = row_abs.sum((1, 2))?.sqr()?;
                 (n2, a2)
             }
@@ -234,7 +234,7 @@ fn prepare(
     check_clip(clip_norm)?;
     let g = Grouping::new(unit_of_row, batch.len(), n_units)?;
     let pe = per_example(spec, cfg, params, target, batch, device)?;
-    let idx = if g.one_row_each {
+    let idx = if g.uniform {
         None
     } else {
         Some(g.pad_index(batch.len(), device)?)
