@@ -166,8 +166,8 @@ fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64
                 let ones = Tensor::ones(input.dims2()?.0, input.dtype(), input.device())?
                     .unsqueeze(D::Minus1)?;
                 let ap = g.pad(&Tensor::cat(&[input, &ones], 1)?, idx)?;
-                let gd = dp.matmul(&dp.transpose(1, 2)?)?;
-                let ga = ap.matmul(&ap.transpose(1, 2)?)?;
+                let gd = gram(&dp)?;
+                let ga = gram(&ap)?;
                 let n2 = gd.mul(&ga)?.sum((1, 2))?;
                 let row_abs = g.pad(&dn.mul(&an)?.sqrt()?, idx)?; // [U, k, 1]
                 let a2 = row_abs.sum((1, 2))?.sqr()?;
@@ -216,6 +216,21 @@ fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64
         norms.push(est.sqrt());
     }
     Ok(Clip { scales, norms })
+}
+
+/// Largest unit size for which [`gram`] uses broadcast products instead of batched matmuls.
+const BROADCAST_GRAM_MAX_ROWS: usize = 32;
+
+/// `[U, k, w]` -> `[U, k, k]` Gram matrices of every unit's rows. For small `k` a broadcast
+/// product and a sum (`U k^2 w` element operations, a few large ops) beats `U` tiny matmuls,
+/// each of which pays a thread dispatch on the CPU.
+fn gram(p: &Tensor) -> Result<Tensor> {
+    let (_, k, _) = p.dims3()?;
+    if k <= BROADCAST_GRAM_MAX_ROWS {
+        Ok(p.unsqueeze(2)?.broadcast_mul(&p.unsqueeze(1)?)?.sum(3)?)
+    } else {
+        Ok(p.matmul(&p.transpose(1, 2)?.contiguous()?)?)
+    }
 }
 
 /// Shared start of both entry points: forward/backward, grouping, clip factors.
