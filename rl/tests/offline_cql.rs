@@ -4,8 +4,8 @@
 use fedrl_common::offline::CqlConfig;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::offline::{
-    Adam, QNetSpec, TransitionBatch, clipped_sum, evaluate_greedy, loss_and_grad, per_unit_clipped,
-    train_cql,
+    Adam, CqlTrainer, QNetSpec, TransitionBatch, clipped_sum, evaluate_greedy, loss_and_grad,
+    per_unit_clipped, train_cql,
 };
 use fedrl_sim::{Action, Env};
 use rand::rngs::Xoshiro256PlusPlus;
@@ -556,4 +556,30 @@ fn train_cql_beats_random_on_cartpole() {
         eval
     );
     assert!(evaluate_greedy(&spec, &params, "Acrobot-v1", 2, 0).is_err());
+}
+
+/// The target network is copied after steps 1, 1 + n, 1 + 2n (d3rlpy's schedule) and only then.
+#[test]
+fn target_copies_follow_the_interval() {
+    let spec = small_spec();
+    let cfg = CqlConfig {
+        target_update_interval: 3,
+        learning_rate: 1e-2,
+        ..cfg_for(&spec)
+    };
+    let mut t = CqlTrainer::new(&spec, &cfg);
+    assert_eq!(t.params, spec.init(cfg.model_seed));
+    assert_eq!(t.target, t.params);
+    let grad = vec![0.5f32; spec.dim()];
+    let mut copied = Vec::new();
+    for step in 1..=8u64 {
+        let before = t.target.clone();
+        t.apply(&grad);
+        assert_eq!(t.steps(), step);
+        if t.target != before {
+            assert_eq!(t.target, t.params);
+            copied.push(step);
+        }
+    }
+    assert_eq!(copied, [1, 4, 7]);
 }

@@ -22,4 +22,4 @@ pub use cql::loss_and_grad;
 pub use dataset::{Dataset, Episode};
 pub use per_example::{UnitGradients, clipped_sum, per_unit_clipped};
 pub use qnet::QNetSpec;
-pub use train::{evaluate_greedy, train_cql};
+pub use train::{CqlTrainer, evaluate_greedy, train_cql};

@@ -22,7 +22,7 @@ const MAX_EVAL_STEPS: usize = 1_000_000;
 /// parameters. The network starts from `spec.init(cfg.model_seed)` and the target network from
 /// a copy of it; each step draws `cfg.batch_size` transitions uniformly with replacement
 /// (seeded by `seed`), takes one Adam step (`cfg.learning_rate`, `cfg.adam_eps`) on the mean
-/// CQL loss, and copies the network into the target every `cfg.target_update_interval` steps.
+/// CQL loss, and copies the network into the target on [`CqlTrainer::apply`]'s schedule.
 /// `progress(step, loss)` is called after every step (1-based) with that step's mean loss.
 pub fn train_cql(
     spec: &QNetSpec,
@@ -46,28 +46,68 @@ pub fn train_cql(
             "batch_size and target_update_interval must be positive".into(),
         ));
     }
-    let mut params = spec.init(cfg.model_seed);
-    let mut target = params.clone();
-    let mut adam = Adam::new(params.len(), cfg.learning_rate, cfg.adam_eps);
+    let mut state = CqlTrainer::new(spec, cfg);
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut rows = vec![0usize; cfg.batch_size];
     for step in 1..=steps {
         rows.iter_mut()
             .for_each(|r| *r = rng.random_range(0..data.len()));
         let batch = data.select(&rows);
-        let (loss, grad) = loss_and_grad(spec, cfg, &params, &target, &batch, device)?;
+        let (loss, grad) = loss_and_grad(spec, cfg, &state.params, &state.target, &batch, device)?;
         if !loss.is_finite() {
             return Err(NnError::Invalid(format!(
                 "CQL loss is not finite at step {step} (learning rate too high?)"
             )));
         }
-        adam.step(&mut params, &grad);
-        if step % cfg.target_update_interval == 0 {
-            target.copy_from_slice(&params);
-        }
+        state.apply(&grad);
         progress(step, loss);
     }
-    Ok(params)
+    Ok(state.params)
+}
+
+/// The state of a CQL learner between gradient steps: online and target parameters, Adam, and
+/// the target-copy schedule. The non-private trainer feeds it mean gradients; a DP-SGD server
+/// feeds it noised, clipped sums divided by the expected batch (post-processing: the state holds
+/// nothing but released quantities).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CqlTrainer {
+    /// Online Q-network parameters (flat layout of [`QNetSpec`]).
+    pub params: Vec<f32>,
+    /// Target network parameters.
+    pub target: Vec<f32>,
+    /// The optimizer.
+    pub adam: Adam,
+    /// Gradient steps between target copies (`cfg.target_update_interval`, at least 1).
+    pub target_update_interval: u64,
+}
+
+impl CqlTrainer {
+    /// Starts from `spec.init(cfg.model_seed)`, the target a copy of it, fresh Adam
+    /// (`cfg.learning_rate`, `cfg.adam_eps`).
+    pub fn new(spec: &QNetSpec, cfg: &CqlConfig) -> Self {
+        let params = spec.init(cfg.model_seed);
+        CqlTrainer {
+            target: params.clone(),
+            adam: Adam::new(params.len(), cfg.learning_rate, cfg.adam_eps),
+            params,
+            target_update_interval: cfg.target_update_interval.max(1),
+        }
+    }
+
+    /// Gradient steps taken.
+    pub fn steps(&self) -> u64 {
+        self.adam.steps()
+    }
+
+    /// One Adam descent step with `grad`, then the target copy when it is due: after steps
+    /// `1, 1 + n, 1 + 2n, ...` (1-based, `n` the interval), d3rlpy's schedule (it syncs after the
+    /// update whose 0-based index is a multiple of the interval).
+    pub fn apply(&mut self, grad: &[f32]) {
+        self.adam.step(&mut self.params, grad);
+        if (self.adam.steps() - 1) % self.target_update_interval == 0 {
+            self.target.copy_from_slice(&self.params);
+        }
+    }
 }
 
 /// Plays `episodes` episodes of `env_id` (a `fedrl_sim` environment id) greedily with the
