@@ -104,7 +104,7 @@ impl CqlTrainer {
     /// update whose 0-based index is a multiple of the interval).
     pub fn apply(&mut self, grad: &[f32]) {
         self.adam.step(&mut self.params, grad);
-        if (self.adam.steps() - 1) % self.target_update_interval == 0 {
+        if (self.adam.steps() - 1).is_multiple_of(self.target_update_interval) {
             self.target.copy_from_slice(&self.params);
         }
     }
