@@ -82,9 +82,11 @@ fn per_example_gradients_match_single_example_loop() {
             "norm of row {i}"
         );
     }
-    // Multi-row units, units of one row next to an empty one, and uniform units of 3 rows (a
-    // unit without rows gets a zero gradient).
+    // Multi-row units, units of one row next to an empty one, uniform units of 3 rows, and a
+    // unit large enough for the batched-matmul Gram path (a unit without rows gets a zero
+    // gradient).
     for counts in [
+        vec![10, 2],
         vec![3usize, 0, 5, 4],
         vec![1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
         vec![3; 4],

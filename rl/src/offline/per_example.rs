@@ -218,8 +218,9 @@ fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64
     Ok(Clip { scales, norms })
 }
 
-/// Largest unit size for which [`gram`] uses broadcast products instead of batched matmuls.
-const BROADCAST_GRAM_MAX_ROWS: usize = 32;
+/// Largest unit size for which [`gram`] uses broadcast products instead of batched matmuls:
+/// the product holds `B k w` floats (`B` rows, width `w`), which stays small for `k <= 8`.
+const BROADCAST_GRAM_MAX_ROWS: usize = 8;
 
 /// `[U, k, w]` -> `[U, k, k]` Gram matrices of every unit's rows. For small `k` a broadcast
 /// product and a sum (`U k^2 w` element operations, a few large ops) beats `U` tiny matmuls,
