@@ -13,7 +13,7 @@ export RAYON_NUM_THREADS=2
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 echo "== fedrl (candle, RAYON_NUM_THREADS=2)"
-cargo bench -q -p fedrl-bench --bench per_example -- --batch 256 --seconds "$secs" | tee "$out/fedrl.jsonl"
+cargo bench -q -p fedrl-bench --bench per_example -- --batch 256 --seconds "$secs" --rounds 5 | tee "$out/fedrl.jsonl"
 py="${PEER_PY:-}"
 for cand in "$root/bench/peers/.venv-offline/bin/python" "$root/bench/peers/.venv/bin/python"; do
   [ -z "$py" ] && [ -x "$cand" ] && py="$cand"

@@ -1,7 +1,7 @@
 //! Per-example clipped gradients of the discrete CQL loss (issue 12, first Performance bullet).
 //!
 //! `RAYON_NUM_THREADS=2 cargo bench -p fedrl-bench --bench per_example [-- --batch 256
-//! --seconds 3 --device cpu]`
+//! --seconds 3 --rounds 5 --device cpu]` (`--seconds` per case, split over the rounds)
 //!
 //! Q-network 8-256-256-4 (ReLU), random transitions, one row per unit unless named otherwise.
 //! Cases (examples/s of one gradient computation, forward and backward included, no optimizer
@@ -11,8 +11,9 @@
 //! - `per_unit_clipped`: every unit's clipped gradient materialised (what a client sends);
 //! - `plain`: the non-private mean gradient (`loss_and_grad`) of the same batch.
 //!
-//! Prints one JSON line per case, then the ratio `plain / clipped_sum` (time of the private
-//! step relative to the plain one).
+//! The cases run interleaved in `--rounds` rounds. Prints one JSON line per case (median
+//! examples/s over rounds), then the ratios `plain / clipped_sum` (time of the private step
+//! relative to the plain one; median of per-round ratios).
 
 use std::time::Instant;
 
@@ -64,7 +65,7 @@ fn time(
         f()?;
         n += 1;
         let s = t.elapsed().as_secs_f64();
-        if s >= seconds && n >= 10 {
+        if s >= seconds && n >= 5 {
             return Ok((n * batch) as f64 / s);
         }
     }
@@ -75,6 +76,7 @@ fn main() -> anyhow::Result<()> {
     let device = fedrl_rl::device::parse(&device_name)?;
     let b: usize = arg("--batch", 256);
     let seconds: f64 = arg("--seconds", 3.0);
+    let rounds: usize = arg("--rounds", 5).max(1);
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "unset".into());
     let spec = QNetSpec {
         obs_dim: 8,
@@ -88,55 +90,88 @@ fn main() -> anyhow::Result<()> {
     let one_each: Vec<u32> = (0..b as u32).collect();
     let by_four: Vec<u32> = (0..b as u32).map(|i| i / 4).collect();
     let clip = 1.0;
-    let report = |case: &str, eps: f64| {
+    type Case<'a> = (&'static str, Box<dyn FnMut() -> anyhow::Result<()> + 'a>);
+    let mut cases: Vec<Case> = vec![
+        (
+            "plain",
+            Box::new(|| {
+                loss_and_grad(&spec, &cfg, &params, &target, &data, &device)?;
+                Ok(())
+            }),
+        ),
+        (
+            "clipped_sum",
+            Box::new(|| {
+                clipped_sum(
+                    &spec, &cfg, &params, &target, &data, &one_each, b, clip, &device,
+                )?;
+                Ok(())
+            }),
+        ),
+        (
+            "clipped_sum_k4",
+            Box::new(|| {
+                clipped_sum(
+                    &spec,
+                    &cfg,
+                    &params,
+                    &target,
+                    &data,
+                    &by_four,
+                    b / 4,
+                    clip,
+                    &device,
+                )?;
+                Ok(())
+            }),
+        ),
+        (
+            "per_unit_clipped",
+            Box::new(|| {
+                per_unit_clipped(
+                    &spec, &cfg, &params, &target, &data, &one_each, b, clip, &device,
+                )?;
+                Ok(())
+            }),
+        ),
+    ];
+    // Rounds interleave the cases, so a machine whose load drifts (shared cores) biases no case;
+    // figures are medians over rounds, ratios medians of per-round ratios.
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        for (i, (_, f)) in cases.iter_mut().enumerate() {
+            rates[i].push(time(b, seconds / rounds as f64, f)?);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for ((case, _), r) in cases.iter().zip(&rates) {
+        let eps = median(r.clone());
         println!(
             "{}",
             serde_json::json!({
                 "case": case, "batch": b, "network": "8-256-256-4", "device": device_name,
-                "rayon_threads": threads, "examples_per_s": eps,
+                "rayon_threads": threads, "rounds": rounds, "examples_per_s": eps,
                 "seconds_per_step": b as f64 / eps,
             })
         );
+    }
+    let ratio = |num: usize, den: usize| {
+        median(
+            rates[num]
+                .iter()
+                .zip(&rates[den])
+                .map(|(a, c)| a / c)
+                .collect(),
+        )
     };
-    let plain = time(b, seconds, || {
-        loss_and_grad(&spec, &cfg, &params, &target, &data, &device)?;
-        Ok(())
-    })?;
-    report("plain", plain);
-    let sum = time(b, seconds, || {
-        clipped_sum(
-            &spec, &cfg, &params, &target, &data, &one_each, b, clip, &device,
-        )?;
-        Ok(())
-    })?;
-    report("clipped_sum", sum);
-    let sum4 = time(b, seconds, || {
-        clipped_sum(
-            &spec,
-            &cfg,
-            &params,
-            &target,
-            &data,
-            &by_four,
-            b / 4,
-            clip,
-            &device,
-        )?;
-        Ok(())
-    })?;
-    report("clipped_sum_k4", sum4);
-    let per = time(b, seconds, || {
-        per_unit_clipped(
-            &spec, &cfg, &params, &target, &data, &one_each, b, clip, &device,
-        )?;
-        Ok(())
-    })?;
-    report("per_unit_clipped", per);
     println!(
         "{}",
         serde_json::json!({
-            "ratio_plain_over_clipped_sum": plain / sum,
-            "ratio_plain_over_clipped_sum_k4": plain / sum4,
+            "ratio_plain_over_clipped_sum": ratio(0, 1),
+            "ratio_plain_over_clipped_sum_k4": ratio(0, 2),
         })
     );
     Ok(())

@@ -298,7 +298,12 @@ pub fn per_unit_clipped(
     for (delta, input) in pe.deltas.iter().zip(&pe.inputs) {
         let (dp, ap) = (g.pad(delta, idx.as_ref())?, g.pad(input, idx.as_ref())?);
         let dw = dp.broadcast_mul(&weights)?; // [U, k, out]
-        let gw = dw.transpose(1, 2)?.matmul(&ap)?; // [U, out, in]
+        let gw = if g.kmax == 1 {
+            // Outer products as one broadcast product: U tiny matmuls would each pay a dispatch.
+            dw.transpose(1, 2)?.broadcast_mul(&ap)?
+        } else {
+            dw.transpose(1, 2)?.matmul(&ap)?
+        }; // [U, out, in]
         parts.push(gw.flatten_from(1)?);
         parts.push(dw.sum(1)?);
     }
