@@ -585,3 +585,86 @@ fn target_copies_follow_the_interval() {
     }
     assert_eq!(copied, [1, 4, 7]);
 }
+
+/// fedrl's loss, gradient, Adam and target schedule against d3rlpy 2.8.1's own `DiscreteCQL`
+/// run from the same parameters on the same batches
+/// (`testdata/d3rlpy_discrete_cql.json`, written by `bench/peers/d3rlpy_cql_vectors.py`).
+#[test]
+fn matches_d3rlpy_discrete_cql() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testdata/d3rlpy_discrete_cql.json"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let meta = &doc["meta"];
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let spec = QNetSpec {
+        obs_dim: meta["obs_dim"].as_u64().unwrap() as usize,
+        hidden: meta["hidden"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_u64().unwrap() as usize)
+            .collect(),
+        n_actions: meta["n_actions"].as_u64().unwrap() as usize,
+    };
+    let cfg = CqlConfig {
+        hidden: spec.hidden.clone(),
+        gamma: meta["gamma"].as_f64().unwrap(),
+        alpha: meta["alpha"].as_f64().unwrap(),
+        learning_rate: meta["learning_rate"].as_f64().unwrap(),
+        adam_eps: meta["adam_eps"].as_f64().unwrap(),
+        target_update_interval: meta["target_update_interval"].as_u64().unwrap(),
+        ..CqlConfig::default()
+    };
+    let mut t = CqlTrainer::from_params(floats(&doc["init"]), &cfg);
+    let steps = doc["steps"].as_array().unwrap();
+    assert!(steps.len() > 2 * cfg.target_update_interval as usize - 1);
+    for (k, step) in steps.iter().enumerate() {
+        let batch = TransitionBatch {
+            obs_dim: spec.obs_dim,
+            obs: floats(&step["obs"]),
+            next_obs: floats(&step["next_obs"]),
+            actions: step["actions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_u64().unwrap() as u32)
+                .collect(),
+            rewards: floats(&step["rewards"]),
+            terminals: floats(&step["terminals"]),
+        };
+        let (loss, grad) = loss_and_grad(&spec, &cfg, &t.params, &t.target, &batch, &CPU).unwrap();
+        let want_loss = step["loss"].as_f64().unwrap();
+        assert!(
+            (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+            "step {k}: loss {loss} vs d3rlpy {want_loss}"
+        );
+        assert_close(
+            &grad,
+            &floats(&step["grad"]),
+            1e-5,
+            &format!("step {k} gradient"),
+        );
+        t.apply(&grad);
+        assert_close(
+            &t.params,
+            &floats(&step["params_after"]),
+            1e-5,
+            &format!("step {k} params"),
+        );
+        assert_close(
+            &t.target,
+            &floats(&step["target_after"]),
+            1e-5,
+            &format!("step {k} target"),
+        );
+    }
+}

@@ -85,7 +85,12 @@ impl CqlTrainer {
     /// Starts from `spec.init(cfg.model_seed)`, the target a copy of it, fresh Adam
     /// (`cfg.learning_rate`, `cfg.adam_eps`).
     pub fn new(spec: &QNetSpec, cfg: &CqlConfig) -> Self {
-        let params = spec.init(cfg.model_seed);
+        Self::from_params(spec.init(cfg.model_seed), cfg)
+    }
+
+    /// Starts from the given parameters (e.g. a checkpoint or another library's initialisation),
+    /// the target a copy of them, fresh Adam.
+    pub fn from_params(params: Vec<f32>, cfg: &CqlConfig) -> Self {
         CqlTrainer {
             target: params.clone(),
             adam: Adam::new(params.len(), cfg.learning_rate, cfg.adam_eps),
