@@ -668,3 +668,66 @@ fn matches_d3rlpy_discrete_cql() {
         );
     }
 }
+
+/// `clipped_sum` (one row per unit) against Opacus 1.6's per-sample clipping of the same loss
+/// from the same parameters (`testdata/opacus_clipped_cql.json`, written by
+/// `bench/peers/opacus_clip_vectors.py`). Opacus divides by `|g_i| + 1e-6` and fedrl by a
+/// rounding-safe upper bound of `|g_i|`: both differ from `|g_i|` by well under 1e-4 relative.
+#[test]
+fn clipped_sum_matches_opacus() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testdata/opacus_clipped_cql.json"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let meta = &doc["meta"];
+    let spec = QNetSpec {
+        obs_dim: meta["obs_dim"].as_u64().unwrap() as usize,
+        hidden: vec![6, 5],
+        n_actions: meta["n_actions"].as_u64().unwrap() as usize,
+    };
+    assert_eq!(meta["hidden"], serde_json::json!([6, 5]));
+    let cfg = CqlConfig {
+        hidden: spec.hidden.clone(),
+        gamma: meta["gamma"].as_f64().unwrap(),
+        alpha: meta["alpha"].as_f64().unwrap(),
+        ..CqlConfig::default()
+    };
+    let batch = TransitionBatch {
+        obs_dim: spec.obs_dim,
+        obs: floats(&doc["obs"]),
+        next_obs: floats(&doc["next_obs"]),
+        actions: doc["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_u64().unwrap() as u32)
+            .collect(),
+        rewards: floats(&doc["rewards"]),
+        terminals: floats(&doc["terminals"]),
+    };
+    let (params, target) = (floats(&doc["params"]), floats(&doc["target"]));
+    let n = batch.len();
+    let units: Vec<u32> = (0..n as u32).collect();
+    let cases = doc["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    for case in cases {
+        let c = case["clip_norm"].as_f64().unwrap();
+        let (sum, _) =
+            clipped_sum(&spec, &cfg, &params, &target, &batch, &units, n, c, &CPU).unwrap();
+        assert_close(
+            &sum,
+            &floats(&case["clipped_sum"]),
+            1e-4,
+            &format!("C = {c}"),
+        );
+    }
+}
