@@ -12,10 +12,8 @@
 use std::path::Path;
 
 use fedrl_common::task::OfflineCqlTask;
-use fedrl_rl::candle_core::Device;
-use fedrl_rl::offline::adam::Adam;
 use fedrl_rl::offline::qnet::QNetSpec;
-use fedrl_rl::offline::train::evaluate_greedy;
+use fedrl_rl::offline::train::{CqlTrainer, evaluate_greedy};
 use fedrl_rl::task::OfflineCqlTaskExt;
 
 use crate::model::{ModelError, ModelState, ServerModel};
@@ -26,33 +24,41 @@ pub const QNET_FILE: &str = "q_network.safetensors";
 pub struct CqlModel {
     task: OfflineCqlTask,
     spec: QNetSpec,
+    /// Online and target networks, Adam, the target schedule: the same learner the non-private
+    /// trainer uses.
+    learner: CqlTrainer,
     /// Online parameters, then the target network's: what every offer carries.
     offer: Vec<f32>,
-    adam: Adam,
-    /// Released DP-SGD steps applied so far.
-    steps: u64,
-    device: Device,
 }
 
 impl CqlModel {
-    pub fn new(task: &OfflineCqlTask, device: Device) -> anyhow::Result<Self> {
+    pub fn new(task: &OfflineCqlTask) -> anyhow::Result<Self> {
         let spec = task.qnet_spec()?;
-        let online = spec.init(task.cql.model_seed);
-        let mut offer = online.clone();
-        offer.extend_from_slice(&online);
-        Ok(CqlModel {
-            adam: Adam::new(spec.dim(), task.cql.learning_rate, task.cql.adam_eps),
+        let learner = CqlTrainer::new(&spec, &task.cql);
+        let mut m = CqlModel {
             task: task.clone(),
             spec,
-            offer,
-            steps: 0,
-            device,
-        })
+            learner,
+            offer: Vec::new(),
+        };
+        m.refresh_offer();
+        Ok(m)
+    }
+
+    fn refresh_offer(&mut self) {
+        self.offer.clear();
+        self.offer.extend_from_slice(&self.learner.params);
+        self.offer.extend_from_slice(&self.learner.target);
     }
 
     /// The online Q-network's parameters.
     pub fn online(&self) -> &[f32] {
-        &self.offer[..self.spec.dim()]
+        &self.learner.params
+    }
+
+    /// DP-SGD steps applied so far.
+    pub fn steps(&self) -> u64 {
+        self.learner.steps()
     }
 
     fn evaluate_with(&self, episodes: usize, seed: u64) -> anyhow::Result<serde_json::Value> {
@@ -86,45 +92,39 @@ impl ServerModel for CqlModel {
                 got: noisy_mean_gradient.len(),
             });
         }
-        let (online, target) = self.offer.split_at_mut(dim);
-        self.adam.step(online, noisy_mean_gradient);
-        self.steps += 1;
-        if self
-            .steps
-            .is_multiple_of(self.task.cql.target_update_interval.max(1))
-        {
-            target.copy_from_slice(online);
-        }
+        self.learner.apply(noisy_mean_gradient);
+        self.refresh_offer();
         Ok(())
     }
 
+    /// The offer (online, then target) followed by Adam's state.
     fn state(&self) -> ModelState {
         let mut tensors = self.offer.clone();
-        tensors.extend(self.adam.state());
+        tensors.extend(self.learner.adam.state());
         ModelState {
-            meta: serde_json::json!({ "model": "offline_cql", "steps": self.steps }),
+            meta: serde_json::json!({ "model": "offline_cql", "steps": self.steps() }),
             tensors,
         }
     }
 
     fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
-        let n = self.offer.len();
-        if state.tensors.len() < n {
+        let dim = self.spec.dim();
+        if state.tensors.len() < 2 * dim {
             return Err(ModelError::Restore(format!(
-                "the checkpoint has {} values, the Q-networks alone need {n}",
-                state.tensors.len()
+                "the checkpoint has {} values, the Q-networks alone need {}",
+                state.tensors.len(),
+                2 * dim
             )));
         }
-        let steps = state
-            .meta
-            .get("steps")
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| ModelError::Restore("checkpoint metadata has no `steps`".into()))?;
-        self.adam
-            .restore(&state.tensors[n..])
+        self.learner
+            .adam
+            .restore(&state.tensors[2 * dim..])
             .map_err(|e| ModelError::Restore(e.to_string()))?;
-        self.offer.copy_from_slice(&state.tensors[..n]);
-        self.steps = steps;
+        self.learner.params.copy_from_slice(&state.tensors[..dim]);
+        self.learner
+            .target
+            .copy_from_slice(&state.tensors[dim..2 * dim]);
+        self.refresh_offer();
         Ok(())
     }
 
@@ -154,8 +154,7 @@ impl ServerModel for CqlModel {
     }
 
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
-        self.spec
-            .save(&dir.join(QNET_FILE), self.online(), &self.device)?;
+        self.spec.save(&dir.join(QNET_FILE), self.online())?;
         Ok(())
     }
 }

@@ -22,9 +22,8 @@ pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>>
             t,
             scenario.users,
         )?)),
-        Task::OfflineCql(t) => {
-            let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
-            Ok(Box::new(crate::cql::CqlModel::new(t, device)?))
-        }
+        // The server model only applies released gradients (flat vectors) and evaluates on the
+        // CPU; the central mode's gradients run on the scenario's device (service::central).
+        Task::OfflineCql(t) => Ok(Box::new(crate::cql::CqlModel::new(t)?)),
     }
 }

@@ -74,8 +74,13 @@ impl Default for DatasetSpec {
 }
 
 /// Discrete CQL (Kumar et al. 2020, CQL(H) on a double-DQN target) hyper-parameters. Defaults are
-/// d3rlpy 2.8's `DiscreteCQLConfig` with its default vector encoder, so the two compare like for
-/// like.
+/// d3rlpy 2.8's `DiscreteCQLConfig` with its default vector encoder (ReLU MLP `[256, 256]`), its
+/// default `AdamFactory` (betas 0.9 and 0.999, no weight decay) and one critic, so the two
+/// compare like for like (checked against `d3rlpy/algos/qlearning/cql.py` and
+/// `models/torch/q_functions/mean_q_function.py`). As in d3rlpy, the TD term is the Huber loss
+/// with threshold 1 (`compute_huber_loss`, not a squared error) on the double-DQN target, and
+/// the conservative term `logsumexp_a Q(s, a) - Q(s, a_data)` is averaged over the batch and
+/// weighted by `alpha`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CqlConfig {

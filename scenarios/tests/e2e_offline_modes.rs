@@ -121,7 +121,10 @@ fn federated_and_central_modes_release_the_same_q_network() {
             worst = worst.max((x - y).abs());
         }
     }
-    assert!(worst < 1e-4, "federated and central differ by up to {worst}");
+    assert!(
+        worst < 1e-4,
+        "federated and central differ by up to {worst}"
+    );
 
     // The central run refused nothing and its report names the mode's work.
     let op: serde_json::Value = serde_json::from_str(
@@ -129,5 +132,8 @@ fn federated_and_central_modes_release_the_same_q_network() {
     )
     .unwrap();
     assert_eq!(op["updates_rejected"], 0, "{op}");
-    assert!(op["timings"]["central_compute_s"].as_f64().unwrap() > 0.0, "{op}");
+    assert!(
+        op["timings"]["central_compute_s"].as_f64().unwrap() > 0.0,
+        "{op}"
+    );
 }

@@ -8,14 +8,20 @@
 //!   gradients and per-unit clipping; [`adam`]: the flat-vector Adam both trainers use;
 //!   [`train`]: the non-private CQL trainer and the greedy evaluation.
 
-pub mod batch;
-pub mod dataset;
-
-pub use batch::TransitionBatch;
-pub use dataset::{Dataset, Episode};
 pub mod adam;
+pub mod batch;
+pub mod cql;
+pub mod dataset;
 pub mod dpsgd;
 pub mod generate;
 pub mod per_example;
 pub mod qnet;
 pub mod train;
+
+pub use adam::Adam;
+pub use batch::TransitionBatch;
+pub use cql::loss_and_grad;
+pub use dataset::{Dataset, Episode};
+pub use per_example::{UnitGradients, clipped_sum, per_unit_clipped};
+pub use qnet::QNetSpec;
+pub use train::{CqlTrainer, evaluate_greedy, train_cql};
