@@ -65,12 +65,14 @@ fn round_trip_write_then_read_is_equal() {
             .unwrap()
             .contains("\"id\": \"CartPole-v1\"")
     );
-    // CartPole's unbounded velocities are written as Python's json writes them.
+    // The simulator's bounds (f32::MAX for CartPole's velocities) in a form Python parses.
     assert!(
         top["observation_space"]
             .as_str()
             .unwrap()
-            .contains("-Infinity")
+            .contains("-3.4028234663852886e38"),
+        "{}",
+        top["observation_space"]
     );
 }
 
@@ -94,9 +96,11 @@ fn round_trip_keeps_arbitrary_units_and_flags() {
     };
     let (_root, dir) = write_tmp(&d);
     assert_eq!(minari::read(&dir).unwrap().dataset, d);
-    // No Gymnasium spec for an environment Gymnasium does not know.
+    // No Gymnasium spec for an environment Gymnasium does not know; unknown bounds are
+    // infinite, written as Python's json writes them.
     let top = std::fs::read_to_string(dir.join("data/metadata.json")).unwrap();
     assert!(!top.contains("env_spec"), "{top}");
+    assert!(top.contains(r#"\"low\": [-Infinity, -Infinity, -Infinity]"#), "{top}");
 }
 
 #[test]

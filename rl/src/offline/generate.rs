@@ -201,7 +201,7 @@ fn train_checkpoints(
         })
         .collect();
     let mut out = Vec::with_capacity(at.len());
-    let mut take = |it: u64, global: &[f32], out: &mut Vec<(u64, Vec<f32>)>| {
+    let take = |it: u64, global: &[f32], out: &mut Vec<(u64, Vec<f32>)>| {
         for &a in &at {
             if a == it {
                 out.push((it, global.to_vec()));

@@ -156,7 +156,10 @@ fn py_float(x: f32) -> String {
         "Infinity".into()
     } else if x == f64::NEG_INFINITY {
         "-Infinity".into()
-    } else if x.fract() == 0.0 && x.abs() < 1e16 {
+    } else if x.abs() >= 1e16 {
+        // Rust's `Display` would print every digit of 3.4e38; JSON (and Python) take exponents.
+        format!("{x:e}")
+    } else if x.fract() == 0.0 {
         format!("{x:.1}")
     } else {
         format!("{x}")
@@ -249,6 +252,12 @@ fn check_episode(e: &Episode, obs_dim: usize, path: &Path) -> Result<(), MinariE
     Ok(())
 }
 
+/// `v` with Minari's padding row appended (every column has steps + 1 rows).
+fn pad<T>(mut v: Vec<T>, z: T) -> Vec<T> {
+    v.push(z);
+    v
+}
+
 fn write_json(path: &Path, v: &Value) -> Result<(), MinariError> {
     let text = serde_json::to_string(v).map_err(|source| MinariError::Json {
         path: path.to_path_buf(),
@@ -288,10 +297,6 @@ pub fn write(d: &Dataset, dir: &Path, opts: &WriteOptions) -> Result<(), MinariE
         }
         fs::create_dir_all(&ep_dir).map_err(io_err(&ep_dir))?;
         let n = e.len();
-        let pad = |mut v: Vec<_>, z| {
-            v.push(z);
-            v
-        };
         let obs = FixedSizeListArray::try_new(
             Arc::new(Field::new("element", DataType::Float32, true)),
             d.obs_dim as i32,
