@@ -92,7 +92,11 @@ fn round_trip_keeps_arbitrary_units_and_flags() {
         env_id: "NotAGymEnv-v0".into(),
         obs_dim: 3,
         n_actions: 4,
-        episodes: vec![ep(0, 9_000_000_000, 5, true), ep(1, 7, 1, false), ep(2, 7, 3, false)],
+        episodes: vec![
+            ep(0, 9_000_000_000, 5, true),
+            ep(1, 7, 1, false),
+            ep(2, 7, 3, false),
+        ],
     };
     let (_root, dir) = write_tmp(&d);
     assert_eq!(minari::read(&dir).unwrap().dataset, d);
@@ -100,7 +104,10 @@ fn round_trip_keeps_arbitrary_units_and_flags() {
     // infinite, written as Python's json writes them.
     let top = std::fs::read_to_string(dir.join("data/metadata.json")).unwrap();
     assert!(!top.contains("env_spec"), "{top}");
-    assert!(top.contains(r#"\"low\": [-Infinity, -Infinity, -Infinity]"#), "{top}");
+    assert!(
+        top.contains(r#"\"low\": [-Infinity, -Infinity, -Infinity]"#),
+        "{top}"
+    );
 }
 
 #[test]
@@ -121,8 +128,14 @@ fn reads_a_dataset_written_by_python_minari() {
         assert_eq!(e.len() as u64, x["steps"].as_u64().unwrap());
         assert_eq!(e.total_return(), x["return"].as_f64().unwrap());
         assert_eq!(e.actions[0] as u64, x["first_action"].as_u64().unwrap());
-        assert_eq!(*e.terminations.last().unwrap(), x["terminated"].as_bool().unwrap());
-        for (a, b) in e.observations[..4].iter().zip(x["first_obs"].as_array().unwrap()) {
+        assert_eq!(
+            *e.terminations.last().unwrap(),
+            x["terminated"].as_bool().unwrap()
+        );
+        for (a, b) in e.observations[..4]
+            .iter()
+            .zip(x["first_obs"].as_array().unwrap())
+        {
             assert_eq!(*a as f64, b.as_f64().unwrap());
         }
         assert_eq!(e.observations.len(), (e.len() + 1) * 4);
@@ -242,7 +255,10 @@ fn cache_refuses_a_folder_made_by_another_spec() {
     )
     .unwrap();
     let err = cache::load_or_generate(&spec, root.path(), &mut quiet()).unwrap_err();
-    assert!(matches!(err, cache::CacheError::SpecMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, cache::CacheError::SpecMismatch { .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -337,7 +353,12 @@ fn length_mismatches_are_errors() {
     edit_json(&dir.join("data/metadata.json"), |v| {
         v["total_episodes"] = serde_json::json!(13)
     });
-    assert!(minari::read(&dir).unwrap_err().to_string().contains("data/12"));
+    assert!(
+        minari::read(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("data/12")
+    );
 }
 
 #[test]
@@ -361,7 +382,8 @@ fn wrong_spaces_are_errors() {
 
     let (_r, dir) = written();
     edit_json(&dir.join("data/metadata.json"), |v| {
-        v["action_space"] = serde_json::json!(r#"{"type": "Discrete", "dtype": "int64", "start": 0, "n": 1}"#)
+        v["action_space"] =
+            serde_json::json!(r#"{"type": "Discrete", "dtype": "int64", "start": 0, "n": 1}"#)
     });
     assert!(layout_message(minari::read(&dir).unwrap_err()).contains("outside Discrete(1)"));
 
@@ -383,7 +405,15 @@ fn unit_ids_must_be_integers() {
 
 #[test]
 fn ids_are_checked() {
-    for bad in ["", "a", "ns/", "../x-v0", "ns/../x-v0", "ns/x y-v0", "ns/x-vv"] {
+    for bad in [
+        "",
+        "a",
+        "ns/",
+        "../x-v0",
+        "ns/../x-v0",
+        "ns/x y-v0",
+        "ns/x-vv",
+    ] {
         assert!(minari::check_id(bad).is_err(), "{bad:?}");
     }
     for good in ["x-v0", "ns/x-v12", "a/b/c.d_e-v1"] {

@@ -58,7 +58,11 @@ fn generate_list_summary_import() {
     assert_eq!(gen_out["summary"]["episodes"], 10);
     assert_eq!(gen_out["summary"]["units"], 5);
     assert_eq!(gen_out["checkpoints"].as_array().unwrap().len(), 2);
-    assert!(Path::new(gen_out["path"].as_str().unwrap()).join("data").is_dir());
+    assert!(
+        Path::new(gen_out["path"].as_str().unwrap())
+            .join("data")
+            .is_dir()
+    );
 
     // The same spec again comes from the cache.
     let again = json_of(&fedrl(root.path(), TINY));
@@ -112,7 +116,13 @@ fn generate_list_summary_import() {
     // Importing twice under the same id is refused.
     let out = fedrl(
         other.path(),
-        &["data", "import", gen_out["path"].as_str().unwrap(), "--id", "mine/copy-v1"],
+        &[
+            "data",
+            "import",
+            gen_out["path"].as_str().unwrap(),
+            "--id",
+            "mine/copy-v1",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("exists already"));
@@ -141,13 +151,23 @@ fn user_errors_are_clear() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no dataset"));
 
-    let out = fedrl(root.path(), &["data", "import", root.path().to_str().unwrap()]);
+    let out = fedrl(
+        root.path(),
+        &["data", "import", root.path().to_str().unwrap()],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no data/ subfolder"));
 
     let out = fedrl(
         root.path(),
-        &["data", "generate", "--behaviour", "random", "--epsilon", "0.1"],
+        &[
+            "data",
+            "generate",
+            "--behaviour",
+            "random",
+            "--epsilon",
+            "0.1",
+        ],
     );
     assert_eq!(out.status.code(), Some(2));
 
@@ -172,9 +192,20 @@ fn generate_from_a_spec_file() {
     .unwrap();
     let out = json_of(&fedrl(
         root.path(),
-        &["data", "generate", "--spec", spec.to_str().unwrap(), "--json"],
+        &[
+            "data",
+            "generate",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--json",
+        ],
     ));
-    assert!(out["id"].as_str().unwrap().starts_with("fedrl/acrobot-b1-random-"));
+    assert!(
+        out["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("fedrl/acrobot-b1-random-")
+    );
     assert_eq!(out["summary"]["env_id"], "Acrobot-v1");
     assert_eq!(out["summary"]["units"], 3);
     assert_eq!(out["summary"]["n_actions"], 3);

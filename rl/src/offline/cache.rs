@@ -35,7 +35,9 @@ pub enum CacheError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: the cached dataset was made by a different spec ({found}); expected {expected}")]
+    #[error(
+        "{path}: the cached dataset was made by a different spec ({found}); expected {expected}"
+    )]
     SpecMismatch {
         path: PathBuf,
         found: String,
@@ -215,7 +217,10 @@ pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
                     .and_then(|x| x.as_str())
                     .map_or(rel, str::to_string),
                 path: d.clone(),
-                total_episodes: v.get("total_episodes").and_then(|x| x.as_u64()).unwrap_or(0),
+                total_episodes: v
+                    .get("total_episodes")
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or(0),
                 total_steps: v.get("total_steps").and_then(|x| x.as_u64()).unwrap_or(0),
                 generated: d.join(SPEC_FILE).is_file(),
             });

@@ -267,7 +267,8 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
             "a dataset needs at least one unit and one episode per unit".into(),
         ));
     }
-    let model = behaviour_ppo_config().model_spec(probe.observation_space(), probe.action_space())?;
+    let model =
+        behaviour_ppo_config().model_spec(probe.observation_space(), probe.action_space())?;
     let layout = model.layout();
     let checkpoints = match spec.behaviour {
         Behaviour::Random => Vec::new(),
@@ -321,7 +322,7 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
                         for k in 0..epu {
                             let key = mix(&[spec.seed, u, k]);
                             let mut rng = Xoshiro256PlusPlus::seed_from_u64(key);
-                            let reset_seed = mix(&[key, 0x7265_7365_74]);
+                            let reset_seed = mix(&[key, 0x0072_6573_6574]);
                             out.push(play(
                                 env.as_mut(),
                                 &actor,

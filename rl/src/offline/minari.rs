@@ -76,7 +76,9 @@ pub enum MinariError {
     #[error("{path}: {message}")]
     Layout { path: PathBuf, message: String },
     /// A dataset id that is not `namespace/name-vN` with safe characters.
-    #[error("invalid dataset id {0:?}: expected namespace/name-vN (letters, digits, '_', '-', '.')")]
+    #[error(
+        "invalid dataset id {0:?}: expected namespace/name-vN (letters, digits, '_', '-', '.')"
+    )]
     Id(String),
 }
 
@@ -168,7 +170,12 @@ fn py_float(x: f32) -> String {
 
 /// Minari's serialisation of `Box(low, high, (n,), float32)`.
 fn box_space_json(low: &[f32], high: &[f32]) -> String {
-    let list = |v: &[f32]| v.iter().map(|&x| py_float(x)).collect::<Vec<_>>().join(", ");
+    let list = |v: &[f32]| {
+        v.iter()
+            .map(|&x| py_float(x))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     format!(
         r#"{{"type": "Box", "dtype": "float32", "shape": [{}], "low": [{}], "high": [{}]}}"#,
         low.len(),
@@ -216,7 +223,10 @@ fn episode_schema(obs_dim: usize) -> Result<Arc<Schema>, MinariError> {
     Ok(Arc::new(Schema::new(vec![
         Field::new(
             "observations",
-            DataType::FixedSizeList(Arc::new(Field::new("element", DataType::Float32, true)), obs_dim),
+            DataType::FixedSizeList(
+                Arc::new(Field::new("element", DataType::Float32, true)),
+                obs_dim,
+            ),
             true,
         ),
         Field::new("actions", DataType::Int64, true),
@@ -287,7 +297,10 @@ pub fn write(d: &Dataset, dir: &Path, opts: &WriteOptions) -> Result<(), MinariE
         let ep_dir = data.join(e.id.to_string());
         check_episode(e, d.obs_dim, &ep_dir)?;
         if !seen.insert(e.id) {
-            return Err(layout(&ep_dir, format!("episode id {} appears twice", e.id)));
+            return Err(layout(
+                &ep_dir,
+                format!("episode id {} appears twice", e.id),
+            ));
         }
         if let Some(&a) = e.actions.iter().find(|&&a| a as usize >= d.n_actions) {
             return Err(layout(
@@ -429,17 +442,18 @@ fn parse_space(text: &str, path: &Path, what: &str) -> Result<Value, MinariError
         .replace("-Infinity", "null")
         .replace("Infinity", "null")
         .replace("NaN", "null");
-    serde_json::from_str(&cleaned).map_err(|source| MinariError::Json {
-        path: path.to_path_buf(),
-        source,
-    })
-    .and_then(|v: Value| {
-        if v.is_object() {
-            Ok(v)
-        } else {
-            Err(layout(path, format!("{what} is not an object")))
-        }
-    })
+    serde_json::from_str(&cleaned)
+        .map_err(|source| MinariError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
+        .and_then(|v: Value| {
+            if v.is_object() {
+                Ok(v)
+            } else {
+                Err(layout(path, format!("{what} is not an object")))
+            }
+        })
 }
 
 /// The spaces fedrl holds: a flat float32 Box and `Discrete(n)` starting at 0.
@@ -551,7 +565,10 @@ fn append_batch(
         .ok_or_else(|| {
             layout(
                 path,
-                format!("observations are {}, expected fixed-size lists", obs.data_type()),
+                format!(
+                    "observations are {}, expected fixed-size lists",
+                    obs.data_type()
+                ),
             )
         })?;
     if list.value_length() as usize != obs_dim {
@@ -590,7 +607,10 @@ fn append_batch(
     } else {
         return Err(layout(
             path,
-            format!("actions are {}, expected int64 (a Discrete space)", actions.data_type()),
+            format!(
+                "actions are {}, expected int64 (a Discrete space)",
+                actions.data_type()
+            ),
         ));
     }
 
@@ -614,9 +634,10 @@ fn append_batch(
     ] {
         let c = column(b, name, path)?;
         no_nulls(c.as_ref(), name, path)?;
-        let c = c.as_any().downcast_ref::<BooleanArray>().ok_or_else(|| {
-            layout(path, format!("{name} are {}, expected bool", c.data_type()))
-        })?;
+        let c = c
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .ok_or_else(|| layout(path, format!("{name} are {}, expected bool", c.data_type())))?;
         dst.extend(c.iter().map(|v| v.unwrap_or(false)));
     }
     Ok(())
@@ -657,23 +678,29 @@ fn read_episode(
         || cols.terminations.len() != rows
         || cols.truncations.len() != rows
     {
-        return Err(layout(&ep_dir, "the episode's columns have different lengths"));
+        return Err(layout(
+            &ep_dir,
+            "the episode's columns have different lengths",
+        ));
     }
     let steps = rows - 1;
     let meta_path = ep_dir.join("metadata.json");
     let meta = read_json(&meta_path)?;
-    if let Some(t) = meta.get("total_steps") {
-        if t.as_u64() != Some(steps as u64) {
-            return Err(layout(
-                &meta_path,
-                format!("total_steps is {t} but the episode file has {steps} steps"),
-            ));
-        }
+    if let Some(t) = meta.get("total_steps")
+        && t.as_u64() != Some(steps as u64)
+    {
+        return Err(layout(
+            &meta_path,
+            format!("total_steps is {t} but the episode file has {steps} steps"),
+        ));
     }
     let unit = match meta.get(UNIT_KEY) {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().ok_or_else(|| {
-            layout(&meta_path, format!("{UNIT_KEY} is {v}, expected an unsigned integer"))
+            layout(
+                &meta_path,
+                format!("{UNIT_KEY} is {v}, expected an unsigned integer"),
+            )
         })?),
     };
     let mut actions = Vec::with_capacity(steps);

@@ -261,7 +261,9 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
         for c in &checkpoints {
             println!(
                 "checkpoint {} (after {} PPO iterations): mean return {:.1} over {} episodes",
-                c["checkpoint"], c["iteration"], c["mean_return"].as_f64().unwrap_or(f64::NAN),
+                c["checkpoint"],
+                c["iteration"],
+                c["mean_return"].as_f64().unwrap_or(f64::NAN),
                 c["episodes"]
             );
         }
@@ -302,8 +304,11 @@ fn locate(id_or_path: &str, root: &RootArg) -> anyhow::Result<PathBuf> {
         return Ok(p.to_path_buf());
     }
     let root = self::root(root)?;
-    let dir = minari::dataset_dir(&root, id_or_path)
-        .map_err(|_| UsageError(format!("{id_or_path:?} is neither a dataset folder nor an id")))?;
+    let dir = minari::dataset_dir(&root, id_or_path).map_err(|_| {
+        UsageError(format!(
+            "{id_or_path:?} is neither a dataset folder nor an id"
+        ))
+    })?;
     if !dir.join("data").is_dir() {
         return Err(UsageError(format!(
             "no dataset {id_or_path:?} under {} (see `fedrl data list`)",
@@ -315,7 +320,10 @@ fn locate(id_or_path: &str, root: &RootArg) -> anyhow::Result<PathBuf> {
 }
 
 fn print_summary(s: &fedrl_rl::offline::DatasetSummary) {
-    println!("env: {}  obs_dim {}  actions {}", s.env_id, s.obs_dim, s.n_actions);
+    println!(
+        "env: {}  obs_dim {}  actions {}",
+        s.env_id, s.obs_dim, s.n_actions
+    );
     println!(
         "episodes {}  steps {}  units {} ({}-{} episodes each)",
         s.episodes, s.steps, s.units, s.episodes_per_unit_min, s.episodes_per_unit_max
@@ -350,8 +358,7 @@ fn summary(a: SummaryArgs) -> anyhow::Result<ExitCode> {
 
 fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
     let root = root(&a.root)?;
-    let read = minari::read(&a.path)
-        .with_context(|| format!("importing {}", a.path.display()))?;
+    let read = minari::read(&a.path).with_context(|| format!("importing {}", a.path.display()))?;
     let mut dataset = read.dataset;
     if let Some(id) = a.id {
         minari::check_id(&id).map_err(|e| UsageError(e.to_string()))?;
