@@ -55,12 +55,15 @@ def main() -> None:
         acts.append(np.asarray(ep.actions, dtype=np.int64))
         rews.append(np.asarray(ep.rewards, dtype=np.float32))
         terms.append(np.asarray(ep.terminations, dtype=np.float32))
-        # An episode cut by the time limit, or one whose last step was neither (never in fedrl
-        # data), must still close: d3rlpy splits episodes on terminal or timeout.
-        t = np.asarray(ep.truncations, dtype=np.float32)
-        if not (ep.terminations[-1] or ep.truncations[-1]):
-            t[-1] = 1.0
-        timeouts.append(t)
+        # d3rlpy refuses a step that is both terminal and timed out (Gymnasium reports both when
+        # the pole falls on the time limit's last step): termination wins, it decides the
+        # target. An episode whose last step is neither (never in fedrl data) still closes as a
+        # timeout: d3rlpy splits episodes on terminal or timeout.
+        term = np.asarray(ep.terminations, dtype=bool)
+        t = np.asarray(ep.truncations, dtype=bool) & ~term
+        if not (term[-1] or t[-1]):
+            t[-1] = True
+        timeouts.append(t.astype(np.float32))
     dataset = d3rlpy.dataset.MDPDataset(
         observations=np.concatenate(obs),
         actions=np.concatenate(acts),

@@ -114,8 +114,17 @@ pub fn load_or_generate(
         return Ok((read.dataset, Source::Cache));
     }
     let dataset = generate(spec, progress)?;
-    store(&dataset, root, Some(spec))?;
-    Ok((dataset, Source::Generated))
+    match store(&dataset, root, Some(spec)) {
+        Ok(_) => Ok((dataset, Source::Generated)),
+        // A concurrent run of the same spec stored it first: generation is deterministic, so
+        // its copy equals ours.
+        Err(CacheError::Minari(MinariError::Layout { .. }))
+            if dir.join("data").join("metadata.json").is_file() =>
+        {
+            Ok((dataset, Source::Generated))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes `dataset` under `root` at its id, atomically (temporary folder, then rename), with
@@ -174,7 +183,18 @@ pub fn store(
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
-    std::fs::rename(&tmp, &dir).map_err(io_err(&dir))?;
+    if let Err(e) = std::fs::rename(&tmp, &dir) {
+        // Another process stored the same id meanwhile (rename never replaces a non-empty
+        // folder): keep theirs, which is complete since it was renamed into place too.
+        let _ = std::fs::remove_dir_all(&tmp);
+        if dir.join("data").join("metadata.json").is_file() {
+            return Err(CacheError::Minari(MinariError::Layout {
+                path: dir,
+                message: "a dataset with this id exists already (stored concurrently)".into(),
+            }));
+        }
+        return Err(io_err(&dir)(e));
+    }
     Ok(dir)
 }
 

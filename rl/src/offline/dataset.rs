@@ -55,7 +55,8 @@ impl Episode {
 pub struct Dataset {
     /// Minari dataset id (`namespace/name-v0`).
     pub id: String,
-    /// The fedrl-sim environment id the episodes were recorded in.
+    /// The fedrl-sim environment id the episodes were recorded in (for an imported Minari
+    /// dataset: its Gymnasium `env_spec` id; empty when the file names no environment).
     pub env_id: String,
     pub obs_dim: usize,
     /// Number of discrete actions.
