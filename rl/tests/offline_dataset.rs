@@ -195,6 +195,26 @@ fn generated_units_and_episode_ids_follow_the_spec() {
 }
 
 #[test]
+fn impossible_specs_are_refused() {
+    let mut spec = tiny_spec(Behaviour::Random);
+    spec.units = u64::MAX / 2;
+    spec.episodes_per_unit = 3;
+    assert!(generate(&spec, &mut quiet()).is_err());
+    spec.units = 0;
+    assert!(generate(&spec, &mut quiet()).is_err());
+    let mut spec = tiny_spec(Behaviour::PpoMixed {
+        iterations: 1,
+        checkpoints: 0,
+        epsilon: 0.1,
+    });
+    assert!(generate(&spec, &mut quiet()).is_err());
+    spec.env = "Pendulum-v1".into();
+    spec.behaviour = Behaviour::Random;
+    let err = generate(&spec, &mut quiet()).unwrap_err();
+    assert!(err.to_string().contains("Discrete"), "{err}");
+}
+
+#[test]
 fn population_users_differ_per_unit() {
     // cartpole-b1 gives each unit its own physics: a unit's episodes do not depend on the
     // other units, so generating fewer units yields a prefix of the same data.

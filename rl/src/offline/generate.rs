@@ -33,6 +33,9 @@ pub const TRAINING_USER_BASE: u64 = 1 << 48;
 /// updates are averaged).
 pub const PPO_COHORT: usize = 16;
 
+/// The most episodes one generated dataset may hold (it lives in memory).
+pub const MAX_EPISODES: u64 = 100_000_000;
+
 /// What [`generate`] reports while it runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Progress {
@@ -266,6 +269,16 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
         return Err(NnError::Invalid(
             "a dataset needs at least one unit and one episode per unit".into(),
         ));
+    }
+    // A dataset is held in memory: refuse sizes that cannot be (and would overflow the ids).
+    match spec.units.checked_mul(spec.episodes_per_unit) {
+        Some(n) if n <= MAX_EPISODES => {}
+        _ => {
+            return Err(NnError::Invalid(format!(
+                "{} units x {} episodes is more than the {MAX_EPISODES} episodes a dataset may hold",
+                spec.units, spec.episodes_per_unit
+            )));
+        }
     }
     let model =
         behaviour_ppo_config().model_spec(probe.observation_space(), probe.action_space())?;
