@@ -20,8 +20,10 @@ import time
 WALL0 = time.perf_counter()
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import sys  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +37,13 @@ def main() -> None:
                    help="n_steps_per_epoch (default: min(steps, 10000))")
     a = p.parse_args()
     os.environ["MINARI_DATASETS_PATH"] = os.path.abspath(a.root)
+    # d3rlpy logs to stdout; stdout carries only the result line.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run(a)
+    print(json.dumps(result))
 
+
+def run(a: argparse.Namespace) -> dict:
     import d3rlpy
     import gymnasium as gym
     import minari
@@ -99,7 +107,7 @@ def main() -> None:
             done = term or trunc
         returns.append(total)
     r = np.asarray(returns)
-    print(json.dumps({
+    return {
         "id": a.id,
         "env": ds.env_spec.id,
         "seed": a.seed,
@@ -110,7 +118,7 @@ def main() -> None:
         "return_std": float(r.std()),
         "train_s": train_s,
         "wall_s": time.perf_counter() - WALL0,
-    }))
+    }
 
 
 if __name__ == "__main__":
