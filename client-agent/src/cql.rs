@@ -36,9 +36,10 @@ impl CqlTrainer {
         device: Device,
     ) -> anyhow::Result<Self> {
         let spec = task.qnet_spec()?;
-        let root = fedrl_rl::offline::generate::default_root();
-        let dataset = fedrl_rl::offline::generate::load_or_generate(&task.dataset, &root)
-            .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        let root = fedrl_rl::offline::data_root(None)?;
+        let (dataset, _) =
+            fedrl_rl::offline::load_or_generate(&task.dataset, &root, &mut |_| {})
+                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         if dataset.obs_dim != spec.obs_dim || dataset.n_actions != spec.n_actions {
             anyhow::bail!(
                 "dataset {} has observations of {} values and {} actions; the task's Q-network \

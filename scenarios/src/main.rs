@@ -35,6 +35,8 @@ enum Command {
     Eval(cmd::eval::Args),
     /// Exercise and validate simulators.
     Sim(cmd::sim::Args),
+    /// Generate, list, summarise and import offline datasets (Minari layout, Arrow/Parquet).
+    Data(cmd::data::Args),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
         Command::Ledger(a) => cmd::ledger::run(a),
         Command::Eval(a) => cmd::eval::run(a),
         Command::Sim(a) => cmd::sim::run(a),
+        Command::Data(a) => cmd::data::run(a),
     };
     match result {
         Ok(code) => code,

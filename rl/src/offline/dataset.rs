@@ -55,7 +55,8 @@ impl Episode {
 pub struct Dataset {
     /// Minari dataset id (`namespace/name-v0`).
     pub id: String,
-    /// The fedrl-sim environment id the episodes were recorded in.
+    /// The fedrl-sim environment id the episodes were recorded in (for an imported Minari
+    /// dataset: its Gymnasium `env_spec` id; empty when the file names no environment).
     pub env_id: String,
     pub obs_dim: usize,
     /// Number of discrete actions.
@@ -83,5 +84,76 @@ impl Dataset {
             );
         }
         out
+    }
+}
+
+/// What `fedrl data summary` prints: sizes and the distribution of episode returns.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DatasetSummary {
+    pub id: String,
+    pub env_id: String,
+    pub obs_dim: usize,
+    pub n_actions: usize,
+    pub episodes: usize,
+    /// Transitions in all episodes.
+    pub steps: usize,
+    /// Distinct privacy units.
+    pub units: usize,
+    /// Episodes per unit: smallest and largest.
+    pub episodes_per_unit_min: usize,
+    pub episodes_per_unit_max: usize,
+    /// Undiscounted episode returns (reward units): mean and the quantiles min, 25%, median,
+    /// 75%, max (linear interpolation between order statistics, numpy's default). All 0 for an
+    /// empty dataset.
+    pub return_mean: f64,
+    pub return_min: f64,
+    pub return_q25: f64,
+    pub return_median: f64,
+    pub return_q75: f64,
+    pub return_max: f64,
+}
+
+/// Quantile `q` in [0, 1] of sorted `v` with numpy's default linear interpolation.
+pub fn quantile_sorted(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+impl Dataset {
+    /// Sizes and return quantiles.
+    pub fn summary(&self) -> DatasetSummary {
+        let mut returns: Vec<f64> = self.episodes.iter().map(Episode::total_return).collect();
+        returns.sort_by(f64::total_cmp);
+        let mut per_unit = std::collections::BTreeMap::<u64, usize>::new();
+        for e in &self.episodes {
+            *per_unit.entry(e.unit).or_default() += 1;
+        }
+        let mean = if returns.is_empty() {
+            0.0
+        } else {
+            returns.iter().sum::<f64>() / returns.len() as f64
+        };
+        DatasetSummary {
+            id: self.id.clone(),
+            env_id: self.env_id.clone(),
+            obs_dim: self.obs_dim,
+            n_actions: self.n_actions,
+            episodes: self.episodes.len(),
+            steps: self.episodes.iter().map(Episode::len).sum(),
+            units: per_unit.len(),
+            episodes_per_unit_min: per_unit.values().copied().min().unwrap_or(0),
+            episodes_per_unit_max: per_unit.values().copied().max().unwrap_or(0),
+            return_mean: mean,
+            return_min: quantile_sorted(&returns, 0.0),
+            return_q25: quantile_sorted(&returns, 0.25),
+            return_median: quantile_sorted(&returns, 0.5),
+            return_q75: quantile_sorted(&returns, 0.75),
+            return_max: quantile_sorted(&returns, 1.0),
+        }
     }
 }

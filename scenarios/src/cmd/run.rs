@@ -113,8 +113,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// agents start: they then all load it from the cache instead of generating it side by side.
 fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Result<()> {
     if let fedrl_common::scenario::Task::OfflineCql(t) = &scenario.task {
-        let root = fedrl_rl::offline::generate::default_root();
-        let d = fedrl_rl::offline::generate::load_or_generate(&t.dataset, &root)
+        let root = fedrl_rl::offline::data_root(None)?;
+        let (d, _) = fedrl_rl::offline::load_or_generate(&t.dataset, &root, &mut |_| {})
             .with_context(|| format!("preparing the dataset under {}", root.display()))?;
         eprintln!(
             "dataset {}: {} episodes of {} units",

@@ -1,0 +1,259 @@
+//! The on-disk cache of generated datasets: a dataset is stored once under the Minari id of its
+//! spec ([`DatasetSpec::minari_id`], which embeds [`DatasetSpec::cache_key`]) in a Minari root
+//! (`root/<namespace>/<name>/data/`, so `MINARI_DATASETS_PATH=root` finds it), with the spec
+//! beside it (`root/<namespace>/<name>/fedrl_spec.json`). A second request loads it instead of
+//! generating it again.
+//!
+//! A dataset is written into a temporary folder next to its final place (a name starting with
+//! `.`, which Minari's listing and [`list`] skip) and renamed into place: a crash leaves at most
+//! a stray temporary folder, never a half dataset under the real id.
+
+use std::path::{Path, PathBuf};
+
+use fedrl_common::offline::DatasetSpec;
+use thiserror::Error;
+
+use super::dataset::Dataset;
+use super::generate::{Progress, generate};
+use super::minari::{self, MinariError, WriteOptions};
+
+/// The environment variable naming the dataset root when `--data-dir` is not given.
+pub const DATA_DIR_ENV: &str = "FEDRL_DATA_DIR";
+
+/// The file beside `data/` holding the generating spec (JSON).
+pub const SPEC_FILE: &str = "fedrl_spec.json";
+
+/// Errors of the cache.
+#[derive(Debug, Error)]
+pub enum CacheError {
+    #[error(transparent)]
+    Minari(#[from] MinariError),
+    #[error("generating the dataset: {0}")]
+    Generate(#[from] crate::NnError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path}: the cached dataset was made by a different spec ({found}); expected {expected}"
+    )]
+    SpecMismatch {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error(
+        "no dataset root: pass --data-dir, set {DATA_DIR_ENV}, or set HOME (for ~/.fedrl/datasets)"
+    )]
+    NoRoot,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + '_ {
+    move |source| CacheError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The dataset root: `explicit` (`--data-dir`) if given, else `$FEDRL_DATA_DIR`, else
+/// `$HOME/.fedrl/datasets`.
+pub fn data_root(explicit: Option<&Path>) -> Result<PathBuf, CacheError> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os(DATA_DIR_ENV).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    match std::env::var_os("HOME").filter(|p| !p.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".fedrl").join("datasets")),
+        None => Err(CacheError::NoRoot),
+    }
+}
+
+fn spec_to_json(spec: &DatasetSpec) -> Result<serde_json::Value, CacheError> {
+    serde_json::to_value(spec)
+        .map_err(|e| CacheError::Generate(crate::NnError::Invalid(format!("spec to JSON: {e}"))))
+}
+
+/// Whether the dataset was loaded from the cache or generated now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Cache,
+    Generated,
+}
+
+/// Loads the dataset of `spec` from `root`, or generates it (reporting through `progress`),
+/// stores it atomically and returns it. The stored spec must equal `spec` (a different spec
+/// under the same id would be a hash collision or a tampered folder: an error, not a reuse).
+pub fn load_or_generate(
+    spec: &DatasetSpec,
+    root: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(Dataset, Source), CacheError> {
+    let id = spec.minari_id();
+    let dir = minari::dataset_dir(root, &id)?;
+    let spec_json = spec_to_json(spec)?;
+    if dir.join("data").join("metadata.json").exists() {
+        let spec_path = dir.join(SPEC_FILE);
+        let text = std::fs::read_to_string(&spec_path).map_err(io_err(&spec_path))?;
+        let stored: DatasetSpec =
+            serde_json::from_str(&text).map_err(|e| CacheError::SpecMismatch {
+                path: spec_path.clone(),
+                found: format!("unreadable: {e}"),
+                expected: spec_json.to_string(),
+            })?;
+        if &stored != spec {
+            return Err(CacheError::SpecMismatch {
+                path: spec_path,
+                found: text,
+                expected: spec_json.to_string(),
+            });
+        }
+        let read = minari::read(&dir)?;
+        return Ok((read.dataset, Source::Cache));
+    }
+    let dataset = generate(spec, progress)?;
+    match store(&dataset, root, Some(spec)) {
+        Ok(_) => Ok((dataset, Source::Generated)),
+        // A concurrent run of the same spec stored it first: generation is deterministic, so
+        // its copy equals ours.
+        Err(CacheError::Minari(MinariError::Layout { .. }))
+            if dir.join("data").join("metadata.json").is_file() =>
+        {
+            Ok((dataset, Source::Generated))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `dataset` under `root` at its id, atomically (temporary folder, then rename), with
+/// `spec` beside it when given. Fails if a dataset with that id exists.
+pub fn store(
+    dataset: &Dataset,
+    root: &Path,
+    spec: Option<&DatasetSpec>,
+) -> Result<PathBuf, CacheError> {
+    let dir = minari::dataset_dir(root, &dataset.id)?;
+    if dir.exists() {
+        return Err(CacheError::Minari(MinariError::Layout {
+            path: dir,
+            message: "a dataset with this id exists already".into(),
+        }));
+    }
+    let parent = dir
+        .parent()
+        .ok_or_else(|| CacheError::NoRoot)?
+        .to_path_buf();
+    std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = parent.join(format!(".tmp-{name}-{}", std::process::id()));
+    if tmp.exists() {
+        // A leftover of a crashed run of a process with the same id: never read, safe to drop.
+        std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
+    }
+    let spec_json = spec.map(spec_to_json).transpose()?;
+    let opts = WriteOptions {
+        algorithm_name: spec.map(|s| format!("fedrl {:?}", s.behaviour)),
+        description: spec.map(|s| {
+            format!(
+                "fedrl dataset: {} units x {} episodes in {} (population seed {}), seed {}",
+                s.units, s.episodes_per_unit, s.env, s.population_seed, s.seed
+            )
+        }),
+        spec: spec_json.clone(),
+    };
+    let written = (|| -> Result<(), CacheError> {
+        minari::write(dataset, &tmp, &opts)?;
+        if let Some(j) = &spec_json {
+            let p = tmp.join(SPEC_FILE);
+            let text = serde_json::to_string_pretty(j).map_err(|source| MinariError::Json {
+                path: p.clone(),
+                source,
+            })?;
+            std::fs::write(&p, text).map_err(io_err(&p))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        // Best effort: the temporary folder is invisible to readers either way.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if let Err(e) = std::fs::rename(&tmp, &dir) {
+        // Another process stored the same id meanwhile (rename never replaces a non-empty
+        // folder): keep theirs, which is complete since it was renamed into place too.
+        let _ = std::fs::remove_dir_all(&tmp);
+        if dir.join("data").join("metadata.json").is_file() {
+            return Err(CacheError::Minari(MinariError::Layout {
+                path: dir,
+                message: "a dataset with this id exists already (stored concurrently)".into(),
+            }));
+        }
+        return Err(io_err(&dir)(e));
+    }
+    Ok(dir)
+}
+
+/// One dataset found under a root.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Listed {
+    /// Minari id (`namespace/name-vN`).
+    pub id: String,
+    pub path: PathBuf,
+    pub total_episodes: u64,
+    pub total_steps: u64,
+    /// Whether fedrl generated it (a spec file lies beside it).
+    pub generated: bool,
+}
+
+/// Every dataset under `root` (folders holding `data/metadata.json`, at any depth, skipping
+/// names that start with `.`), sorted by id. Reads only the top-level metadata.
+pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
+    let mut out = Vec::new();
+    if !root.exists() {
+        return Ok(out);
+    }
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let meta = d.join("data").join("metadata.json");
+        if meta.is_file() {
+            let text = std::fs::read_to_string(&meta).map_err(io_err(&meta))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| MinariError::Json {
+                    path: meta.clone(),
+                    source,
+                })?;
+            let rel = d
+                .strip_prefix(root)
+                .map(|p| p.to_string_lossy().replace('\\', "/"))
+                .unwrap_or_default();
+            out.push(Listed {
+                id: v
+                    .get("dataset_id")
+                    .and_then(|x| x.as_str())
+                    .map_or(rel, str::to_string),
+                path: d.clone(),
+                total_episodes: v
+                    .get("total_episodes")
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or(0),
+                total_steps: v.get("total_steps").and_then(|x| x.as_u64()).unwrap_or(0),
+                generated: d.join(SPEC_FILE).is_file(),
+            });
+            continue;
+        }
+        for entry in std::fs::read_dir(&d).map_err(io_err(&d))? {
+            let entry = entry.map_err(io_err(&d))?;
+            let is_hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if !is_hidden && entry.path().is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}

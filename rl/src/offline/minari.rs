@@ -1,0 +1,835 @@
+//! Minari's on-disk layout with its Arrow/Parquet backend (minari 0.5.4,
+//! `minari/dataset/_storages/arrow_storage.py` and `minari_storage.py`), read and written without
+//! Python, so that `minari.load_dataset(id)` opens what fedrl writes and fedrl imports what
+//! Minari writes.
+//!
+//! A dataset with id `ns/name-v0` under a root (`MINARI_DATASETS_PATH`) is the folder
+//! `root/ns/name-v0/data/` holding:
+//! - `metadata.json`: `total_episodes`, `total_steps`, `data_format` (`"parquet"`),
+//!   `observation_space` and `action_space` (each a JSON *string* in Minari's serialisation,
+//!   infinite bounds written as `Infinity` as Python's `json` does), `env_spec` (Gymnasium's
+//!   `EnvSpec.to_json()`, only for environments Gymnasium knows), `dataset_id`,
+//!   `minari_version`, and fedrl's own keys (`fedrl_env_id`, optional `fedrl_spec`);
+//! - one folder per episode, `data/<episode id>/`, with `part-0.parquet` (pyarrow's
+//!   `write_dataset` with directory partitioning on the episode id, which removes that column)
+//!   and `metadata.json` (`{"id", "total_steps", ...}`).
+//!
+//! Every column of an episode's table has `steps + 1` rows: `observations` (a fixed-size list of
+//! `obs_dim` float32), `actions` (int64, padded with a 0), `rewards` (float64), `terminations` and
+//! `truncations` (bool), the last three padded with a zero row that Minari drops on reading.
+//!
+//! **Unit ids.** Minari's arrow storage keeps per-episode metadata in that episode's
+//! `metadata.json` (`update_episode_metadata` merges keys into it), so the privacy unit owning an
+//! episode rides along as the key `"unit"` there; Python reads it with
+//! `dataset.storage.get_episode_metadata([i])`.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Float64Array, Int32Array,
+    Int64Array, RecordBatch,
+};
+use arrow_schema::{DataType, Field, Schema};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use serde_json::{Map, Value, json};
+use thiserror::Error;
+
+use super::dataset::{Dataset, Episode};
+
+/// The Minari release whose layout this module writes (it must be in the reader's
+/// `supported_dataset_versions`).
+pub const MINARI_VERSION: &str = "0.5.4";
+
+/// The episode metadata key holding the owning privacy unit.
+pub const UNIT_KEY: &str = "unit";
+
+/// Errors reading or writing a Minari dataset. Every variant names the file at fault.
+#[derive(Debug, Error)]
+pub enum MinariError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: parquet: {source}")]
+    Parquet {
+        path: PathBuf,
+        source: parquet::errors::ParquetError,
+    },
+    #[error("{path}: arrow: {source}")]
+    Arrow {
+        path: PathBuf,
+        source: arrow_schema::ArrowError,
+    },
+    /// The files exist but do not describe a dataset fedrl can hold (missing keys, unsupported
+    /// spaces, lengths that disagree).
+    #[error("{path}: {message}")]
+    Layout { path: PathBuf, message: String },
+    /// A dataset id that is not `namespace/name-vN` with safe characters.
+    #[error(
+        "invalid dataset id {0:?}: expected namespace/name-vN (letters, digits, '_', '-', '.')"
+    )]
+    Id(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MinariError + '_ {
+    move |source| MinariError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn layout(path: &Path, message: impl Into<String>) -> MinariError {
+    MinariError::Layout {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Checks a dataset id: one or more `/`-separated components of letters, digits, `_`, `-`, `.`,
+/// none empty, `.` or `..`, the last ending in `-v<digits>` (Minari's naming rule).
+pub fn check_id(id: &str) -> Result<(), MinariError> {
+    let bad = || MinariError::Id(id.to_string());
+    let parts: Vec<&str> = id.split('/').collect();
+    for p in &parts {
+        if p.is_empty()
+            || *p == "."
+            || *p == ".."
+            || !p
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            return Err(bad());
+        }
+    }
+    let last = parts.last().ok_or_else(bad)?;
+    match last.rsplit_once("-v") {
+        Some((name, v)) if !name.is_empty() && !v.is_empty() => {
+            if v.chars().all(|c| c.is_ascii_digit()) {
+                Ok(())
+            } else {
+                Err(bad())
+            }
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// The folder of dataset `id` under `root` (`root/<id>`, which holds `data/`), as Minari's
+/// `get_dataset_path` computes it.
+pub fn dataset_dir(root: &Path, id: &str) -> Result<PathBuf, MinariError> {
+    check_id(id)?;
+    Ok(root.join(id))
+}
+
+/// Gymnasium's `EnvSpec.to_json()` (gymnasium 1.0.0) of the environments whose fedrl simulator
+/// matches Gymnasium's, so that `dataset.recover_environment()` and the peers can evaluate in
+/// the real Gymnasium environment. Other environments get no `env_spec` (Minari then relies on
+/// the stored spaces).
+fn gymnasium_env_spec(env_id: &str) -> Option<&'static str> {
+    match env_id {
+        "CartPole-v1" => Some(
+            r#"{"id": "CartPole-v1", "entry_point": "gymnasium.envs.classic_control.cartpole:CartPoleEnv", "reward_threshold": 475.0, "nondeterministic": false, "max_episode_steps": 500, "order_enforce": true, "disable_env_checker": false, "kwargs": {}, "additional_wrappers": [], "vector_entry_point": "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"}"#,
+        ),
+        "Acrobot-v1" => Some(
+            r#"{"id": "Acrobot-v1", "entry_point": "gymnasium.envs.classic_control.acrobot:AcrobotEnv", "reward_threshold": -100.0, "nondeterministic": false, "max_episode_steps": 500, "order_enforce": true, "disable_env_checker": false, "kwargs": {}, "additional_wrappers": [], "vector_entry_point": null}"#,
+        ),
+        _ => None,
+    }
+}
+
+/// A float as Python's `json.dumps` writes it (`Infinity`, `-Infinity`, `NaN`; otherwise the
+/// shortest round-trip decimal of the value as f64, as Python's `repr`).
+fn py_float(x: f32) -> String {
+    let x = f64::from(x);
+    if x.is_nan() {
+        "NaN".into()
+    } else if x == f64::INFINITY {
+        "Infinity".into()
+    } else if x == f64::NEG_INFINITY {
+        "-Infinity".into()
+    } else if x.abs() >= 1e16 {
+        // Rust's `Display` would print every digit of 3.4e38; JSON (and Python) take exponents.
+        format!("{x:e}")
+    } else if x.fract() == 0.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Minari's serialisation of `Box(low, high, (n,), float32)`.
+fn box_space_json(low: &[f32], high: &[f32]) -> String {
+    let list = |v: &[f32]| {
+        v.iter()
+            .map(|&x| py_float(x))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        r#"{{"type": "Box", "dtype": "float32", "shape": [{}], "low": [{}], "high": [{}]}}"#,
+        low.len(),
+        list(low),
+        list(high)
+    )
+}
+
+/// Minari's serialisation of `Discrete(n)`.
+fn discrete_space_json(n: usize) -> String {
+    format!(r#"{{"type": "Discrete", "dtype": "int64", "start": 0, "n": {n}}}"#)
+}
+
+/// The observation bounds written for a dataset: the simulator's when `env_id` names one with a
+/// box of the right size, unbounded otherwise (Minari only needs the shape and dtype).
+fn observation_bounds(d: &Dataset) -> (Vec<f32>, Vec<f32>) {
+    if let Ok(env) = fedrl_sim::make(&d.env_id)
+        && let fedrl_sim::Space::Box { low, high } = env.observation_space()
+        && low.len() == d.obs_dim
+    {
+        return (low.clone(), high.clone());
+    }
+    (
+        vec![f32::NEG_INFINITY; d.obs_dim],
+        vec![f32::INFINITY; d.obs_dim],
+    )
+}
+
+/// What [`write`] puts in `metadata.json` besides the layout's own keys.
+#[derive(Clone, Debug, Default)]
+pub struct WriteOptions {
+    /// Minari's `algorithm_name` (e.g. the behaviour policy).
+    pub algorithm_name: Option<String>,
+    /// Minari's `description`.
+    pub description: Option<String>,
+    /// Extra keys stored verbatim under `fedrl_spec` (the generating spec).
+    pub spec: Option<Value>,
+}
+
+fn episode_schema(obs_dim: usize) -> Result<Arc<Schema>, MinariError> {
+    let obs_dim = i32::try_from(obs_dim).map_err(|_| MinariError::Layout {
+        path: PathBuf::new(),
+        message: format!("observation dimension {obs_dim} is too large"),
+    })?;
+    Ok(Arc::new(Schema::new(vec![
+        Field::new(
+            "observations",
+            DataType::FixedSizeList(
+                Arc::new(Field::new("element", DataType::Float32, true)),
+                obs_dim,
+            ),
+            true,
+        ),
+        Field::new("actions", DataType::Int64, true),
+        Field::new("rewards", DataType::Float64, true),
+        Field::new("terminations", DataType::Boolean, true),
+        Field::new("truncations", DataType::Boolean, true),
+    ])))
+}
+
+/// Checks an episode's array lengths against `obs_dim`.
+fn check_episode(e: &Episode, obs_dim: usize, path: &Path) -> Result<(), MinariError> {
+    let n = e.len();
+    if e.observations.len() != (n + 1) * obs_dim
+        || e.rewards.len() != n
+        || e.terminations.len() != n
+        || e.truncations.len() != n
+    {
+        return Err(layout(
+            path,
+            format!(
+                "episode {}: {} actions, {} rewards, {} terminations, {} truncations and {} \
+                 observation values (expected {} = (steps + 1) x {obs_dim})",
+                e.id,
+                n,
+                e.rewards.len(),
+                e.terminations.len(),
+                e.truncations.len(),
+                e.observations.len(),
+                (n + 1) * obs_dim
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `v` with Minari's padding row appended (every column has steps + 1 rows).
+fn pad<T>(mut v: Vec<T>, z: T) -> Vec<T> {
+    v.push(z);
+    v
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), MinariError> {
+    let text = serde_json::to_string(v).map_err(|source| MinariError::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    fs::write(path, text).map_err(io_err(path))
+}
+
+/// Writes `d` into `dir` (the dataset folder, `root/<id>`; it must not hold a dataset yet) in
+/// Minari's parquet layout. Not atomic by itself: the cache writes into a temporary folder and
+/// renames it.
+pub fn write(d: &Dataset, dir: &Path, opts: &WriteOptions) -> Result<(), MinariError> {
+    check_id(&d.id)?;
+    let data = dir.join("data");
+    let meta_path = data.join("metadata.json");
+    if meta_path.exists() {
+        return Err(layout(&meta_path, "a dataset already exists here"));
+    }
+    fs::create_dir_all(&data).map_err(io_err(&data))?;
+    let schema = episode_schema(d.obs_dim)?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    let mut total_steps = 0u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for e in &d.episodes {
+        let ep_dir = data.join(e.id.to_string());
+        check_episode(e, d.obs_dim, &ep_dir)?;
+        if !seen.insert(e.id) {
+            return Err(layout(
+                &ep_dir,
+                format!("episode id {} appears twice", e.id),
+            ));
+        }
+        if let Some(&a) = e.actions.iter().find(|&&a| a as usize >= d.n_actions) {
+            return Err(layout(
+                &ep_dir,
+                format!("action {a} outside Discrete({})", d.n_actions),
+            ));
+        }
+        fs::create_dir_all(&ep_dir).map_err(io_err(&ep_dir))?;
+        let n = e.len();
+        let obs = FixedSizeListArray::try_new(
+            Arc::new(Field::new("element", DataType::Float32, true)),
+            d.obs_dim as i32,
+            Arc::new(Float32Array::from(e.observations.clone())),
+            None,
+        )
+        .map_err(|source| MinariError::Arrow {
+            path: ep_dir.clone(),
+            source,
+        })?;
+        let actions: Vec<i64> = pad(e.actions.iter().map(|&a| i64::from(a)).collect(), 0);
+        let rewards: Vec<f64> = pad(e.rewards.iter().map(|&r| f64::from(r)).collect(), 0.0);
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(obs),
+            Arc::new(Int64Array::from(actions)),
+            Arc::new(Float64Array::from(rewards)),
+            Arc::new(BooleanArray::from(pad(e.terminations.clone(), false))),
+            Arc::new(BooleanArray::from(pad(e.truncations.clone(), false))),
+        ];
+        let part = ep_dir.join("part-0.parquet");
+        let batch =
+            RecordBatch::try_new(schema.clone(), columns).map_err(|source| MinariError::Arrow {
+                path: part.clone(),
+                source,
+            })?;
+        let file = File::create(&part).map_err(io_err(&part))?;
+        let pq = |source| MinariError::Parquet {
+            path: part.clone(),
+            source,
+        };
+        let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props.clone())).map_err(pq)?;
+        w.write(&batch).map_err(pq)?;
+        w.close().map_err(pq)?;
+        let mut em = Map::new();
+        em.insert("id".into(), json!(e.id));
+        em.insert("total_steps".into(), json!(n));
+        em.insert(UNIT_KEY.into(), json!(e.unit));
+        write_json(&ep_dir.join("metadata.json"), &Value::Object(em))?;
+        total_steps += n as u64;
+    }
+    let (low, high) = observation_bounds(d);
+    let mut m = Map::new();
+    // Minari counts episodes as max id + 1 and reads ids 0..total_episodes.
+    let total_episodes = d.episodes.iter().map(|e| e.id + 1).max().unwrap_or(0);
+    if total_episodes != d.episodes.len() as u64 {
+        return Err(layout(
+            &data,
+            format!(
+                "episode ids must be 0..{} (Minari reads episodes by index), got {} episodes \
+                 with ids up to {}",
+                d.episodes.len(),
+                d.episodes.len(),
+                total_episodes.saturating_sub(1)
+            ),
+        ));
+    }
+    m.insert("total_episodes".into(), json!(total_episodes));
+    m.insert("total_steps".into(), json!(total_steps));
+    m.insert("data_format".into(), json!("parquet"));
+    m.insert("jpeg_encoding".into(), json!(true));
+    m.insert(
+        "observation_space".into(),
+        json!(box_space_json(&low, &high)),
+    );
+    m.insert(
+        "action_space".into(),
+        json!(discrete_space_json(d.n_actions)),
+    );
+    if let Some(spec) = gymnasium_env_spec(&d.env_id) {
+        m.insert("env_spec".into(), json!(spec));
+    }
+    m.insert("dataset_id".into(), json!(d.id));
+    m.insert("minari_version".into(), json!(MINARI_VERSION));
+    m.insert("author".into(), json!(["fedrl"]));
+    if let Some(a) = &opts.algorithm_name {
+        m.insert("algorithm_name".into(), json!(a));
+    }
+    if let Some(s) = &opts.description {
+        m.insert("description".into(), json!(s));
+    }
+    m.insert("fedrl_env_id".into(), json!(d.env_id));
+    if let Some(spec) = &opts.spec {
+        m.insert("fedrl_spec".into(), spec.clone());
+    }
+    write_json(&meta_path, &Value::Object(m))?;
+    // Minari's namespace listing reads this file when present; an empty object is what
+    // `create_namespace` writes without a description.
+    if let Some((ns, _)) = d.id.rsplit_once('/') {
+        let root = dir
+            .ancestors()
+            .nth(d.id.split('/').count())
+            .map(Path::to_path_buf);
+        if let Some(root) = root {
+            let ns_file = root.join(ns).join("namespace_metadata.json");
+            if !ns_file.exists() {
+                write_json(&ns_file, &json!({}))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A dataset read from disk and what had to be filled in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadDataset {
+    pub dataset: Dataset,
+    /// Episodes whose metadata named no unit: each became a unit of its own, with ids after the
+    /// largest unit id present (0 when none), in episode order.
+    pub units_assigned: usize,
+    /// The `minari_version` that wrote the file (empty when absent).
+    pub minari_version: String,
+}
+
+fn read_json(path: &Path) -> Result<Value, MinariError> {
+    if !path.exists() {
+        return Err(layout(path, "missing file"));
+    }
+    let text = fs::read_to_string(path).map_err(io_err(path))?;
+    serde_json::from_str(&text).map_err(|source| MinariError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Parses one of Minari's space strings. Python writes infinite bounds as bare `Infinity`
+/// tokens, which JSON (and serde_json) lacks; only the bounds can hold them, and fedrl needs
+/// only the shape, so they become `null` before parsing.
+fn parse_space(text: &str, path: &Path, what: &str) -> Result<Value, MinariError> {
+    let cleaned = text
+        .replace("-Infinity", "null")
+        .replace("Infinity", "null")
+        .replace("NaN", "null");
+    serde_json::from_str(&cleaned)
+        .map_err(|source| MinariError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
+        .and_then(|v: Value| {
+            if v.is_object() {
+                Ok(v)
+            } else {
+                Err(layout(path, format!("{what} is not an object")))
+            }
+        })
+}
+
+/// The spaces fedrl holds: a flat float32 Box and `Discrete(n)` starting at 0.
+fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError> {
+    let get = |k: &str| {
+        meta.get(k).and_then(Value::as_str).ok_or_else(|| {
+            layout(
+                path,
+                format!("{k} is missing (fedrl needs the spaces stored in the metadata)"),
+            )
+        })
+    };
+    let obs = parse_space(get("observation_space")?, path, "observation_space")?;
+    let act = parse_space(get("action_space")?, path, "action_space")?;
+    let shape: Option<Vec<u64>> = obs.get("shape").and_then(|s| {
+        s.as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+    });
+    let obs_dim = match (
+        obs.get("type").and_then(Value::as_str),
+        obs.get("dtype").and_then(Value::as_str),
+        shape.as_deref(),
+    ) {
+        (Some("Box"), Some("float32"), Some([n])) if *n > 0 => *n as usize,
+        _ => {
+            return Err(layout(
+                path,
+                format!(
+                    "observation_space must be a 1-D float32 Box, got {}",
+                    get("observation_space")?
+                ),
+            ));
+        }
+    };
+    let n_actions = match (
+        act.get("type").and_then(Value::as_str),
+        act.get("start").and_then(Value::as_i64),
+        act.get("n").and_then(Value::as_u64),
+    ) {
+        (Some("Discrete"), Some(0), Some(n)) if n > 0 => n as usize,
+        _ => {
+            return Err(layout(
+                path,
+                format!(
+                    "action_space must be Discrete(n) starting at 0, got {}",
+                    get("action_space")?
+                ),
+            ));
+        }
+    };
+    Ok((obs_dim, n_actions))
+}
+
+/// The episode's parquet files: every file of its folder that pyarrow's dataset reader would
+/// read (Minari ignores names starting with `_` or `.` and `metadata.json`), in name order.
+fn part_files(ep_dir: &Path) -> Result<Vec<PathBuf>, MinariError> {
+    if !ep_dir.is_dir() {
+        return Err(layout(ep_dir, "missing episode folder"));
+    }
+    let mut parts = Vec::new();
+    for entry in fs::read_dir(ep_dir).map_err(io_err(ep_dir))? {
+        let entry = entry.map_err(io_err(ep_dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('_') || name.starts_with('.') || name == "metadata.json" {
+            continue;
+        }
+        parts.push(entry.path());
+    }
+    parts.sort();
+    if parts.is_empty() {
+        return Err(layout(ep_dir, "no parquet file in the episode folder"));
+    }
+    Ok(parts)
+}
+
+fn column<'a>(b: &'a RecordBatch, name: &str, path: &Path) -> Result<&'a ArrayRef, MinariError> {
+    b.column_by_name(name)
+        .ok_or_else(|| layout(path, format!("column {name:?} is missing")))
+}
+
+fn no_nulls(a: &dyn Array, name: &str, path: &Path) -> Result<(), MinariError> {
+    if a.null_count() > 0 {
+        return Err(layout(path, format!("column {name:?} holds nulls")));
+    }
+    Ok(())
+}
+
+/// Rows of one episode file appended to the column buffers.
+#[derive(Default)]
+struct Columns {
+    obs: Vec<f32>,
+    actions: Vec<i64>,
+    rewards: Vec<f64>,
+    terminations: Vec<bool>,
+    truncations: Vec<bool>,
+}
+
+fn append_batch(
+    b: &RecordBatch,
+    obs_dim: usize,
+    out: &mut Columns,
+    path: &Path,
+) -> Result<(), MinariError> {
+    let obs = column(b, "observations", path)?;
+    no_nulls(obs.as_ref(), "observations", path)?;
+    let list = obs
+        .as_any()
+        .downcast_ref::<FixedSizeListArray>()
+        .ok_or_else(|| {
+            layout(
+                path,
+                format!(
+                    "observations are {}, expected fixed-size lists",
+                    obs.data_type()
+                ),
+            )
+        })?;
+    if list.value_length() as usize != obs_dim {
+        return Err(layout(
+            path,
+            format!(
+                "observations have {} values per row, the observation space {obs_dim}",
+                list.value_length()
+            ),
+        ));
+    }
+    let values = list.values();
+    // arrow-rs slices a fixed-size list's child with the list, so the child starts at row 0.
+    let len = list.len() * obs_dim;
+    let vals = values
+        .as_any()
+        .downcast_ref::<Float32Array>()
+        .ok_or_else(|| {
+            layout(
+                path,
+                format!("observations hold {}, expected float32", values.data_type()),
+            )
+        })?;
+    no_nulls(vals, "observations", path)?;
+    if vals.len() < len {
+        return Err(layout(path, "observation values shorter than their lists"));
+    }
+    out.obs.extend_from_slice(&vals.values()[..len]);
+
+    let actions = column(b, "actions", path)?;
+    no_nulls(actions.as_ref(), "actions", path)?;
+    if let Some(a) = actions.as_any().downcast_ref::<Int64Array>() {
+        out.actions.extend_from_slice(a.values());
+    } else if let Some(a) = actions.as_any().downcast_ref::<Int32Array>() {
+        out.actions.extend(a.values().iter().map(|&x| i64::from(x)));
+    } else {
+        return Err(layout(
+            path,
+            format!(
+                "actions are {}, expected int64 (a Discrete space)",
+                actions.data_type()
+            ),
+        ));
+    }
+
+    let rewards = column(b, "rewards", path)?;
+    // The padding row of `rewards` is a 0 from np.pad, never a null; nulls elsewhere are errors.
+    no_nulls(rewards.as_ref(), "rewards", path)?;
+    if let Some(r) = rewards.as_any().downcast_ref::<Float64Array>() {
+        out.rewards.extend_from_slice(r.values());
+    } else if let Some(r) = rewards.as_any().downcast_ref::<Float32Array>() {
+        out.rewards.extend(r.values().iter().map(|&x| f64::from(x)));
+    } else {
+        return Err(layout(
+            path,
+            format!("rewards are {}, expected float64", rewards.data_type()),
+        ));
+    }
+
+    for (name, dst) in [
+        ("terminations", &mut out.terminations),
+        ("truncations", &mut out.truncations),
+    ] {
+        let c = column(b, name, path)?;
+        no_nulls(c.as_ref(), name, path)?;
+        let c = c
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .ok_or_else(|| layout(path, format!("{name} are {}, expected bool", c.data_type())))?;
+        dst.extend(c.iter().map(|v| v.unwrap_or(false)));
+    }
+    Ok(())
+}
+
+fn read_episode(
+    data: &Path,
+    id: u64,
+    obs_dim: usize,
+    n_actions: usize,
+) -> Result<(Episode, Option<u64>), MinariError> {
+    let ep_dir = data.join(id.to_string());
+    let mut cols = Columns::default();
+    for part in part_files(&ep_dir)? {
+        let file = File::open(&part).map_err(io_err(&part))?;
+        let pq = |source| MinariError::Parquet {
+            path: part.clone(),
+            source,
+        };
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(pq)?
+            .build()
+            .map_err(pq)?;
+        for batch in reader {
+            let batch = batch.map_err(|source| MinariError::Arrow {
+                path: part.clone(),
+                source,
+            })?;
+            append_batch(&batch, obs_dim, &mut cols, &part)?;
+        }
+    }
+    let rows = cols.actions.len();
+    if rows == 0 {
+        return Err(layout(&ep_dir, "the episode has no rows"));
+    }
+    if cols.obs.len() != rows * obs_dim
+        || cols.rewards.len() != rows
+        || cols.terminations.len() != rows
+        || cols.truncations.len() != rows
+    {
+        return Err(layout(
+            &ep_dir,
+            "the episode's columns have different lengths",
+        ));
+    }
+    let steps = rows - 1;
+    let meta_path = ep_dir.join("metadata.json");
+    let meta = read_json(&meta_path)?;
+    if let Some(t) = meta.get("total_steps")
+        && t.as_u64() != Some(steps as u64)
+    {
+        return Err(layout(
+            &meta_path,
+            format!("total_steps is {t} but the episode file has {steps} steps"),
+        ));
+    }
+    let unit = match meta.get(UNIT_KEY) {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            layout(
+                &meta_path,
+                format!("{UNIT_KEY} is {v}, expected an unsigned integer"),
+            )
+        })?),
+    };
+    let mut actions = Vec::with_capacity(steps);
+    for &a in &cols.actions[..steps] {
+        if a < 0 || a as u64 >= n_actions as u64 {
+            return Err(layout(
+                &ep_dir,
+                format!("action {a} outside Discrete({n_actions})"),
+            ));
+        }
+        actions.push(a as u32);
+    }
+    let mut rewards = Vec::with_capacity(steps);
+    for &r in &cols.rewards[..steps] {
+        if !r.is_finite() {
+            return Err(layout(&ep_dir, format!("non-finite reward {r}")));
+        }
+        rewards.push(r as f32);
+    }
+    if let Some(x) = cols.obs.iter().find(|x| !x.is_finite()) {
+        return Err(layout(&ep_dir, format!("non-finite observation value {x}")));
+    }
+    cols.terminations.truncate(steps);
+    cols.truncations.truncate(steps);
+    Ok((
+        Episode {
+            id,
+            unit: 0,
+            observations: cols.obs,
+            actions,
+            rewards,
+            terminations: cols.terminations,
+            truncations: cols.truncations,
+        },
+        unit,
+    ))
+}
+
+/// Reads the dataset in `dir` (`root/<id>`, holding `data/`), written by fedrl or by Python
+/// Minari with the parquet backend (Minari's HDF5 and arrow-IPC backends get a clear error). Checks the
+/// spaces (1-D float32 Box, Discrete from 0), the episode count and every episode's lengths
+/// against the metadata, actions in range, finite values.
+pub fn read(dir: &Path) -> Result<ReadDataset, MinariError> {
+    let data = dir.join("data");
+    if !data.is_dir() {
+        return Err(layout(
+            dir,
+            "not a Minari dataset folder: it has no data/ subfolder",
+        ));
+    }
+    let meta_path = data.join("metadata.json");
+    let meta = read_json(&meta_path)?;
+    match meta.get("data_format").and_then(Value::as_str) {
+        Some("parquet") => {}
+        other => {
+            return Err(layout(
+                &meta_path,
+                format!(
+                    "data_format is {other:?}; fedrl reads Minari's \"parquet\" backend only \
+                     (convert with minari: `minari.combine_datasets`/re-create with \
+                     data_format=\"parquet\")"
+                ),
+            ));
+        }
+    }
+    let (obs_dim, n_actions) = read_spaces(&meta, &meta_path)?;
+    let id = meta
+        .get("dataset_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| layout(&meta_path, "dataset_id is missing"))?
+        .to_string();
+    let minari_version = meta
+        .get("minari_version")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let total_episodes = meta
+        .get("total_episodes")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| layout(&meta_path, "total_episodes is missing"))?;
+    let total_steps = meta
+        .get("total_steps")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| layout(&meta_path, "total_steps is missing"))?;
+    let env_id = match meta.get("fedrl_env_id").and_then(Value::as_str) {
+        Some(e) => e.to_string(),
+        None => match meta.get("env_spec").and_then(Value::as_str) {
+            Some(spec) => serde_json::from_str::<Value>(spec)
+                .ok()
+                .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string))
+                .ok_or_else(|| layout(&meta_path, "env_spec has no id"))?,
+            None => String::new(),
+        },
+    };
+    let mut episodes = Vec::with_capacity(total_episodes as usize);
+    let mut units = Vec::with_capacity(total_episodes as usize);
+    for i in 0..total_episodes {
+        let (e, u) = read_episode(&data, i, obs_dim, n_actions)?;
+        episodes.push(e);
+        units.push(u);
+    }
+    let steps: u64 = episodes.iter().map(|e| e.len() as u64).sum();
+    if steps != total_steps {
+        return Err(layout(
+            &meta_path,
+            format!("total_steps is {total_steps} but the episodes hold {steps} steps"),
+        ));
+    }
+    let mut next = units.iter().flatten().max().map_or(0, |m| m + 1);
+    let mut units_assigned = 0;
+    for (e, u) in episodes.iter_mut().zip(units) {
+        e.unit = match u {
+            Some(u) => u,
+            None => {
+                units_assigned += 1;
+                next += 1;
+                next - 1
+            }
+        };
+    }
+    Ok(ReadDataset {
+        dataset: Dataset {
+            id,
+            env_id,
+            obs_dim,
+            n_actions,
+            episodes,
+        },
+        units_assigned,
+        minari_version,
+    })
+}

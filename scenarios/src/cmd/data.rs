@@ -1,0 +1,391 @@
+//! `fedrl data ...`: offline datasets held by privacy units, in Minari's Arrow/Parquet layout.
+//!
+//! - `generate [--spec FILE.toml | --env ... --units ...]`: generates the dataset of a spec, or
+//!   loads it from the cache when it exists; prints its id and path.
+//! - `list [--json]`: datasets under the root.
+//! - `summary ID_OR_PATH [--json]`: episodes, steps, units, return quantiles.
+//! - `import PATH [--id NEW_ID]`: copies a Minari dataset folder (e.g. written by Python
+//!   minari) into the root, validated; episodes without a unit id become one unit each.
+//!
+//! The root is `--data-dir`, else `$FEDRL_DATA_DIR`, else `~/.fedrl/datasets`; it is a Minari
+//! root (`MINARI_DATASETS_PATH=ROOT python -c 'import minari; minari.load_dataset(ID)'`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use fedrl_common::offline::{Behaviour, DatasetSpec};
+use fedrl_rl::offline::cache::{self, Source};
+use fedrl_rl::offline::generate::Progress;
+use fedrl_rl::offline::minari;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::cmd::UsageError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: DataCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum DataCommand {
+    /// Generate a dataset from a spec (or load it from the cache).
+    Generate(GenerateArgs),
+    /// List the datasets under the root.
+    List(ListArgs),
+    /// Summarise a dataset: episodes, steps, units, return quantiles.
+    Summary(SummaryArgs),
+    /// Import a Minari dataset folder from disk into the root.
+    Import(ImportArgs),
+}
+
+#[derive(clap::Args)]
+struct RootArg {
+    /// Dataset root (a Minari root). Default: $FEDRL_DATA_DIR, else ~/.fedrl/datasets.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    root: RootArg,
+    /// A TOML file holding a whole DatasetSpec (fields as below; `[behaviour]` with `kind =
+    /// "random"` or `"ppo_mixed"`). Excludes the field flags.
+    #[arg(long, conflicts_with_all = ["env", "population_seed", "behaviour", "iterations",
+        "checkpoints", "epsilon", "units", "episodes_per_unit", "seed"])]
+    spec: Option<PathBuf>,
+    /// Population name or environment id (`fedrl sim list`). Default CartPole-v1.
+    #[arg(long)]
+    env: Option<String>,
+    /// Seed of the population's per-user parameters. Default 0.
+    #[arg(long)]
+    population_seed: Option<u64>,
+    /// Behaviour policy: `random` or `ppo_mixed`. Default ppo_mixed.
+    #[arg(long)]
+    behaviour: Option<String>,
+    /// ppo_mixed: PPO iterations of the behaviour policy. Default 60.
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// ppo_mixed: evenly spaced policy checkpoints; unit u acts with checkpoint u % this.
+    /// Default 4.
+    #[arg(long)]
+    checkpoints: Option<u32>,
+    /// ppo_mixed: probability of a uniformly random action at each step. Default 0.2.
+    #[arg(long)]
+    epsilon: Option<f64>,
+    /// Number of privacy units. Default 1000.
+    #[arg(long)]
+    units: Option<u64>,
+    /// Episodes each unit owns. Default 1.
+    #[arg(long)]
+    episodes_per_unit: Option<u64>,
+    /// Seed of the behaviour policy's training and of the episodes. Default 0.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print one JSON object (id, path, source, summary) instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct ListArgs {
+    #[command(flatten)]
+    root: RootArg,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct SummaryArgs {
+    #[command(flatten)]
+    root: RootArg,
+    /// A dataset id under the root, or a dataset folder (the one holding `data/`).
+    id_or_path: String,
+    /// Print one JSON object instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct ImportArgs {
+    #[command(flatten)]
+    root: RootArg,
+    /// The Minari dataset folder (the one holding `data/`).
+    path: PathBuf,
+    /// Store it under this id (`namespace/name-vN`) instead of the id in its metadata.
+    #[arg(long)]
+    id: Option<String>,
+    /// Print one JSON object instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {
+        DataCommand::Generate(a) => generate(a),
+        DataCommand::List(a) => list(a),
+        DataCommand::Summary(a) => summary(a),
+        DataCommand::Import(a) => import(a),
+    }
+}
+
+fn root(r: &RootArg) -> anyhow::Result<PathBuf> {
+    Ok(cache::data_root(r.data_dir.as_deref())?)
+}
+
+/// The spec from `--spec` or from the field flags over the defaults.
+fn spec_of(a: &GenerateArgs) -> anyhow::Result<DatasetSpec> {
+    if let Some(path) = &a.spec {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        return toml::from_str(&text)
+            .map_err(|e| UsageError(format!("{}: {e}", path.display())).into());
+    }
+    let mut s = DatasetSpec::default();
+    if let Some(v) = &a.env {
+        s.env = v.clone();
+    }
+    if let Some(v) = a.population_seed {
+        s.population_seed = v;
+    }
+    if let Some(v) = a.units {
+        s.units = v;
+    }
+    if let Some(v) = a.episodes_per_unit {
+        s.episodes_per_unit = v;
+    }
+    if let Some(v) = a.seed {
+        s.seed = v;
+    }
+    let ppo_flags = a.iterations.is_some() || a.checkpoints.is_some() || a.epsilon.is_some();
+    match a.behaviour.as_deref() {
+        Some("random") => {
+            if ppo_flags {
+                return Err(UsageError(
+                    "--iterations, --checkpoints and --epsilon apply to --behaviour ppo_mixed"
+                        .into(),
+                )
+                .into());
+            }
+            s.behaviour = Behaviour::Random;
+        }
+        None | Some("ppo_mixed") => {
+            if let Behaviour::PpoMixed {
+                iterations,
+                checkpoints,
+                epsilon,
+            } = &mut s.behaviour
+            {
+                if let Some(v) = a.iterations {
+                    *iterations = v;
+                }
+                if let Some(v) = a.checkpoints {
+                    *checkpoints = v;
+                }
+                if let Some(v) = a.epsilon {
+                    *epsilon = v;
+                }
+            }
+        }
+        Some(other) => {
+            return Err(UsageError(format!(
+                "--behaviour {other:?}: expected random or ppo_mixed"
+            ))
+            .into());
+        }
+    }
+    Ok(s)
+}
+
+fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    let spec = spec_of(&a)?;
+    let root = root(&a.root)?;
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")
+            .map_err(|e| anyhow::anyhow!("progress template: {e}"))?
+            .progress_chars("=> "),
+    );
+    let mut checkpoints = Vec::new();
+    let mut on_progress = |p: Progress| match p {
+        Progress::Training {
+            done,
+            total,
+            train_return,
+        } => {
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message(format!("PPO {train_return:7.1}"));
+        }
+        Progress::Recording { done, total } => {
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message("recording");
+        }
+        Progress::Checkpoint {
+            index,
+            iteration,
+            mean_return,
+            episodes,
+        } => checkpoints.push(json!({
+            "checkpoint": index,
+            "iteration": iteration,
+            "mean_return": mean_return,
+            "episodes": episodes,
+        })),
+    };
+    let (dataset, source) = cache::load_or_generate(&spec, &root, &mut on_progress)?;
+    bar.finish_and_clear();
+    let path = minari::dataset_dir(&root, &dataset.id)?;
+    let summary = dataset.summary();
+    let source = match source {
+        Source::Cache => "cache",
+        Source::Generated => "generated",
+    };
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "id": dataset.id,
+                "path": path,
+                "source": source,
+                "checkpoints": checkpoints,
+                "summary": summary,
+            })
+        );
+    } else {
+        for c in &checkpoints {
+            println!(
+                "checkpoint {} (after {} PPO iterations): mean return {:.1} over {} episodes",
+                c["checkpoint"],
+                c["iteration"],
+                c["mean_return"].as_f64().unwrap_or(f64::NAN),
+                c["episodes"]
+            );
+        }
+        println!("{source}: {}", dataset.id);
+        println!("path: {}", path.display());
+        print_summary(&summary);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list(a: ListArgs) -> anyhow::Result<ExitCode> {
+    let root = root(&a.root)?;
+    let found = cache::list(&root)?;
+    if a.json {
+        println!("{}", json!({ "root": root, "datasets": found }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("root: {}", root.display());
+    if found.is_empty() {
+        println!("(no datasets)");
+    }
+    for d in &found {
+        println!(
+            "{:50} {:>8} episodes {:>10} steps{}",
+            d.id,
+            d.total_episodes,
+            d.total_steps,
+            if d.generated { "  (generated)" } else { "" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A dataset folder: `id_or_path` itself when it holds `data/`, else the id under the root.
+fn locate(id_or_path: &str, root: &RootArg) -> anyhow::Result<PathBuf> {
+    let p = Path::new(id_or_path);
+    if p.join("data").is_dir() {
+        return Ok(p.to_path_buf());
+    }
+    let root = self::root(root)?;
+    let dir = minari::dataset_dir(&root, id_or_path).map_err(|_| {
+        UsageError(format!(
+            "{id_or_path:?} is neither a dataset folder nor an id"
+        ))
+    })?;
+    if !dir.join("data").is_dir() {
+        return Err(UsageError(format!(
+            "no dataset {id_or_path:?} under {} (see `fedrl data list`)",
+            root.display()
+        ))
+        .into());
+    }
+    Ok(dir)
+}
+
+fn print_summary(s: &fedrl_rl::offline::DatasetSummary) {
+    println!(
+        "env: {}  obs_dim {}  actions {}",
+        s.env_id, s.obs_dim, s.n_actions
+    );
+    println!(
+        "episodes {}  steps {}  units {} ({}-{} episodes each)",
+        s.episodes, s.steps, s.units, s.episodes_per_unit_min, s.episodes_per_unit_max
+    );
+    println!(
+        "return mean {:.2}  min {:.2}  q25 {:.2}  median {:.2}  q75 {:.2}  max {:.2}",
+        s.return_mean, s.return_min, s.return_q25, s.return_median, s.return_q75, s.return_max
+    );
+}
+
+fn summary(a: SummaryArgs) -> anyhow::Result<ExitCode> {
+    let dir = locate(&a.id_or_path, &a.root)?;
+    let read = minari::read(&dir)?;
+    let s = read.dataset.summary();
+    if a.json {
+        println!(
+            "{}",
+            json!({ "path": dir, "units_assigned": read.units_assigned, "summary": s })
+        );
+    } else {
+        println!("{} ({})", s.id, dir.display());
+        print_summary(&s);
+        if read.units_assigned > 0 {
+            println!(
+                "{} episodes named no unit: each counts as a unit of its own",
+                read.units_assigned
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
+    let root = root(&a.root)?;
+    let read = minari::read(&a.path).with_context(|| format!("importing {}", a.path.display()))?;
+    let mut dataset = read.dataset;
+    if let Some(id) = a.id {
+        minari::check_id(&id).map_err(|e| UsageError(e.to_string()))?;
+        dataset.id = id;
+    }
+    let dir = cache::store(&dataset, &root, None)?;
+    let s = dataset.summary();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "id": dataset.id,
+                "path": dir,
+                "units_assigned": read.units_assigned,
+                "summary": s,
+            })
+        );
+    } else {
+        println!("imported: {}", dataset.id);
+        println!("path: {}", dir.display());
+        if read.units_assigned > 0 {
+            println!(
+                "{} episodes named no unit: each became a unit of its own",
+                read.units_assigned
+            );
+        }
+        print_summary(&s);
+    }
+    Ok(ExitCode::SUCCESS)
+}

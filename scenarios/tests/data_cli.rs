@@ -1,0 +1,212 @@
+//! `fedrl data`: generate a tiny dataset, list it, summarise it as JSON, import it under a new
+//! id, and the errors a user sees.
+
+use std::path::Path;
+use std::process::Command;
+
+fn fedrl(root: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fedrl"))
+        .args(args)
+        .arg("--data-dir")
+        .arg(root)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("run fedrl")
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON document ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+const TINY: &[&str] = &[
+    "data",
+    "generate",
+    "--env",
+    "CartPole-v1",
+    "--behaviour",
+    "ppo_mixed",
+    "--iterations",
+    "2",
+    "--checkpoints",
+    "2",
+    "--units",
+    "5",
+    "--episodes-per-unit",
+    "2",
+    "--seed",
+    "9",
+    "--json",
+];
+
+#[test]
+fn generate_list_summary_import() {
+    let root = tempfile::tempdir().unwrap();
+    let gen_out = json_of(&fedrl(root.path(), TINY));
+    let id = gen_out["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("fedrl/cartpole-ppo_mixed-"), "{id}");
+    assert_eq!(gen_out["source"], "generated");
+    assert_eq!(gen_out["summary"]["episodes"], 10);
+    assert_eq!(gen_out["summary"]["units"], 5);
+    assert_eq!(gen_out["checkpoints"].as_array().unwrap().len(), 2);
+    assert!(
+        Path::new(gen_out["path"].as_str().unwrap())
+            .join("data")
+            .is_dir()
+    );
+
+    // The same spec again comes from the cache.
+    let again = json_of(&fedrl(root.path(), TINY));
+    assert_eq!(again["source"], "cache");
+    assert_eq!(again["id"], gen_out["id"]);
+    assert_eq!(again["summary"], gen_out["summary"]);
+
+    let listed = json_of(&fedrl(root.path(), &["data", "list", "--json"]));
+    let ds = listed["datasets"].as_array().unwrap();
+    assert_eq!(ds.len(), 1);
+    assert_eq!(ds[0]["id"], id.as_str());
+    assert_eq!(ds[0]["total_episodes"], 10);
+
+    let summary = json_of(&fedrl(root.path(), &["data", "summary", &id, "--json"]));
+    assert_eq!(summary["summary"], gen_out["summary"]);
+    let steps = summary["summary"]["steps"].as_u64().unwrap();
+    assert!(steps >= 10);
+    assert!(
+        summary["summary"]["return_min"].as_f64().unwrap()
+            <= summary["summary"]["return_median"].as_f64().unwrap()
+    );
+
+    // Import the folder under a new id (into a second root), then summarise it by path.
+    let other = tempfile::tempdir().unwrap();
+    let imported = json_of(&fedrl(
+        other.path(),
+        &[
+            "data",
+            "import",
+            gen_out["path"].as_str().unwrap(),
+            "--id",
+            "mine/copy-v1",
+            "--json",
+        ],
+    ));
+    assert_eq!(imported["id"], "mine/copy-v1");
+    assert_eq!(imported["units_assigned"], 0);
+    let by_path = json_of(&fedrl(
+        other.path(),
+        &[
+            "data",
+            "summary",
+            imported["path"].as_str().unwrap(),
+            "--json",
+        ],
+    ));
+    let mut want = gen_out["summary"].clone();
+    want["id"] = "mine/copy-v1".into();
+    assert_eq!(by_path["summary"], want);
+
+    // Importing twice under the same id is refused.
+    let out = fedrl(
+        other.path(),
+        &[
+            "data",
+            "import",
+            gen_out["path"].as_str().unwrap(),
+            "--id",
+            "mine/copy-v1",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists already"));
+}
+
+#[test]
+fn import_of_a_python_minari_dataset_assigns_missing_units() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rl/tests/fixtures/minari/pyfix/cartpole-random-v0");
+    let root = tempfile::tempdir().unwrap();
+    let out = json_of(&fedrl(
+        root.path(),
+        &["data", "import", fixture.to_str().unwrap(), "--json"],
+    ));
+    assert_eq!(out["id"], "pyfix/cartpole-random-v0");
+    assert_eq!(out["units_assigned"], 1);
+    assert_eq!(out["summary"]["episodes"], 3);
+    assert_eq!(out["summary"]["steps"], 40);
+    assert_eq!(out["summary"]["units"], 3);
+}
+
+#[test]
+fn user_errors_are_clear() {
+    let root = tempfile::tempdir().unwrap();
+    let out = fedrl(root.path(), &["data", "summary", "nope/missing-v0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no dataset"));
+
+    let out = fedrl(
+        root.path(),
+        &["data", "import", root.path().to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no data/ subfolder"));
+
+    let out = fedrl(
+        root.path(),
+        &[
+            "data",
+            "generate",
+            "--behaviour",
+            "random",
+            "--epsilon",
+            "0.1",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+
+    let spec = root.path().join("bad.toml");
+    std::fs::write(&spec, "units = 3\ncolour = \"red\"\n").unwrap();
+    let out = fedrl(
+        root.path(),
+        &["data", "generate", "--spec", spec.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("colour"));
+}
+
+#[test]
+fn generate_from_a_spec_file() {
+    let root = tempfile::tempdir().unwrap();
+    let spec = root.path().join("spec.toml");
+    std::fs::write(
+        &spec,
+        "env = \"acrobot-b1\"\nunits = 3\nseed = 1\n[behaviour]\nkind = \"random\"\n",
+    )
+    .unwrap();
+    let out = json_of(&fedrl(
+        root.path(),
+        &[
+            "data",
+            "generate",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    assert!(
+        out["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("fedrl/acrobot-b1-random-")
+    );
+    assert_eq!(out["summary"]["env_id"], "Acrobot-v1");
+    assert_eq!(out["summary"]["units"], 3);
+    assert_eq!(out["summary"]["n_actions"], 3);
+}
