@@ -118,46 +118,42 @@ impl Central {
         Ok(())
     }
 
-    /// The client says it uploaded `units` units.
-    pub(super) fn data_complete(&mut self, client: ClientId) -> Result<(), String> {
-        match self.pending.get_mut(&client) {
-            Some(p) => {
-                p.complete = true;
-                Ok(())
-            }
-            None => Err("data complete sent twice, or before joining".into()),
+    /// The client says it sent all `units` of its units (their frames may still be on their
+    /// way: the join waits for them). A count other than the number of units it hosts is
+    /// refused.
+    pub(super) fn data_complete(&mut self, client: ClientId, units: u64) -> Result<(), String> {
+        let Some(p) = self.pending.get_mut(&client) else {
+            return Err("data complete sent twice, or before joining".into());
+        };
+        let hosted: u64 = p.units.iter().map(|r| r.len()).sum();
+        if units != hosted {
+            return Err(format!(
+                "data complete after {units} unit(s), but this client hosts {hosted}: every hosted unit must upload its data"
+            ));
         }
+        p.complete = true;
+        Ok(())
     }
 
-    /// Clients whose data is complete: their joins go to the engine now. A client that said it
-    /// was complete but left units without data is returned in the second list with the count
-    /// missing (it is refused: the engine would sample units that cannot contribute).
-    pub(super) fn ready(&mut self) -> (Vec<(ClientId, Vec<UnitRange>)>, Vec<(ClientId, u64)>) {
-        let mut ready = Vec::new();
-        let mut incomplete = Vec::new();
-        for (client, p) in &self.pending {
-            if !p.complete {
-                continue;
-            }
-            let missing = p
-                .units
-                .iter()
-                .flat_map(|r| r.start..r.end)
-                .filter(|u| self.owner.get(u) != Some(client))
-                .count() as u64;
-            if missing == 0 {
-                ready.push((*client, p.units.clone()));
-            } else {
-                incomplete.push((*client, missing));
-            }
-        }
-        for (c, _) in ready.iter() {
+    /// Clients that said they are complete and whose every unit's data is here: their joins go
+    /// to the engine now.
+    pub(super) fn ready(&mut self) -> Vec<(ClientId, Vec<UnitRange>)> {
+        let ready: Vec<(ClientId, Vec<UnitRange>)> = self
+            .pending
+            .iter()
+            .filter(|(client, p)| {
+                p.complete
+                    && p.units
+                        .iter()
+                        .flat_map(|r| r.start..r.end)
+                        .all(|u| self.owner.get(&u) == Some(*client))
+            })
+            .map(|(c, p)| (*c, p.units.clone()))
+            .collect();
+        for (c, _) in &ready {
             self.pending.remove(c);
         }
-        for (c, _) in incomplete.iter() {
-            self.pending.remove(c);
-        }
-        (ready, incomplete)
+        ready
     }
 
     /// Whether `client` is still uploading (its join was not given to the engine).

@@ -322,8 +322,8 @@ pub(super) async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
                 match frame {
                     Some(Ok(Some(f))) => match f.message {
                         Message::Leave(_) => control_done = true,
-                        Message::DataComplete(_) => {
-                            if shared.engine_tx.send(Input::DataComplete { session }).await.is_err() {
+                        Message::DataComplete(d) => {
+                            if shared.engine_tx.send(Input::DataComplete { session, units: d.units }).await.is_err() {
                                 break;
                             }
                         }

@@ -61,9 +61,10 @@ pub(super) enum Input {
         header: UnitData,
         payload: Vec<f32>,
     },
-    /// Central update mode: the client uploaded all its units.
+    /// Central update mode: the client uploaded all its `units` units.
     DataComplete {
         session: ClientId,
+        units: u64,
     },
     Tick,
     Shutdown,
@@ -190,9 +191,9 @@ impl EngineThread {
                         }
                     }
                 }
-                Input::DataComplete { session } => {
+                Input::DataComplete { session, units } => {
                     let result = match self.central.as_mut() {
-                        Some(c) => c.data_complete(session),
+                        Some(c) => c.data_complete(session, units),
                         None => Err(
                             "data complete, but this run is not in the central update mode".into(),
                         ),
@@ -335,31 +336,17 @@ impl EngineThread {
         self.execute(now, actions, queue, metrics)
     }
 
-    /// Central mode: gives the engine the joins of clients whose data is complete, and refuses
-    /// clients that declared completion with units missing.
+    /// Central mode: gives the engine the joins of clients whose data is complete.
     fn central_ready(&mut self, queue: &mut VecDeque<Event>) {
         let Some(c) = self.central.as_mut() else {
             return;
         };
-        let (ready, incomplete) = c.ready();
-        for (client, units) in ready {
+        for (client, units) in c.ready() {
             tracing::info!(
                 client,
                 "unit data complete; the client's units join the population"
             );
             queue.push_back(Event::ClientJoined { client, units });
-        }
-        for (client, missing) in incomplete {
-            self.rejected += 1;
-            let m = format!("{missing} hosted unit(s) uploaded no data; every hosted unit must");
-            self.send(
-                client,
-                Outbound::Close {
-                    code: close_code::PROTOCOL,
-                    message: Some(Message::error(ErrorCode::Unexpected, &m, None, None)),
-                    reason: m,
-                },
-            );
         }
     }
 
