@@ -37,6 +37,8 @@ enum Command {
     Sim(cmd::sim::Args),
     /// Generate, list, summarise and import offline datasets (Minari layout, Arrow/Parquet).
     Data(cmd::data::Args),
+    /// Train the non-private discrete CQL baseline on an offline dataset and evaluate it.
+    Cql(cmd::cql::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => cmd::eval::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Data(a) => cmd::data::run(a),
+        Command::Cql(a) => cmd::cql::run(a),
     };
     match result {
         Ok(code) => code,

@@ -42,7 +42,7 @@ enum DataCommand {
 }
 
 #[derive(clap::Args)]
-struct RootArg {
+pub(crate) struct RootArg {
     /// Dataset root (a Minari root). Default: $FEDRL_DATA_DIR, else ~/.fedrl/datasets.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -298,7 +298,7 @@ fn list(a: ListArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// A dataset folder: `id_or_path` itself when it holds `data/`, else the id under the root.
-fn locate(id_or_path: &str, root: &RootArg) -> anyhow::Result<PathBuf> {
+pub(crate) fn locate(id_or_path: &str, root: &RootArg) -> anyhow::Result<PathBuf> {
     let p = Path::new(id_or_path);
     if p.join("data").is_dir() {
         return Ok(p.to_path_buf());

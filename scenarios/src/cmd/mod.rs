@@ -2,6 +2,7 @@
 
 pub mod aggregator;
 pub mod client;
+pub mod cql;
 pub mod data;
 pub mod eval;
 pub mod ledger;
