@@ -297,9 +297,8 @@ impl OfflineCqlTask {
         if !(c.alpha.is_finite() && c.alpha >= 0.0) {
             return bad(format!("task.cql.alpha must be >= 0, got {}", c.alpha));
         }
-        if !(c.learning_rate.is_finite() && c.learning_rate > 0.0)
-            || !(c.adam_eps.is_finite() && c.adam_eps > 0.0)
-        {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(c.learning_rate) || !positive(c.adam_eps) {
             return bad("task.cql.learning_rate and task.cql.adam_eps must be > 0".into());
         }
         if c.target_update_interval == 0 || c.batch_size == 0 {

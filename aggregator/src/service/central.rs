@@ -226,3 +226,126 @@ impl Central {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedrl_rl::offline::dpsgd::encode_rows;
+
+    fn central() -> Central {
+        let scenario = fedrl_rl::task::scenario_from_toml_str(
+            r#"
+users = 4
+participation = { kind = "sampled", rate = 0.5 }
+unit_kind = "trajectory"
+[task]
+kind = "offline_cql"
+mode = "central"
+[task.dataset]
+units = 4
+behaviour = { kind = "random" }
+[task.cql]
+hidden = [8]
+"#,
+        )
+        .unwrap();
+        Central::for_scenario(&scenario)
+            .unwrap()
+            .expect("central mode")
+    }
+
+    fn rows(n: usize) -> (UnitData, Vec<f32>) {
+        let mut b = TransitionBatch::new(4);
+        for i in 0..n {
+            b.obs.extend([0.1, 0.2, 0.3, i as f32]);
+            b.next_obs.extend([0.2, 0.3, 0.4, i as f32]);
+            b.actions.push((i % 2) as u32);
+            b.rewards.push(1.0);
+            b.terminals.push(0.0);
+        }
+        let header = UnitData {
+            unit: 0,
+            rows: n as u32,
+            obs_dim: 4,
+        };
+        (header, encode_rows(&b))
+    }
+
+    #[test]
+    fn a_join_waits_for_every_units_data_and_the_declared_count() {
+        let mut c = central();
+        c.hold_join(7, vec![UnitRange { start: 0, end: 2 }]);
+        let (mut h, p) = rows(3);
+        c.unit_data(7, &h, &p).unwrap();
+        // Complete with the wrong count: refused; with the right one: still waiting for unit 1.
+        assert!(c.data_complete(7, 1).unwrap_err().contains("hosts 2"));
+        c.data_complete(7, 2).unwrap();
+        assert!(c.ready().is_empty());
+        assert!(c.is_pending(7));
+        h.unit = 1;
+        c.unit_data(7, &h, &p).unwrap();
+        let ready = c.ready();
+        assert_eq!(ready, vec![(7, vec![UnitRange { start: 0, end: 2 }])]);
+        assert!(!c.is_pending(7));
+        // After the join, more data for its units is refused (the population is fixed).
+        assert!(c.unit_data(7, &h, &p).is_err());
+    }
+
+    #[test]
+    fn bad_uploads_are_refused_with_a_reason_and_change_nothing() {
+        let mut c = central();
+        c.hold_join(1, vec![UnitRange { start: 0, end: 1 }]);
+        let (mut h, p) = rows(2);
+        h.unit = 3;
+        assert!(c.unit_data(1, &h, &p).unwrap_err().contains("not hosted"));
+        h.unit = 0;
+        h.rows = 3;
+        assert!(c.unit_data(1, &h, &p).unwrap_err().contains("payload"));
+        h.rows = 2;
+        let mut bad = p.clone();
+        bad[8] = 5.0; // action of row 0 out of range (2 actions)
+        assert!(c.unit_data(1, &h, &bad).unwrap_err().contains("action"));
+        assert!(c.data.is_empty());
+        // Data from a client that never joined.
+        assert!(c.unit_data(9, &h, &p).is_err());
+        assert!(c.data_complete(9, 1).is_err());
+        c.unit_data(1, &h, &p).unwrap();
+        c.data_complete(1, 1).unwrap();
+        assert_eq!(c.ready().len(), 1);
+    }
+
+    #[test]
+    fn offers_become_one_batch_of_clipped_gradients() {
+        let mut c = central();
+        c.hold_join(1, vec![UnitRange { start: 0, end: 2 }]);
+        let (mut h, p) = rows(3);
+        c.unit_data(1, &h, &p).unwrap();
+        h.unit = 1;
+        c.unit_data(1, &h, &p).unwrap();
+        let spec = RoundSpec {
+            round: 1,
+            dim: c.spec.dim() as u32,
+            offer_dim: 2 * c.spec.dim() as u32,
+            clip_norm: 0.01,
+            deadline_s: 1.0,
+            task_json: String::new(),
+        };
+        c.offer(1, spec, vec![0, 1]);
+        assert!(c.has_work());
+        let mut offer = c.spec.init(0);
+        offer.extend(c.spec.init(0));
+        let ups = c.compute(&offer).unwrap();
+        assert!(!c.has_work());
+        assert_eq!(ups.iter().map(|u| u.unit).collect::<Vec<_>>(), vec![0, 1]);
+        for u in &ups {
+            assert_eq!((u.client, u.round), (1, 1));
+            let n: f64 = u
+                .data
+                .iter()
+                .map(|v| (*v as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!(n <= 0.01 * (1.0 + 1e-6), "{n}");
+        }
+    }
+}

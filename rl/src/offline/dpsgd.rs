@@ -144,7 +144,7 @@ pub fn decode_rows(
         return Err(RowsError::Empty);
     }
     let width = row_width(obs_dim);
-    let expected = rows.checked_mul(width).unwrap_or(usize::MAX);
+    let expected = rows.saturating_mul(width);
     if payload.len() != expected {
         return Err(RowsError::Length {
             rows,
