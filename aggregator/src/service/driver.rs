@@ -427,12 +427,15 @@ impl EngineThread {
         let ask = metrics.pending().is_some_and(|(round, evaluated)| {
             evaluated || round.is_multiple_of(every) || round >= rounds
         });
-        metrics.flush(|| {
+        let t = Instant::now();
+        let r = metrics.flush(|| {
             (!non_private).then(|| {
                 let eps = if ask { ledger.epsilon().ok() } else { None };
                 (eps, ledger.config().delta.get())
             })
-        })
+        });
+        self.timings.metrics_epsilon_s += t.elapsed().as_secs_f64();
+        r
     }
 
     fn send(&self, client: ClientId, out: Outbound) {

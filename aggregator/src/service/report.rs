@@ -78,6 +78,9 @@ pub struct Timings {
     pub apply_s: f64,
     /// Evaluations of released models.
     pub evaluation_s: f64,
+    /// Accounting the epsilon printed on metrics lines (a full PLD composition each time; see
+    /// the driver's `flush_metrics_line` for how often).
+    pub metrics_epsilon_s: f64,
     /// Central mode: computing the units' clipped gradients.
     pub central_compute_s: f64,
 }

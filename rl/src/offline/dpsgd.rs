@@ -68,6 +68,12 @@ pub fn unit_gradients(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    // A non-private twin clips at +inf: the largest finite bound clips nothing.
+    let clip = if clip_norm.is_finite() {
+        clip_norm
+    } else {
+        f64::MAX
+    };
     let grads = per_unit_clipped(
         spec,
         cfg,
@@ -76,7 +82,7 @@ pub fn unit_gradients(
         &batch,
         &unit_of_row,
         ids.len(),
-        clip_norm,
+        clip,
         device,
     )?;
     Ok(ids.into_iter().zip(grads.grads).collect())
@@ -279,5 +285,10 @@ mod tests {
             .sum::<f64>()
             .sqrt();
         assert!(norm <= 0.5 + 1e-6, "{norm}");
+        // A non-private twin (clip +inf) gets the unclipped gradient.
+        let free =
+            unit_gradients(&s, &cfg, &offer, &[(5, &a)], 4, 0, 3, f64::INFINITY, &dev).unwrap();
+        let l2 = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!(l2(&free[0].1) > norm, "{} vs {norm}", l2(&free[0].1));
     }
 }
