@@ -20,8 +20,8 @@ use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
 use fedrl_common::protocol::auth::parse_fingerprint;
 use fedrl_common::protocol::{
-    ErrorCode, Join, MAX_CONTROL_FRAME_BYTES, Message, UnitRange, Update, decode_frame,
-    encode_frame, encode_payload, frame_prefix,
+    ErrorCode, Join, MAX_CONTROL_FRAME_BYTES, Message, PROTOCOL_VERSION, UnitRange, Update,
+    decode_frame, encode_frame, encode_payload, frame_prefix,
 };
 use fedrl_common::scenario::{Scenario, Task};
 
@@ -163,7 +163,7 @@ fn malicious_clients_get_clear_errors_and_honest_rounds_complete_exactly() {
         // Garbage bytes: a frame with a valid prefix and version but an undecodable header.
         let mut p = connect(&ep, &addr).await;
         let mut junk = 20u32.to_le_bytes().to_vec();
-        junk.extend_from_slice(&1u16.to_le_bytes());
+        junk.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         junk.extend_from_slice(&14u32.to_le_bytes());
         junk.extend_from_slice(&[0xff; 14]);
         p.send.write_all(&junk).await.unwrap();

@@ -702,6 +702,9 @@ fn invalid_configurations_are_refused() {
     let mut c = cfg(Participation::Fresh);
     c.dim = 0;
     assert!(new(c).is_err());
+    let mut c = cfg(Participation::Fresh);
+    c.offer_dim = 2;
+    assert!(new(c).is_err(), "an offered model shorter than an update");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1060,6 +1063,7 @@ fn a_full_journal_replays_to_bit_identical_releases() {
         c.cohort_size = 3;
         c.deadline_s = 3.0;
         c.dim = 64;
+        c.offer_dim = 64;
         let mut d = Driver::new(engine(c.clone()));
         d.journal = Some(JournalWriter::open(&path, JournalMode::Full).unwrap());
         let d = churn_run(c.clone(), d, seed);
@@ -1097,6 +1101,7 @@ fn a_digest_journal_keeps_no_update_values_and_cannot_replay() {
     let path = dir.path().join(journal::JOURNAL_FILE);
     let mut c = cfg(Participation::Fresh);
     c.dim = 16;
+    c.offer_dim = 16;
     let mut d = Driver::new(engine(c.clone()));
     d.journal = Some(JournalWriter::open(&path, JournalMode::Digest).unwrap());
     let o = offers(&d.feed(
