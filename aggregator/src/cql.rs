@@ -158,3 +158,42 @@ impl ServerModel for CqlModel {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> CqlModel {
+        let task: OfflineCqlTask = serde_json::from_value(serde_json::json!({
+            "dataset": { "env": "CartPole-v1", "units": 4, "behaviour": { "kind": "random" } },
+            "cql": { "hidden": [8], "target_update_interval": 2 },
+        }))
+        .unwrap();
+        CqlModel::new(&task).unwrap()
+    }
+
+    #[test]
+    fn the_offer_carries_online_then_target_and_a_checkpoint_resumes_exactly() {
+        let mut m = model();
+        let dim = m.spec.dim();
+        assert_eq!(m.params().len(), 2 * dim);
+        let g: Vec<f32> = (0..dim).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
+        m.apply(&g).unwrap(); // step 1: the target is refreshed (d3rlpy's schedule)
+        assert_eq!(&m.params()[dim..], m.online());
+        m.apply(&g).unwrap(); // step 2: the target keeps step 1's network
+        assert_ne!(&m.params()[dim..], m.online());
+        assert!(m.apply(&g[1..]).is_err(), "a gradient of the wrong length");
+        let st = m.state();
+        let mut r = model();
+        r.restore(st.clone()).unwrap();
+        assert_eq!(r.params(), m.params());
+        assert_eq!(r.steps(), 2);
+        // The next step is the same from the resumed model (Adam's moments came back too).
+        m.apply(&g).unwrap();
+        r.apply(&g).unwrap();
+        assert_eq!(r.params(), m.params());
+        let mut short = st;
+        short.tensors.truncate(dim);
+        assert!(model().restore(short).is_err());
+    }
+}
