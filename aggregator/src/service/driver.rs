@@ -480,15 +480,19 @@ impl EngineThread {
                     clipped,
                 } => {
                     self.accepted += 1;
-                    self.send(
-                        client,
-                        Outbound::Control(Message::Ack(Ack {
-                            round,
-                            unit,
-                            norm,
-                            clipped,
-                        })),
-                    );
+                    // In the central mode the aggregator computed the update itself: nothing to
+                    // acknowledge to the client.
+                    if self.central.is_none() {
+                        self.send(
+                            client,
+                            Outbound::Control(Message::Ack(Ack {
+                                round,
+                                unit,
+                                norm,
+                                clipped,
+                            })),
+                        );
+                    }
                 }
                 Action::Rejected {
                     client,
