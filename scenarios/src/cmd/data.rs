@@ -201,31 +201,44 @@ fn spec_of(a: &GenerateArgs) -> anyhow::Result<DatasetSpec> {
     Ok(s)
 }
 
-fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
-    let spec = spec_of(&a)?;
-    let root = root(&a.root)?;
+/// The progress bar of a dataset generation (PPO training, then recording).
+pub(crate) fn generation_bar() -> anyhow::Result<ProgressBar> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")
             .map_err(|e| anyhow::anyhow!("progress template: {e}"))?
             .progress_chars("=> "),
     );
-    let mut checkpoints = Vec::new();
-    let mut on_progress = |p: Progress| match p {
+    Ok(bar)
+}
+
+/// Shows a generation's training or recording progress on `bar` (checkpoints are the caller's).
+pub(crate) fn show_generation(bar: &ProgressBar, p: &Progress) {
+    match p {
         Progress::Training {
             done,
             total,
             train_return,
         } => {
-            bar.set_length(total);
-            bar.set_position(done);
+            bar.set_length(*total);
+            bar.set_position(*done);
             bar.set_message(format!("PPO {train_return:7.1}"));
         }
         Progress::Recording { done, total } => {
-            bar.set_length(total);
-            bar.set_position(done);
+            bar.set_length(*total);
+            bar.set_position(*done);
             bar.set_message("recording");
         }
+        Progress::Checkpoint { .. } => {}
+    }
+}
+
+fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    let spec = spec_of(&a)?;
+    let root = root(&a.root)?;
+    let bar = generation_bar()?;
+    let mut checkpoints = Vec::new();
+    let mut on_progress = |p: Progress| match p {
         Progress::Checkpoint {
             index,
             iteration,
@@ -237,6 +250,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
             "mean_return": mean_return,
             "episodes": episodes,
         })),
+        other => show_generation(&bar, &other),
     };
     let (dataset, source) = cache::load_or_generate(&spec, &root, &mut on_progress)?;
     bar.finish_and_clear();

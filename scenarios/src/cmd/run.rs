@@ -114,8 +114,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Result<()> {
     if let fedrl_common::scenario::Task::OfflineCql(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
-        let (d, _) = fedrl_rl::offline::load_or_generate(&t.dataset, &root, &mut |_| {})
-            .with_context(|| format!("preparing the dataset under {}", root.display()))?;
+        let bar = crate::cmd::data::generation_bar()?;
+        let (d, _) = fedrl_rl::offline::load_or_generate(&t.dataset, &root, &mut |p| {
+            crate::cmd::data::show_generation(&bar, &p)
+        })
+        .with_context(|| format!("preparing the dataset under {}", root.display()))?;
+        bar.finish_and_clear();
         eprintln!(
             "dataset {}: {} episodes of {} units",
             d.id,
