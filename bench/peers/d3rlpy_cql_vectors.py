@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes testdata/d3rlpy_discrete_cql.json: d3rlpy 2.8.1's own DiscreteCQL (its loss, its Adam,
+"""Writes rl/tests/fixtures/d3rlpy_discrete_cql.json: d3rlpy 2.8.1's own DiscreteCQL (its loss, its Adam,
 its target-sync schedule) run for a few updates from known parameters on known batches, so that
 fedrl's CQL (rl/tests/offline_cql.rs) is checked against the implementation it claims to match.
 
@@ -43,7 +43,7 @@ def load(q_func, values):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "testdata/d3rlpy_discrete_cql.json"
+    out = sys.argv[1] if len(sys.argv) > 1 else "rl/tests/fixtures/d3rlpy_discrete_cql.json"
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     cfg = d3rlpy.algos.DiscreteCQLConfig(

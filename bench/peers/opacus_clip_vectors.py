@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes testdata/opacus_clipped_cql.json: Opacus 1.6's per-sample clipped gradient of the
+"""Writes rl/tests/fixtures/opacus_clipped_cql.json: Opacus 1.6's per-sample clipped gradient of the
 discrete CQL loss (hooks mode, noise multiplier 0), from known parameters on a known batch, so
 that fedrl's `clipped_sum` is checked against Opacus (rl/tests/offline_cql.rs).
 
@@ -27,7 +27,7 @@ OBS, HIDDEN, ACTIONS, GAMMA, ALPHA, B = 3, [6, 5], 3, 0.95, 0.7, 16
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "testdata/opacus_clipped_cql.json"
+    out = sys.argv[1] if len(sys.argv) > 1 else "rl/tests/fixtures/opacus_clipped_cql.json"
     rng = np.random.default_rng(1)
     net = P.qnet(OBS, HIDDEN, ACTIONS)
     target = P.qnet(OBS, HIDDEN, ACTIONS)

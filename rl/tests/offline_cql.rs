@@ -588,12 +588,12 @@ fn target_copies_follow_the_interval() {
 
 /// fedrl's loss, gradient, Adam and target schedule against d3rlpy 2.8.1's own `DiscreteCQL`
 /// run from the same parameters on the same batches
-/// (`testdata/d3rlpy_discrete_cql.json`, written by `bench/peers/d3rlpy_cql_vectors.py`).
+/// (`rl/tests/fixtures/d3rlpy_discrete_cql.json`, written by `bench/peers/d3rlpy_cql_vectors.py`).
 #[test]
 fn matches_d3rlpy_discrete_cql() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../testdata/d3rlpy_discrete_cql.json"
+        "/tests/fixtures/d3rlpy_discrete_cql.json"
     );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -670,14 +670,14 @@ fn matches_d3rlpy_discrete_cql() {
 }
 
 /// `clipped_sum` (one row per unit) against Opacus 1.6's per-sample clipping of the same loss
-/// from the same parameters (`testdata/opacus_clipped_cql.json`, written by
+/// from the same parameters (`rl/tests/fixtures/opacus_clipped_cql.json`, written by
 /// `bench/peers/opacus_clip_vectors.py`). Opacus divides by `|g_i| + 1e-6` and fedrl by a
 /// rounding-safe upper bound of `|g_i|`: both differ from `|g_i|` by well under 1e-4 relative.
 #[test]
 fn clipped_sum_matches_opacus() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../testdata/opacus_clipped_cql.json"
+        "/tests/fixtures/opacus_clipped_cql.json"
     );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
