@@ -76,10 +76,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let exe = std::env::current_exe()?;
     eprintln!(
-        "{}: {} rounds, {} users, results in {}",
+        "{}: {} rounds, {} {}s, results in {}",
         run.scenario.name,
         run.scenario.rounds,
         run.scenario.users,
+        run.scenario.unit_kind,
         run.out_dir.display()
     );
     prepare_dataset(&run.scenario)?;
@@ -253,7 +254,7 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
         );
     }
     println!(
-        "operator-only (exact counts, do not publish): {} users, {} updates accepted, {} rejected",
+        "operator-only (exact counts, do not publish): {} contributions in released rounds, {} updates accepted, {} rejected",
         op["users"], op["updates_accepted"], op["updates_rejected"]
     );
     println!(
