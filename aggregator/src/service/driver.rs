@@ -284,14 +284,7 @@ impl EngineThread {
                     break;
                 }
             }
-            let mut stop = None;
-            while let Some(ev) = queue.pop_front() {
-                let actions = self.feed(now, ev)?;
-                if let Some(reason) = self.execute(now, actions, &mut queue, &mut metrics)? {
-                    stop = Some(reason);
-                    break;
-                }
-            }
+            let stop = self.drain(now, &mut queue, &mut metrics)?;
             self.flush_metrics_line(&mut metrics)?;
             if let Some(reason) = stop {
                 finished_reason = reason;
@@ -379,6 +372,17 @@ impl EngineThread {
                 return Ok(Some(reason));
             }
         }
+        self.drain(now, queue, metrics)
+    }
+
+    /// Feeds the queued events to the engine and executes their actions (which may queue more);
+    /// `Some(reason)` when the run is over.
+    fn drain(
+        &mut self,
+        now: f64,
+        queue: &mut VecDeque<Event>,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<Option<String>> {
         while let Some(ev) = queue.pop_front() {
             let actions = self.feed(now, ev)?;
             if let Some(reason) = self.execute(now, actions, queue, metrics)? {
