@@ -8,13 +8,25 @@
 //! Evaluations run the released greedy policy in the simulator with seeds disjoint from the
 //! dataset's: a diagnostic that touches no unit's data. The exported network is the final one
 //! (no selection by evaluation, which would tune on the environment).
+//!
+//! Selective DP-SGD (seed 000/002, Algorithm 3): the task's public schedule interleaves free
+//! steps, noise-free CQL steps on a batch of D_stable (the released prefixes: public, so these
+//! steps are post-processing), with the DP rounds. The free steps that precede DP step k + 1 run
+//! right after step k is applied (so round k + 1's offer carries their result); those before
+//! the first DP step run when D_stable arrives, and the last ones when the run ends.
 
 use std::path::Path;
 
+use fedrl_common::selective::Schedule;
 use fedrl_common::task::OfflineCqlTask;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::offline::TransitionBatch;
+use fedrl_rl::offline::cql::loss_and_grad;
 use fedrl_rl::offline::qnet::QNetSpec;
-use fedrl_rl::offline::train::{CqlTrainer, evaluate_greedy};
+use fedrl_rl::offline::train::{CqlTrainer, evaluate_greedy_for};
 use fedrl_rl::task::OfflineCqlTaskExt;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
 use crate::model::{ModelError, ModelState, ServerModel};
 
@@ -29,6 +41,13 @@ pub struct CqlModel {
     learner: CqlTrainer,
     /// Online parameters, then the target network's: what every offer carries.
     offer: Vec<f32>,
+    /// Selective DP-SGD: the public step schedule.
+    schedule: Option<Schedule>,
+    /// D_stable, once released.
+    stable: Option<TransitionBatch>,
+    /// DP steps applied, and free steps run (checkpointed).
+    dp_done: u64,
+    free_done: u64,
 }
 
 impl CqlModel {
@@ -40,6 +59,10 @@ impl CqlModel {
             spec,
             learner,
             offer: Vec::new(),
+            schedule: task.selective.as_ref().map(Schedule::new),
+            stable: None,
+            dp_done: 0,
+            free_done: 0,
         };
         m.refresh_offer();
         Ok(m)
@@ -61,13 +84,81 @@ impl CqlModel {
         self.learner.steps()
     }
 
+    /// Free steps the schedule has run before `dp_done` DP steps are applied, counting the ones
+    /// after the last DP step only when `to_end`.
+    fn free_due(&self, to_end: bool) -> u64 {
+        let Some(s) = &self.schedule else {
+            return 0;
+        };
+        let k = s.dp_steps();
+        let upto = if to_end { k } else { self.dp_done.min(k) };
+        (0..=upto).map(|i| s.gap_after(i)).sum()
+    }
+
+    /// Runs the free steps due: noise-free CQL steps on uniform batches of D_stable with the
+    /// same Adam and target schedule as the DP steps.
+    fn run_free_steps(&mut self, to_end: bool) -> anyhow::Result<()> {
+        let due = self.free_due(to_end);
+        if self.free_done >= due {
+            return Ok(());
+        }
+        let Some(sel) = &self.task.selective else {
+            return Ok(());
+        };
+        let Some(stable) = &self.stable else {
+            anyhow::bail!("free steps are due but D_stable has not been released");
+        };
+        if stable.is_empty() {
+            // Nothing was released: a free step has no data; skip them (recorded as run).
+            tracing::warn!(
+                skipped = due - self.free_done,
+                "D_stable is empty: the schedule's free steps are skipped"
+            );
+            self.free_done = due;
+            return Ok(());
+        }
+        let (batch_n, seed) = (sel.stable_batch as usize, sel.schedule_seed);
+        let device = Device::Cpu;
+        let started = std::time::Instant::now();
+        let first = self.free_done;
+        while self.free_done < due {
+            let mut rng =
+                Xoshiro256PlusPlus::seed_from_u64(seed ^ self.free_done.wrapping_mul(0x9E37_79B9));
+            let rows: Vec<usize> = (0..batch_n)
+                .map(|_| rng.random_range(0..stable.len()))
+                .collect();
+            let batch = stable.select(&rows);
+            let (_, grad) = loss_and_grad(
+                &self.spec,
+                &self.task.cql,
+                &self.learner.params,
+                &self.learner.target,
+                &batch,
+                &device,
+            )?;
+            self.learner.apply(&grad);
+            self.free_done += 1;
+            if (self.free_done - first).is_multiple_of(1000) {
+                tracing::info!(
+                    free_steps = self.free_done,
+                    of = self.free_due(true),
+                    seconds = started.elapsed().as_secs_f64(),
+                    "free steps on D_stable"
+                );
+            }
+        }
+        self.refresh_offer();
+        Ok(())
+    }
+
     fn evaluate_with(&self, episodes: usize, seed: u64) -> anyhow::Result<serde_json::Value> {
-        let r = evaluate_greedy(
+        let r = evaluate_greedy_for(
             &self.spec,
             self.online(),
             &self.task.dataset.env,
             episodes,
             seed,
+            self.task.eval_max_steps,
         )?;
         Ok(serde_json::json!({
             "eval_return": r.mean,
@@ -93,6 +184,11 @@ impl ServerModel for CqlModel {
             });
         }
         self.learner.apply(noisy_mean_gradient);
+        self.dp_done += 1;
+        if self.schedule.is_some() {
+            self.run_free_steps(false)
+                .map_err(|e| ModelError::Other(format!("free steps after a DP step: {e}")))?;
+        }
         self.refresh_offer();
         Ok(())
     }
@@ -102,7 +198,12 @@ impl ServerModel for CqlModel {
         let mut tensors = self.offer.clone();
         tensors.extend(self.learner.adam.state());
         ModelState {
-            meta: serde_json::json!({ "model": "offline_cql", "steps": self.steps() }),
+            meta: serde_json::json!({
+                "model": "offline_cql",
+                "steps": self.steps(),
+                "dp_steps": self.dp_done,
+                "free_steps": self.free_done,
+            }),
             tensors,
         }
     }
@@ -124,7 +225,32 @@ impl ServerModel for CqlModel {
         self.learner
             .target
             .copy_from_slice(&state.tensors[dim..2 * dim]);
+        self.dp_done = state.meta["dp_steps"].as_u64().unwrap_or(0);
+        self.free_done = state.meta["free_steps"].as_u64().unwrap_or(0);
         self.refresh_offer();
+        Ok(())
+    }
+
+    fn set_stable_data(&mut self, data: TransitionBatch) -> anyhow::Result<()> {
+        if self.schedule.is_none() {
+            anyhow::bail!("released data for a task without a selective schedule");
+        }
+        if data.obs_dim != self.spec.obs_dim {
+            anyhow::bail!(
+                "D_stable has observations of {} values, the Q-network expects {}",
+                data.obs_dim,
+                self.spec.obs_dim
+            );
+        }
+        self.stable = Some(data);
+        // The free steps before the first DP step (all of them when there is none).
+        self.run_free_steps(false)
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        if self.schedule.is_some() && self.stable.is_some() {
+            self.run_free_steps(true)?;
+        }
         Ok(())
     }
 

@@ -55,6 +55,21 @@ pub trait ServerModel: Send {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         None
     }
+    /// Expert-level runs: D_stable, the released prefixes, for the noise-free steps of the
+    /// schedule. Called once the release is accounted in the ledger. Other models refuse it.
+    fn set_stable_data(
+        &mut self,
+        _data: fedrl_rl::offline::TransitionBatch,
+    ) -> anyhow::Result<()> {
+        anyhow::bail!("this task trains on no released data")
+    }
+
+    /// The run ended normally (not by a signal): finish anything the model has scheduled after
+    /// its last round (e.g. the free steps of a selective schedule).
+    fn finish(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// Writes the trained model into `dir` (e.g. `policy.safetensors`) at the end of the run.
     fn export(&self, dir: &std::path::Path) -> anyhow::Result<()> {
         let _ = dir;

@@ -12,4 +12,5 @@ pub mod offline;
 pub mod privacy;
 pub mod protocol;
 pub mod scenario;
+pub mod selective;
 pub mod task;

@@ -300,6 +300,7 @@ impl Scenario {
 
     /// The automatic noise multiplier, validation and the derived clip norm, in that order.
     fn resolve(mut self, models: &dyn TaskModels) -> Result<Self, ScenarioError> {
+        self.resolve_selective_rounds()?;
         self.resolve_noise_multiplier()?;
         self.validate(models)?;
         self.resolve_clip_norm(models.dim(&self.task)?)?;
@@ -374,16 +375,59 @@ impl Scenario {
         Ok(())
     }
 
+    /// The selective task's configuration, if the scenario runs one.
+    pub fn selective(&self) -> Option<&crate::selective::SelectiveConfig> {
+        match &self.task {
+            Task::OfflineCql(t) => t.selective.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Selective DP-SGD: `rounds` is the number K of DP steps of the public schedule (every
+    /// round is one DP step), whatever the file said.
+    fn resolve_selective_rounds(&mut self) -> Result<(), ScenarioError> {
+        if let Some(sel) = self.selective() {
+            sel.validate().map_err(ScenarioError::Invalid)?;
+            self.rounds = crate::selective::Schedule::new(sel).dp_steps();
+        }
+        Ok(())
+    }
+
+    /// The DataRelease event every unit is charged with before training, if the task has one
+    /// (seed 002, Theorem 5.5: T passes, each (2 epsilon', delta_1 / 2T)-DP).
+    pub fn release_event(&self) -> Result<Option<DpEvent>, ScenarioError> {
+        let Some(r) = self.selective().and_then(|s| s.release.as_ref()) else {
+            return Ok(None);
+        };
+        crate::privacy::expert_release::release_event(r.epsilon, r.delta, r.trajectories)
+            .map(Some)
+            .map_err(|e| ScenarioError::Invalid(format!("task.selective.release: {e}")))
+    }
+
     /// The events one unit is charged with over the whole run at noise multiplier `z`, as the
     /// ledger will record them: under `fresh` one Gaussian (a unit takes part at most once);
     /// under `sampled` one Poisson-sampled Gaussian per round (every unit is charged with every
-    /// sampled round, drawn or not).
+    /// sampled round, drawn or not), after the DataRelease of a selective task.
     pub fn planned_unit_events(&self, z: f64) -> Vec<DpEvent> {
         let q = self.participation.sampling_rate().map(|q| q.get());
+        let mut events: Vec<DpEvent> = self.release_event().ok().flatten().into_iter().collect();
         match self.participation {
-            Participation::Fresh => vec![training_event(z, None)],
-            Participation::Sampled { .. } => vec![training_event(z, q); self.rounds as usize],
+            Participation::Fresh => events.push(training_event(z, None)),
+            Participation::Sampled { .. } => {
+                events.extend(std::iter::repeat_n(training_event(z, q), self.rounds as usize))
+            }
         }
+        events
+    }
+
+    /// The epsilon the ledger will report at the end of the run (at `delta`), for noise
+    /// multiplier `z`.
+    pub fn planned_epsilon(&self, z: f64) -> Result<f64, ScenarioError> {
+        let delta =
+            Delta::try_from(self.delta).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
+        accountant::unit_epsilon(&self.planned_unit_events(z), delta, AccountantKind::Pld)
+            .map(|e| e.0)
+            .map_err(|e| ScenarioError::Invalid(format!("accounting the planned run: {e}")))
     }
 
     /// Replaces `noise_multiplier = "auto"` by the smallest noise multiplier whose epsilon, as
@@ -438,6 +482,32 @@ impl Scenario {
             }
             z *= 1.0 + 1e-9;
         }
+        // Other events share the budget (a DataRelease before training): the rounds alone
+        // underestimate z. Bisect on the ledger's own figure, which falls as z grows.
+        if self.release_event()?.is_some() {
+            let fits = |z: f64| reported(z).map(|e| e <= target).map_err(bad);
+            let (mut lo, mut hi) = (z, z * 2.0);
+            let mut doublings = 0;
+            while !fits(hi)? {
+                (lo, hi) = (hi, hi * 2.0);
+                doublings += 1;
+                if doublings > 40 {
+                    return Err(ScenarioError::Invalid(format!(
+                        "noise_multiplier = \"auto\": the other events alone (the DataRelease) exceed epsilon {target} at delta {delta}"
+                    )));
+                }
+            }
+            while hi - lo > 1e-9 * hi {
+                let mid = 0.5 * (lo + hi);
+                if fits(mid)? {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            self.noise_multiplier = hi;
+            return Ok(());
+        }
         Err(ScenarioError::Invalid(format!(
             "noise_multiplier = \"auto\": no noise multiplier near {z} meets epsilon {target}"
         )))
@@ -479,7 +549,8 @@ impl Scenario {
     pub fn validate(&self, models: &dyn TaskModels) -> Result<(), ScenarioError> {
         let bad = |m: String| Err(ScenarioError::Invalid(m));
         let finite_pos = |x: f64| x.is_finite() && x > 0.0;
-        if self.rounds == 0 {
+        // A selective run may have no DP step at all (p = 0: released prefixes only).
+        if self.rounds == 0 && self.selective().is_none() {
             return bad("rounds must be at least 1".into());
         }
         if self.users == 0 {
@@ -573,6 +644,21 @@ impl Scenario {
                     "users ({}) must equal task.dataset.units ({}): every unit of the dataset is a privacy unit",
                     self.users, t.dataset.units
                 ));
+            }
+            // The plan (DataRelease + the schedule's DP steps) must fit the budget before
+            // anything runs; the ledger would otherwise stop DP steps part-way.
+            if t.selective.is_some() && !self.non_private {
+                let eps = self.planned_epsilon(self.noise_multiplier)?;
+                if eps > self.target_epsilon {
+                    return bad(format!(
+                        "the plan (DataRelease + {} DP-SGD steps at q = {} and noise multiplier {}) costs epsilon {eps:.4} at delta {}, above target_epsilon = {}: raise the noise multiplier (or \"auto\"), lower the release's epsilon, or take fewer steps",
+                        self.rounds,
+                        self.participation.sampling_rate().map_or(1.0, |q| q.get()),
+                        self.noise_multiplier,
+                        self.delta,
+                        self.target_epsilon
+                    ));
+                }
             }
         }
         // The label must be what one clipped contribution actually holds: the ledger and every

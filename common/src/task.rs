@@ -265,6 +265,14 @@ pub struct OfflineCqlTask {
     /// 1_000_000.
     #[serde(default = "d_cql_eval_seed")]
     pub eval_seed: u64,
+    /// Step limit of an evaluation episode; 0 (default): the environment's own limit. Seed
+    /// 000 evaluates CartPole at 1,000 steps and Acrobot at 200.
+    #[serde(default)]
+    pub eval_max_steps: u64,
+    /// Expert-level Selective DP-SGD (seed 000/002): a DataRelease of stable prefixes, then a
+    /// public schedule of DP and free steps. Absent: every round is one DP-SGD step.
+    #[serde(default)]
+    pub selective: Option<crate::selective::SelectiveConfig>,
 }
 
 impl OfflineCqlTask {
@@ -314,6 +322,9 @@ impl OfflineCqlTask {
                 "task.eval_every, task.eval_episodes and task.final_eval_episodes must be >= 1"
                     .into(),
             );
+        }
+        if let Some(sel) = &self.selective {
+            sel.validate().map_err(TaskError::Invalid)?;
         }
         Ok(())
     }

@@ -175,6 +175,23 @@ impl Central {
         });
     }
 
+    /// DataRelease: the released prefixes are public now; DP-SGD steps draw from the rest of
+    /// each unit's data (D_unst) only.
+    pub(super) fn release_prefixes(&mut self, prefixes: &[fedrl_common::protocol::ReleasedPrefix]) {
+        let mut by_unit: HashMap<UnitId, Vec<(usize, usize)>> = HashMap::new();
+        for p in prefixes {
+            by_unit
+                .entry(p.unit)
+                .or_default()
+                .push((p.first_row as usize, p.steps as usize));
+        }
+        for (unit, ranges) in by_unit {
+            if let Some(d) = self.data.get_mut(&unit) {
+                *d = d.without_ranges(&ranges);
+            }
+        }
+    }
+
     pub(super) fn has_work(&self) -> bool {
         !self.work.is_empty()
     }

@@ -37,6 +37,8 @@ const WINDOW_STEP: u64 = 64 << 10;
 /// What the engine thread asks a connection's writer to do.
 pub(super) enum Outbound {
     Control(Message),
+    /// A control message with a small payload (a DataRelease prefix query).
+    ControlWithPayload(Message, Vec<f32>),
     Offer {
         spec: RoundSpec,
         units: Vec<UnitId>,
@@ -453,6 +455,26 @@ async fn update_stream(
                     return;
                 }
             }
+            Message::TrajectoryData(header) => {
+                let input = Input::TrajectoryData {
+                    session,
+                    header,
+                    payload: std::mem::take(&mut body.data),
+                };
+                if shared.engine_tx.send(input).await.is_err() {
+                    return;
+                }
+            }
+            Message::PrefixCounts(counts) => {
+                if shared
+                    .engine_tx
+                    .send(Input::PrefixCounts { session, counts })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
             other => {
                 let m = format!("unexpected {} on an update stream", other.kind());
                 let input = Input::ProtocolError {
@@ -479,6 +501,11 @@ async fn writer_task(
         match *out {
             Outbound::Control(m) => {
                 if write_frame(&mut send, &m, &[]).await.is_err() {
+                    return;
+                }
+            }
+            Outbound::ControlWithPayload(m, payload) => {
+                if write_frame(&mut send, &m, &payload).await.is_err() {
                     return;
                 }
             }

@@ -16,8 +16,8 @@ use anyhow::Context;
 use bytes::Bytes;
 use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::protocol::{
-    Ack, ErrorCode, Leave, LeaveReason, Message, UnitData, UnitId, UnitRange, close_code,
-    encode_payload,
+    Ack, ErrorCode, Leave, LeaveReason, Message, PrefixCounts, StableReleased, TrajectoryData,
+    UnitData, UnitId, UnitRange, close_code, encode_payload,
 };
 use fedrl_common::scenario::Scenario;
 use tokio::sync::mpsc;
@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use super::central::{Central, CentralUpdate};
 use super::connection::{OutTx, Outbound, Shared, UpdateBody};
 use super::metrics::{Abandoned, Released, RoundMetrics};
+use super::release::{Release, ReleaseAction};
 use super::report::{OperatorCounts, PublicReport, RunReport, Timings};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, Event};
@@ -66,6 +67,17 @@ pub(super) enum Input {
         session: ClientId,
         units: u64,
     },
+    /// DataRelease: a candidate trajectory from its owner.
+    TrajectoryData {
+        session: ClientId,
+        header: TrajectoryData,
+        payload: Vec<f32>,
+    },
+    /// DataRelease: a client's prefix counts.
+    PrefixCounts {
+        session: ClientId,
+        counts: PrefixCounts,
+    },
     Tick,
     Shutdown,
 }
@@ -93,6 +105,12 @@ pub(super) struct EngineThread {
     pub(super) last_round: u64,
     /// The central update mode's data and work, when the task runs in it.
     pub(super) central: Option<Central>,
+    /// The DataRelease of an expert-level run, until it is accounted and D_stable handed over.
+    pub(super) release: Option<Release>,
+    /// What the release produced (public), for the report.
+    pub(super) selective_report: Option<serde_json::Value>,
+    /// The engine ended the run (rounds done, budget, population), not a signal.
+    pub(super) ended_by_engine: bool,
     pub(super) timings: Timings,
 }
 
@@ -144,15 +162,12 @@ impl EngineThread {
                     match self.central.as_mut() {
                         // Its units join the population once their data is here.
                         Some(c) => c.hold_join(session, units),
-                        None => queue.push_back(Event::ClientJoined {
-                            client: session,
-                            units,
-                        }),
+                        None => self.admit(session, units, &mut queue)?,
                     }
                 }
                 Input::Left { session } => {
                     self.sessions.remove(&session);
-                    let held = match self.central.as_mut() {
+                    let mut held = match self.central.as_mut() {
                         Some(c) => {
                             let held = c.is_pending(session);
                             c.left(session);
@@ -160,9 +175,40 @@ impl EngineThread {
                         }
                         None => false,
                     };
+                    if let Some(r) = self.release.as_mut()
+                        && r.holds(session)
+                    {
+                        held = true;
+                        let actions = r.left(session);
+                        self.release_actions(actions, &mut queue)?;
+                    }
                     if !held {
                         queue.push_back(Event::ClientLeft { client: session });
                     }
+                }
+                Input::TrajectoryData {
+                    session,
+                    header,
+                    payload,
+                } => {
+                    let actions = match self.release.as_mut() {
+                        Some(r) => r.trajectory(session, header, &payload),
+                        None => vec![ReleaseAction::Drop(
+                            session,
+                            "trajectory data, but no DataRelease is running".into(),
+                        )],
+                    };
+                    self.release_actions(actions, &mut queue)?;
+                }
+                Input::PrefixCounts { session, counts } => {
+                    let actions = match self.release.as_mut() {
+                        Some(r) => r.counts(session, counts),
+                        None => vec![ReleaseAction::Drop(
+                            session,
+                            "prefix counts, but no DataRelease is running".into(),
+                        )],
+                    };
+                    self.release_actions(actions, &mut queue)?;
                 }
                 Input::UnitData {
                     session,
@@ -175,7 +221,7 @@ impl EngineThread {
                         None => Err("unit data, but this run is not in the central update mode (the data stays with the clients)".into()),
                     };
                     match result {
-                        Ok(()) => self.central_ready(&mut queue),
+                        Ok(()) => self.central_ready(&mut queue)?,
                         Err(m) => {
                             self.rejected += 1;
                             tracing::warn!(session, unit, message = %m, "unit data refused");
@@ -199,7 +245,7 @@ impl EngineThread {
                         ),
                     };
                     match result {
-                        Ok(()) => self.central_ready(&mut queue),
+                        Ok(()) => self.central_ready(&mut queue)?,
                         Err(m) => self.send(
                             session,
                             Outbound::Close {
@@ -292,6 +338,12 @@ impl EngineThread {
             }
         }
         self.flush_metrics_line(&mut metrics)?;
+        if self.ended_by_engine {
+            // What the model scheduled after its last round (a selective schedule's last free
+            // steps) runs before the final checkpoint and evaluation.
+            self.model.finish().context("finishing the model's schedule")?;
+            self.snapshot = Bytes::from(encode_payload(self.model.params()));
+        }
         self.save_checkpoint()?;
         self.final_eval = self.model.final_evaluation();
         self.model
@@ -330,17 +382,163 @@ impl EngineThread {
     }
 
     /// Central mode: gives the engine the joins of clients whose data is complete.
-    fn central_ready(&mut self, queue: &mut VecDeque<Event>) {
+    fn central_ready(&mut self, queue: &mut VecDeque<Event>) -> anyhow::Result<()> {
         let Some(c) = self.central.as_mut() else {
-            return;
+            return Ok(());
         };
         for (client, units) in c.ready() {
             tracing::info!(
                 client,
                 "unit data complete; the client's units join the population"
             );
-            queue.push_back(Event::ClientJoined { client, units });
+            self.admit(client, units, queue)?;
         }
+        Ok(())
+    }
+
+    /// A client's units enter the population, or wait for the DataRelease to end.
+    fn admit(
+        &mut self,
+        client: ClientId,
+        units: Vec<UnitRange>,
+        queue: &mut VecDeque<Event>,
+    ) -> anyhow::Result<()> {
+        match self.release.as_mut() {
+            Some(r) => {
+                let actions = r.join(client, units);
+                self.release_actions(actions, queue)
+            }
+            None => {
+                queue.push_back(Event::ClientJoined { client, units });
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends what the release asks for; once it is over, accounts it and starts training.
+    fn release_actions(
+        &mut self,
+        actions: Vec<ReleaseAction>,
+        queue: &mut VecDeque<Event>,
+    ) -> anyhow::Result<()> {
+        for a in actions {
+            match a {
+                ReleaseAction::Request(client, req) => {
+                    self.send(client, Outbound::Control(Message::TrajectoryRequest(req)));
+                }
+                ReleaseAction::Query(client, q, payload) => {
+                    self.send(
+                        client,
+                        Outbound::ControlWithPayload(Message::PrefixQuery(q), payload),
+                    );
+                }
+                ReleaseAction::Drop(client, m) => {
+                    self.rejected += 1;
+                    tracing::warn!(client, message = %m, "DataRelease: client dropped");
+                    self.send(
+                        client,
+                        Outbound::Close {
+                            code: close_code::PROTOCOL,
+                            message: Some(Message::error(ErrorCode::Unexpected, &m, None, None)),
+                            reason: m,
+                        },
+                    );
+                }
+            }
+        }
+        if self.release.as_ref().is_some_and(Release::is_done) {
+            self.finish_release(queue)?;
+        }
+        Ok(())
+    }
+
+    /// The release is over: it is accounted in the ledger (fsynced) before anything of it
+    /// leaves, then D_stable is published, handed to the model and the owners, and the held
+    /// clients join the engine's population.
+    fn finish_release(&mut self, queue: &mut VecDeque<Event>) -> anyhow::Result<()> {
+        let Some(mut release) = self.release.take() else {
+            return Ok(());
+        };
+        let t = Instant::now();
+        let event = self
+            .scenario
+            .release_event()?
+            .context("a DataRelease ran without a release budget")?;
+        let record = fedrl_common::privacy::ledger::RoundRecord {
+            round: 0,
+            phase: "release".into(),
+            event,
+            // Every expert was queried: the release charges the whole population.
+            sampled_by_aggregator: true,
+            units: (0..self.scenario.users).collect(),
+            clip_norm: None,
+            expected_cohort: None,
+            noise_source: match self.scenario.seed {
+                Some(seed) => fedrl_common::privacy::noise::NoiseSource::Seeded { seed },
+                None => fedrl_common::privacy::noise::NoiseSource::Os,
+            },
+            unix_time_s: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        };
+        self.ledger
+            .append(record)
+            .context("accounting the DataRelease in the ledger")?;
+        let stable = super::release::publish(&release, &self.scenario, &self.dir)?;
+        let transitions = stable.len();
+        self.model
+            .set_stable_data(stable)
+            .context("handing D_stable to the model")?;
+        self.snapshot = Bytes::from(encode_payload(self.model.params()));
+        let prefixes: Vec<_> = release.stable().iter().map(|s| s.prefix).collect();
+        if let Some(c) = self.central.as_mut() {
+            c.release_prefixes(&prefixes);
+        }
+        let joined = release.take_joined();
+        for (client, units) in &joined {
+            let mine: Vec<_> = prefixes
+                .iter()
+                .filter(|p| units.iter().any(|r| r.contains(p.unit)))
+                .copied()
+                .collect();
+            self.send(
+                *client,
+                Outbound::Control(Message::StableReleased(StableReleased { prefixes: mine })),
+            );
+        }
+        self.timings.data_release_s += t.elapsed().as_secs_f64();
+        let p = release.params();
+        self.selective_report = Some(serde_json::json!({
+            "release": {
+                "epsilon_1": self.scenario.selective().and_then(|s| s.release.as_ref()).map(|r| r.epsilon),
+                "delta_1": self.scenario.selective().and_then(|s| s.release.as_ref()).map(|r| r.delta),
+                "trajectories_walked": release.walked(),
+                "prefixes_released": prefixes.len(),
+                "stable_transitions": transitions,
+                "epsilon_prime": p.epsilon_prime,
+                "delta_prime": p.delta_prime,
+                "c_min": p.c_min,
+                "theta": p.theta,
+                "theta_hat_offset": p.theta_hat_offset,
+                "wall_seconds": self.started.elapsed().as_secs_f64(),
+                "published": super::release::STABLE_DIR,
+            },
+        }));
+        tracing::info!(
+            prefixes = prefixes.len(),
+            transitions,
+            "DataRelease accounted and published; training starts"
+        );
+        // A checkpoint right away: the state directory agrees with the ledger if the process
+        // dies before the first round.
+        self.save_checkpoint()?;
+        for (client, units) in joined {
+            if self.sessions.contains_key(&client) {
+                queue.push_back(Event::ClientJoined { client, units });
+            }
+        }
+        Ok(())
     }
 
     /// Central mode: computes the pending offers' updates and feeds them to the engine, then
@@ -606,6 +804,7 @@ impl EngineThread {
                     })?;
                 }
                 Action::Finished { reason } => {
+                    self.ended_by_engine = true;
                     for out in self.sessions.values() {
                         let _ = out.send(Outbound::Close {
                             code: close_code::FINISHED,
@@ -670,6 +869,7 @@ impl EngineThread {
                 final_eval: self.last_eval.clone(),
                 final_evaluation: self.final_eval.clone(),
                 non_private: self.engine.config().non_private,
+                selective: self.selective_report.clone(),
             },
             operator: OperatorCounts {
                 units: rep.units,

@@ -39,6 +39,7 @@ mod central;
 mod connection;
 mod driver;
 mod metrics;
+mod release;
 pub mod report;
 pub mod resume;
 mod startup;

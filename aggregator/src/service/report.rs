@@ -42,6 +42,10 @@ pub struct PublicReport {
     pub final_evaluation: Option<serde_json::Value>,
     /// True for a non-private twin: no clipping, no noise, epsilon = infinity.
     pub non_private: bool,
+    /// Expert-level runs: the DataRelease (its parameters, the candidates walked, |D_stable|;
+    /// all public, D_stable itself is published) and the step schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selective: Option<serde_json::Value>,
 }
 
 /// Exact counts of a run, for the operator only: under Poisson sampling the number of units and
@@ -83,6 +87,10 @@ pub struct Timings {
     pub metrics_epsilon_s: f64,
     /// Central mode: computing the units' clipped gradients.
     pub central_compute_s: f64,
+    /// DataRelease (expert-level runs): from the first candidate to the accounted release,
+    /// waiting for the clients included.
+    #[serde(default)]
+    pub data_release_s: f64,
 }
 
 /// The end-of-run report: serialised flat (both parts' fields side by side), as written to

@@ -86,6 +86,26 @@ pub async fn run(
         );
     }
 
+    // A resumed expert-level run whose DataRelease is in the ledger already: D_stable comes
+    // back from where it was published (a release is never run, nor charged, twice).
+    if scenario.selective().is_some() && super::release::released_already(&ledger) {
+        let obs_dim = match &scenario.task {
+            fedrl_common::scenario::Task::OfflineCql(t) => {
+                fedrl_rl::task::OfflineCqlTaskExt::qnet_spec(t)?.obs_dim
+            }
+            _ => 0,
+        };
+        let stable = super::release::load_published(&dir, obs_dim)?;
+        eprintln!(
+            "DataRelease already accounted: {} released transitions read back",
+            stable.len()
+        );
+        model
+            .set_stable_data(stable)
+            .context("handing the published D_stable to the model")?;
+    }
+    let release = super::release::for_scenario(&scenario, &ledger)?;
+
     let cfg = EngineConfig::for_scenario(&scenario)?;
     if model.params().len() != cfg.offer_dim {
         anyhow::bail!(
@@ -165,6 +185,9 @@ pub async fn run(
         shared: engine_shared,
         last_round,
         central: super::central::Central::for_scenario(&scenario)?,
+        release,
+        selective_report: None,
+        ended_by_engine: false,
         timings: Default::default(),
     };
     std::thread::Builder::new()

@@ -148,6 +148,65 @@ pub struct DataComplete {
 }
 
 /// Server -> client on the control stream: an update was accepted into the round's sum.
+/// DataRelease (seed 002, Algorithm 2), aggregator to the client hosting `unit`: send episode
+/// `episode` of that expert's demonstrations, the candidate trajectory `query`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrajectoryRequest {
+    pub query: u64,
+    pub unit: UnitId,
+    pub episode: u32,
+}
+
+/// The answer to a [`TrajectoryRequest`], on its own stream: `rows` transitions of
+/// `fedrl_rl::offline::dpsgd::encode_rows`' layout follow as the payload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrajectoryData {
+    pub query: u64,
+    pub unit: UnitId,
+    pub episode: u32,
+    /// Row of the episode's first transition among the unit's transitions (episodes in
+    /// order): where a released prefix sits in the unit's data.
+    pub first_row: u32,
+    pub rows: u32,
+    pub obs_dim: u32,
+}
+
+/// DataRelease, aggregator to every client: the candidate trajectory `query` (payload: `steps`
+/// rows of `obs_dim` observation values then the action index, as f32). Each client answers
+/// with [`PrefixCounts`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefixQuery {
+    pub query: u64,
+    pub steps: u32,
+    pub obs_dim: u32,
+}
+
+/// A client's answer to [`PrefixQuery`] `query`: for h = 1..=steps, the sum over the client's
+/// experts of the probability that the expert plays the prefix's first h actions (each expert's
+/// term is a probability, so at most 1: the sensitivity of the count is 1 per expert).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefixCounts {
+    pub query: u64,
+    pub counts: Vec<f64>,
+}
+
+/// One released prefix: the first `steps` transitions of episode `episode` of expert `unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleasedPrefix {
+    pub unit: UnitId,
+    pub episode: u32,
+    /// Row of the episode's first transition among the unit's transitions.
+    pub first_row: u32,
+    pub steps: u32,
+}
+
+/// DataRelease done, aggregator to each client: the released prefixes of the client's own
+/// experts. They are public now; DP-SGD steps draw only from the rest (D_unst).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StableReleased {
+    pub prefixes: Vec<ReleasedPrefix>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Ack {
     pub round: u64,
@@ -229,6 +288,11 @@ pub enum Message {
     Leave(Leave),
     UnitData(UnitData),
     DataComplete(DataComplete),
+    TrajectoryRequest(TrajectoryRequest),
+    TrajectoryData(TrajectoryData),
+    PrefixQuery(PrefixQuery),
+    PrefixCounts(PrefixCounts),
+    StableReleased(StableReleased),
 }
 
 impl Message {
@@ -244,6 +308,11 @@ impl Message {
             Message::Leave(_) => "leave",
             Message::UnitData(_) => "unit data",
             Message::DataComplete(_) => "data complete",
+            Message::TrajectoryRequest(_) => "trajectory request",
+            Message::TrajectoryData(_) => "trajectory data",
+            Message::PrefixQuery(_) => "prefix query",
+            Message::PrefixCounts(_) => "prefix counts",
+            Message::StableReleased(_) => "stable released",
         }
     }
 

@@ -30,7 +30,9 @@ pub use messages::*;
 ///
 /// Version 2: round specs carry `offer_dim`; units can upload their data (`UnitData`,
 /// `DataComplete`) for the central update mode.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version 3: DataRelease of expert-level runs (`TrajectoryRequest`, `TrajectoryData`,
+/// `PrefixQuery`, `PrefixCounts`, `StableReleased`).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).

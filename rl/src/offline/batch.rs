@@ -52,4 +52,24 @@ impl TransitionBatch {
         }
         out
     }
+
+    /// `self` without the rows of `ranges` (`(first_row, count)` pairs; rows past the end are
+    /// ignored): what stays private once some prefixes are released.
+    pub fn without_ranges(&self, ranges: &[(usize, usize)]) -> TransitionBatch {
+        let mut drop = vec![false; self.len()];
+        for &(start, count) in ranges {
+            for d in drop.iter_mut().skip(start).take(count) {
+                *d = true;
+            }
+        }
+        let keep: Vec<usize> = (0..self.len()).filter(|&i| !drop[i]).collect();
+        self.select(&keep)
+    }
+
+    /// Appends every transition of `other` (same `obs_dim`).
+    pub fn extend_from(&mut self, other: &TransitionBatch) {
+        for i in 0..other.len() {
+            self.push_from(other, i);
+        }
+    }
 }

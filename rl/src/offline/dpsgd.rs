@@ -29,8 +29,8 @@ pub fn draw_rows(data_seed: u64, round: u64, unit: u64, n_rows: usize, k: u32) -
 /// `offer` is the round's offered vector: the online parameters, then the target network's
 /// (`2 * spec.dim()` values). Each unit's gradient is the mean of the per-example gradients of
 /// its [`draw_rows`] transitions, clipped to L2 norm `clip_norm` (`f64::INFINITY`: no clipping,
-/// for a non-private twin). Units with no data are skipped. One batched computation for all
-/// units.
+/// for a non-private twin). A unit with no data gets a zero gradient. One batched computation
+/// for all units.
 #[allow(clippy::too_many_arguments)]
 pub fn unit_gradients(
     spec: &QNetSpec,
@@ -54,8 +54,12 @@ pub fn unit_gradients(
     let mut batch = TransitionBatch::new(spec.obs_dim);
     let mut unit_of_row = Vec::new();
     let mut ids = Vec::new();
+    // A unit with no data left (every transition of it released as a stable prefix) still
+    // answers its offer, with a zero gradient: the round need not wait for it.
+    let mut empty: Vec<(u64, Vec<f32>)> = Vec::new();
     for (unit, data) in units {
         if data.is_empty() {
+            empty.push((*unit, vec![0.0; dim]));
             continue;
         }
         let idx = ids.len() as u32;
@@ -66,7 +70,7 @@ pub fn unit_gradients(
         ids.push(*unit);
     }
     if ids.is_empty() {
-        return Ok(Vec::new());
+        return Ok(empty);
     }
     // A non-private twin clips at +inf: the largest finite bound clips nothing.
     let clip = if clip_norm.is_finite() {
@@ -85,7 +89,9 @@ pub fn unit_gradients(
         clip,
         device,
     )?;
-    Ok(ids.into_iter().zip(grads.grads).collect())
+    let mut out: Vec<(u64, Vec<f32>)> = ids.into_iter().zip(grads.grads).collect();
+    out.extend(empty);
+    Ok(out)
 }
 
 /// Values per uploaded row: observation, next observation, action, reward, terminal.

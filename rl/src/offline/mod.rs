@@ -30,4 +30,4 @@ pub use dataset::{Dataset, DatasetSummary, Episode};
 pub use generate::generate;
 pub use per_example::{UnitGradients, clipped_sum, per_unit_clipped};
 pub use qnet::QNetSpec;
-pub use train::{CqlTrainer, evaluate_greedy, train_cql};
+pub use train::{CqlTrainer, evaluate_greedy, evaluate_greedy_for, train_cql};

@@ -127,6 +127,21 @@ pub fn evaluate_greedy(
     episodes: usize,
     seed: u64,
 ) -> Result<EvalResult> {
+    evaluate_greedy_for(spec, params, env_id, episodes, seed, 0)
+}
+
+/// [`evaluate_greedy`] with the evaluation's own horizon: an episode ends when it terminates or
+/// after `max_steps` steps, whatever the environment's time limit (seed 000 evaluates CartPole
+/// at 1,000 steps, past CartPole-v1's 500, like Gymnasium's `max_episode_steps=1000`). 0: the
+/// environment's own limit.
+pub fn evaluate_greedy_for(
+    spec: &QNetSpec,
+    params: &[f32],
+    env_id: &str,
+    episodes: usize,
+    seed: u64,
+    max_steps: u64,
+) -> Result<EvalResult> {
     let device = Device::Cpu;
     let net = DeviceNet::upload(spec, params, &device)?;
     let mut envs = (0..episodes)
@@ -152,7 +167,12 @@ pub fn evaluate_greedy(
     let mut returns = vec![0f64; episodes];
     let mut active: Vec<usize> = (0..episodes).collect();
     let mut batch_obs = Vec::with_capacity(episodes * d);
-    for _ in 0..MAX_EVAL_STEPS {
+    let horizon = if max_steps > 0 {
+        max_steps
+    } else {
+        MAX_EVAL_STEPS as u64
+    };
+    for t in 0..horizon {
         if active.is_empty() {
             break;
         }
@@ -167,13 +187,18 @@ pub fn evaluate_greedy(
             let a = greedy(qi);
             let step = envs[i].step(Action::Discrete(a), &mut obs[i * d..(i + 1) * d])?;
             returns[i] += step.reward;
-            if !(step.terminated || step.truncated) {
+            let ended = if max_steps > 0 {
+                step.terminated || t + 1 >= max_steps
+            } else {
+                step.terminated || step.truncated
+            };
+            if !ended {
                 still.push(i);
             }
         }
         active = still;
     }
-    if !active.is_empty() {
+    if !active.is_empty() && max_steps == 0 {
         return Err(NnError::Invalid(format!(
             "{env_id}: evaluation episodes did not end within {MAX_EVAL_STEPS} steps"
         )));
