@@ -314,9 +314,8 @@ pub fn noise_multiplier(
             Err(e) => Err(e),
         }
     };
-    // Bracket [lo, hi] with lo infeasible (gap > 0) and hi feasible (gap <= 0). PLD starts from
-    // the RDP answer (cheap, and PLD is tighter, so it is feasible or nearly so), which also
-    // spares PLD the huge grids of tiny noise levels; RDP starts from z = 1.
+    // PLD starts from the RDP answer (cheap, and PLD is tighter, so it is feasible or nearly
+    // so), which also spares PLD the huge grids of tiny noise levels; RDP starts from z = 1.
     let (start, factor) = match kind {
         AccountantKind::Pld => {
             match noise_multiplier(
@@ -332,6 +331,33 @@ pub fn noise_multiplier(
         }
         AccountantKind::Rdp => (1.0, 0.5),
     };
+    smallest_noise_multiplier(gap, start, factor).map_err(|e| match e {
+        PrivacyError::NoSolution(_) => PrivacyError::NoSolution(format!(
+            "no noise multiplier up to {MAX_NOISE_MULTIPLIER} reaches epsilon {target_epsilon} \
+             at delta {delta} over {steps} steps at rate {sampling_rate}"
+        )),
+        other => other,
+    })
+}
+
+/// The search behind [`noise_multiplier`], for any plan: the smallest z in (0,
+/// [`MAX_NOISE_MULTIPLIER`]], to relative tolerance [`NOISE_RELATIVE_TOLERANCE`], with
+/// `gap(z) <= 0`, where `gap(z)` is epsilon(z) - target (non-increasing in z; +inf where the
+/// accountant cannot account z, which is then treated as infeasible). The search starts at
+/// `start` and walks down by `factor` in (0, 1) or up by 2 to bracket the answer. The returned z
+/// always has `gap(z) <= 0` (the bracket keeps its feasible end). `NoSolution` when even
+/// [`MAX_NOISE_MULTIPLIER`] is infeasible.
+pub(crate) fn smallest_noise_multiplier(
+    mut gap: impl FnMut(f64) -> Result<f64, PrivacyError>,
+    start: f64,
+    factor: f64,
+) -> Result<f64, PrivacyError> {
+    if !(start.is_finite() && start > 0.0 && factor > 0.0 && factor < 1.0) {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "noise search needs a positive start and a factor in (0, 1), got ({start}, {factor})"
+        )));
+    }
+    // Bracket [lo, hi] with lo infeasible (gap > 0) and hi feasible (gap <= 0).
     let (mut lo, mut hi, mut g_lo, mut g_hi);
     let g_start = gap(start)?;
     if g_start <= 0.0 {
@@ -355,8 +381,7 @@ pub fn noise_multiplier(
             hi *= 2.0;
             if hi > MAX_NOISE_MULTIPLIER {
                 return Err(PrivacyError::NoSolution(format!(
-                    "no noise multiplier up to {MAX_NOISE_MULTIPLIER} reaches epsilon \
-                     {target_epsilon} at delta {delta} over {steps} steps at rate {sampling_rate}"
+                    "no noise multiplier up to {MAX_NOISE_MULTIPLIER} meets the target"
                 )));
             }
             g_hi = gap(hi)?;

@@ -134,6 +134,10 @@ pub struct ReleaseParameters {
     pub theta: f64,
     /// theta + (4/epsilon') ln(1/delta'), before the per-trajectory Laplace noise.
     pub theta_hat_offset: f64,
+    /// T: the number of trajectories the release examines (each costs one pass).
+    pub trajectories: u64,
+    /// L: the accounting horizon, the longest trajectory the release may walk (steps).
+    pub horizon: u64,
 }
 
 impl ReleaseParameters {
@@ -157,8 +161,96 @@ impl ReleaseParameters {
             c_min,
             theta,
             theta_hat_offset,
+            trajectories,
+            horizon,
         })
     }
+}
+
+/// Algorithm 2, lines 7-16, for one candidate trajectory as the coordinator runs it: draws
+/// theta^ (line 7), then runs PrefixQuery on the prefix counts h = 1, 2, ... in order, and
+/// returns the number k of leading steps released: `counts.len()` when every prefix passes
+/// (lines 11-12: the trajectory is released whole), otherwise the length of the prefix before
+/// the first failing query (lines 13-16; 0 when the first query fails, nothing is released).
+///
+/// `counts[h-1]` is the count of the prefix of length h: the sum over all experts of the
+/// probability that the expert takes the prefix's actions in its states (sensitivity 1 per
+/// expert). A trajectory shorter than the horizon L is walked over its own length; L stays the
+/// accounting horizon (delta' = delta_1 / (2 T L) already covers L queries). Noise comes from
+/// `rng` (the aggregator's CSPRNG): theta^'s Laplace draw first, then one draw per query, and no
+/// draw after the first failure.
+///
+/// Refuses (`InvalidAnswer`) an empty walk, one longer than L, and counts that are negative or
+/// not finite (a NaN would silently fail every comparison); answers should have passed
+/// [`super::expert_answers::check_prefix_counts`] before they were summed.
+pub fn stable_prefix<R: Rng + ?Sized>(
+    counts: &[f64],
+    params: &ReleaseParameters,
+    rng: &mut R,
+) -> Result<usize, PrivacyError> {
+    let len = counts.len();
+    if len == 0 || len as u64 > params.horizon {
+        return Err(PrivacyError::InvalidAnswer(format!(
+            "a release walks 1 to L = {} prefix counts, got {len}",
+            params.horizon
+        )));
+    }
+    if let Some((i, c)) = counts
+        .iter()
+        .enumerate()
+        .find(|(_, c)| !(c.is_finite() && **c >= 0.0))
+    {
+        return Err(PrivacyError::InvalidAnswer(format!(
+            "prefix count of length {} is {c}: counts must be finite and >= 0",
+            i + 1
+        )));
+    }
+    let threshold = theta_hat(
+        params.theta,
+        params.epsilon_prime,
+        params.delta_prime,
+        rng,
+    )?;
+    for (i, &count) in counts.iter().enumerate() {
+        if !prefix_query(count, threshold, params.epsilon_prime, rng)? {
+            return Ok(i);
+        }
+    }
+    Ok(len)
+}
+
+/// The longest prefix (in steps, at most L) that can pass the noise-free threshold
+/// theta + (4/epsilon') ln(1/delta') when `experts` experts (m) choose among `n_actions` actions
+/// (|A|) with every action at least `p_min` likely (Assumption 3): a prefix of length h has
+/// count at most m (1 - (|A|-1) p_min)^h, since each step's action has probability at most
+/// 1 - (|A|-1) p_min for every expert. So over T trajectories the release holds at most about
+/// T x this many transitions. The Laplace noise on theta^ and on each count can move the real
+/// bound a few steps either way (it is the noise-free crossing, not a hard cap). 0 when even
+/// the empty prefix's count m is below the offset.
+pub fn max_stable_prefix(
+    experts: u64,
+    n_actions: u64,
+    p_min: f64,
+    params: &ReleaseParameters,
+) -> Result<u64, PrivacyError> {
+    if n_actions < 2 || !(p_min > 0.0 && p_min * (n_actions as f64) < 1.0) {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "need |A| >= 2 and p_min in (0, 1/|A|), got |A| = {n_actions}, p_min = {p_min}"
+        )));
+    }
+    let top = 1.0 - (n_actions - 1) as f64 * p_min;
+    let m = experts as f64;
+    if m <= params.theta_hat_offset {
+        return Ok(0);
+    }
+    // m top^h > offset  <=>  h < ln(m / offset) / ln(1/top).
+    let crossing = (m / params.theta_hat_offset).ln() / (-top.ln());
+    let mut h = crossing.floor();
+    if h == crossing {
+        // The count must exceed the offset strictly.
+        h -= 1.0;
+    }
+    Ok((h.max(0.0) as u64).min(params.horizon))
 }
 
 /// Theorem 5.3: the guarantee of one trajectory's pass, (2 epsilon', delta_1 / (2T)).

@@ -7,6 +7,8 @@ pub mod composition;
 pub mod discrete_gaussian;
 pub mod error;
 pub mod event;
+pub mod expert_answers;
+pub mod expert_plan;
 pub mod expert_release;
 pub mod fixed_point;
 pub mod gaussian;
