@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::protocol::{
     DataComplete, DecodeError, ErrorCode, Join, LeaveReason, MAX_CONTROL_FRAME_BYTES, Message,
-    RoundOffer, UnitData, UnitId, UnitRange, Update, Welcome, encode_payload, frame_prefix,
+    PrefixCounts, PrefixQuery, RoundOffer, TrajectoryData, TrajectoryRequest, UnitData, UnitId,
+    UnitRange, Update, Welcome, encode_payload, frame_prefix,
 };
 use fedrl_common::scenario::Churn;
 use quinn::{Connection, ConnectionError, VarInt};
@@ -429,6 +430,13 @@ impl Agent {
                                 LeaveReason::Finished => return SessionEnd::Finished(l.message),
                                 LeaveReason::Shutdown => return SessionEnd::Retry(l.message),
                             },
+                            Message::TrajectoryRequest(r) => self.send_trajectory(conn, r).await,
+                            Message::PrefixQuery(q) => self.answer_prefix_query(conn, q, f.payload).await,
+                            Message::StableReleased(r) => {
+                                if let Some(t) = &self.trainer {
+                                    t.lock().unwrap_or_else(|p| p.into_inner()).stable_released(&r.prefixes);
+                                }
+                            }
                             _ => {}
                         },
                         _ => control_open = false,
@@ -455,6 +463,84 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// DataRelease: sends the demonstration the coordinator asked for on its own stream.
+    async fn send_trajectory(&mut self, conn: &Connection, r: TrajectoryRequest) {
+        let Some(trainer) = self.trainer.clone() else {
+            return;
+        };
+        let rows = trainer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .episode_rows(r.unit, r.episode);
+        let (up, first_row) = match rows {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(unit = r.unit, episode = r.episode, error = %e, "trajectory request not answered");
+                return;
+            }
+        };
+        let msg = Message::TrajectoryData(TrajectoryData {
+            query: r.query,
+            unit: r.unit,
+            episode: r.episode,
+            first_row,
+            rows: up.rows,
+            obs_dim: up.obs_dim,
+        });
+        if let Err(e) = send_on_stream(conn, &msg, &up.payload).await {
+            tracing::warn!(error = %e, "sending a trajectory failed");
+        }
+    }
+
+    /// DataRelease: answers a candidate trajectory with the summed prefix probabilities of this
+    /// agent's experts (computed off the async runtime).
+    async fn answer_prefix_query(&mut self, conn: &Connection, q: PrefixQuery, payload: Vec<f32>) {
+        let Some(trainer) = self.trainer.clone() else {
+            return;
+        };
+        let (steps, d) = (q.steps as usize, q.obs_dim as usize);
+        if payload.len() != steps * (d + 1) || steps == 0 {
+            tracing::warn!(query = q.query, "prefix query of the wrong length; not answered");
+            return;
+        }
+        let mut obs = Vec::with_capacity(steps * d);
+        let mut actions = Vec::with_capacity(steps);
+        for row in payload.chunks_exact(d + 1) {
+            obs.extend_from_slice(&row[..d]);
+            let a = row[d];
+            if !(a.is_finite() && a >= 0.0 && a.fract() == 0.0) {
+                tracing::warn!(query = q.query, "prefix query with a bad action; not answered");
+                return;
+            }
+            actions.push(a as u32);
+        }
+        let counts = tokio::task::spawn_blocking(move || {
+            trainer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .prefix_counts(&obs, &actions)
+        })
+        .await;
+        let counts = match counts {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                tracing::warn!(query = q.query, error = %e, "prefix query not answered");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the prefix count task failed");
+                return;
+            }
+        };
+        let msg = Message::PrefixCounts(PrefixCounts {
+            query: q.query,
+            counts,
+        });
+        if let Err(e) = send_on_stream(conn, &msg, &[]).await {
+            tracing::warn!(error = %e, "sending prefix counts failed");
         }
     }
 
@@ -619,6 +705,22 @@ async fn upload(
     }
     s.finish()?;
     Ok(updates.len())
+}
+
+/// Sends one frame on a new stream.
+async fn send_on_stream(
+    conn: &Connection,
+    msg: &Message,
+    payload: &[f32],
+) -> Result<(), UploadError> {
+    let mut s = conn.open_uni().await?;
+    let prefix = frame_prefix(msg, payload.len() * 4)?;
+    s.write_all(&prefix).await?;
+    if !payload.is_empty() {
+        s.write_chunk(encode_payload(payload).into()).await?;
+    }
+    s.finish()?;
+    Ok(())
 }
 
 /// Uploads every unit's data on one new stream, one `UnitData` frame per unit.

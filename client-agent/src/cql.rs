@@ -3,12 +3,17 @@
 //! offer, computes every offered unit's clipped gradient on its own data
 //! ([`fedrl_rl::offline::dpsgd::unit_gradients`]). In the central mode it uploads the units'
 //! data once instead, and the aggregator computes the same gradients.
+//!
+//! Expert-level runs (seed 002): the agent also hosts its experts' policies. During the
+//! DataRelease it sends a demonstration the coordinator asks for, and answers each candidate
+//! trajectory with the summed prefix probabilities of its experts; the policies themselves never
+//! leave the agent. Released prefixes are then dropped from the units' data (D_unst).
 
 use std::collections::BTreeMap;
 
 use anyhow::Context;
 use fedrl_common::offline::UpdateMode;
-use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
+use fedrl_common::protocol::{ReleasedPrefix, RoundSpec, UnitId, UnitRange};
 use fedrl_common::task::OfflineCqlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::offline::TransitionBatch;
@@ -22,8 +27,12 @@ use crate::trainer::{LocalTrainer, UnitUpload};
 pub struct CqlTrainer {
     task: OfflineCqlTask,
     spec: QNetSpec,
-    /// Transitions of every hosted unit.
+    /// Transitions of every hosted unit (its episodes in order).
     units: BTreeMap<UnitId, TransitionBatch>,
+    /// (first row, length) of every hosted unit's episodes, in order.
+    episodes: BTreeMap<UnitId, Vec<(u32, u32)>>,
+    /// The hosted experts' policies, for expert-level runs with a DataRelease.
+    experts: Option<fedrl_rl::offline::experts::ExpertSet>,
     device: Device,
 }
 
@@ -52,19 +61,36 @@ impl CqlTrainer {
             );
         }
         let mut all = dataset.unit_transitions();
+        let mut bounds: BTreeMap<UnitId, Vec<(u32, u32)>> = BTreeMap::new();
+        for e in &dataset.episodes {
+            let b = bounds.entry(e.unit).or_default();
+            let first = b.last().map_or(0, |(f, n)| f + n);
+            b.push((first, e.len() as u32));
+        }
         let mut units = BTreeMap::new();
+        let mut episodes = BTreeMap::new();
         for r in hosted {
             for u in r.start..r.end {
                 let data = all.remove(&u).with_context(|| {
                     format!("unit {u} is hosted here but owns no data in {}", dataset.id)
                 })?;
                 units.insert(u, data);
+                episodes.insert(u, bounds.remove(&u).unwrap_or_default());
             }
         }
+        let experts = match task.selective.as_ref().and_then(|s| s.release.as_ref()) {
+            Some(_) => Some(
+                fedrl_rl::offline::experts::ExpertSet::load(&task.dataset, &root)
+                    .with_context(|| format!("loading the expert policies of {}", dataset.id))?,
+            ),
+            None => None,
+        };
         Ok(CqlTrainer {
             task: task.clone(),
             spec,
             units,
+            episodes,
+            experts,
             device,
         })
     }
@@ -98,6 +124,63 @@ impl LocalTrainer for CqlTrainer {
                 Vec::new()
             }
         }
+    }
+
+    fn episode_rows(&self, unit: UnitId, episode: u32) -> Result<(UnitUpload, u32), String> {
+        let (Some(data), Some(bounds)) = (self.units.get(&unit), self.episodes.get(&unit)) else {
+            return Err(format!("unit {unit} is not hosted here"));
+        };
+        let Some(&(first, len)) = bounds.get(episode as usize) else {
+            return Err(format!(
+                "unit {unit} has {} episodes, not episode {episode}",
+                bounds.len()
+            ));
+        };
+        let rows: Vec<usize> = (first as usize..(first + len) as usize).collect();
+        if rows.last().is_some_and(|&r| r >= data.len()) {
+            return Err(format!(
+                "episode {episode} of unit {unit} is no longer held whole (released already)"
+            ));
+        }
+        let ep = data.select(&rows);
+        Ok((
+            UnitUpload {
+                unit,
+                obs_dim: ep.obs_dim as u32,
+                rows: ep.len() as u32,
+                payload: encode_rows(&ep),
+            },
+            first,
+        ))
+    }
+
+    fn prefix_counts(&self, obs: &[f32], actions: &[u32]) -> Result<Vec<f64>, String> {
+        let Some(experts) = &self.experts else {
+            return Err("this run has no DataRelease: no expert policy is loaded".into());
+        };
+        let hosted: Vec<u64> = self.units.keys().copied().collect();
+        experts
+            .prefix_counts(&hosted, obs, actions)
+            .map_err(|e| e.to_string())
+    }
+
+    fn stable_released(&mut self, prefixes: &[ReleasedPrefix]) {
+        let mut by_unit: BTreeMap<UnitId, Vec<(usize, usize)>> = BTreeMap::new();
+        for p in prefixes {
+            by_unit
+                .entry(p.unit)
+                .or_default()
+                .push((p.first_row as usize, p.steps as usize));
+        }
+        for (unit, ranges) in by_unit {
+            if let Some(d) = self.units.get_mut(&unit) {
+                *d = d.without_ranges(&ranges);
+            }
+        }
+        tracing::info!(
+            prefixes = prefixes.len(),
+            "released prefixes dropped from the units' DP-SGD data"
+        );
     }
 
     fn unit_data(&self) -> Vec<UnitUpload> {

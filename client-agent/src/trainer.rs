@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange, Welcome};
+use fedrl_common::protocol::{ReleasedPrefix, RoundSpec, UnitId, UnitRange, Welcome};
 use fedrl_common::scenario::{MeanEstimationTask, Task};
 use fedrl_rl::candle_core::Device;
 
@@ -29,6 +29,26 @@ pub trait LocalTrainer: Send {
     /// default) in the federated mode: the data never leaves the agent.
     fn unit_data(&self) -> Vec<UnitUpload> {
         Vec::new()
+    }
+
+    /// DataRelease (seed 002): episode `episode` of unit `unit`, as an upload (its `payload` in
+    /// `encode_rows` layout) and the row of its first transition among the unit's transitions.
+    fn episode_rows(&self, unit: UnitId, episode: u32) -> Result<(UnitUpload, u32), String> {
+        let _ = (unit, episode);
+        Err("this task holds no expert demonstrations".into())
+    }
+
+    /// DataRelease: for h = 1..=L, the sum over this agent's experts of the probability of
+    /// playing the trajectory's first h actions (`obs`: L rows of `obs_dim` raw observations).
+    fn prefix_counts(&self, obs: &[f32], actions: &[u32]) -> Result<Vec<f64>, String> {
+        let _ = (obs, actions);
+        Err("this task has no expert policies".into())
+    }
+
+    /// DataRelease: these prefixes of this agent's units are public now; DP-SGD steps draw from
+    /// the rest.
+    fn stable_released(&mut self, prefixes: &[ReleasedPrefix]) {
+        let _ = prefixes;
     }
 }
 

@@ -645,6 +645,12 @@ impl Scenario {
                     self.users, t.dataset.units
                 ));
             }
+            if t.selective.is_some() && self.non_private {
+                return bad(
+                    "a non-private twin trains CQL on all the data, without a DataRelease: remove [task.selective]"
+                        .into(),
+                );
+            }
             // The plan (DataRelease + the schedule's DP steps) must fit the budget before
             // anything runs; the ledger would otherwise stop DP steps part-way.
             if t.selective.is_some() && !self.non_private {

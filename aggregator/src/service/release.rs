@@ -350,7 +350,7 @@ impl Release {
                 sum.len()
             ))
         } else {
-            expert_release::check_prefix_counts(&msg.counts, hosted, horizon)
+            fedrl_common::privacy::expert_answers::check_prefix_counts(&msg.counts, hosted, horizon)
                 .map_err(|e| e.to_string())
         };
         if let Err(m) = checked {
@@ -554,4 +554,146 @@ pub(super) fn load_published(dir: &std::path::Path, obs_dim: usize) -> anyhow::R
     let read = fedrl_rl::offline::minari::read(&path)
         .with_context(|| format!("reading the published D_stable in {}", path.display()))?;
     Ok(read.dataset.transitions())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedrl_rl::offline::dpsgd::encode_rows;
+
+    fn release(trajectories: u64) -> Release {
+        let cfg = ReleaseConfig {
+            epsilon: 50.0,
+            delta: 0.1,
+            trajectories,
+            horizon: 4,
+        };
+        let spec = QNetSpec {
+            obs_dim: 2,
+            hidden: vec![4],
+            n_actions: 2,
+        };
+        // 4 experts of 2 episodes each, in two clients.
+        Release::new(&cfg, 0.02, spec, 4, 2, Some(7)).unwrap()
+    }
+
+    fn episode(steps: usize) -> TransitionBatch {
+        let mut b = TransitionBatch::new(2);
+        for t in 0..steps {
+            b.obs.extend([t as f32, 1.0]);
+            b.next_obs.extend([t as f32 + 1.0, 1.0]);
+            b.actions.push((t % 2) as u32);
+            b.rewards.push(1.0);
+            b.terminals.push(0.0);
+        }
+        b
+    }
+
+    fn range(start: u64, end: u64) -> Vec<UnitRange> {
+        vec![UnitRange { start, end }]
+    }
+
+    /// Answers the pending request with a trajectory of `steps` steps, as its owner would.
+    fn answer_request(r: &mut Release, actions: Vec<ReleaseAction>, steps: usize) -> Vec<ReleaseAction> {
+        let [ReleaseAction::Request(owner, req)] = actions.as_slice() else {
+            panic!("expected one trajectory request");
+        };
+        let ep = episode(steps);
+        let data = TrajectoryData {
+            query: req.query,
+            unit: req.unit,
+            episode: req.episode,
+            first_row: 0,
+            rows: steps as u32,
+            obs_dim: 2,
+        };
+        r.trajectory(*owner, data, &encode_rows(&ep))
+    }
+
+    #[test]
+    fn the_walk_waits_for_every_expert_then_queries_every_client() {
+        let mut r = release(2);
+        assert!(r.join(1, range(0, 2)).is_empty(), "experts 2-3 are missing");
+        let asked = r.join(2, range(2, 4));
+        let queries = answer_request(&mut r, asked, 3);
+        assert_eq!(queries.len(), 2, "both clients are asked");
+        for q in &queries {
+            let ReleaseAction::Query(_, msg, payload) = q else {
+                panic!("expected prefix queries");
+            };
+            assert_eq!((msg.steps, msg.obs_dim), (3, 2));
+            assert_eq!(payload.len(), 3 * 3);
+        }
+        // Every expert plays the whole trajectory with probability 1 (a count far above theta^
+        // at epsilon_1 = 50 would still not pass: theta is about c_min / p_min = 50 x c_min,
+        // far above 4 experts). The prefix is not released, the walk goes on.
+        let q = r.next_query - 1;
+        assert!(r.counts(1, PrefixCounts { query: q, counts: vec![2.0; 3] }).is_empty());
+        let next = r.counts(2, PrefixCounts { query: q, counts: vec![2.0, 1.5, 1.0] });
+        assert!(matches!(next.as_slice(), [ReleaseAction::Request(..)]));
+        assert_eq!(r.walked(), 1);
+        let queries = answer_request(&mut r, next, 2);
+        let q = r.next_query - 1;
+        assert_eq!(queries.len(), 2);
+        r.counts(1, PrefixCounts { query: q, counts: vec![1.0, 1.0] });
+        r.counts(2, PrefixCounts { query: q, counts: vec![1.0, 1.0] });
+        assert!(r.is_done(), "T = 2 candidates walked");
+        assert_eq!(r.stable_transitions(), 0);
+        assert_eq!(r.take_joined().len(), 2);
+    }
+
+    #[test]
+    fn counts_above_the_clients_experts_drop_the_client_and_the_walk_goes_on() {
+        let mut r = release(1);
+        r.join(1, range(0, 2));
+        let asked = r.join(2, range(2, 4));
+        answer_request(&mut r, asked, 2);
+        let q = r.next_query - 1;
+        // Client 1 hosts 2 experts: a count of 2.5 claims more than 1 per expert.
+        for bad in [vec![2.5, 1.0], vec![-0.1, -0.2], vec![f64::NAN, 0.0], vec![0.5, 1.0], vec![1.0]] {
+            let mut r2 = release(1);
+            r2.join(1, range(0, 2));
+            let asked = r2.join(2, range(2, 4));
+            answer_request(&mut r2, asked, 2);
+            let q2 = r2.next_query - 1;
+            let out = r2.counts(1, PrefixCounts { query: q2, counts: bad.clone() });
+            assert!(
+                matches!(out.first(), Some(ReleaseAction::Drop(1, _))),
+                "{bad:?} was accepted"
+            );
+            assert_eq!(r2.refused, 1);
+            // The honest client's answer still completes the candidate.
+            r2.counts(2, PrefixCounts { query: q2, counts: vec![1.0, 0.5] });
+            assert!(r2.is_done());
+        }
+        // A well-formed answer for another query, or from a client that was not asked, is
+        // refused too.
+        let out = r.counts(1, PrefixCounts { query: q + 5, counts: vec![1.0, 1.0] });
+        assert!(matches!(out.as_slice(), [ReleaseAction::Drop(1, _)]));
+    }
+
+    #[test]
+    fn a_trajectory_longer_than_the_horizon_or_from_another_client_is_refused() {
+        let mut r = release(1);
+        r.join(1, range(0, 2));
+        let asked = r.join(2, range(2, 4));
+        let [ReleaseAction::Request(owner, req)] = asked.as_slice() else {
+            panic!("expected a request");
+        };
+        let other = if *owner == 1 { 2 } else { 1 };
+        let data = TrajectoryData {
+            query: req.query,
+            unit: req.unit,
+            episode: req.episode,
+            first_row: 0,
+            rows: 2,
+            obs_dim: 2,
+        };
+        let out = r.trajectory(other, data.clone(), &encode_rows(&episode(2)));
+        assert!(matches!(out.as_slice(), [ReleaseAction::Drop(c, _)] if *c == other));
+        let long = TrajectoryData { rows: 5, ..data };
+        let out = r.trajectory(*owner, long, &encode_rows(&episode(5)));
+        assert!(matches!(out.first(), Some(ReleaseAction::Drop(c, _)) if c == owner));
+        assert_eq!(r.walked(), 0, "no candidate was charged");
+    }
 }

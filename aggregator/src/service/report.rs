@@ -145,6 +145,7 @@ mod tests {
                 final_eval: None,
                 final_evaluation: None,
                 non_private: false,
+                selective: None,
             },
             operator: OperatorCounts {
                 units: 31,

@@ -83,6 +83,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         run.scenario.unit_kind,
         run.out_dir.display()
     );
+    if let Some(sel) = run.scenario.selective() {
+        let schedule = fedrl_common::selective::Schedule::new(sel);
+        eprintln!(
+            "selective DP-SGD: {} steps = {} DP-SGD steps (the rounds) + {} free steps on released prefixes{}",
+            sel.steps,
+            schedule.dp_steps(),
+            schedule.free_steps(),
+            match &sel.release {
+                Some(r) => format!(
+                    "; DataRelease first: {} candidate trajectories at epsilon_1 = {}, delta_1 = {:e}",
+                    r.trajectories, r.epsilon, r.delta
+                ),
+                None => String::new(),
+            }
+        );
+    }
     prepare_dataset(&run.scenario)?;
     let mut result = deploy::run_local(&run, &exe, args.timeout, true)?;
     let mut curves = vec![curve(&run, "private")?];
@@ -247,6 +263,17 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
         },
         r["wall_seconds"].as_f64().unwrap_or(f64::NAN),
     );
+    if let Some(rel) = r["selective"]["release"].as_object() {
+        println!(
+            "DataRelease: {} candidate trajectories walked, {} prefixes released, {} transitions in D_stable (published in {})",
+            rel["trajectories_walked"],
+            rel["prefixes_released"],
+            rel["stable_transitions"],
+            run.out_dir
+                .join(rel["published"].as_str().unwrap_or("d_stable"))
+                .display()
+        );
+    }
     if let Some(ret) = r["final_eval_return"].as_f64() {
         println!(
             "final evaluation: mean return {ret:.2} over {} held-out episodes",
