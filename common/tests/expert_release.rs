@@ -133,7 +133,10 @@ fn lemma_5_2_a_prefix_below_theta_passes_with_frequency_below_delta_prime() {
         assert!(freq < p.delta_prime, "{freq} >= delta' {}", p.delta_prime);
         // And the mechanism is the one analysed (not, say, one that never passes).
         assert!(freq <= exact + 5.0 * sd, "{freq} vs {exact}");
-        assert!(freq > exact - 0.05 * p.delta_prime - 5.0 * sd, "{freq} vs {exact}");
+        assert!(
+            freq > exact - 0.05 * p.delta_prime - 5.0 * sd,
+            "{freq} vs {exact}"
+        );
     }
     // A prefix far above theta-hat passes almost always.
     let high = p.theta_hat_offset + 20.0 / p.epsilon_prime * 4.0;
@@ -173,8 +176,16 @@ fn stable_prefix_releases_up_to_the_first_failure() {
     for _ in 0..200 {
         let walk = |c: &[f64], rng: &mut ChaCha20Rng| stable_prefix(c, &p, rng).expect("walk");
         assert_eq!(walk(&[hi; 10], &mut rng), 10, "all pass: released whole");
-        assert_eq!(walk(&[hi; 4], &mut rng), 4, "shorter than L: its own length");
-        assert_eq!(walk(&[hi, hi, lo, hi], &mut rng), 2, "fails at 3: prefix of 2");
+        assert_eq!(
+            walk(&[hi; 4], &mut rng),
+            4,
+            "shorter than L: its own length"
+        );
+        assert_eq!(
+            walk(&[hi, hi, lo, hi], &mut rng),
+            2,
+            "fails at 3: prefix of 2"
+        );
         assert_eq!(walk(&[hi, hi, hi, lo], &mut rng), 3);
         assert_eq!(walk(&[lo, hi, hi], &mut rng), 0, "fails at 1: nothing");
         assert_eq!(walk(&[lo], &mut rng), 0);
@@ -286,7 +297,10 @@ fn release_only_plan_matches_the_optimal_composition() {
         // discretisation (one grid step of DEFAULT_DISCRETIZATION nats per composed pass).
         assert!(got >= want - 1e-9, "{got} < {want}");
         let bound = budget.trajectories as f64 * DEFAULT_DISCRETIZATION;
-        assert!(got - want <= bound, "{got} vs {want}: above by more than {bound}");
+        assert!(
+            got - want <= bound,
+            "{got} vs {want}: above by more than {bound}"
+        );
         assert!(rel(got, want) < 2e-3, "{got} vs {want}");
         // Both far below the release's nominal epsilon_1 in the CartPole setting, where
         // Theorem 5.5's advanced composition is loose (epsilon_1 > 1).
@@ -367,7 +381,9 @@ fn max_dp_steps_is_the_largest_count_that_fits() {
     };
     let at = plan(k).epsilon(delta()).expect("eps");
     let next = plan(k + 1).epsilon(delta()).expect("eps");
-    println!("CartPole release + DP steps at q = {q:.4}, z = {z}: K = {k} ({at:.6} <= {target} < {next:.6})");
+    println!(
+        "CartPole release + DP steps at q = {q:.4}, z = {z}: K = {k} ({at:.6} <= {target} < {next:.6})"
+    );
     assert!(k > 10 && at <= target && next > target, "{k}: {at} {next}");
     // The cap binds; a release alone above the target leaves no step; bad input is refused.
     assert_eq!(
@@ -396,7 +412,9 @@ fn noise_for_plan_is_the_smallest_that_fits() {
     };
     let at = plan(z).epsilon(delta()).expect("eps");
     let less = plan(0.99 * z).epsilon(delta()).expect("eps");
-    println!("CartPole release + {k} DP steps at q = {q:.4}: z = {z:.4} ({at:.4} <= {target} < {less:.4})");
+    println!(
+        "CartPole release + {k} DP steps at q = {q:.4}: z = {z:.4} ({at:.4} <= {target} < {less:.4})"
+    );
     assert!(at <= target && less > target, "{z}: {at} {less}");
     // Without the release the same steps need less noise.
     let alone = noise_for_plan(None, q, k, target, delta()).expect("z");
@@ -455,7 +473,10 @@ fn a_ledger_of_the_plan_reports_its_epsilon_and_stops_at_max_dp_steps() {
     }
     let report = ledger.report().expect("report");
     let want = plan.epsilon(delta()).expect("plan");
-    println!("ledger: release + {k} DP steps: {} (plan {want})", report.epsilon);
+    println!(
+        "ledger: release + {k} DP steps: {} (plan {want})",
+        report.epsilon
+    );
     assert_eq!(report.epsilon, want, "the same accounting, bit for bit");
     assert_eq!(report.phases.len(), 2);
     // The next DP step is refused, exactly where max_dp_steps stopped.

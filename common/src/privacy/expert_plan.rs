@@ -239,14 +239,9 @@ pub fn noise_for_plan(
     }
     // The DP steps alone under the whole target (RDP, cheap) need less noise than the plan
     // does: an infeasible or nearly feasible start, from which the search walks up.
-    let start = accountant::noise_multiplier(
-        target_epsilon,
-        delta,
-        rate,
-        dp_steps,
-        AccountantKind::Rdp,
-    )
-    .unwrap_or(1.0);
+    let start =
+        accountant::noise_multiplier(target_epsilon, delta, rate, dp_steps, AccountantKind::Rdp)
+            .unwrap_or(1.0);
     let gap = |z: f64| -> Result<f64, PrivacyError> {
         Ok(epsilon_or_infinite(&plan(z), delta)? - target_epsilon)
     };

@@ -205,12 +205,7 @@ pub fn stable_prefix<R: Rng + ?Sized>(
             i + 1
         )));
     }
-    let threshold = theta_hat(
-        params.theta,
-        params.epsilon_prime,
-        params.delta_prime,
-        rng,
-    )?;
+    let threshold = theta_hat(params.theta, params.epsilon_prime, params.delta_prime, rng)?;
     for (i, &count) in counts.iter().enumerate() {
         if !prefix_query(count, threshold, params.epsilon_prime, rng)? {
             return Ok(i);
