@@ -41,8 +41,13 @@ fn cartpole_release() -> ReleaseBudget {
 }
 
 fn cartpole_parameters() -> ReleaseParameters {
+    let p = cartpole_release().parameters(P_MIN, L).expect("parameters");
     let r = cartpole_release();
-    ReleaseParameters::new(r.epsilon_1, r.delta_1, P_MIN, T, L).expect("parameters")
+    assert_eq!(
+        ReleaseParameters::new(r.epsilon_1, r.delta_1, P_MIN, T, L).ok(),
+        Some(p)
+    );
+    p
 }
 
 #[test]
