@@ -128,8 +128,14 @@ mod tests {
 
     #[test]
     fn bad_expert_answers_are_refused_with_the_index() {
-        refused(check_expert_prefix_probabilities(&[0.9, 1.2]), "length 2 is 1.2");
-        refused(check_expert_prefix_probabilities(&[-0.1]), "length 1 is -0.1");
+        refused(
+            check_expert_prefix_probabilities(&[0.9, 1.2]),
+            "length 2 is 1.2",
+        );
+        refused(
+            check_expert_prefix_probabilities(&[-0.1]),
+            "length 1 is -0.1",
+        );
         refused(check_expert_prefix_probabilities(&[0.5, f64::NAN]), "NaN");
         refused(
             check_expert_prefix_probabilities(&[0.5, 0.4, 0.45]),
@@ -145,7 +151,10 @@ mod tests {
         // Float slack of the sum is accepted, a real excess is not.
         assert!(check_prefix_counts(&[3.0 + 1e-12], 3, 4).is_ok());
         refused(check_prefix_counts(&[3.01], 3, 4), "length 1 is 3.01");
-        refused(check_prefix_counts(&[2.0, -1e-3], 3, 4), "length 2 is -0.001");
+        refused(
+            check_prefix_counts(&[2.0, -1e-3], 3, 4),
+            "length 2 is -0.001",
+        );
         refused(check_prefix_counts(&[f64::NAN], 3, 4), "NaN");
         refused(check_prefix_counts(&[f64::INFINITY], 3, 4), "inf");
         refused(

@@ -21,7 +21,7 @@
 //! coordinator queries every expert and draws the Poisson sample itself).
 
 use super::accountant::{self, AccountantKind};
-use super::expert_release::release_event;
+use super::expert_release::{ReleaseParameters, release_event};
 use super::ledger::training_event;
 use super::params::{Delta, SamplingRate};
 use super::{DpEvent, PrivacyError};
@@ -38,6 +38,18 @@ pub struct ReleaseBudget {
 }
 
 impl ReleaseBudget {
+    /// The parameters of Algorithm 2 for this budget, experts' minimum action probability
+    /// `p_min` and horizon L = `horizon` (steps).
+    pub fn parameters(&self, p_min: f64, horizon: u64) -> Result<ReleaseParameters, PrivacyError> {
+        ReleaseParameters::new(
+            self.epsilon_1,
+            self.delta_1,
+            p_min,
+            self.trajectories,
+            horizon,
+        )
+    }
+
     /// The release as an accounting event: T passes, each (2 epsilon', delta_1/(2T))-DP
     /// (Theorem 5.3), composed by the accountant (tighter than Theorem 5.5's advanced
     /// composition).
@@ -239,14 +251,9 @@ pub fn noise_for_plan(
     }
     // The DP steps alone under the whole target (RDP, cheap) need less noise than the plan
     // does: an infeasible or nearly feasible start, from which the search walks up.
-    let start = accountant::noise_multiplier(
-        target_epsilon,
-        delta,
-        rate,
-        dp_steps,
-        AccountantKind::Rdp,
-    )
-    .unwrap_or(1.0);
+    let start =
+        accountant::noise_multiplier(target_epsilon, delta, rate, dp_steps, AccountantKind::Rdp)
+            .unwrap_or(1.0);
     let gap = |z: f64| -> Result<f64, PrivacyError> {
         Ok(epsilon_or_infinite(&plan(z), delta)? - target_epsilon)
     };

@@ -12,7 +12,9 @@
 //! theta^   = theta + (4/epsilon') ln(1/delta') + Lap(2/epsilon')     (per trajectory)
 //! ```
 //!
-//! PrefixQuery (Algorithm 1) then answers "stable" when count + Lap(4/epsilon') > theta^.
+//! PrefixQuery (Algorithm 1) then answers "stable" when count + Lap(4/epsilon') > theta^;
+//! [`stable_prefix`] walks one candidate trajectory's prefixes as the coordinator does
+//! (lines 7-16), and [`max_stable_prefix`] bounds what can pass.
 //! Theorem 5.3: one trajectory's pass is (2 epsilon', delta_1/(2T))-DP; Theorem 5.5 composes the
 //! T passes with advanced composition (Dwork & Roth, Corollary 3.21) into (epsilon_1,
 //! delta_1)-DP. That corollary assumes epsilon_1 <= 1: [`release_guarantee`] evaluates the
@@ -176,7 +178,11 @@ impl ReleaseParameters {
 /// `counts[h-1]` is the count of the prefix of length h: the sum over all experts of the
 /// probability that the expert takes the prefix's actions in its states (sensitivity 1 per
 /// expert). A trajectory shorter than the horizon L is walked over its own length; L stays the
-/// accounting horizon (delta' = delta_1 / (2 T L) already covers L queries). Noise comes from
+/// accounting horizon (delta' = delta_1 / (2 T L) already covers L queries). Releasing such a
+/// trajectory whole when all its prefixes pass is the paper's k = L case of Lemma 5.4: an
+/// episode that ended has no longer extension, so the released prefix is the whole event
+/// E_tau. (Candidates must be drawn at random from the experts' demonstrations, Algorithm 2
+/// line 4, and which ones were examined stays secret.) Noise comes from
 /// `rng` (the aggregator's CSPRNG): theta^'s Laplace draw first, then one draw per query, and no
 /// draw after the first failure.
 ///
@@ -205,12 +211,7 @@ pub fn stable_prefix<R: Rng + ?Sized>(
             i + 1
         )));
     }
-    let threshold = theta_hat(
-        params.theta,
-        params.epsilon_prime,
-        params.delta_prime,
-        rng,
-    )?;
+    let threshold = theta_hat(params.theta, params.epsilon_prime, params.delta_prime, rng)?;
     for (i, &count) in counts.iter().enumerate() {
         if !prefix_query(count, threshold, params.epsilon_prime, rng)? {
             return Ok(i);
