@@ -393,14 +393,23 @@ impl Scenario {
         Ok(())
     }
 
+    /// The DataRelease budget of a selective task, if it has one.
+    pub fn release_budget(&self) -> Option<crate::privacy::expert_plan::ReleaseBudget> {
+        self.selective()
+            .and_then(|s| s.release.as_ref())
+            .map(|r| crate::privacy::expert_plan::ReleaseBudget {
+                epsilon_1: r.epsilon,
+                delta_1: r.delta,
+                trajectories: r.trajectories,
+            })
+    }
+
     /// The DataRelease event every unit is charged with before training, if the task has one
     /// (seed 002, Theorem 5.5: T passes, each (2 epsilon', delta_1 / 2T)-DP).
     pub fn release_event(&self) -> Result<Option<DpEvent>, ScenarioError> {
-        let Some(r) = self.selective().and_then(|s| s.release.as_ref()) else {
-            return Ok(None);
-        };
-        crate::privacy::expert_release::release_event(r.epsilon, r.delta, r.trajectories)
-            .map(Some)
+        self.release_budget()
+            .map(|r| r.event())
+            .transpose()
             .map_err(|e| ScenarioError::Invalid(format!("task.selective.release: {e}")))
     }
 
@@ -458,9 +467,23 @@ impl Scenario {
             )?
             .0)
         };
+        // A selective run: the DataRelease shares the budget, and a plan without DP steps
+        // needs no noise at all.
+        let release = self.release_budget();
+        if self.selective().is_some() && self.rounds == 0 {
+            self.noise_multiplier = d_noise();
+            return Ok(());
+        }
         // A starting point from the accountants' searches (they keep the feasible end); rate 1
         // is no sampling, so its rounds compose as one Gaussian.
         let mut z = match self.participation.sampling_rate().map(|q| q.get()) {
+            Some(q) if release.is_some() => crate::privacy::expert_plan::noise_for_plan(
+                release,
+                q,
+                self.rounds,
+                target,
+                delta,
+            ),
             None => crate::privacy::gaussian::sigma(target, delta),
             Some(q) if q >= 1.0 => crate::privacy::gaussian::sigma(target, delta)
                 .map(|z| z * (self.rounds.max(1) as f64).sqrt()),
@@ -482,32 +505,7 @@ impl Scenario {
             }
             z *= 1.0 + 1e-9;
         }
-        // Other events share the budget (a DataRelease before training): the rounds alone
-        // underestimate z. Bisect on the ledger's own figure, which falls as z grows.
-        if self.release_event()?.is_some() {
-            let fits = |z: f64| reported(z).map(|e| e <= target).map_err(bad);
-            let (mut lo, mut hi) = (z, z * 2.0);
-            let mut doublings = 0;
-            while !fits(hi)? {
-                (lo, hi) = (hi, hi * 2.0);
-                doublings += 1;
-                if doublings > 40 {
-                    return Err(ScenarioError::Invalid(format!(
-                        "noise_multiplier = \"auto\": the other events alone (the DataRelease) exceed epsilon {target} at delta {delta}"
-                    )));
-                }
-            }
-            while hi - lo > 1e-9 * hi {
-                let mid = 0.5 * (lo + hi);
-                if fits(mid)? {
-                    hi = mid;
-                } else {
-                    lo = mid;
-                }
-            }
-            self.noise_multiplier = hi;
-            return Ok(());
-        }
+
         Err(ScenarioError::Invalid(format!(
             "noise_multiplier = \"auto\": no noise multiplier near {z} meets epsilon {target}"
         )))
@@ -656,10 +654,20 @@ impl Scenario {
             if t.selective.is_some() && !self.non_private {
                 let eps = self.planned_epsilon(self.noise_multiplier)?;
                 if eps > self.target_epsilon {
-                    return bad(format!(
-                        "the plan (DataRelease + {} DP-SGD steps at q = {} and noise multiplier {}) costs epsilon {eps:.4} at delta {}, above target_epsilon = {}: raise the noise multiplier (or \"auto\"), lower the release's epsilon, or take fewer steps",
+                    let q = self.participation.sampling_rate().map_or(1.0, |q| q.get());
+                    let fit = crate::privacy::expert_plan::max_dp_steps(
+                        self.release_budget(),
+                        q,
+                        self.noise_multiplier,
+                        self.target_epsilon,
+                        self.delta,
                         self.rounds,
-                        self.participation.sampling_rate().map_or(1.0, |q| q.get()),
+                    )
+                    .map(|k| format!("at most {k} DP-SGD steps fit"))
+                    .unwrap_or_else(|e| format!("no DP-SGD step fits ({e})"));
+                    return bad(format!(
+                        "the plan (DataRelease + {} DP-SGD steps at q = {q} and noise multiplier {}) costs epsilon {eps:.4} at delta {}, above target_epsilon = {} ({fit}): raise the noise multiplier (or \"auto\"), lower the release's epsilon or unstable_probability, or take fewer steps",
+                        self.rounds,
                         self.noise_multiplier,
                         self.delta,
                         self.target_epsilon
