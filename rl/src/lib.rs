@@ -40,9 +40,10 @@ pub use device::DeviceError;
 pub use evaluate::{EvalConfig, EvalResult, evaluate};
 pub use local_update::{
     LocalUpdate, LocalUpdateConfig, LocalUpdateExt, local_updates, local_updates_from_batches,
+    local_updates_own,
 };
-pub use mlp::{ActionKind, ModelSpec, ParamLayout, ParamSpec};
-pub use rollout::{RolloutConfig, UserBatch, collect_rollouts};
+pub use mlp::{ActionKind, ModelSpec, ParamLayout, ParamSpec, RowMlp, RowScratch};
+pub use rollout::{RolloutConfig, UserBatch, collect_rollouts, collect_rollouts_own};
 
 // Callers name the device type through this crate, so they need no candle dependency of their own.
 pub use candle_core;

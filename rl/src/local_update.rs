@@ -113,7 +113,69 @@ pub fn local_updates(
                     let batches = run_users(
                         spec, layout, global, envs, seeds, rollout, false, true, device,
                     )?;
-                    train_users(spec, layout, global, &batches, seeds, one, device)
+                    let starts = vec![global; batches.len()];
+                    train_users(spec, layout, &starts, &batches, seeds, one, device)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(NnError::Invalid("worker thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(envs.len());
+    for r in results {
+        out.extend(r?);
+    }
+    Ok(out)
+}
+
+/// [`local_updates`] where every user has parameters of its own (e.g. an expert that keeps
+/// learning across iterations): user `u` plays its episodes in `envs[u]` with `params[u]` and
+/// runs the local PPO update from `params[u]`; its delta is relative to `params[u]` and clipped
+/// to `cfg.clip_norm` (pass infinity for no clip). With every `params[u]` equal to one global
+/// vector the training is that of [`local_updates`]; the acting differs only in the
+/// floating-point order of the forward pass (plain `f32` on the CPU instead of `device`).
+pub fn local_updates_own(
+    spec: &ModelSpec,
+    params: &[&[f32]],
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    cfg: &LocalUpdateConfig,
+    device: &Device,
+) -> Result<Vec<LocalUpdate>> {
+    let layout = spec.layout();
+    if envs.len() != seeds.len() || envs.len() != params.len() {
+        return Err(NnError::Invalid(format!(
+            "{} environments, {} seeds and {} parameter vectors",
+            envs.len(),
+            seeds.len(),
+            params.len()
+        )));
+    }
+    for p in params {
+        layout.check(p)?;
+    }
+    let threads = cfg.threads.max(1).min(envs.len().max(1));
+    let per = envs.len().div_ceil(threads).max(1);
+    let mut one = cfg.clone();
+    one.threads = 1;
+    let rollout = cfg.rollout();
+    let results: Vec<Result<Vec<LocalUpdate>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = envs
+            .chunks_mut(per)
+            .zip(seeds.chunks(per))
+            .zip(params.chunks(per))
+            .map(|((envs, seeds), params)| {
+                let (layout, one, rollout) = (&layout, &one, &rollout);
+                s.spawn(move || {
+                    let batches = crate::rollout::run_users_own(
+                        spec, layout, params, envs, seeds, rollout, false, true,
+                    )?;
+                    train_users(spec, layout, params, &batches, seeds, one, device)
                 })
             })
             .collect();
@@ -154,7 +216,8 @@ pub fn local_updates_from_batches(
     }
     let threads = cfg.threads.max(1).min(batches.len().max(1));
     if threads == 1 {
-        return train_users(spec, &layout, global, batches, seeds, cfg, device);
+        let starts = vec![global; batches.len()];
+        return train_users(spec, &layout, &starts, batches, seeds, cfg, device);
     }
     let per = batches.len().div_ceil(threads);
     let results: Vec<Result<Vec<LocalUpdate>>> = std::thread::scope(|s| {
@@ -163,7 +226,10 @@ pub fn local_updates_from_batches(
             .zip(seeds.chunks(per))
             .map(|(b, sd)| {
                 let layout = &layout;
-                s.spawn(move || train_users(spec, layout, global, b, sd, cfg, device))
+                s.spawn(move || {
+                    let starts = vec![global; b.len()];
+                    train_users(spec, layout, &starts, b, sd, cfg, device)
+                })
             })
             .collect();
         handles
@@ -189,11 +255,12 @@ struct Prepared<'a> {
     seed: u64,
 }
 
-/// Trains users on the current thread, grouping users of similar length to limit padding.
-fn train_users(
+/// Trains users on the current thread, grouping users of similar length to limit padding; user
+/// `u` starts from `starts[u]` and its delta is relative to it.
+pub(crate) fn train_users(
     spec: &ModelSpec,
     layout: &ParamLayout,
-    global: &[f32],
+    starts: &[&[f32]],
     batches: &[UserBatch],
     seeds: &[u64],
     cfg: &LocalUpdateConfig,
@@ -213,7 +280,8 @@ fn train_users(
     let mut out: Vec<Option<LocalUpdate>> = vec![None; batches.len()];
     for group in order.chunks(cfg.group_size.max(1)) {
         let users: Vec<&Prepared> = group.iter().map(|&u| &prepared[u]).collect();
-        let deltas = train_group(spec, layout, global, &users, cfg, device)?;
+        let group_starts: Vec<&[f32]> = group.iter().map(|&u| starts[u]).collect();
+        let deltas = train_group(spec, layout, &group_starts, &users, cfg, device)?;
         for (&u, mut delta) in group.iter().zip(deltas) {
             let norm = clip_l2(&mut delta, cfg.clip_norm).norm;
             out[u] = Some(LocalUpdate {
@@ -229,20 +297,20 @@ fn train_users(
         .collect()
 }
 
-/// E epochs of minibatch PPO with per-user Adam for a group of users; unclipped deltas.
+/// E epochs of minibatch PPO with per-user Adam for a group of users, user `u` starting from
+/// `starts[u]`; unclipped deltas (local minus start).
 fn train_group(
     spec: &ModelSpec,
     layout: &ParamLayout,
-    global: &[f32],
+    starts: &[&[f32]],
     users: &[&Prepared],
     cfg: &LocalUpdateConfig,
     device: &Device,
 ) -> Result<Vec<Vec<f32>>> {
-    let n_users = users.len();
-    let copies: Vec<&[f32]> = vec![global; n_users];
+    let copies = starts;
     // All of a user's parameters in one row: Adam and the gradient clip are a few whole-tensor
     // operations instead of a dozen per parameter tensor.
-    let theta = Var::from_tensor(&layout.stack_flat(&copies, device)?)?;
+    let theta = Var::from_tensor(&layout.stack_flat(copies, device)?)?;
     let mut m = theta.as_tensor().zeros_like()?;
     let mut v = m.clone();
     let obs_dim = spec.obs_dim;
@@ -300,7 +368,8 @@ fn train_group(
     let local = layout.unstack_flat(theta.as_tensor())?;
     Ok(local
         .into_iter()
-        .map(|l| l.iter().zip(global).map(|(a, b)| a - b).collect())
+        .zip(starts)
+        .map(|(l, s)| l.iter().zip(s.iter()).map(|(a, b)| a - b).collect())
         .collect())
 }
 

@@ -579,3 +579,78 @@ pub fn value_layers<'a>(layout: &ParamLayout, t: &'a [Tensor]) -> Vec<(&'a Tenso
         .map(|&i| (&t[i], &t[i + 1]))
         .collect()
 }
+
+/// One parameter vector's policy and value networks for plain `f32` forward passes of one
+/// observation at a time: weights copied to `[in, out]` order, so each layer is a sum of input-
+/// scaled weight rows (a loop the compiler vectorises across outputs).
+#[derive(Clone, Debug)]
+pub struct RowMlp {
+    /// Per policy layer, then per value layer: (`[in, out]` weights, bias, in, out).
+    layers: Vec<(Vec<f32>, Vec<f32>, usize, usize)>,
+    n_policy: usize,
+}
+
+/// Reusable buffers of [`RowMlp`]'s forward passes.
+#[derive(Clone, Debug, Default)]
+pub struct RowScratch {
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl RowMlp {
+    /// The networks of `flat` (layout order, checked by the caller).
+    pub fn new(layout: &ParamLayout, flat: &[f32]) -> Self {
+        let mut layers = Vec::new();
+        for &wi in layout.policy_layers.iter().chain(&layout.value_layers) {
+            let (w, b) = (&layout.params[wi], &layout.params[wi + 1]);
+            let (out, inp) = (w.shape[0], w.shape[1]);
+            let src = &flat[w.offset..w.offset + out * inp];
+            let mut t = vec![0.0f32; out * inp];
+            for o in 0..out {
+                for i in 0..inp {
+                    t[i * out + o] = src[o * inp + i];
+                }
+            }
+            layers.push((t, flat[b.offset..b.offset + out].to_vec(), inp, out));
+        }
+        Self {
+            layers,
+            n_policy: layout.policy_layers.len(),
+        }
+    }
+
+    /// Tanh MLP over `layers`; the result is in `s.a`.
+    fn run(layers: &[(Vec<f32>, Vec<f32>, usize, usize)], x: &[f32], s: &mut RowScratch) {
+        s.a.clear();
+        s.a.extend_from_slice(x);
+        let n = layers.len();
+        for (l, (w, b, inp, out)) in layers.iter().enumerate() {
+            s.b.clear();
+            s.b.extend_from_slice(b);
+            for (i, &xi) in s.a.iter().enumerate().take(*inp) {
+                let row = &w[i * out..(i + 1) * out];
+                for (acc, &wv) in s.b.iter_mut().zip(row) {
+                    *acc += xi * wv;
+                }
+            }
+            if l + 1 < n {
+                for v in s.b.iter_mut() {
+                    *v = v.tanh();
+                }
+            }
+            std::mem::swap(&mut s.a, &mut s.b);
+        }
+    }
+
+    /// The policy head (logits or Gaussian means) at the (normalised) observation `x`.
+    pub fn policy<'s>(&self, x: &[f32], s: &'s mut RowScratch) -> &'s [f32] {
+        Self::run(&self.layers[..self.n_policy], x, s);
+        &s.a
+    }
+
+    /// The value at the (normalised) observation `x`.
+    pub fn value(&self, x: &[f32], s: &mut RowScratch) -> f32 {
+        Self::run(&self.layers[self.n_policy..], x, s);
+        s.a[0]
+    }
+}

@@ -8,7 +8,9 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use serde::{Deserialize, Serialize};
 
-use crate::mlp::{ActionKind, ModelSpec, ParamLayout, forward, policy_layers, value_layers};
+use crate::mlp::{
+    ActionKind, ModelSpec, ParamLayout, RowMlp, RowScratch, forward, policy_layers, value_layers,
+};
 use crate::{NnError, Result, policy};
 
 /// How a user's data is collected.
@@ -133,6 +135,109 @@ impl<'a> Actor<'a> {
     }
 }
 
+/// What acts in [`run_users`]: policy head rows and values for the active users' observations.
+trait Heads {
+    /// Policy head rows `[n, A]` and (optionally) values `[n]` for the observations `obs` (`n`
+    /// rows) of users `users` (`users[row]` is the user of row `row`).
+    fn heads(
+        &self,
+        users: &[usize],
+        obs: &[f32],
+        with_value: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)>;
+
+    /// Values of the observations `obs` of users `users`.
+    fn values_of(&self, users: &[usize], obs: &[f32]) -> Result<Vec<f32>>;
+
+    /// The Gaussian log-stds of user `u` (empty for discrete policies).
+    fn log_std(&self, u: usize) -> &[f32];
+}
+
+impl Heads for Actor<'_> {
+    fn heads(
+        &self,
+        users: &[usize],
+        obs: &[f32],
+        with_value: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        self.run(obs, users.len(), with_value)
+    }
+
+    fn values_of(&self, users: &[usize], obs: &[f32]) -> Result<Vec<f32>> {
+        let obs_dim = obs.len() / users.len().max(1);
+        let x = Tensor::from_slice(obs, (1, users.len(), obs_dim), &self.device)?;
+        self.values(&x)
+    }
+
+    fn log_std(&self, _u: usize) -> &[f32] {
+        &self.log_std
+    }
+}
+
+/// Every user acts with its own parameters: plain `f32` forward passes, one user's row at a
+/// time (with one observation per user per step a batched matmul has nothing to batch).
+struct OwnActors {
+    nets: Vec<RowMlp>,
+    log_stds: Vec<Vec<f32>>,
+}
+
+impl OwnActors {
+    fn new(layout: &ParamLayout, params: &[&[f32]]) -> Result<Self> {
+        let mut nets = Vec::with_capacity(params.len());
+        let mut log_stds = Vec::with_capacity(params.len());
+        for p in params {
+            layout.check(p)?;
+            nets.push(RowMlp::new(layout, p));
+            log_stds.push(match layout.log_std {
+                Some(i) => {
+                    let s = &layout.params[i];
+                    p[s.offset..s.offset + s.numel()].to_vec()
+                }
+                None => Vec::new(),
+            });
+        }
+        Ok(Self { nets, log_stds })
+    }
+}
+
+impl Heads for OwnActors {
+    fn heads(
+        &self,
+        users: &[usize],
+        obs: &[f32],
+        with_value: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        let obs_dim = obs.len() / users.len().max(1);
+        let mut head = Vec::new();
+        let mut vals = with_value.then(|| Vec::with_capacity(users.len()));
+        let mut scratch = RowScratch::default();
+        for (row, &u) in users.iter().enumerate() {
+            let x = &obs[row * obs_dim..(row + 1) * obs_dim];
+            head.extend_from_slice(self.nets[u].policy(x, &mut scratch));
+            if let Some(v) = vals.as_mut() {
+                v.push(self.nets[u].value(x, &mut scratch));
+            }
+        }
+        Ok((head, vals))
+    }
+
+    fn values_of(&self, users: &[usize], obs: &[f32]) -> Result<Vec<f32>> {
+        let obs_dim = obs.len() / users.len().max(1);
+        let mut scratch = RowScratch::default();
+        Ok(users
+            .iter()
+            .enumerate()
+            .map(|(row, &u)| {
+                self.nets[u].value(&obs[row * obs_dim..(row + 1) * obs_dim], &mut scratch)
+            })
+            .collect())
+    }
+
+    fn log_std(&self, u: usize) -> &[f32] {
+        &self.log_stds[u]
+    }
+}
+
 /// Writes a policy sample into the environment's action: Gaussian samples are mapped to the
 /// spec's action range (if any), then clipped to the environment's box.
 fn env_action<'b>(
@@ -176,6 +281,44 @@ pub(crate) fn run_users(
     device: &Device,
 ) -> Result<Vec<UserBatch>> {
     layout.check(global)?;
+    let actor = Actor::new(layout, global, device)?;
+    run_with(spec, &actor, envs, seeds, cfg, greedy, record)
+}
+
+/// [`run_users`] where user `u` acts with its own parameters `params[u]` (plain `f32` forward
+/// passes on the CPU).
+#[allow(clippy::too_many_arguments)] // internal; the public entry points take fewer
+pub(crate) fn run_users_own(
+    spec: &ModelSpec,
+    layout: &ParamLayout,
+    params: &[&[f32]],
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    cfg: &RolloutConfig,
+    greedy: bool,
+    record: bool,
+) -> Result<Vec<UserBatch>> {
+    if params.len() != envs.len() {
+        return Err(NnError::Invalid(format!(
+            "{} parameter vectors but {} environments",
+            params.len(),
+            envs.len()
+        )));
+    }
+    let actor = OwnActors::new(layout, params)?;
+    run_with(spec, &actor, envs, seeds, cfg, greedy, record)
+}
+
+/// The rollout loop of [`run_users`] and [`run_users_own`].
+fn run_with(
+    spec: &ModelSpec,
+    actor: &dyn Heads,
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    cfg: &RolloutConfig,
+    greedy: bool,
+    record: bool,
+) -> Result<Vec<UserBatch>> {
     if envs.len() != seeds.len() {
         return Err(NnError::Invalid(format!(
             "{} environments but {} seeds",
@@ -196,7 +339,6 @@ pub(crate) fn run_users(
             )));
         }
     }
-    let actor = Actor::new(layout, global, device)?;
     let spaces: Vec<Space> = envs.iter().map(|e| e.action_space().clone()).collect();
     let mut rngs: Vec<Xoshiro256PlusPlus> = seeds
         .iter()
@@ -230,13 +372,13 @@ pub(crate) fn run_users(
         for &u in &active {
             batch_obs.extend_from_slice(&cur_obs[u * obs_dim..(u + 1) * obs_dim]);
         }
-        let (head, vals) = actor.run(&batch_obs, active.len(), record)?;
+        let (head, vals) = actor.heads(&active, &batch_obs, record)?;
         let mut still = Vec::with_capacity(active.len());
         for (row, &u) in active.iter().enumerate() {
             let logp = policy::sample(
                 &spec.action,
                 &head[row * head_w..(row + 1) * head_w],
-                &actor.log_std,
+                actor.log_std(u),
                 greedy,
                 &mut rngs[u],
                 &mut act,
@@ -295,8 +437,8 @@ pub(crate) fn run_users(
         active = still;
     }
     if !pending.is_empty() {
-        let x = Tensor::from_slice(&pending_obs, (1, pending.len(), obs_dim), &actor.device)?;
-        let v = actor.values(&x)?;
+        let users: Vec<usize> = pending.iter().map(|&(u, _)| u).collect();
+        let v = actor.values_of(&users, &pending_obs)?;
         for (&(u, t), v) in pending.iter().zip(v) {
             out[u].bootstrap[t] = v;
         }
@@ -317,4 +459,17 @@ pub fn collect_rollouts(
 ) -> Result<Vec<UserBatch>> {
     let layout = spec.layout();
     run_users(spec, &layout, global, envs, seeds, cfg, false, true, device)
+}
+
+/// [`collect_rollouts`] where user `u` acts with its own parameters `params[u]` (plain `f32`
+/// forward passes on the CPU, on the calling thread).
+pub fn collect_rollouts_own(
+    spec: &ModelSpec,
+    params: &[&[f32]],
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    cfg: &RolloutConfig,
+) -> Result<Vec<UserBatch>> {
+    let layout = spec.layout();
+    run_users_own(spec, &layout, params, envs, seeds, cfg, false, true)
 }

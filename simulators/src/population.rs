@@ -278,17 +278,14 @@ impl Population {
         ChaCha8Rng::from_seed(key)
     }
 
-    /// User `user`'s parameters.
-    pub fn user_params(&self, user: u64) -> Result<UserParams, SimError> {
-        let mut rng = self.user_rng(user);
-        let cell3 = |rng: &mut ChaCha8Rng| {
-            let c = below(rng, 1000) as u32;
-            [c / 100, (c / 10) % 10, c % 10]
-        };
+    /// The parameters of grid cell `setting` of a B.1 population: cell `c` of CartPole and
+    /// Acrobot has grid indices `[c / 100, (c / 10) % 10, c % 10]`; HIV's cell is
+    /// [`HivParams::expert_variation`]'s index.
+    fn cell_params(&self, setting: u64) -> Result<UserParams, SimError> {
+        let cell3 = |c: u64| [(c / 100) as u32, ((c / 10) % 10) as u32, (c % 10) as u32];
         Ok(match &self.kind {
-            Kind::Homogeneous(id) => UserParams::Default { env_id: id.clone() },
             Kind::CartPoleB1 => {
-                let cell = cell3(&mut rng);
+                let cell = cell3(setting);
                 UserParams::CartPole {
                     gravity: linspace(8.75, 11.0, 10, cell[0]),
                     force_mag: linspace(9.0, 11.25, 10, cell[1]),
@@ -297,7 +294,7 @@ impl Population {
                 }
             }
             Kind::AcrobotB1 => {
-                let cell = cell3(&mut rng);
+                let cell = cell3(setting);
                 UserParams::Acrobot {
                     link_length: linspace(0.8, 1.2, 10, cell[0]),
                     link_mass_1: linspace(0.9, 1.1, 10, cell[1]),
@@ -306,15 +303,59 @@ impl Population {
                 }
             }
             Kind::HivB1 => {
-                let setting = below(&mut rng, HivParams::EXPERT_SETTINGS as u64) as u32;
                 let p = HivParams::expert_variation(setting as usize)?;
                 UserParams::Hiv {
                     eps1_penalty: p.eps1_penalty,
                     eps2_penalty: p.eps2_penalty,
                     efficacy_noise_sd: p.efficacy_noise_sd,
-                    setting,
+                    setting: setting as u32,
                 }
             }
+            _ => {
+                return Err(SimError::Invalid(format!(
+                    "population {:?} has no grid of settings",
+                    self.name
+                )));
+            }
+        })
+    }
+
+    /// Number of grid settings of a B.1 population (`cartpole-b1`, `acrobot-b1`: 1,000;
+    /// `hiv-b1`: 2,000); `None` for populations whose users are not cells of a finite grid.
+    pub fn grid_settings(&self) -> Option<u64> {
+        match self.kind {
+            Kind::CartPoleB1 | Kind::AcrobotB1 => Some(1000),
+            Kind::HivB1 => Some(HivParams::EXPERT_SETTINGS as u64),
+            _ => None,
+        }
+    }
+
+    /// The parameters of grid setting `setting` (`0..grid_settings()`, in grid order; users draw
+    /// these cells at random, experts of seed 000 B.1 take them in order). An error for other
+    /// populations and out-of-range settings.
+    pub fn setting_params(&self, setting: u64) -> Result<UserParams, SimError> {
+        match self.grid_settings() {
+            Some(n) if setting < n => self.cell_params(setting),
+            Some(n) => Err(SimError::Invalid(format!(
+                "setting {setting} out of range 0..{n} of population {:?}",
+                self.name
+            ))),
+            None => self.cell_params(setting),
+        }
+    }
+
+    /// The environment of grid setting `setting` (see [`Population::setting_params`]).
+    pub fn setting_env(&self, setting: u64) -> Result<Box<dyn Env>, SimError> {
+        Self::params_env(self.setting_params(setting)?)
+    }
+
+    /// User `user`'s parameters.
+    pub fn user_params(&self, user: u64) -> Result<UserParams, SimError> {
+        let mut rng = self.user_rng(user);
+        Ok(match &self.kind {
+            Kind::Homogeneous(id) => UserParams::Default { env_id: id.clone() },
+            Kind::CartPoleB1 | Kind::AcrobotB1 => self.cell_params(below(&mut rng, 1000))?,
+            Kind::HivB1 => self.cell_params(below(&mut rng, HivParams::EXPERT_SETTINGS as u64))?,
             Kind::UvaPadova(group) => {
                 let groups: &[&str] = match group {
                     Some(g) => std::slice::from_ref(g),
@@ -355,7 +396,12 @@ impl Population {
 
     /// User `user`'s environment, built with that user's parameters.
     pub fn user_env(&self, user: u64) -> Result<Box<dyn Env>, SimError> {
-        Ok(match self.user_params(user)? {
+        Self::params_env(self.user_params(user)?)
+    }
+
+    /// The environment of one set of parameters.
+    fn params_env(params: UserParams) -> Result<Box<dyn Env>, SimError> {
+        Ok(match params {
             UserParams::Default { env_id } => crate::make(&env_id)?,
             UserParams::CartPole {
                 gravity,
@@ -429,5 +475,54 @@ impl Population {
             "env_id": self.env_id(),
             "params": params,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_follow_the_grid_order() {
+        let p = Population::new("cartpole-b1", 7).unwrap();
+        assert_eq!(p.grid_settings(), Some(1000));
+        match p.setting_params(123).unwrap() {
+            UserParams::CartPole { cell, gravity, .. } => {
+                assert_eq!(cell, [1, 2, 3]);
+                assert_eq!(gravity, linspace(8.75, 11.0, 10, 1));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(p.setting_params(1000).is_err());
+        let h = Population::new("hiv-b1", 0).unwrap();
+        assert_eq!(h.grid_settings(), Some(2000));
+        match h.setting_params(1999).unwrap() {
+            UserParams::Hiv {
+                setting,
+                efficacy_noise_sd,
+                ..
+            } => {
+                assert_eq!(setting, 1999);
+                assert_eq!(efficacy_noise_sd, 0.01);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.setting_env(5).unwrap().id(), HivEnv::ID_20D);
+        let c = Population::new("CartPole-v1", 0).unwrap();
+        assert_eq!(c.grid_settings(), None);
+        assert!(c.setting_env(0).is_err());
+    }
+
+    #[test]
+    fn users_draw_grid_cells() {
+        // A user's parameters are the parameters of the grid cell it drew.
+        let p = Population::new("acrobot-b1", 3).unwrap();
+        for u in 0..20 {
+            let UserParams::Acrobot { cell, .. } = p.user_params(u).unwrap() else {
+                panic!("acrobot user");
+            };
+            let c = u64::from(cell[0]) * 100 + u64::from(cell[1]) * 10 + u64::from(cell[2]);
+            assert_eq!(p.setting_params(c).unwrap(), p.user_params(u).unwrap());
+        }
     }
 }

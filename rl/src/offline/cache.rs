@@ -4,16 +4,22 @@
 //! beside it (`root/<namespace>/<name>/fedrl_spec.json`). A second request loads it instead of
 //! generating it again.
 //!
+//! A [`Behaviour::Experts`] dataset keeps its experts' policies beside it
+//! (`root/<namespace>/<name>/experts.safetensors`, [`super::experts::EXPERTS_FILE`]), written
+//! inside the same temporary folder; a cached experts dataset without that file is an error
+//! ([`CacheError::MissingExperts`]), never silently regenerated.
+//!
 //! A dataset is written into a temporary folder next to its final place (a name starting with
 //! `.`, which Minari's listing and [`list`] skip) and renamed into place: a crash leaves at most
 //! a stray temporary folder, never a half dataset under the real id.
 
 use std::path::{Path, PathBuf};
 
-use fedrl_common::offline::DatasetSpec;
+use fedrl_common::offline::{Behaviour, DatasetSpec};
 use thiserror::Error;
 
 use super::dataset::Dataset;
+use super::experts::{EXPERTS_FILE, generate_experts};
 use super::generate::{Progress, generate};
 use super::minari::{self, MinariError, WriteOptions};
 
@@ -43,6 +49,11 @@ pub enum CacheError {
         found: String,
         expected: String,
     },
+    #[error(
+        "{path}: the cached experts dataset has no experts file (delete its folder to generate it \
+         again)"
+    )]
+    MissingExperts { path: PathBuf },
     #[error(
         "no dataset root: pass --data-dir, set {DATA_DIR_ENV}, or set HOME (for ~/.fedrl/datasets)"
     )]
@@ -110,11 +121,29 @@ pub fn load_or_generate(
                 expected: spec_json.to_string(),
             });
         }
+        if let Behaviour::Experts { .. } = spec.behaviour {
+            let path = dir.join(EXPERTS_FILE);
+            if !path.is_file() {
+                return Err(CacheError::MissingExperts { path });
+            }
+        }
         let read = minari::read(&dir)?;
         return Ok((read.dataset, Source::Cache));
     }
-    let dataset = generate(spec, progress)?;
-    match store(&dataset, root, Some(spec)) {
+    let (dataset, experts) = match spec.behaviour {
+        Behaviour::Experts { .. } => {
+            let g = generate_experts(spec, progress)?;
+            (g.dataset, Some(g.experts))
+        }
+        _ => (generate(spec, progress)?, None),
+    };
+    let stored = match &experts {
+        Some(e) => store_with(&dataset, root, Some(spec), &|tmp| {
+            Ok(e.save(&tmp.join(EXPERTS_FILE))?)
+        }),
+        None => store(&dataset, root, Some(spec)),
+    };
+    match stored {
         Ok(_) => Ok((dataset, Source::Generated)),
         // A concurrent run of the same spec stored it first: generation is deterministic, so
         // its copy equals ours.
@@ -133,6 +162,18 @@ pub fn store(
     dataset: &Dataset,
     root: &Path,
     spec: Option<&DatasetSpec>,
+) -> Result<PathBuf, CacheError> {
+    store_with(dataset, root, spec, &|_| Ok(()))
+}
+
+/// [`store`] with `extra` writing more files into the temporary folder (given as its argument)
+/// before the rename, e.g. a dataset's experts: they appear together with the data or not at
+/// all.
+pub fn store_with(
+    dataset: &Dataset,
+    root: &Path,
+    spec: Option<&DatasetSpec>,
+    extra: &dyn Fn(&Path) -> Result<(), CacheError>,
 ) -> Result<PathBuf, CacheError> {
     let dir = minari::dataset_dir(root, &dataset.id)?;
     if dir.exists() {
@@ -176,7 +217,7 @@ pub fn store(
             })?;
             std::fs::write(&p, text).map_err(io_err(&p))?;
         }
-        Ok(())
+        extra(&tmp)
     })();
     if let Err(e) = written {
         // Best effort: the temporary folder is invisible to readers either way.

@@ -72,7 +72,7 @@ pub fn behaviour_ppo_config() -> LocalUpdateConfig {
 
 /// A 64-bit mix of several words (SplitMix64 finaliser chained): independent streams per
 /// (seed, unit, episode).
-fn mix(words: &[u64]) -> u64 {
+pub(crate) fn mix(words: &[u64]) -> u64 {
     let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
     for &w in words {
         let mut z = h ^ w.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -244,7 +244,13 @@ fn train_checkpoints(
 
 /// Generates the dataset `spec` describes (see the module documentation). The dataset's id is
 /// [`DatasetSpec::minari_id`]; its `env_id` the population's environment.
+///
+/// For [`Behaviour::Experts`] this trains the experts and returns their demonstrations only;
+/// [`super::experts::generate_experts`] keeps the experts too.
 pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Result<Dataset> {
+    if let Behaviour::Experts { .. } = spec.behaviour {
+        return Ok(super::experts::generate_experts(spec, progress)?.dataset);
+    }
     let pop = Population::new(&spec.env, spec.population_seed)?;
     let probe = pop.user_env(0)?;
     let obs_dim = match probe.observation_space() {
@@ -284,7 +290,7 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
         behaviour_ppo_config().model_spec(probe.observation_space(), probe.action_space())?;
     let layout = model.layout();
     let checkpoints = match spec.behaviour {
-        Behaviour::Random => Vec::new(),
+        Behaviour::Random | Behaviour::Experts { .. } => Vec::new(),
         Behaviour::PpoMixed {
             iterations,
             checkpoints,
@@ -301,7 +307,7 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
     };
     let epsilon = match spec.behaviour {
         Behaviour::PpoMixed { epsilon, .. } => epsilon,
-        Behaviour::Random => 1.0,
+        Behaviour::Random | Behaviour::Experts { .. } => 1.0,
     };
     let epu = spec.episodes_per_unit;
     let threads = 2usize;

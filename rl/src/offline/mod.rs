@@ -3,7 +3,8 @@
 //!
 //! - [`dataset`]: episodes owned by units and their summary; [`generate`]: their generation by
 //!   a named, seeded procedure; [`cache`]: the on-disk cache keyed by that procedure;
-//!   [`minari`]: Minari's Arrow/Parquet layout (read and write);
+//!   [`minari`]: Minari's Arrow/Parquet layout (read and write); [`experts`]: seed 000/002's
+//!   experts (trained, softened, stored with their demonstrations) and their count queries;
 //! - [`batch`]: transitions as flat arrays, the unit of every loss;
 //! - [`qnet`], [`cql`]: the Q-network and the discrete CQL loss; [`per_example`]: per-example
 //!   gradients and per-unit clipping; [`adam`]: the flat-vector Adam both trainers use;
@@ -16,6 +17,7 @@ pub mod cache;
 pub mod cql;
 pub mod dataset;
 pub mod dpsgd;
+pub mod experts;
 pub mod generate;
 pub mod minari;
 pub mod per_example;
@@ -27,6 +29,7 @@ pub use batch::TransitionBatch;
 pub use cache::{data_root, load_or_generate};
 pub use cql::loss_and_grad;
 pub use dataset::{Dataset, DatasetSummary, Episode};
+pub use experts::{ExpertReturns, ExpertSet};
 pub use generate::generate;
 pub use per_example::{UnitGradients, clipped_sum, per_unit_clipped};
 pub use qnet::QNetSpec;

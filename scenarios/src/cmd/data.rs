@@ -3,7 +3,8 @@
 //! - `generate [--spec FILE.toml | --env ... --units ...]`: generates the dataset of a spec, or
 //!   loads it from the cache when it exists; prints its id and path.
 //! - `list [--json]`: datasets under the root.
-//! - `summary ID_OR_PATH [--json]`: episodes, steps, units, return quantiles.
+//! - `summary ID_OR_PATH [--json]`: episodes, steps, units, return quantiles (and, for an
+//!   experts dataset, the spread of the experts' mean returns).
 //! - `import PATH [--id NEW_ID]`: copies a Minari dataset folder (e.g. written by Python
 //!   minari) into the root, validated; episodes without a unit id become one unit each.
 //!
@@ -16,6 +17,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use fedrl_common::offline::{Behaviour, DatasetSpec};
 use fedrl_rl::offline::cache::{self, Source};
+use fedrl_rl::offline::experts::{EXPERTS_FILE, ExpertReturns};
 use fedrl_rl::offline::generate::Progress;
 use fedrl_rl::offline::minari;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -53,9 +55,10 @@ struct GenerateArgs {
     #[command(flatten)]
     root: RootArg,
     /// A TOML file holding a whole DatasetSpec (fields as below; `[behaviour]` with `kind =
-    /// "random"` or `"ppo_mixed"`). Excludes the field flags.
+    /// "random"`, `"ppo_mixed"` or `"experts"`). Excludes the field flags.
     #[arg(long, conflicts_with_all = ["env", "population_seed", "behaviour", "iterations",
-        "checkpoints", "epsilon", "units", "episodes_per_unit", "seed"])]
+        "checkpoints", "epsilon", "units", "episodes_per_unit", "seed", "population",
+        "per_setting", "hidden", "p_min", "max_steps"])]
     spec: Option<PathBuf>,
     /// Population name or environment id (`fedrl sim list`). Default CartPole-v1.
     #[arg(long)]
@@ -63,12 +66,29 @@ struct GenerateArgs {
     /// Seed of the population's per-user parameters. Default 0.
     #[arg(long)]
     population_seed: Option<u64>,
-    /// Behaviour policy: `random` or `ppo_mixed`. Default ppo_mixed.
+    /// Behaviour policy: `random`, `ppo_mixed` or `experts`. Default ppo_mixed.
     #[arg(long)]
     behaviour: Option<String>,
-    /// ppo_mixed: PPO iterations of the behaviour policy. Default 60.
+    /// ppo_mixed: PPO iterations of the behaviour policy (default 60); experts: PPO iterations
+    /// per expert (default 20).
     #[arg(long)]
     iterations: Option<u64>,
+    /// experts: the B.1 population the experts train on (cartpole-b1, acrobot-b1, hiv-b1);
+    /// `--env` is then the default environment of the demonstrations. Default cartpole-b1.
+    #[arg(long)]
+    population: Option<String>,
+    /// experts: experts per grid setting. Default 3.
+    #[arg(long)]
+    per_setting: Option<u32>,
+    /// experts: hidden widths of the expert MLP, comma-separated. Default 32,32.
+    #[arg(long, value_delimiter = ',')]
+    hidden: Option<Vec<usize>>,
+    /// experts: minimum action probability of the softened experts. Default 0.02.
+    #[arg(long)]
+    p_min: Option<f64>,
+    /// experts: cap on an episode's steps (0: the environment's limit). Default 200.
+    #[arg(long)]
+    max_steps: Option<u64>,
     /// ppo_mixed: evenly spaced policy checkpoints; unit u acts with checkpoint u % this.
     /// Default 4.
     #[arg(long)]
@@ -161,8 +181,56 @@ fn spec_of(a: &GenerateArgs) -> anyhow::Result<DatasetSpec> {
     if let Some(v) = a.seed {
         s.seed = v;
     }
+    let expert_flags = a.population.is_some()
+        || a.per_setting.is_some()
+        || a.hidden.is_some()
+        || a.p_min.is_some()
+        || a.max_steps.is_some();
+    if expert_flags && a.behaviour.as_deref() != Some("experts") {
+        return Err(UsageError(
+            "--population, --per-setting, --hidden, --p-min and --max-steps apply to \
+             --behaviour experts"
+                .into(),
+        )
+        .into());
+    }
     let ppo_flags = a.iterations.is_some() || a.checkpoints.is_some() || a.epsilon.is_some();
     match a.behaviour.as_deref() {
+        Some("experts") => {
+            if a.checkpoints.is_some() || a.epsilon.is_some() {
+                return Err(UsageError(
+                    "--checkpoints and --epsilon apply to --behaviour ppo_mixed".into(),
+                )
+                .into());
+            }
+            let mut b = Behaviour::experts(a.population.as_deref().unwrap_or("cartpole-b1"));
+            if let Behaviour::Experts {
+                per_setting,
+                iterations,
+                hidden,
+                p_min,
+                max_steps,
+                ..
+            } = &mut b
+            {
+                if let Some(v) = a.per_setting {
+                    *per_setting = v;
+                }
+                if let Some(v) = a.iterations {
+                    *iterations = v;
+                }
+                if let Some(v) = &a.hidden {
+                    *hidden = v.clone();
+                }
+                if let Some(v) = a.p_min {
+                    *p_min = v;
+                }
+                if let Some(v) = a.max_steps {
+                    *max_steps = v;
+                }
+            }
+            s.behaviour = b;
+        }
         Some("random") => {
             if ppo_flags {
                 return Err(UsageError(
@@ -193,7 +261,7 @@ fn spec_of(a: &GenerateArgs) -> anyhow::Result<DatasetSpec> {
         }
         Some(other) => {
             return Err(UsageError(format!(
-                "--behaviour {other:?}: expected random or ppo_mixed"
+                "--behaviour {other:?}: expected random, ppo_mixed or experts"
             ))
             .into());
         }
@@ -252,10 +320,13 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
         })),
         other => show_generation(&bar, &other),
     };
+    let started = std::time::Instant::now();
     let (dataset, source) = cache::load_or_generate(&spec, &root, &mut on_progress)?;
+    let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     let path = minari::dataset_dir(&root, &dataset.id)?;
     let summary = dataset.summary();
+    let experts = expert_returns(&path, &dataset);
     let source = match source {
         Source::Cache => "cache",
         Source::Generated => "generated",
@@ -269,6 +340,8 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
                 "source": source,
                 "checkpoints": checkpoints,
                 "summary": summary,
+                "expert_returns": experts,
+                "seconds": seconds,
             })
         );
     } else {
@@ -281,11 +354,29 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
                 c["episodes"]
             );
         }
-        println!("{source}: {}", dataset.id);
+        println!("{source}: {} ({seconds:.1} s)", dataset.id);
         println!("path: {}", path.display());
         print_summary(&summary);
+        print_expert_returns(experts.as_ref());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The spread of the experts' returns when the dataset folder holds experts.
+fn expert_returns(dir: &Path, dataset: &fedrl_rl::offline::Dataset) -> Option<ExpertReturns> {
+    dir.join(EXPERTS_FILE)
+        .is_file()
+        .then(|| ExpertReturns::of(dataset))
+}
+
+fn print_expert_returns(r: Option<&ExpertReturns>) {
+    if let Some(r) = r {
+        println!(
+            "expert mean returns ({} experts): mean {:.2}  min {:.2}  q25 {:.2}  median {:.2}  \
+             q75 {:.2}  max {:.2}",
+            r.experts, r.mean, r.min, r.q25, r.median, r.q75, r.max
+        );
+    }
 }
 
 fn list(a: ListArgs) -> anyhow::Result<ExitCode> {
@@ -352,14 +443,21 @@ fn summary(a: SummaryArgs) -> anyhow::Result<ExitCode> {
     let dir = locate(&a.id_or_path, &a.root)?;
     let read = minari::read(&dir)?;
     let s = read.dataset.summary();
+    let experts = expert_returns(&dir, &read.dataset);
     if a.json {
         println!(
             "{}",
-            json!({ "path": dir, "units_assigned": read.units_assigned, "summary": s })
+            json!({
+                "path": dir,
+                "units_assigned": read.units_assigned,
+                "summary": s,
+                "expert_returns": experts,
+            })
         );
     } else {
         println!("{} ({})", s.id, dir.display());
         print_summary(&s);
+        print_expert_returns(experts.as_ref());
         if read.units_assigned > 0 {
             println!(
                 "{} episodes named no unit: each counts as a unit of its own",
