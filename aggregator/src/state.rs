@@ -7,6 +7,7 @@
 //! | file | who | what |
 //! | --- | --- | --- |
 //! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+//! | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 //! | `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
 //! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
@@ -48,6 +49,7 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | file | who | what |
 | --- | --- | --- |
 | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+| `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 | `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
 | model export (e.g. `policy.safetensors`) | public | the released model |
 | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |

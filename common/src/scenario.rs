@@ -643,6 +643,21 @@ impl Scenario {
                     self.users, t.dataset.units
                 ));
             }
+            if let Some(r) = t.selective.as_ref().and_then(|s| s.release.as_ref()) {
+                let crate::offline::Behaviour::Experts { max_steps, .. } = &t.dataset.behaviour
+                else {
+                    return bad(
+                        "[task.selective.release] queries expert policies: set task.dataset.behaviour = { kind = \"experts\", ... }"
+                            .into(),
+                    );
+                };
+                if *max_steps > r.horizon {
+                    return bad(format!(
+                        "task.selective.release.horizon ({}) is shorter than the demonstrations (task.dataset.behaviour.max_steps = {max_steps}): L must bound every trajectory",
+                        r.horizon
+                    ));
+                }
+            }
             if t.selective.is_some() && self.non_private {
                 return bad(
                     "a non-private twin trains CQL on all the data, without a DataRelease: remove [task.selective]"

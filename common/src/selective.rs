@@ -63,9 +63,10 @@ pub struct SelectiveConfig {
 /// The minimum action probability of a dataset's expert policies (Assumption 1 of seed 002),
 /// if its behaviour is made of experts.
 pub fn expert_p_min(spec: &crate::offline::DatasetSpec) -> Option<f64> {
-    // TODO(merge): Behaviour::Experts { p_min, .. } => Some(*p_min)
-    let _ = spec;
-    None
+    match &spec.behaviour {
+        crate::offline::Behaviour::Experts { p_min, .. } => Some(*p_min),
+        _ => None,
+    }
 }
 
 fn d_trajectories() -> u64 {

@@ -37,6 +37,7 @@ relies on it. Do not publish them.
 | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
 | `policy.safetensors` (or the task's model export) | public | the released model |
 | `learning_curve.png` | public | evaluation return of released models per round |
+| `d_stable/` | public | expert-level runs: the trajectory prefixes released by the DataRelease, a Minari dataset root (`MINARI_DATASETS_PATH=d_stable`) |
 | `scenario.toml`, `twin-scenario.toml` | public | the scenario as run |
 | `operator/report.json` | operator | the report plus exact counts (users, units, updates, bytes) and the client agents' summaries |
 | `operator/metrics.jsonl` | operator | per round with exact counts (offered, accepted, clipped, rejected) |

@@ -314,6 +314,9 @@ impl EngineThread {
                         },
                     );
                 }
+                // The engine sees no client before the DataRelease is over: nothing of it may
+                // start (or, with no DP step planned, finish) earlier.
+                Input::Tick if self.release.is_some() => {}
                 Input::Tick => queue.push_back(Event::Tick),
                 Input::Shutdown => {
                     finished_reason = "shut down by signal".to_string();
@@ -485,7 +488,7 @@ impl EngineThread {
         self.ledger
             .append(record)
             .context("accounting the DataRelease in the ledger")?;
-        let stable = super::release::publish(&release, &self.scenario, &self.dir)?;
+        let (stable, published) = super::release::publish(&release, &self.scenario, &self.dir)?;
         let transitions = stable.len();
         self.model
             .set_stable_data(stable)
@@ -522,7 +525,7 @@ impl EngineThread {
                 "theta": p.theta,
                 "theta_hat_offset": p.theta_hat_offset,
                 "wall_seconds": self.started.elapsed().as_secs_f64(),
-                "published": super::release::STABLE_DIR,
+                "published": published,
             },
         }));
         tracing::info!(

@@ -57,6 +57,7 @@ use crate::tls::TransportTuning;
 
 pub use report::{OperatorCounts, PublicReport, RunReport};
 pub use resume::ResumeError;
+pub use release::STABLE_DIR;
 pub use startup::run;
 pub use transport::{
     DEFAULT_SEND_UDP_PAYLOAD, IDLE_RECEIVE_WINDOW, MAX_UPDATE_STREAMS_PER_CONNECTION,

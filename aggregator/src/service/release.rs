@@ -430,10 +430,12 @@ impl Release {
     }
 }
 
-/// Folder of the published D_stable (Minari layout) in the run's output directory.
-pub(super) const STABLE_DIR: &str = "d_stable";
+/// Folder of the published D_stable in the state directory: a Minari dataset root holding one
+/// dataset, `fedrl/<env>-stable-v0`.
+pub const STABLE_DIR: &str = "d_stable";
 
-/// Writes D_stable into `dir/d_stable` in Minari's layout and returns its transitions. Each
+/// Writes D_stable into the Minari root `dir/d_stable` and returns its transitions and its
+/// path relative to `dir`. Each
 /// released prefix is one episode whose `unit` is its own index: the expert it came from is not
 /// part of the release (the analysis covers the prefixes, not who played them), so it is not
 /// published.
@@ -441,7 +443,7 @@ pub(super) fn publish(
     release: &Release,
     scenario: &fedrl_common::scenario::Scenario,
     dir: &std::path::Path,
-) -> anyhow::Result<TransitionBatch> {
+) -> anyhow::Result<(TransitionBatch, String)> {
     use anyhow::Context;
     use fedrl_rl::offline::{Dataset, Episode, minari};
     let d = release.spec.obs_dim;
@@ -484,12 +486,14 @@ pub(super) fn publish(
         n_actions: release.spec.n_actions,
         episodes,
     };
-    let out = dir.join(STABLE_DIR);
-    if out.exists() {
-        std::fs::remove_dir_all(&out)
-            .with_context(|| format!("replacing {}", out.display()))?;
+    let root = dir.join(STABLE_DIR);
+    if root.exists() {
+        std::fs::remove_dir_all(&root)
+            .with_context(|| format!("replacing {}", root.display()))?;
     }
+    let out = root.join(&dataset.id);
     if !dataset.episodes.is_empty() {
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
         minari::write(
             &dataset,
             &out,
@@ -504,7 +508,14 @@ pub(super) fn publish(
         )
         .with_context(|| format!("publishing D_stable in {}", out.display()))?;
     }
-    Ok(all)
+    Ok((all, format!("{STABLE_DIR}/{}", dataset.id)))
+}
+
+/// The dataset folder (the one holding `data/`) under a Minari root of one dataset.
+fn find_dataset(root: &std::path::Path) -> Option<std::path::PathBuf> {
+    let ns = std::fs::read_dir(root).ok()?.flatten().find(|e| e.path().is_dir())?;
+    let ds = std::fs::read_dir(ns.path()).ok()?.flatten().find(|e| e.path().join("data").is_dir())?;
+    Some(ds.path())
 }
 
 /// The DataRelease of `scenario`, if its task has one and `ledger` has not accounted it yet (a
@@ -547,10 +558,9 @@ pub(super) fn released_already(ledger: &fedrl_common::privacy::ledger::PrivacyLe
 /// released).
 pub(super) fn load_published(dir: &std::path::Path, obs_dim: usize) -> anyhow::Result<TransitionBatch> {
     use anyhow::Context;
-    let path = dir.join(STABLE_DIR);
-    if !path.exists() {
+    let Some(path) = find_dataset(&dir.join(STABLE_DIR)) else {
         return Ok(TransitionBatch::new(obs_dim));
-    }
+    };
     let read = fedrl_rl::offline::minari::read(&path)
         .with_context(|| format!("reading the published D_stable in {}", path.display()))?;
     Ok(read.dataset.transitions())

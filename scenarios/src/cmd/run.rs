@@ -149,6 +149,24 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
 
 /// Completes `report.json` with the fields a user looks for first (DP outputs only) and
 /// `operator/report.json` with the exact count of contributions, and copies the policy.
+/// Copies the folder `from` to `to` (replacing `to`).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    if to.exists() {
+        std::fs::remove_dir_all(to)?;
+    }
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
 fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
     let state_dir = run.out_dir.join("state");
     for file in [POLICY_FILE, fedrl_aggregator::cql::QNET_FILE] {
@@ -157,6 +175,12 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
             std::fs::copy(&model, run.out_dir.join(file))
                 .with_context(|| format!("copying {file}"))?;
         }
+    }
+    // An expert-level run's released prefixes (public: the DataRelease's output).
+    let stable = state_dir.join(fedrl_aggregator::service::STABLE_DIR);
+    if stable.exists() {
+        copy_tree(&stable, &run.out_dir.join(fedrl_aggregator::service::STABLE_DIR))
+            .context("copying the released prefixes (d_stable)")?;
     }
     let r = &mut result.report;
     let fe = r["final_evaluation"].clone();
