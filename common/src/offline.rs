@@ -269,6 +269,14 @@ pub struct CqlConfig {
     /// Seed of the Q-network's initial weights. Default 0.
     #[serde(default)]
     pub model_seed: u64,
+    /// Factor the rewards are multiplied by in the TD target (a fixed public constant, like
+    /// d3rlpy's `MultiplyRewardScaler`): HIV treatment rewards reach 1e6 per step. Default 1.
+    #[serde(default = "d_reward_scale")]
+    pub reward_scale: f64,
+}
+
+fn d_reward_scale() -> f64 {
+    1.0
 }
 
 impl Default for CqlConfig {
@@ -282,6 +290,7 @@ impl Default for CqlConfig {
             batch_size: d_batch(),
             target_update_interval: d_target_update(),
             model_seed: 0,
+            reward_scale: d_reward_scale(),
         }
     }
 }

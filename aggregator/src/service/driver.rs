@@ -462,7 +462,6 @@ impl EngineThread {
         let Some(mut release) = self.release.take() else {
             return Ok(());
         };
-        let t = Instant::now();
         let event = self
             .scenario
             .release_event()?
@@ -510,7 +509,8 @@ impl EngineThread {
                 Outbound::Control(Message::StableReleased(StableReleased { prefixes: mine })),
             );
         }
-        self.timings.data_release_s += t.elapsed().as_secs_f64();
+        let walk_s = release.walk_seconds();
+        self.timings.data_release_s += walk_s;
         let p = release.params();
         self.selective_report = Some(serde_json::json!({
             "release": {
@@ -524,7 +524,8 @@ impl EngineThread {
                 "c_min": p.c_min,
                 "theta": p.theta,
                 "theta_hat_offset": p.theta_hat_offset,
-                "wall_seconds": self.started.elapsed().as_secs_f64(),
+                "release_seconds": walk_s,
+                "started_after_seconds": self.started.elapsed().as_secs_f64() - walk_s,
                 "published": published,
             },
         }));

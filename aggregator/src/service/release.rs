@@ -81,6 +81,8 @@ pub(super) struct Release {
     stable: Vec<StablePrefix>,
     /// Answers refused (operator-only count).
     pub(super) refused: u64,
+    /// When the walk started (every expert hosted).
+    started: Option<std::time::Instant>,
 }
 
 impl Release {
@@ -123,6 +125,7 @@ impl Release {
             state: State::Gathering,
             stable: Vec::new(),
             refused: 0,
+            started: None,
         })
     }
 
@@ -132,6 +135,11 @@ impl Release {
 
     pub(super) fn is_done(&self) -> bool {
         matches!(self.state, State::Done)
+    }
+
+    /// Seconds since the walk started (0 before).
+    pub(super) fn walk_seconds(&self) -> f64 {
+        self.started.map_or(0.0, |t| t.elapsed().as_secs_f64())
     }
 
     /// Candidate trajectories walked so far.
@@ -168,6 +176,7 @@ impl Release {
                 theta = self.params.theta,
                 "every expert is here: DataRelease starts"
             );
+            self.started = Some(std::time::Instant::now());
             return self.next_candidate();
         }
         Vec::new()

@@ -136,6 +136,11 @@ pub(crate) fn per_example(
         .collect();
     let discount = Tensor::from_vec(discount, (n, 1), device)?;
     let rewards = Tensor::from_slice(&batch.rewards, (n, 1), device)?;
+    let rewards = if cfg.reward_scale == 1.0 {
+        rewards
+    } else {
+        rewards.affine(cfg.reward_scale, 0.0)?
+    };
     let y = rewards.add(&discount.mul(&v_next)?)?;
 
     let mut one_hot = vec![0f32; n * k];
