@@ -57,10 +57,7 @@ pub trait ServerModel: Send {
     }
     /// Expert-level runs: D_stable, the released prefixes, for the noise-free steps of the
     /// schedule. Called once the release is accounted in the ledger. Other models refuse it.
-    fn set_stable_data(
-        &mut self,
-        _data: fedrl_rl::offline::TransitionBatch,
-    ) -> anyhow::Result<()> {
+    fn set_stable_data(&mut self, _data: fedrl_rl::offline::TransitionBatch) -> anyhow::Result<()> {
         anyhow::bail!("this task trains on no released data")
     }
 

@@ -503,7 +503,10 @@ impl Agent {
         };
         let (steps, d) = (q.steps as usize, q.obs_dim as usize);
         if payload.len() != steps * (d + 1) || steps == 0 {
-            tracing::warn!(query = q.query, "prefix query of the wrong length; not answered");
+            tracing::warn!(
+                query = q.query,
+                "prefix query of the wrong length; not answered"
+            );
             return;
         }
         let mut obs = Vec::with_capacity(steps * d);
@@ -512,7 +515,10 @@ impl Agent {
             obs.extend_from_slice(&row[..d]);
             let a = row[d];
             if !(a.is_finite() && a >= 0.0 && a.fract() == 0.0) {
-                tracing::warn!(query = q.query, "prefix query with a bad action; not answered");
+                tracing::warn!(
+                    query = q.query,
+                    "prefix query with a bad action; not answered"
+                );
                 return;
             }
             actions.push(a as u32);

@@ -395,13 +395,13 @@ impl Scenario {
 
     /// The DataRelease budget of a selective task, if it has one.
     pub fn release_budget(&self) -> Option<crate::privacy::expert_plan::ReleaseBudget> {
-        self.selective()
-            .and_then(|s| s.release.as_ref())
-            .map(|r| crate::privacy::expert_plan::ReleaseBudget {
+        self.selective().and_then(|s| s.release.as_ref()).map(|r| {
+            crate::privacy::expert_plan::ReleaseBudget {
                 epsilon_1: r.epsilon,
                 delta_1: r.delta,
                 trajectories: r.trajectories,
-            })
+            }
+        })
     }
 
     /// The DataRelease event every unit is charged with before training, if the task has one
@@ -422,9 +422,10 @@ impl Scenario {
         let mut events: Vec<DpEvent> = self.release_event().ok().flatten().into_iter().collect();
         match self.participation {
             Participation::Fresh => events.push(training_event(z, None)),
-            Participation::Sampled { .. } => {
-                events.extend(std::iter::repeat_n(training_event(z, q), self.rounds as usize))
-            }
+            Participation::Sampled { .. } => events.extend(std::iter::repeat_n(
+                training_event(z, q),
+                self.rounds as usize,
+            )),
         }
         events
     }
@@ -477,13 +478,9 @@ impl Scenario {
         // A starting point from the accountants' searches (they keep the feasible end); rate 1
         // is no sampling, so its rounds compose as one Gaussian.
         let mut z = match self.participation.sampling_rate().map(|q| q.get()) {
-            Some(q) if release.is_some() => crate::privacy::expert_plan::noise_for_plan(
-                release,
-                q,
-                self.rounds,
-                target,
-                delta,
-            ),
+            Some(q) if release.is_some() => {
+                crate::privacy::expert_plan::noise_for_plan(release, q, self.rounds, target, delta)
+            }
             None => crate::privacy::gaussian::sigma(target, delta),
             Some(q) if q >= 1.0 => crate::privacy::gaussian::sigma(target, delta)
                 .map(|z| z * (self.rounds.max(1) as f64).sqrt()),
@@ -682,10 +679,7 @@ impl Scenario {
                     .unwrap_or_else(|e| format!("no DP-SGD step fits ({e})"));
                     return bad(format!(
                         "the plan (DataRelease + {} DP-SGD steps at q = {q} and noise multiplier {}) costs epsilon {eps:.4} at delta {}, above target_epsilon = {} ({fit}): raise the noise multiplier (or \"auto\"), lower the release's epsilon or unstable_probability, or take fewer steps",
-                        self.rounds,
-                        self.noise_multiplier,
-                        self.delta,
-                        self.target_epsilon
+                        self.rounds, self.noise_multiplier, self.delta, self.target_epsilon
                     ));
                 }
             }

@@ -205,7 +205,12 @@ mod tests {
     #[test]
     fn validation_names_the_field() {
         assert!(cfg(0.5, 10).validate().is_ok());
-        assert!(cfg(1.5, 10).validate().unwrap_err().contains("unstable_probability"));
+        assert!(
+            cfg(1.5, 10)
+                .validate()
+                .unwrap_err()
+                .contains("unstable_probability")
+        );
         assert!(cfg(0.5, 0).validate().unwrap_err().contains("steps"));
         let mut c = cfg(0.5, 10);
         c.release = None;

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use e2e_support::*;
 use fedrl_common::privacy::ledger::PrivacyLedger;
-use fedrl_common::selective::{SelectiveConfig, Schedule};
+use fedrl_common::selective::{Schedule, SelectiveConfig};
 
 /// 48 experts of 2 demonstrations each; p_min = 0.5 makes every expert the uniform policy, so
 /// every prefix of length h has count 48 / 2^h, and the first one or two steps pass the sparse
@@ -100,10 +100,17 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
     for (mode, p) in [("federated", 0.5), ("central", 0.5)] {
         let out = run(dir.path(), &data, mode, &scenario(mode, p));
         let k = schedule(p).dp_steps();
-        assert!(k > 0 && k < 20, "the schedule mixes both kinds of step: {k}");
+        assert!(
+            k > 0 && k < 20,
+            "the schedule mixes both kinds of step: {k}"
+        );
         let ledger = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
         let recs = ledger.records();
-        assert_eq!(recs.len() as u64, 1 + k, "{mode}: the release, then K DP steps");
+        assert_eq!(
+            recs.len() as u64,
+            1 + k,
+            "{mode}: the release, then K DP steps"
+        );
         assert_eq!(recs[0].phase, "release");
         assert_eq!(recs[0].units.len(), 48, "the release charges every expert");
         assert!(recs[1..].iter().all(|r| r.phase != "release"));
@@ -119,13 +126,20 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
         let path = out.join(rel["published"].as_str().unwrap());
         let published = fedrl_rl::offline::minari::read(&path).unwrap();
         assert_eq!(published.dataset.transitions().len() as u64, stable);
-        assert!(report["final_evaluation"]["final_eval_return"].as_f64().is_some());
+        assert!(
+            report["final_evaluation"]["final_eval_return"]
+                .as_f64()
+                .is_some()
+        );
         let op: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(out.join("operator").join("report.json")).unwrap(),
         )
         .unwrap();
         assert_eq!(op["updates_rejected"], 0, "{op}");
-        assert!(op["timings"]["data_release_s"].as_f64().unwrap() > 0.0, "{op}");
+        assert!(
+            op["timings"]["data_release_s"].as_f64().unwrap() > 0.0,
+            "{op}"
+        );
     }
 }
 
@@ -133,7 +147,12 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
 fn released_prefixes_alone_need_no_dp_step() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("datasets");
-    let out = run(dir.path(), &data, "stable-only", &scenario("federated", 0.0));
+    let out = run(
+        dir.path(),
+        &data,
+        "stable-only",
+        &scenario("federated", 0.0),
+    );
     let ledger = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
     assert_eq!(ledger.records().len(), 1, "only the release is charged");
     let report: serde_json::Value =

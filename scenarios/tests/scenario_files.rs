@@ -77,7 +77,11 @@ fn expert_scenarios_plan_within_the_budget_and_have_their_twins() {
         }
         assert!(main.release_event().unwrap().is_some(), "{env}");
         assert!(dpsgd.release_event().unwrap().is_none(), "{env}");
-        assert_eq!(dpsgd.rounds, dpsgd.selective().unwrap().steps, "{env}: p = 1");
+        assert_eq!(
+            dpsgd.rounds,
+            dpsgd.selective().unwrap().steps,
+            "{env}: p = 1"
+        );
     }
     // Appendix B.3: epsilon_1 = 3/4 epsilon for CartPole and HIV, epsilon for Acrobot.
     let release = |env: &str| {
@@ -99,5 +103,8 @@ fn an_expert_plan_over_the_budget_is_refused_up_front() {
     .unwrap()
     .replace("noise_multiplier = \"auto\"", "noise_multiplier = 0.3");
     let e = scenario_from_toml_str(&text).unwrap_err().to_string();
-    assert!(e.contains("above target_epsilon") && e.contains("DP-SGD steps fit"), "{e}");
+    assert!(
+        e.contains("above target_epsilon") && e.contains("DP-SGD steps fit"),
+        "{e}"
+    );
 }

@@ -344,7 +344,9 @@ impl EngineThread {
         if self.ended_by_engine {
             // What the model scheduled after its last round (a selective schedule's last free
             // steps) runs before the final checkpoint and evaluation.
-            self.model.finish().context("finishing the model's schedule")?;
+            self.model
+                .finish()
+                .context("finishing the model's schedule")?;
             self.snapshot = Bytes::from(encode_payload(self.model.params()));
         }
         self.save_checkpoint()?;

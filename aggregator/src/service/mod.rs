@@ -55,9 +55,9 @@ use serde::Serialize;
 use crate::state;
 use crate::tls::TransportTuning;
 
+pub use release::STABLE_DIR;
 pub use report::{OperatorCounts, PublicReport, RunReport};
 pub use resume::ResumeError;
-pub use release::STABLE_DIR;
 pub use startup::run;
 pub use transport::{
     DEFAULT_SEND_UDP_PAYLOAD, IDLE_RECEIVE_WINDOW, MAX_UPDATE_STREAMS_PER_CONNECTION,

@@ -18,8 +18,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use fedrl_common::privacy::expert_release::{self, ReleaseParameters};
 use fedrl_common::protocol::{
-    PrefixCounts, PrefixQuery, ReleasedPrefix, TrajectoryData, TrajectoryRequest, UnitId,
-    UnitRange,
+    PrefixCounts, PrefixQuery, ReleasedPrefix, TrajectoryData, TrajectoryRequest, UnitId, UnitRange,
 };
 use fedrl_common::selective::ReleaseConfig;
 use fedrl_rl::offline::TransitionBatch;
@@ -214,7 +213,10 @@ impl Release {
         let total = self.experts * self.episodes_per_unit;
         while self.walked < self.cfg.trajectories && (self.drawn.len() as u64) < total {
             let k = self.rng.random_range(0..total);
-            let (unit, episode) = (k / self.episodes_per_unit, (k % self.episodes_per_unit) as u32);
+            let (unit, episode) = (
+                k / self.episodes_per_unit,
+                (k % self.episodes_per_unit) as u32,
+            );
             if !self.drawn.insert((unit, episode)) {
                 continue;
             }
@@ -268,8 +270,7 @@ impl Release {
                 "trajectory data that nobody asked for".into(),
             )];
         };
-        if client != owner || data.query != query || data.unit != unit || data.episode != episode
-        {
+        if client != owner || data.query != query || data.unit != unit || data.episode != episode {
             return vec![ReleaseAction::Drop(
                 client,
                 format!(
@@ -341,7 +342,10 @@ impl Release {
             ..
         } = &mut self.state
         else {
-            return vec![ReleaseAction::Drop(client, "prefix counts nobody asked for".into())];
+            return vec![ReleaseAction::Drop(
+                client,
+                "prefix counts nobody asked for".into(),
+            )];
         };
         if msg.query != *query || !waiting.contains(&client) {
             return vec![ReleaseAction::Drop(
@@ -486,7 +490,13 @@ pub(super) fn publish(
     };
     let name: String = env
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     let dataset = Dataset {
         id: format!("fedrl/{name}-stable-v0"),
@@ -497,8 +507,7 @@ pub(super) fn publish(
     };
     let root = dir.join(STABLE_DIR);
     if root.exists() {
-        std::fs::remove_dir_all(&root)
-            .with_context(|| format!("replacing {}", root.display()))?;
+        std::fs::remove_dir_all(&root).with_context(|| format!("replacing {}", root.display()))?;
     }
     let out = root.join(&dataset.id);
     if !dataset.episodes.is_empty() {
@@ -522,8 +531,14 @@ pub(super) fn publish(
 
 /// The dataset folder (the one holding `data/`) under a Minari root of one dataset.
 fn find_dataset(root: &std::path::Path) -> Option<std::path::PathBuf> {
-    let ns = std::fs::read_dir(root).ok()?.flatten().find(|e| e.path().is_dir())?;
-    let ds = std::fs::read_dir(ns.path()).ok()?.flatten().find(|e| e.path().join("data").is_dir())?;
+    let ns = std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .find(|e| e.path().is_dir())?;
+    let ds = std::fs::read_dir(ns.path())
+        .ok()?
+        .flatten()
+        .find(|e| e.path().join("data").is_dir())?;
     Some(ds.path())
 }
 
@@ -565,7 +580,10 @@ pub(super) fn released_already(ledger: &fedrl_common::privacy::ledger::PrivacyLe
 
 /// D_stable as published in `dir` by an earlier process of this run (empty when nothing was
 /// released).
-pub(super) fn load_published(dir: &std::path::Path, obs_dim: usize) -> anyhow::Result<TransitionBatch> {
+pub(super) fn load_published(
+    dir: &std::path::Path,
+    obs_dim: usize,
+) -> anyhow::Result<TransitionBatch> {
     use anyhow::Context;
     let Some(path) = find_dataset(&dir.join(STABLE_DIR)) else {
         return Ok(TransitionBatch::new(obs_dim));
@@ -613,7 +631,11 @@ mod tests {
     }
 
     /// Answers the pending request with a trajectory of `steps` steps, as its owner would.
-    fn answer_request(r: &mut Release, actions: Vec<ReleaseAction>, steps: usize) -> Vec<ReleaseAction> {
+    fn answer_request(
+        r: &mut Release,
+        actions: Vec<ReleaseAction>,
+        steps: usize,
+    ) -> Vec<ReleaseAction> {
         let [ReleaseAction::Request(owner, req)] = actions.as_slice() else {
             panic!("expected one trajectory request");
         };
@@ -647,15 +669,42 @@ mod tests {
         // at epsilon_1 = 50 would still not pass: theta is about c_min / p_min = 50 x c_min,
         // far above 4 experts). The prefix is not released, the walk goes on.
         let q = r.next_query - 1;
-        assert!(r.counts(1, PrefixCounts { query: q, counts: vec![2.0; 3] }).is_empty());
-        let next = r.counts(2, PrefixCounts { query: q, counts: vec![2.0, 1.5, 1.0] });
+        assert!(
+            r.counts(
+                1,
+                PrefixCounts {
+                    query: q,
+                    counts: vec![2.0; 3]
+                }
+            )
+            .is_empty()
+        );
+        let next = r.counts(
+            2,
+            PrefixCounts {
+                query: q,
+                counts: vec![2.0, 1.5, 1.0],
+            },
+        );
         assert!(matches!(next.as_slice(), [ReleaseAction::Request(..)]));
         assert_eq!(r.walked(), 1);
         let queries = answer_request(&mut r, next, 2);
         let q = r.next_query - 1;
         assert_eq!(queries.len(), 2);
-        r.counts(1, PrefixCounts { query: q, counts: vec![1.0, 1.0] });
-        r.counts(2, PrefixCounts { query: q, counts: vec![1.0, 1.0] });
+        r.counts(
+            1,
+            PrefixCounts {
+                query: q,
+                counts: vec![1.0, 1.0],
+            },
+        );
+        r.counts(
+            2,
+            PrefixCounts {
+                query: q,
+                counts: vec![1.0, 1.0],
+            },
+        );
         assert!(r.is_done(), "T = 2 candidates walked");
         assert_eq!(r.stable_transitions(), 0);
         assert_eq!(r.take_joined().len(), 2);
@@ -669,25 +718,49 @@ mod tests {
         answer_request(&mut r, asked, 2);
         let q = r.next_query - 1;
         // Client 1 hosts 2 experts: a count of 2.5 claims more than 1 per expert.
-        for bad in [vec![2.5, 1.0], vec![-0.1, -0.2], vec![f64::NAN, 0.0], vec![0.5, 1.0], vec![1.0]] {
+        for bad in [
+            vec![2.5, 1.0],
+            vec![-0.1, -0.2],
+            vec![f64::NAN, 0.0],
+            vec![0.5, 1.0],
+            vec![1.0],
+        ] {
             let mut r2 = release(1);
             r2.join(1, range(0, 2));
             let asked = r2.join(2, range(2, 4));
             answer_request(&mut r2, asked, 2);
             let q2 = r2.next_query - 1;
-            let out = r2.counts(1, PrefixCounts { query: q2, counts: bad.clone() });
+            let out = r2.counts(
+                1,
+                PrefixCounts {
+                    query: q2,
+                    counts: bad.clone(),
+                },
+            );
             assert!(
                 matches!(out.first(), Some(ReleaseAction::Drop(1, _))),
                 "{bad:?} was accepted"
             );
             assert_eq!(r2.refused, 1);
             // The honest client's answer still completes the candidate.
-            r2.counts(2, PrefixCounts { query: q2, counts: vec![1.0, 0.5] });
+            r2.counts(
+                2,
+                PrefixCounts {
+                    query: q2,
+                    counts: vec![1.0, 0.5],
+                },
+            );
             assert!(r2.is_done());
         }
         // A well-formed answer for another query, or from a client that was not asked, is
         // refused too.
-        let out = r.counts(1, PrefixCounts { query: q + 5, counts: vec![1.0, 1.0] });
+        let out = r.counts(
+            1,
+            PrefixCounts {
+                query: q + 5,
+                counts: vec![1.0, 1.0],
+            },
+        );
         assert!(matches!(out.as_slice(), [ReleaseAction::Drop(1, _)]));
     }
 

@@ -179,8 +179,11 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
     // An expert-level run's released prefixes (public: the DataRelease's output).
     let stable = state_dir.join(fedrl_aggregator::service::STABLE_DIR);
     if stable.exists() {
-        copy_tree(&stable, &run.out_dir.join(fedrl_aggregator::service::STABLE_DIR))
-            .context("copying the released prefixes (d_stable)")?;
+        copy_tree(
+            &stable,
+            &run.out_dir.join(fedrl_aggregator::service::STABLE_DIR),
+        )
+        .context("copying the released prefixes (d_stable)")?;
     }
     let r = &mut result.report;
     let fe = r["final_evaluation"].clone();
