@@ -48,6 +48,8 @@ pub struct CqlModel {
     /// DP steps applied, and free steps run (checkpointed).
     dp_done: u64,
     free_done: u64,
+    /// Seconds spent in free steps by this process.
+    free_s: f64,
 }
 
 impl CqlModel {
@@ -63,6 +65,7 @@ impl CqlModel {
             stable: None,
             dp_done: 0,
             free_done: 0,
+            free_s: 0.0,
         };
         m.refresh_offer();
         Ok(m)
@@ -148,6 +151,7 @@ impl CqlModel {
             }
         }
         self.refresh_offer();
+        self.free_s += started.elapsed().as_secs_f64();
         Ok(())
     }
 
@@ -267,16 +271,21 @@ impl ServerModel for CqlModel {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         // Other episodes than the periodic evaluations'.
         let seed = self.task.eval_seed.wrapping_add(0x5EED_F1A1);
-        Some(
-            match self.evaluate_with(self.task.final_eval_episodes, seed) {
-                Ok(e) => serde_json::json!({
-                    "final_eval_return": e["eval_return"],
-                    "final_eval_return_std": e["eval_return_std"],
-                    "final_eval_episodes": e["eval_episodes"],
-                }),
-                Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
-            },
-        )
+        let mut out = match self.evaluate_with(self.task.final_eval_episodes, seed) {
+            Ok(e) => serde_json::json!({
+                "final_eval_return": e["eval_return"],
+                "final_eval_return_std": e["eval_return_std"],
+                "final_eval_episodes": e["eval_episodes"],
+            }),
+            Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
+        };
+        if self.schedule.is_some() {
+            // The schedule is public; so are the step counts it produced.
+            out["dp_steps"] = self.dp_done.into();
+            out["free_steps"] = self.free_done.into();
+            out["free_steps_seconds"] = self.free_s.into();
+        }
+        Some(out)
     }
 
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
