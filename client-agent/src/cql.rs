@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use fedrl_common::offline::UpdateMode;
+use fedrl_common::privacy::expert_answers::check_expert_prefix_probabilities;
 use fedrl_common::protocol::{ReleasedPrefix, RoundSpec, UnitId, UnitRange};
 use fedrl_common::task::OfflineCqlTask;
 use fedrl_rl::candle_core::Device;
@@ -159,9 +160,19 @@ impl LocalTrainer for CqlTrainer {
             return Err("this run has no DataRelease: no expert policy is loaded".into());
         };
         let hosted: Vec<u64> = self.units.keys().copied().collect();
-        experts
-            .prefix_counts(&hosted, obs, actions)
-            .map_err(|e| e.to_string())
+        let per_expert = experts
+            .prefix_probabilities(&hosted, obs, actions)
+            .map_err(|e| e.to_string())?;
+        // Each expert's answer is a probability (the count's sensitivity is 1 per expert); one
+        // that is not is a bug here, and nothing is sent.
+        let mut counts = vec![0.0f64; actions.len()];
+        for (unit, p) in hosted.iter().zip(&per_expert) {
+            check_expert_prefix_probabilities(p).map_err(|e| format!("expert {unit}: {e}"))?;
+            for (c, x) in counts.iter_mut().zip(p) {
+                *c += x;
+            }
+        }
+        Ok(counts)
     }
 
     fn stable_released(&mut self, prefixes: &[ReleasedPrefix]) {
