@@ -281,6 +281,16 @@ fn generation_is_deterministic_and_demonstrations_follow_the_softened_experts() 
     let spec = experts_spec(6, 10, 2, 0.2);
     let a = generate_experts(&spec, &mut quiet()).unwrap();
     let b = generate_experts(&spec, &mut quiet()).unwrap();
+    // The thread count changes nothing (70 experts: two rollout chunks, two PPO groups).
+    let many = experts_spec(70, 1, 2, 0.2);
+    let mut p1 = plan(&many).unwrap();
+    p1.threads = 1;
+    let mut p3 = p1.clone();
+    p3.threads = 3;
+    assert_eq!(
+        train_experts(&p1, 70, 1, &mut quiet()).unwrap(),
+        train_experts(&p3, 70, 1, &mut quiet()).unwrap()
+    );
     assert_eq!(a.dataset, b.dataset);
     assert_eq!(a.curve, b.curve);
     for u in 0..6 {

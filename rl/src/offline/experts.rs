@@ -77,6 +77,9 @@ pub struct ExpertsPlan {
     pub obs_dim: usize,
     /// The PPO settings of the training.
     pub ppo: LocalUpdateConfig,
+    /// Worker threads of the generation (default: the available parallelism); the experts and
+    /// their demonstrations do not depend on it.
+    pub threads: usize,
 }
 
 impl ExpertsPlan {
@@ -208,6 +211,7 @@ pub fn plan(spec: &DatasetSpec) -> Result<ExpertsPlan> {
         n_actions,
         obs_dim,
         ppo,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
     })
 }
 
@@ -289,11 +293,6 @@ fn parallel<T: Send>(
         .collect()
 }
 
-/// Worker threads of the generation (results do not depend on it).
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// What [`train_experts`] measured: the mean training-episode return (reward units, each
 /// expert in its own setting, sampling its unsoftened policy) of every iteration, before that
 /// iteration's update. Entry 0 is the untrained experts.
@@ -320,7 +319,7 @@ pub fn train_experts(
         .collect::<std::result::Result<_, _>>()?;
     let rollout = plan.ppo.rollout();
     let device = Device::Cpu;
-    let threads = threads();
+    let threads = plan.threads.max(1);
     let mut curve = Vec::with_capacity(plan.iterations as usize);
     let chunks = m_us.div_ceil(ROLLOUT_CHUNK);
     for it in 0..plan.iterations {
@@ -404,7 +403,6 @@ fn policy_parts(layout: &crate::ParamLayout, params: &[Vec<f32>]) -> Vec<Vec<f32
 /// experts.
 fn policy_layout(model: &ModelSpec) -> crate::ParamLayout {
     let mut l = model.layout();
-    l.params.truncate(l.policy_len);
     let n = l.policy_layers.len() * 2 + usize::from(l.log_std.is_some());
     l.params.truncate(n);
     l.value_layers.clear();
@@ -485,13 +483,14 @@ fn record(
     let jobs = m.div_ceil(chunk);
     let per_chunk = parallel(
         jobs,
-        threads(),
+        plan.threads.max(1),
         |c| {
             let mut env = fedrl_sim::make(&spec.env)?;
             let mut out = Vec::new();
-            for u in c * chunk..((c + 1) * chunk).min(m) {
-                let net = RowMlp::new(&layout, &policies[u]);
-                let u64_ = u as u64;
+            let lo = c * chunk;
+            for (i, policy) in policies[lo..(lo + chunk).min(m)].iter().enumerate() {
+                let net = RowMlp::new(&layout, policy);
+                let u64_ = (lo + i) as u64;
                 for k in 0..epu {
                     let key = mix(&[spec.seed, u64_, k]);
                     let mut rng = Xoshiro256PlusPlus::seed_from_u64(key);
@@ -747,12 +746,11 @@ impl ExpertSet {
     ) -> Result<Vec<Vec<f64>>> {
         self.check_query(units, obs, actions)?;
         let p_top = 1.0 - (self.n_actions as f64 - 1.0) * self.p_min;
-        let chunks: Vec<&[u64]> = units
-            .chunks(units.len().div_ceil(threads()).max(1))
-            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunks: Vec<&[u64]> = units.chunks(units.len().div_ceil(threads).max(1)).collect();
         let parts = parallel(
             chunks.len(),
-            threads(),
+            threads,
             |c| {
                 let mut best = Vec::with_capacity(actions.len());
                 let mut out = Vec::with_capacity(chunks[c].len());
@@ -874,7 +872,7 @@ impl ExpertSet {
                 layout.params.len()
             )));
         }
-        let mut policies = vec![vec![0.0f32; layout.len]; m];
+        let mut tensors = Vec::with_capacity(layout.params.len());
         for p in &layout.params {
             let t = st.tensor(&p.name)?;
             let mut shape = vec![m];
@@ -887,6 +885,11 @@ impl ExpertSet {
                     t.shape()
                 )));
             }
+            tensors.push(t);
+        }
+        // Allocated only once the file's tensors are known to hold m experts.
+        let mut policies = vec![vec![0.0f32; layout.len]; m];
+        for (p, t) in layout.params.iter().zip(&tensors) {
             let n = p.numel();
             for (i, c) in t.data().chunks_exact(4).enumerate() {
                 policies[i / n][p.offset + i % n] = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);

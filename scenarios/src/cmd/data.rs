@@ -34,7 +34,7 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum DataCommand {
     /// Generate a dataset from a spec (or load it from the cache).
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
     /// List the datasets under the root.
     List(ListArgs),
     /// Summarise a dataset: episodes, steps, units, return quantiles.
@@ -146,7 +146,7 @@ struct ImportArgs {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        DataCommand::Generate(a) => generate(a),
+        DataCommand::Generate(a) => generate(*a),
         DataCommand::List(a) => list(a),
         DataCommand::Summary(a) => summary(a),
         DataCommand::Import(a) => import(a),
