@@ -12,6 +12,11 @@ use fedrl_rl::offline::cache;
 use fedrl_rl::offline::experts::ExpertSet;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // As the `fedrl` binary does: the experts' blocks run on threads of their own.
+        // SAFETY: first statement of main, before any thread exists.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
+    }
     let args: Vec<String> = std::env::args().collect();
     let root = args
         .get(1)
