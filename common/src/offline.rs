@@ -398,8 +398,10 @@ mod tests {
     fn existing_cache_keys_are_unchanged() {
         // Pinned before Behaviour::Experts existed: adding a variant must not move old caches.
         assert_eq!(DatasetSpec::default().cache_key(), PINNED_DEFAULT_KEY);
-        let mut r = DatasetSpec::default();
-        r.behaviour = Behaviour::Random;
+        let r = DatasetSpec {
+            behaviour: Behaviour::Random,
+            ..DatasetSpec::default()
+        };
         assert_eq!(r.cache_key(), PINNED_RANDOM_KEY);
     }
 

@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use fedrl_common::offline::{Behaviour, DatasetSpec};
 use fedrl_sim::{Action, Env, Population, Space};
 use rand::rngs::Xoshiro256PlusPlus;
@@ -77,6 +77,9 @@ pub struct ExpertsPlan {
     pub obs_dim: usize,
     /// The PPO settings of the training.
     pub ppo: LocalUpdateConfig,
+    /// Worker threads of the generation (default: the available parallelism); the experts and
+    /// their demonstrations do not depend on it.
+    pub threads: usize,
 }
 
 impl ExpertsPlan {
@@ -208,6 +211,7 @@ pub fn plan(spec: &DatasetSpec) -> Result<ExpertsPlan> {
         n_actions,
         obs_dim,
         ppo,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
     })
 }
 
@@ -289,11 +293,6 @@ fn parallel<T: Send>(
         .collect()
 }
 
-/// Worker threads of the generation (results do not depend on it).
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// What [`train_experts`] measured: the mean training-episode return (reward units, each
 /// expert in its own setting, sampling its unsoftened policy) of every iteration, before that
 /// iteration's update. Entry 0 is the untrained experts.
@@ -320,7 +319,7 @@ pub fn train_experts(
         .collect::<std::result::Result<_, _>>()?;
     let rollout = plan.ppo.rollout();
     let device = Device::Cpu;
-    let threads = threads();
+    let threads = plan.threads.max(1);
     let mut curve = Vec::with_capacity(plan.iterations as usize);
     let chunks = m_us.div_ceil(ROLLOUT_CHUNK);
     for it in 0..plan.iterations {
@@ -404,7 +403,6 @@ fn policy_parts(layout: &crate::ParamLayout, params: &[Vec<f32>]) -> Vec<Vec<f32
 /// experts.
 fn policy_layout(model: &ModelSpec) -> crate::ParamLayout {
     let mut l = model.layout();
-    l.params.truncate(l.policy_len);
     let n = l.policy_layers.len() * 2 + usize::from(l.log_std.is_some());
     l.params.truncate(n);
     l.value_layers.clear();
@@ -485,13 +483,14 @@ fn record(
     let jobs = m.div_ceil(chunk);
     let per_chunk = parallel(
         jobs,
-        threads(),
+        plan.threads.max(1),
         |c| {
             let mut env = fedrl_sim::make(&spec.env)?;
             let mut out = Vec::new();
-            for u in c * chunk..((c + 1) * chunk).min(m) {
-                let net = RowMlp::new(&layout, &policies[u]);
-                let u64_ = u as u64;
+            let lo = c * chunk;
+            for (i, policy) in policies[lo..(lo + chunk).min(m)].iter().enumerate() {
+                let net = RowMlp::new(&layout, policy);
+                let u64_ = (lo + i) as u64;
                 for k in 0..epu {
                     let key = mix(&[spec.seed, u64_, k]);
                     let mut rng = Xoshiro256PlusPlus::seed_from_u64(key);
@@ -603,15 +602,26 @@ impl ExpertReturns {
 /// The experts of a dataset, queried by the client agents that host them: softened action
 /// probabilities and the probabilities of trajectory prefixes (seed 002, Algorithm 1's count
 /// query; each expert's answer is in (0, 1], so one expert changes a count by at most 1).
+///
+/// Queries run one batched forward pass (candle's matmul over stacked weights) per block of
+/// experts; the demonstrations were played with a plain row-by-row forward pass of the same
+/// weights. The two agree up to `f32` rounding, so an argmax may differ only where two logits
+/// tie to about 1e-6; each answer stays in (0, 1] either way.
 #[derive(Clone, Debug)]
 pub struct ExpertSet {
     model: ModelSpec,
     p_min: f64,
     n_actions: usize,
-    /// Per expert: its policy parameters (policy-only layout) and their forward form.
+    /// Per expert: its policy parameters (policy-only layout).
     policies: Vec<Vec<f32>>,
-    nets: Vec<RowMlp>,
+    /// Per block of [`QUERY_BLOCK`] experts: the stacked policy layers (weights `[k, in, out]`,
+    /// biases `[k, out]`) for one batched forward pass per query.
+    blocks: Vec<Vec<(Tensor, Tensor)>>,
 }
+
+/// Experts per stacked block of [`ExpertSet`]: bounds a query's memory (block x L x hidden
+/// floats per layer) and is the unit of its parallelism.
+const QUERY_BLOCK: usize = 256;
 
 impl ExpertSet {
     /// Experts from their policy parameters (each of the policy-only length of `model`'s
@@ -630,7 +640,6 @@ impl ExpertSet {
         }
         model.check_preprocessing()?;
         let layout = policy_layout(&model);
-        let mut nets = Vec::with_capacity(policies.len());
         for (u, p) in policies.iter().enumerate() {
             layout
                 .check(p)
@@ -638,20 +647,31 @@ impl ExpertSet {
             if p.iter().any(|x| !x.is_finite()) {
                 return Err(invalid(format!("expert {u}: non-finite parameters")));
             }
-            nets.push(RowMlp::new(&layout, p));
+        }
+        let mut blocks = Vec::with_capacity(policies.len().div_ceil(QUERY_BLOCK));
+        for block in policies.chunks(QUERY_BLOCK) {
+            let refs: Vec<&[f32]> = block.iter().map(Vec::as_slice).collect();
+            let t = layout.stack(&refs, &Device::Cpu)?;
+            blocks.push(
+                layout
+                    .policy_layers
+                    .iter()
+                    .map(|&i| (t[i].clone(), t[i + 1].clone()))
+                    .collect(),
+            );
         }
         Ok(Self {
             model,
             p_min,
             n_actions,
             policies,
-            nets,
+            blocks,
         })
     }
 
     /// Number of experts.
     pub fn experts(&self) -> u64 {
-        self.nets.len() as u64
+        self.policies.len() as u64
     }
 
     /// Number of discrete actions.
@@ -685,29 +705,73 @@ impl ExpertSet {
     fn unknown(&self, unit: u64) -> NnError {
         invalid(format!(
             "unknown expert {unit}: the set holds {}",
-            self.nets.len()
+            self.policies.len()
         ))
     }
 
-    fn net(&self, unit: u64) -> Result<&RowMlp> {
-        self.nets
-            .get(usize::try_from(unit).unwrap_or(usize::MAX))
+    fn check_unit(&self, unit: u64) -> Result<usize> {
+        usize::try_from(unit)
+            .ok()
+            .filter(|&u| u < self.policies.len())
             .ok_or_else(|| self.unknown(unit))
     }
 
-    /// The most likely action of expert `unit` at every observation of `obs` (rows of
-    /// `obs_dim` raw values, already checked).
-    fn argmaxes(&self, net: &RowMlp, obs: &[f32], out: &mut Vec<usize>) {
+    /// The most likely action (ties to the lowest index) of each expert of `experts` at every
+    /// observation of `obs` (`rows` rows of `obs_dim` raw values, already checked): one
+    /// batched forward pass `[k, rows, obs_dim]` through the stacked weights per block of
+    /// experts, blocks in parallel. Row `j` of the `i`-th queried expert is at `i * rows + j`.
+    fn argmaxes(&self, experts: &[usize], obs: &[f32], rows: usize) -> Result<Vec<usize>> {
         let d = self.model.obs_dim;
-        let mut x = Vec::with_capacity(d);
-        let mut scratch = RowScratch::default();
-        out.clear();
-        for row in obs.chunks_exact(d) {
-            x.clear();
-            x.extend_from_slice(row);
-            self.model.normalize_obs(&mut x);
-            out.push(argmax(net.policy(&x, &mut scratch)));
+        let mut x = obs.to_vec();
+        self.model.normalize_obs(&mut x);
+        let x = Tensor::from_vec(x, (1, rows, d), &Device::Cpu)?;
+        // The queried experts by block, with their positions in `experts`.
+        let mut by_block: std::collections::BTreeMap<usize, Vec<(usize, u32)>> = Default::default();
+        for (pos, &u) in experts.iter().enumerate() {
+            by_block
+                .entry(u / QUERY_BLOCK)
+                .or_default()
+                .push((pos, (u % QUERY_BLOCK) as u32));
         }
+        let jobs: Vec<(usize, Vec<(usize, u32)>)> = by_block.into_iter().collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let a = self.n_actions;
+        let parts = parallel(
+            jobs.len(),
+            threads,
+            |j| {
+                let (b, members) = &jobs[j];
+                let block = &self.blocks[*b];
+                let whole = members.len() == block[0].0.dim(0)?
+                    && members.iter().enumerate().all(|(i, m)| m.1 as usize == i);
+                let layers: Vec<(Tensor, Tensor)> = if whole {
+                    block.clone()
+                } else {
+                    let idx: Vec<u32> = members.iter().map(|m| m.1).collect();
+                    let idx = Tensor::from_vec(idx, members.len(), &Device::Cpu)?;
+                    block
+                        .iter()
+                        .map(|(w, bias)| {
+                            Ok((w.index_select(&idx, 0)?, bias.index_select(&idx, 0)?))
+                        })
+                        .collect::<Result<_>>()?
+                };
+                let xs = x.broadcast_as((members.len(), rows, d))?.contiguous()?;
+                let refs: Vec<(&Tensor, &Tensor)> = layers.iter().map(|(w, b)| (w, b)).collect();
+                let logits = crate::mlp::forward(&xs, &refs)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                Ok(logits.chunks_exact(a).map(argmax).collect::<Vec<usize>>())
+            },
+            &mut |_| {},
+        )?;
+        let mut out = vec![0usize; experts.len() * rows];
+        for ((_, members), best) in jobs.iter().zip(parts) {
+            for (i, (pos, _)) in members.iter().enumerate() {
+                out[pos * rows..(pos + 1) * rows].copy_from_slice(&best[i * rows..(i + 1) * rows]);
+            }
+        }
+        Ok(out)
     }
 
     fn check_obs(&self, obs: &[f32], rows: usize) -> Result<()> {
@@ -727,10 +791,9 @@ impl ExpertSet {
     /// Softened action probabilities of expert `unit` at the raw observation `obs` (they sum to
     /// 1; the expert's most likely action gets `1 - (A - 1) p_min`, every other `p_min`).
     pub fn action_probs(&self, unit: u64, obs: &[f32]) -> Result<Vec<f64>> {
-        let net = self.net(unit)?;
+        let u = self.check_unit(unit)?;
         self.check_obs(obs, 1)?;
-        let mut a = Vec::with_capacity(1);
-        self.argmaxes(net, obs, &mut a);
+        let a = self.argmaxes(&[u], obs, 1)?;
         Ok(softened_probs(a[0], self.n_actions, self.p_min))
     }
 
@@ -745,35 +808,26 @@ impl ExpertSet {
         obs: &[f32],
         actions: &[u32],
     ) -> Result<Vec<Vec<f64>>> {
-        self.check_query(units, obs, actions)?;
+        let experts = self.check_query(units, obs, actions)?;
+        let rows = actions.len();
+        if rows == 0 {
+            return Ok(vec![Vec::new(); units.len()]);
+        }
         let p_top = 1.0 - (self.n_actions as f64 - 1.0) * self.p_min;
-        let chunks: Vec<&[u64]> = units
-            .chunks(units.len().div_ceil(threads()).max(1))
-            .collect();
-        let parts = parallel(
-            chunks.len(),
-            threads(),
-            |c| {
-                let mut best = Vec::with_capacity(actions.len());
-                let mut out = Vec::with_capacity(chunks[c].len());
-                for &u in chunks[c] {
-                    self.argmaxes(self.net(u)?, obs, &mut best);
-                    let mut p = 1.0f64;
-                    out.push(
-                        best.iter()
-                            .zip(actions)
-                            .map(|(&b, &a)| {
-                                p *= if b == a as usize { p_top } else { self.p_min };
-                                p
-                            })
-                            .collect(),
-                    );
-                }
-                Ok(out)
-            },
-            &mut |_| {},
-        )?;
-        Ok(parts.into_iter().flatten().collect())
+        let best = self.argmaxes(&experts, obs, rows)?;
+        Ok(best
+            .chunks_exact(rows)
+            .map(|b| {
+                let mut p = 1.0f64;
+                b.iter()
+                    .zip(actions)
+                    .map(|(&b, &a)| {
+                        p *= if b == a as usize { p_top } else { self.p_min };
+                        p
+                    })
+                    .collect()
+            })
+            .collect())
     }
 
     /// What a client agent answers to a count query: for each prefix length `h = 1..=L`, the
@@ -789,10 +843,11 @@ impl ExpertSet {
         Ok(out)
     }
 
-    fn check_query(&self, units: &[u64], obs: &[f32], actions: &[u32]) -> Result<()> {
-        for &u in units {
-            self.net(u)?;
-        }
+    fn check_query(&self, units: &[u64], obs: &[f32], actions: &[u32]) -> Result<Vec<usize>> {
+        let experts = units
+            .iter()
+            .map(|&u| self.check_unit(u))
+            .collect::<Result<Vec<usize>>>()?;
         self.check_obs(obs, actions.len())?;
         if let Some(&a) = actions.iter().find(|&&a| a as usize >= self.n_actions) {
             return Err(invalid(format!(
@@ -800,7 +855,7 @@ impl ExpertSet {
                 self.n_actions
             )));
         }
-        Ok(())
+        Ok(experts)
     }
 
     /// Writes the experts to `path` as safetensors: one tensor per policy parameter with the
@@ -874,7 +929,7 @@ impl ExpertSet {
                 layout.params.len()
             )));
         }
-        let mut policies = vec![vec![0.0f32; layout.len]; m];
+        let mut tensors = Vec::with_capacity(layout.params.len());
         for p in &layout.params {
             let t = st.tensor(&p.name)?;
             let mut shape = vec![m];
@@ -887,6 +942,11 @@ impl ExpertSet {
                     t.shape()
                 )));
             }
+            tensors.push(t);
+        }
+        // Allocated only once the file's tensors are known to hold m experts.
+        let mut policies = vec![vec![0.0f32; layout.len]; m];
+        for (p, t) in layout.params.iter().zip(&tensors) {
             let n = p.numel();
             for (i, c) in t.data().chunks_exact(4).enumerate() {
                 policies[i / n][p.offset + i % n] = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);

@@ -34,7 +34,7 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum DataCommand {
     /// Generate a dataset from a spec (or load it from the cache).
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
     /// List the datasets under the root.
     List(ListArgs),
     /// Summarise a dataset: episodes, steps, units, return quantiles.
@@ -146,7 +146,7 @@ struct ImportArgs {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        DataCommand::Generate(a) => generate(a),
+        DataCommand::Generate(a) => generate(*a),
         DataCommand::List(a) => list(a),
         DataCommand::Summary(a) => summary(a),
         DataCommand::Import(a) => import(a),
@@ -306,7 +306,12 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
     let root = root(&a.root)?;
     let bar = generation_bar()?;
     let mut checkpoints = Vec::new();
+    let mut training = Vec::new();
     let mut on_progress = |p: Progress| match p {
+        Progress::Training { train_return, .. } => {
+            training.push(train_return);
+            show_generation(&bar, &p);
+        }
         Progress::Checkpoint {
             index,
             iteration,
@@ -339,6 +344,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
                 "path": path,
                 "source": source,
                 "checkpoints": checkpoints,
+                "training_returns": training,
                 "summary": summary,
                 "expert_returns": experts,
                 "seconds": seconds,
@@ -352,6 +358,13 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
                 c["iteration"],
                 c["mean_return"].as_f64().unwrap_or(f64::NAN),
                 c["episodes"]
+            );
+        }
+        if let (Some(first), Some(last)) = (training.first(), training.last()) {
+            println!(
+                "PPO: mean training return {first:.1} before the first iteration, {last:.1} \
+                 before the last ({} iterations)",
+                training.len()
             );
         }
         println!("{source}: {} ({seconds:.1} s)", dataset.id);
