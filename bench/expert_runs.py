@@ -7,7 +7,8 @@ scenarios `scenarios/<env>-expert*.toml`:
   - `p=<x>`       the sweep of the probability p of a DP step, x in P_SWEEP, with the release
                   budget of appendix B.3's 3/4 split (epsilon_1 = 7.5, delta_1 = 0.9 delta);
   - `dpsgd`       the expert-level DP-SGD twin (Algorithm 4: no release, p = 1);
-  - `nonprivate`  the non-private CQL twin.
+  - `nonprivate`  the non-private CQL twin;
+  - `<variant>@lr<x>` any of them with learning rate x (e.g. `nonprivate@lr1e-4`).
 Seeds vary the Q-network's initialisation, the transitions drawn and the step schedule
 (`model_seed`, `data_seed`, `schedule_seed`); the experts' dataset is the same (generated once and
 cached). Runs use the central update mode (the same accounting and gradients as federated, one
@@ -49,13 +50,14 @@ def normalise(env, ret):
 
 def variant_text(env, variant, seed, steps):
     """The scenario text of one run."""
+    kind, _, lr = variant.partition("@lr")
     base = {
         "selective": f"{env}-expert.toml",
         "dpsgd": f"{env}-expert-dpsgd.toml",
         "nonprivate": f"{env}-expert-nonprivate.toml",
-    }.get(variant, f"{env}-expert.toml")
+    }.get(kind, f"{env}-expert.toml")
     text = (ROOT / "scenarios" / base).read_text()
-    name = f"{env}-{variant}-s{seed}".replace("=", "")
+    name = f"{env}-{variant}-s{seed}".replace("=", "").replace("@", "-")
     text = re.sub(r'(?m)^name = ".*"$', f'name = "{name}"', text)
     text = re.sub(r'(?m)^mode = ".*"$', 'mode = "central"', text)
     text = text.replace("[task]\n", f"[task]\ndata_seed = {seed}\n", 1)
@@ -67,8 +69,11 @@ def variant_text(env, variant, seed, steps):
     if steps:
         text = re.sub(r"(?m)^steps = \d+$", f"steps = {steps}", text)
         text = re.sub(r"(?m)^rounds = \d+$", f"rounds = {steps}", text)
-    if variant.startswith("p="):
-        p = variant[2:]
+    if lr:
+        # `<variant>@lr<x>`: the same run with another learning rate (the twins' tuning).
+        text = re.sub(r"(?m)^learning_rate = .*$", f"learning_rate = {lr}", text)
+    if kind.startswith("p="):
+        p = kind[2:]
         text = re.sub(
             r"(?m)^unstable_probability = .*$", f"unstable_probability = {p}", text
         )

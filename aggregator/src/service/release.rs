@@ -58,7 +58,8 @@ enum State {
         query: u64,
         data: TrajectoryData,
         first_row: u32,
-        rows: TransitionBatch,
+        /// Boxed: the other states are small.
+        rows: Box<TransitionBatch>,
         waiting: HashSet<ClientId>,
         sum: Vec<f64>,
     },
@@ -325,7 +326,7 @@ impl Release {
             sum: vec![0.0; rows.len()],
             first_row: data.first_row,
             data,
-            rows,
+            rows: Box::new(rows),
             waiting,
         };
         out
