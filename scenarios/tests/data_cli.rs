@@ -210,3 +210,53 @@ fn generate_from_a_spec_file() {
     assert_eq!(out["summary"]["units"], 3);
     assert_eq!(out["summary"]["n_actions"], 3);
 }
+
+#[test]
+fn experts_generate_and_summarise_with_their_return_spread() {
+    let root = tempfile::tempdir().unwrap();
+    let args = [
+        "data",
+        "generate",
+        "--env",
+        "CartPole-v1",
+        "--behaviour",
+        "experts",
+        "--population",
+        "cartpole-b1",
+        "--iterations",
+        "2",
+        "--hidden",
+        "8,8",
+        "--max-steps",
+        "50",
+        "--units",
+        "4",
+        "--episodes-per-unit",
+        "3",
+        "--json",
+    ];
+    let g = json_of(&fedrl(root.path(), &args));
+    let id = g["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("fedrl/cartpole-experts-"), "{id}");
+    assert_eq!(g["summary"]["units"], 4);
+    assert_eq!(g["summary"]["episodes"], 12);
+    assert_eq!(g["training_returns"].as_array().unwrap().len(), 2);
+    assert_eq!(g["expert_returns"]["experts"], 4);
+    assert!(g["expert_returns"]["max"].as_f64().unwrap() <= 50.0);
+    let s = json_of(&fedrl(root.path(), &["data", "summary", &id, "--json"]));
+    assert_eq!(s["expert_returns"], g["expert_returns"]);
+    // Expert flags without the experts behaviour are a usage error.
+    let bad = fedrl(
+        root.path(),
+        &[
+            "data",
+            "generate",
+            "--behaviour",
+            "random",
+            "--p-min",
+            "0.1",
+        ],
+    );
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--behaviour experts"));
+}
