@@ -176,14 +176,7 @@ impl LocalTrainer for CqlTrainer {
     }
 
     fn stable_released(&mut self, prefixes: &[ReleasedPrefix]) {
-        let mut by_unit: BTreeMap<UnitId, Vec<(usize, usize)>> = BTreeMap::new();
-        for p in prefixes {
-            by_unit
-                .entry(p.unit)
-                .or_default()
-                .push((p.first_row as usize, p.steps as usize));
-        }
-        for (unit, ranges) in by_unit {
+        for (unit, ranges) in ReleasedPrefix::ranges_by_unit(prefixes) {
             if let Some(d) = self.units.get_mut(&unit) {
                 *d = d.without_ranges(&ranges);
             }

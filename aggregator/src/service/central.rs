@@ -178,14 +178,7 @@ impl Central {
     /// DataRelease: the released prefixes are public now; DP-SGD steps draw from the rest of
     /// each unit's data (D_unst) only.
     pub(super) fn release_prefixes(&mut self, prefixes: &[fedrl_common::protocol::ReleasedPrefix]) {
-        let mut by_unit: HashMap<UnitId, Vec<(usize, usize)>> = HashMap::new();
-        for p in prefixes {
-            by_unit
-                .entry(p.unit)
-                .or_default()
-                .push((p.first_row as usize, p.steps as usize));
-        }
-        for (unit, ranges) in by_unit {
+        for (unit, ranges) in fedrl_common::protocol::ReleasedPrefix::ranges_by_unit(prefixes) {
             if let Some(d) = self.data.get_mut(&unit) {
                 *d = d.without_ranges(&ranges);
             }

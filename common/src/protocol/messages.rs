@@ -200,6 +200,22 @@ pub struct ReleasedPrefix {
     pub steps: u32,
 }
 
+impl ReleasedPrefix {
+    /// The released rows of each unit, as `(first_row, count)` ranges.
+    pub fn ranges_by_unit(
+        prefixes: &[ReleasedPrefix],
+    ) -> std::collections::BTreeMap<UnitId, Vec<(usize, usize)>> {
+        let mut by_unit = std::collections::BTreeMap::<UnitId, Vec<(usize, usize)>>::new();
+        for p in prefixes {
+            by_unit
+                .entry(p.unit)
+                .or_default()
+                .push((p.first_row as usize, p.steps as usize));
+        }
+        by_unit
+    }
+}
+
 /// DataRelease done, aggregator to each client: the released prefixes of the client's own
 /// experts. They are public now; DP-SGD steps draw only from the rest (D_unst).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
