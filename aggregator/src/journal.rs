@@ -353,6 +353,11 @@ fn read_frame_head(
     }
     let mut prefix = [0u8; FRAME_PREFIX];
     r.read_exact(&mut prefix).map_err(io)?;
+    // Zeros from a frame boundary to the end of the file are what a power loss leaves when the
+    // file's size reached the disk before the appended bytes: a torn write, not corruption.
+    if prefix.iter().all(|&b| b == 0) && zeros_to_end(r, left - FRAME_PREFIX as u64).map_err(io)? {
+        return Ok(None);
+    }
     if &prefix[..4] != MAGIC {
         return Err(corrupt("bad frame magic".into()));
     }
@@ -384,6 +389,20 @@ fn read_frame_head(
         header,
         body_len: bl as usize,
     }))
+}
+
+/// Whether the next `left` bytes of `r` are all zero (stops reading at the first that is not).
+fn zeros_to_end(r: &mut impl Read, mut left: u64) -> std::io::Result<bool> {
+    let mut buf = [0u8; 8192];
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        r.read_exact(&mut buf[..n])?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        left -= n as u64;
+    }
+    Ok(true)
 }
 
 /// Reads a journal front to back, verifying every frame.

@@ -577,6 +577,28 @@ impl Scenario {
                 self.users
             ));
         }
+        // A quorum no round can reach abandons every round: refused at load, with the numbers.
+        if let Some(q) = self.quorum {
+            match self.participation {
+                Participation::Fresh if q > self.cohort_size => {
+                    return bad(format!(
+                        "quorum ({q}) is above cohort_size ({}): a round offers at most {} units, so no round could ever reach its quorum; set quorum <= cohort_size",
+                        self.cohort_size, self.cohort_size
+                    ));
+                }
+                // A Poisson cohort exceeds its mean about half of the time; a quorum above the
+                // expected cohort would abandon most rounds (and, under `fresh`-like budgets,
+                // waste them), so it is refused too.
+                Participation::Sampled { .. } if q as f64 > self.expected_cohort() => {
+                    return bad(format!(
+                        "quorum ({q}) is above the expected cohort (rate x users = {}): most rounds would be abandoned; set quorum <= {}",
+                        self.expected_cohort(),
+                        self.expected_cohort().floor()
+                    ));
+                }
+                _ => {}
+            }
+        }
         if !finite_pos(self.round_deadline_s) {
             return bad(format!(
                 "round_deadline_s must be > 0, got {}",
@@ -623,6 +645,17 @@ impl Scenario {
                 "churn.added_latency_s must be >= 0, got {}",
                 self.churn.added_latency_s
             ));
+        }
+        // Under `fresh` a unit's whole epsilon is known now (one analytic Gaussian at z): a plan
+        // above the budget could not run a single round, so it is refused at load.
+        if matches!(self.participation, Participation::Fresh) && !self.non_private {
+            let eps = self.planned_epsilon(self.noise_multiplier)?;
+            if eps > self.target_epsilon {
+                return bad(format!(
+                    "noise_multiplier {} gives each unit epsilon {eps:.4} at delta {} under `fresh` participation (one analytic Gaussian), above target_epsilon = {}: raise noise_multiplier (or set it to \"auto\") or raise target_epsilon",
+                    self.noise_multiplier, self.delta, self.target_epsilon
+                ));
+            }
         }
         self.task.validate()?;
         if let Task::OfflineCql(t) = &self.task {
@@ -737,6 +770,57 @@ mod tests {
         assert_eq!(s.quorum(), 5);
         assert_eq!(PlainTasks.dim(&s.task).unwrap(), 16);
         assert_eq!(s.expected_cohort(), 10.0);
+    }
+
+    /// Issue 15: plans that cannot run are refused at load, with the numbers: a `fresh` unit's
+    /// epsilon above the target, a quorum above the cohort.
+    #[test]
+    fn infeasible_plans_are_refused_at_load() {
+        let task = "[task]\nkind = \"mean_estimation\"\n";
+        let err = |text: String| Scenario::from_toml_str(&text).unwrap_err().to_string();
+        // z = 1 at delta 1e-5: epsilon about 4.4 for one analytic Gaussian.
+        let e = err(format!(
+            "noise_multiplier = 1.0\ntarget_epsilon = 1.0\ndelta = 1e-5\n{task}"
+        ));
+        assert!(
+            e.contains("epsilon 4.") && e.contains("target_epsilon = 1") && e.contains("auto"),
+            "{e}"
+        );
+        let eps = crate::privacy::gaussian::epsilon(1.0, 1e-5).unwrap();
+        assert!(e.contains(&format!("{eps:.4}")), "{e} vs {eps}");
+        // Within the budget it loads; a non-private twin has no budget to exceed.
+        assert!(
+            Scenario::from_toml_str(&format!(
+                "noise_multiplier = 1.0\ntarget_epsilon = 5.0\ndelta = 1e-5\n{task}"
+            ))
+            .is_ok()
+        );
+        assert!(
+            Scenario::from_toml_str(&format!(
+                "non_private = true\nnoise_multiplier = 1.0\ntarget_epsilon = 1.0\n{task}"
+            ))
+            .is_ok()
+        );
+        let e = err(format!(
+            "users = 100\ncohort_size = 10\nquorum = 11\n{task}"
+        ));
+        assert!(
+            e.contains("quorum (11)") && e.contains("cohort_size (10)"),
+            "{e}"
+        );
+        assert!(
+            Scenario::from_toml_str(&format!(
+                "users = 100\ncohort_size = 10\nquorum = 10\n{task}"
+            ))
+            .is_ok()
+        );
+        let e = err(format!(
+            "users = 100\nparticipation = {{ kind = \"sampled\", rate = 0.1 }}\nquorum = 11\n{task}"
+        ));
+        assert!(
+            e.contains("quorum (11)") && e.contains("expected cohort"),
+            "{e}"
+        );
     }
 
     /// `noise_multiplier = "auto"` gives the smallest z that keeps the ledger's reported

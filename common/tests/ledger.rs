@@ -349,6 +349,57 @@ fn a_flipped_bit_in_the_last_complete_record_is_corruption() {
     }
 }
 
+/// Issue 15: a power loss can leave the ledger longer than its data, the tail filled with
+/// zeros (the last append's fsync never returned, so nothing was released). That is a torn
+/// write, said in those words; zeros followed by data, or a wholly zeroed file, stay corruption.
+#[test]
+fn a_zero_filled_tail_is_a_torn_write_not_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger");
+    let cfg = config(Participation::Fresh, 10.0);
+    {
+        let (mut l, _) = PrivacyLedger::open(&path, cfg.clone()).unwrap();
+        l.append(record(0, vec![1], 3.0, None)).unwrap();
+        l.append(record(1, vec![2], 3.0, None)).unwrap();
+    }
+    let full = std::fs::read(&path).unwrap();
+    for zeros in [1usize, 3, 16, 17, 4096, 10_000] {
+        let mut padded = full.clone();
+        padded.resize(full.len() + zeros, 0);
+        std::fs::write(&path, &padded).unwrap();
+        let (_, records, rec) = PrivacyLedger::read(&path).unwrap();
+        assert_eq!(records.len(), 2, "{zeros} zeros");
+        assert_eq!(rec.torn_at, Some(full.len() as u64));
+        assert_eq!(rec.torn_bytes, zeros as u64);
+        assert!(rec.zero_filled);
+        let text = rec.to_string();
+        assert!(
+            text.contains("zero-filled") && text.contains("power loss"),
+            "{text}"
+        );
+        let (mut l, _) = PrivacyLedger::open(&path, cfg.clone()).unwrap();
+        l.append(record(2, vec![3], 3.0, None)).unwrap();
+        drop(l);
+        let (_, records, rec) = PrivacyLedger::read(&path).unwrap();
+        assert_eq!((records.len(), rec.torn_at), (3, None));
+        std::fs::write(&path, &full).unwrap();
+        // Zeros that data follows were not left by a power loss.
+        let mut bad = padded.clone();
+        bad.extend_from_slice(b"FRL");
+        std::fs::write(&path, &bad).unwrap();
+        assert!(matches!(
+            PrivacyLedger::read(&path),
+            Err(LedgerError::Corrupt { .. })
+        ));
+    }
+    // A whole ledger of zeros is not a power loss after the synced header: never a fresh start.
+    std::fs::write(&path, vec![0u8; full.len()]).unwrap();
+    assert!(matches!(
+        PrivacyLedger::open(&path, cfg.clone()),
+        Err(LedgerError::Corrupt { .. })
+    ));
+}
+
 #[test]
 fn a_torn_header_starts_a_fresh_ledger() {
     let dir = tempfile::tempdir().unwrap();

@@ -51,8 +51,11 @@ fn main() -> ExitCode {
     // Logs go to stderr (the per-process log files under `fedrl run`); RUST_LOG overrides.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colour only on a terminal: under `fedrl run` stderr is a log file, which must stay plain
+    // text (escape codes in logs break grep and editors).
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
     let cli = Cli::parse();

@@ -170,4 +170,26 @@ fn kill_9_mid_round_then_resume() {
         "{} records, last round {last}",
         records.len()
     );
+    // The operator's running count of contributions continues across the restart (issue 15:
+    // it restarted from zero): it grows with every released round and ends at the ledger's.
+    let op_metrics: Vec<serde_json::Value> = std::fs::read_to_string(
+        state_dir
+            .join(fedrl_aggregator::state::OPERATOR_DIR)
+            .join(fedrl_aggregator::state::METRICS_FILE),
+    )
+    .unwrap()
+    .lines()
+    .filter_map(|l| serde_json::from_str(l).ok())
+    .filter(|m: &serde_json::Value| m["status"] == "released")
+    .collect();
+    let users: Vec<u64> = op_metrics
+        .iter()
+        .map(|m| m["users"].as_u64().unwrap())
+        .collect();
+    assert!(
+        users.windows(2).all(|w| w[0] < w[1]),
+        "users per released line: {users:?}"
+    );
+    let in_ledger: u64 = records.iter().map(|r| r.units.len() as u64).sum();
+    assert_eq!(users.last().copied(), Some(in_ledger), "{users:?}");
 }

@@ -39,6 +39,8 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
         .arg(&scenario)
         .arg("--out")
         .arg(&out)
+        // Logs at info, so the processes' log files have lines to check for escape codes.
+        .env("RUST_LOG", "info")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -47,6 +49,16 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
         "fedrl run failed: {stderr}\n{}",
         String::from_utf8_lossy(&o.stdout)
     );
+    // Issue 15: log files are plain text (no ANSI colour codes).
+    let agg_log = std::fs::read_to_string(out.join("operator").join("aggregator.log")).unwrap();
+    assert!(agg_log.contains("INFO"), "{agg_log}");
+    for entry in std::fs::read_dir(out.join("operator")).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            assert!(!text.contains('\u{1b}'), "{} has escape codes", p.display());
+        }
+    }
     let read_json = |p: std::path::PathBuf| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
     };

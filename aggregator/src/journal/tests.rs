@@ -184,6 +184,46 @@ fn a_torn_tail_is_reported_and_truncated_before_appending() {
     );
 }
 
+/// Issue 15: a power loss can leave the file longer than its data, the tail filled with zeros.
+/// That is a torn write (reported, truncated on reopening), not corruption; zeros followed by
+/// anything else still are.
+#[test]
+fn a_zero_filled_tail_is_a_torn_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(JOURNAL_FILE);
+    write(&path, JournalMode::Full);
+    let full = std::fs::read(&path).unwrap();
+    let (entries, _) = JournalReader::read_all(&path).unwrap();
+    for zeros in [1usize, 15, 16, 17, 300, 20_000] {
+        let mut padded = full.clone();
+        padded.resize(full.len() + zeros, 0);
+        std::fs::write(&path, &padded).unwrap();
+        let (got, torn) = JournalReader::read_all(&path).unwrap();
+        assert_eq!(torn, Some(full.len() as u64), "{zeros} zeros");
+        assert_eq!(got, entries, "{zeros} zeros");
+        drop(JournalWriter::open(&path, JournalMode::Full).unwrap());
+        let (got, torn) = JournalReader::read_all(&path).unwrap();
+        assert_eq!(
+            (got.len(), torn),
+            (entries.len() + 1, None),
+            "{zeros} zeros"
+        );
+        // Zeros that something follows were not left by a power loss.
+        let mut bad = padded.clone();
+        bad.push(1);
+        std::fs::write(&path, &bad).unwrap();
+        if zeros + 1 >= FRAME_PREFIX {
+            assert!(
+                matches!(
+                    JournalReader::read_all(&path),
+                    Err(JournalError::Corrupt { .. })
+                ),
+                "{zeros} zeros then a byte"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_flipped_bit_in_a_complete_frame_is_corruption_not_a_torn_write() {
     let dir = tempfile::tempdir().unwrap();

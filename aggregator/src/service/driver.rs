@@ -470,7 +470,7 @@ impl EngineThread {
             .context("a DataRelease ran without a release budget")?;
         let record = fedrl_common::privacy::ledger::RoundRecord {
             round: 0,
-            phase: "release".into(),
+            phase: super::release::RELEASE_PHASE.into(),
             event,
             // Every expert was queried: the release charges the whole population.
             sampled_by_aggregator: true,

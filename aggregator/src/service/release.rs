@@ -448,6 +448,9 @@ impl Release {
 /// dataset, `fedrl/<env>-stable-v0`.
 pub const STABLE_DIR: &str = "d_stable";
 
+/// The ledger phase of the DataRelease (charged to every expert, before any DP-SGD step).
+pub(super) const RELEASE_PHASE: &str = "release";
+
 /// Writes D_stable into the Minari root `dir/d_stable` and returns its transitions and its
 /// path relative to `dir`. Each
 /// released prefix is one episode whose `unit` is its own index: the expert it came from is not
@@ -576,7 +579,7 @@ pub(super) fn for_scenario(
 
 /// Whether `ledger` holds the DataRelease already.
 pub(super) fn released_already(ledger: &fedrl_common::privacy::ledger::PrivacyLedger) -> bool {
-    ledger.records().iter().any(|r| r.phase == "release")
+    ledger.records().iter().any(|r| r.phase == RELEASE_PHASE)
 }
 
 /// D_stable as published in `dir` by an earlier process of this run (empty when nothing was

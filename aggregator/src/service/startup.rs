@@ -167,6 +167,14 @@ pub async fn run(
     let engine = Engine::new(cfg, resume, engine::for_seed(scenario.seed))?;
     let journal = JournalWriter::open(dir.join(JOURNAL_FILE), scenario.journal)
         .context("opening the event journal")?;
+    // Contributions in released rounds before this start (a resumed run continues the count):
+    // every unit listed in a training record contributed to a released output.
+    let users_released = ledger
+        .records()
+        .iter()
+        .filter(|r| r.phase != super::release::RELEASE_PHASE)
+        .map(|r| r.units.len() as u64)
+        .sum();
     let ctx = EngineThread {
         engine,
         journal,
@@ -181,7 +189,7 @@ pub async fn run(
         rejected: 0,
         last_eval: None,
         final_eval: None,
-        users_released: 0,
+        users_released,
         shared: engine_shared,
         last_round,
         central: super::central::Central::for_scenario(&scenario)?,

@@ -399,12 +399,20 @@ pub struct Recovery {
     pub torn_at: Option<u64>,
     /// Bytes of that frame (removed before the next append).
     pub torn_bytes: u64,
+    /// The torn tail was all zero bytes: what a power loss leaves when the file's new size
+    /// reached the disk before its data did (the append's fsync never returned).
+    pub zero_filled: bool,
 }
 
 impl std::fmt::Display for Recovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.torn_at {
             None => write!(f, "{} records, no torn write", self.records),
+            Some(at) if self.zero_filled => write!(
+                f,
+                "{} complete records; a zero-filled tail ({} zero bytes at offset {at}, what a power loss leaves when the file grew but its data never reached the disk) was discarded as a torn write (its append never returned, so it was never released)",
+                self.records, self.torn_bytes
+            ),
             Some(at) => write!(
                 f,
                 "{} complete records; a torn last record (cut short: {} bytes at offset {at}) was discarded (its append never returned, so it was never released)",
@@ -1252,9 +1260,19 @@ fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<Frame<'a>>, Recovery), 
                     records: 0,
                     torn_at: Some(at as u64),
                     torn_bytes: (bytes.len() - at) as u64,
+                    zero_filled: rest.iter().all(|&b| b == 0),
                 },
             ))
         };
+        // Zeros to the end of the file: a power loss after the file grew but before the
+        // appended bytes were written (the append's fsync never returned, so nothing was
+        // released). Every append is synced before the next, so such a tail follows the durable
+        // header and is at most one frame (rounded up to a filesystem block) long; zeros
+        // elsewhere, longer, or followed by anything else are corruption (below: bad magic).
+        if at > 0 && rest.len() <= FRAME_HEADER + MAX_PAYLOAD + 4096 && rest.iter().all(|&b| b == 0)
+        {
+            return torn(frames);
+        }
         if rest.len() < FRAME_HEADER {
             if MAGIC.starts_with(&rest[..rest.len().min(4)]) {
                 return torn(frames);
