@@ -65,15 +65,22 @@ pub fn save(
     meta.tensors_sha256 = sha256_fingerprint(&bytes);
     meta.model_meta = state.meta.clone();
     let header = serde_json::to_vec(&meta).map_err(|e| io(std::io::Error::other(e)))?;
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(MAGIC).map_err(io)?;
-    f.write_all(&(header.len() as u32).to_le_bytes())
-        .map_err(io)?;
-    f.write_all(&header).map_err(io)?;
-    f.write_all(&bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    fs::rename(&tmp, &path).map_err(io)?;
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(MAGIC)?;
+        f.write_all(&(header.len() as u32).to_le_bytes())?;
+        f.write_all(&header)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        // A half-written temporary file is of no use to anyone (the previous checkpoint is
+        // intact) and, on a full disk, takes the space a retry needs.
+        let _ = fs::remove_file(&tmp);
+        return Err(io(e));
+    }
     File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
     Ok(())
 }
@@ -144,5 +151,34 @@ mod tests {
         b[n - 1] ^= 1;
         fs::write(&p, b).unwrap();
         assert!(load(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_failed_save_names_the_checkpoint_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rename onto `checkpoint` fails (it is a non-empty directory), after the temporary
+        // file was written in full: the failure the last step of a save can have.
+        let path = dir.path().join(CHECKPOINT_FILE);
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("x"), b"x").unwrap();
+        let meta = CheckpointMeta {
+            round: 1,
+            rounds_completed: 1,
+            rounds_abandoned: 0,
+            ledger_records: 1,
+            model_meta: serde_json::Value::Null,
+            tensors: 0,
+            tensors_sha256: String::new(),
+        };
+        let st = ModelState {
+            meta: serde_json::Value::Null,
+            tensors: vec![1.0; 64],
+        };
+        let e = save(dir.path(), meta, &st).unwrap_err();
+        assert!(
+            e.to_string().contains(&path.display().to_string()),
+            "the error names the checkpoint: {e}"
+        );
+        assert!(!dir.path().join(format!("{CHECKPOINT_FILE}.tmp")).exists());
     }
 }

@@ -107,13 +107,23 @@ pub enum AgentError {
     /// No successful join for too long.
     #[error("gave up after {secs:.0} s without reaching the aggregator; last error: {last}")]
     GaveUp { secs: f64, last: String },
+    /// The aggregator stopped the run for an error (a ledger write that failed, ...): the run is
+    /// not finished, and reconnecting would not help.
+    #[error("aggregator stopped: {0}")]
+    AggregatorFailed(String),
     #[error("{0}")]
     Other(String),
 }
 
 enum SessionEnd {
+    /// The run is over: exit.
     Finished(String),
+    /// Refused for good (authentication, protocol, units in use).
     Fatal(String),
+    /// The aggregator stopped the run for an error.
+    Failed(String),
+    /// Reconnect (with backoff, until the give-up limit): a lost connection, or an aggregator
+    /// shutting down that will resume the run.
     Retry(String),
 }
 
@@ -177,6 +187,7 @@ pub async fn run_agent(
                 return Ok(agent.summary);
             }
             SessionEnd::Fatal(why) => return Err(AgentError::Refused(why)),
+            SessionEnd::Failed(why) => return Err(AgentError::AggregatorFailed(why)),
             SessionEnd::Retry(why) => {
                 let waited = last_ok.elapsed().as_secs_f64();
                 if waited > agent.opts.give_up_after_s {
@@ -192,6 +203,23 @@ pub async fn run_agent(
             }
         }
     }
+}
+
+/// Closes a client agent's endpoint and waits (up to 1 s) for the close to reach the aggregator.
+/// `leaving`: the agent stops before the run is over (its operator stopped it), and says so with
+/// [`close_code::SHUTDOWN`], so the aggregator drops its units at once instead of after the idle
+/// timeout; otherwise the run is over (code 0). For endpoints passed in
+/// [`AgentOptions::endpoint`], which [`run_agent`] leaves open.
+pub async fn close_endpoint(endpoint: &quinn::Endpoint, leaving: bool) {
+    if leaving {
+        endpoint.close(
+            VarInt::from_u32(close_code::SHUTDOWN),
+            b"client agent leaving (stopped by its operator)",
+        );
+    } else {
+        endpoint.close(VarInt::from_u32(0), b"done");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
 }
 
 /// How a failed handshake ends the session: a certificate other than the pinned one (reported
@@ -244,6 +272,10 @@ fn close_end(e: &ConnectionError) -> SessionEnd {
             let code = c.error_code.into_inner();
             if code == u64::from(close_code::FINISHED) {
                 SessionEnd::Finished(reason)
+            } else if code == u64::from(close_code::ERROR) {
+                SessionEnd::Failed(reason)
+            } else if code == u64::from(close_code::SHUTDOWN) {
+                SessionEnd::Retry(format!("the aggregator is shutting down: {reason}"))
             } else if code == u64::from(close_code::AUTH)
                 || code == u64::from(close_code::REFUSED)
                 || code == u64::from(close_code::PROTOCOL)
@@ -797,5 +829,38 @@ mod tests {
             _ => panic!("a fingerprint mismatch must be fatal"),
         }
         assert!(matches!(handshake_failed(&e, None), SessionEnd::Retry(_)));
+    }
+
+    fn closed_with(code: u32, reason: &str) -> SessionEnd {
+        close_end(&ConnectionError::ApplicationClosed(
+            quinn::ApplicationClose {
+                error_code: VarInt::from_u32(code),
+                reason: reason.as_bytes().to_vec().into(),
+            },
+        ))
+    }
+
+    #[test]
+    fn the_close_code_says_whether_to_come_back() {
+        // Shutting down: come back (the restarted aggregator resumes the run).
+        assert!(matches!(
+            closed_with(close_code::SHUTDOWN, "aggregator shutting down"),
+            SessionEnd::Retry(_)
+        ));
+        assert!(matches!(
+            closed_with(close_code::FINISHED, "all rounds attempted"),
+            SessionEnd::Finished(_)
+        ));
+        // An error: stop, non-zero, with the aggregator's reason.
+        match closed_with(close_code::ERROR, "ledger /s/privacy.ledger: disk full") {
+            SessionEnd::Failed(why) => {
+                let e = AgentError::AggregatorFailed(why);
+                assert_eq!(
+                    e.to_string(),
+                    "aggregator stopped: ledger /s/privacy.ledger: disk full"
+                );
+            }
+            _ => panic!("an error close must stop the agent as failed"),
+        }
     }
 }

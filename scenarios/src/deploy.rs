@@ -8,16 +8,21 @@
 //! processes' logs), and `state/` (the aggregator's state directory, operator-only as a whole).
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use fedrl_aggregator::service::{AddressFile, read_address_file};
+use fedrl_aggregator::service::{AddressFile, Outcome, PublicReport, read_address_file};
 use fedrl_aggregator::state;
 use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::issue_token;
 use fedrl_common::scenario::Scenario;
+
+use crate::cmd::aggregator::{StopSignal, StopSignals};
 
 /// The built-in scenario (`fedrl run` with no file).
 pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
@@ -38,11 +43,12 @@ relies on it. Do not publish them.
 | `policy.safetensors` (or the task's model export) | public | the released model |
 | `learning_curve.png` | public | evaluation return of released models per round |
 | `d_stable/` | public | expert-level runs: the trajectory prefixes released by the DataRelease, a Minari dataset root (`MINARI_DATASETS_PATH=d_stable`) |
-| `scenario.toml`, `twin-scenario.toml` | public | the scenario as run |
+| `scenario.toml`, `twin-scenario.toml` | public | the scenario as run (kept as first run: `--resume` checks against it) |
+| `scenario-resume-N.toml` | public | a resume's scenario, when it changed `target_epsilon` (`--resume --allow-budget-increase`) |
 | `operator/report.json` | operator | the report plus exact counts (users, units, updates, bytes) and the client agents' summaries |
 | `operator/metrics.jsonl` | operator | per round with exact counts (offered, accepted, clipped, rejected) |
 | `operator/privacy.ledger` | operator | the privacy ledger: every released round and its unit ids (`fedrl ledger` reads it) |
-| `operator/aggregator.log`, `operator/client-N.log` | operator | the processes' logs |
+| `operator/aggregator.log`, `operator/client-N.log` | operator | the processes' logs (a resume appends to them) |
 | `state/` | operator (holds keys) | the aggregator's state directory (see its own `FILES.md`) |
 | `twin/` | public/operator as above | the non-private twin's run (`--twin`), same layout |
 ";
@@ -55,23 +61,112 @@ pub struct LocalRun {
     /// The scenario file the aggregator reads (inside `out_dir`).
     pub scenario_path: PathBuf,
     pub out_dir: PathBuf,
-    /// Passed to the aggregator as `--allow-budget-increase`: a resumed run (an `out_dir` that
-    /// already holds `state/`) may ask for a larger `target_epsilon` than its ledger's.
+    /// Passed to the aggregator as `--allow-budget-increase`: a resumed run (`--resume`) may ask
+    /// for a larger `target_epsilon` than its ledger's.
     pub allow_budget_increase: bool,
+}
+
+/// The scenario file of an output directory: the scenario as first run.
+pub const SCENARIO_FILE: &str = "scenario.toml";
+
+/// Why a prepared run may not use its output directory.
+#[derive(Debug, thiserror::Error)]
+pub enum OutDirError {
+    #[error(
+        "output directory {0} exists and is not empty (it holds an earlier run); pass --resume to continue that run, or choose another --out"
+    )]
+    NotEmpty(PathBuf),
+    #[error("--resume: output directory {0} holds no run to resume (it is missing or empty)")]
+    NothingToResume(PathBuf),
+    #[error("--resume: {path} holds no readable scenario: {reason}")]
+    NoStoredScenario { path: PathBuf, reason: String },
+    #[error(
+        "--resume: the scenario differs from the one this run started with ({path}):\n  {}\nresume with the stored scenario (leave SCENARIO out) or start a new run in another --out",
+        .differences.join("\n  ")
+    )]
+    Differs {
+        path: PathBuf,
+        differences: Vec<String>,
+    },
+}
+
+/// True when `dir` exists and has an entry.
+fn has_entries(dir: &Path) -> anyhow::Result<bool> {
+    match fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("reading {}", dir.display())),
+    }
+}
+
+/// The fields in which two scenarios differ, as `field: stored X, given Y` (dotted paths into
+/// their resolved TOML form).
+fn differences(stored: &Scenario, given: &Scenario) -> anyhow::Result<Vec<String>> {
+    let table = |s: &Scenario| -> anyhow::Result<toml::Table> {
+        Ok(s.to_toml_string()?.parse::<toml::Table>()?)
+    };
+    let mut out = Vec::new();
+    diff_tables("", &table(stored)?, &table(given)?, &mut out);
+    if out.is_empty() && stored != given {
+        // Not visible in the TOML form (it round-trips, so this should not happen).
+        out.push("(a field without a TOML form)".into());
+    }
+    Ok(out)
+}
+
+fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, out: &mut Vec<String>) {
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for k in keys {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match (a.get(k), b.get(k)) {
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
+                diff_tables(&path, x, y, out)
+            }
+            (x, y) if x == y => {}
+            (x, y) => {
+                let show =
+                    |v: Option<&toml::Value>| v.map_or("(none)".to_string(), |v| v.to_string());
+                out.push(format!("{path}: stored {}, given {}", show(x), show(y)));
+            }
+        }
+    }
 }
 
 impl LocalRun {
     /// Reads the scenario (or the built-in one), builds its task's model (a scenario whose model
     /// cannot be built fails here), creates the output directory and writes the scenario into
     /// it. `device` overrides the scenario's `device`.
+    ///
+    /// An existing non-empty output directory is refused ([`OutDirError::NotEmpty`]) unless
+    /// `resume`: then it must hold a run, whose stored `scenario.toml` is what runs when no
+    /// scenario is given; a given one must resolve to the same scenario
+    /// ([`OutDirError::Differs`]), except for `device` and `target_epsilon` (a raise still
+    /// needs `--allow-budget-increase`, checked by the aggregator against its ledger). The
+    /// stored `scenario.toml` is never rewritten.
     pub fn prepare(
         scenario: Option<&Path>,
         out: Option<&Path>,
         device: Option<DeviceSpec>,
+        resume: bool,
     ) -> anyhow::Result<LocalRun> {
-        let text = match scenario {
-            Some(p) => fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-            None => DEFAULT_SCENARIO.to_string(),
+        let stored_path = out.map(|o| o.join(SCENARIO_FILE));
+        let text = match (scenario, &stored_path) {
+            (Some(p), _) => {
+                fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+            }
+            (None, Some(stored)) if resume => {
+                fs::read_to_string(stored).map_err(|e| OutDirError::NoStoredScenario {
+                    path: stored.clone(),
+                    reason: e.to_string(),
+                })?
+            }
+            (None, _) => DEFAULT_SCENARIO.to_string(),
         };
         let mut parsed =
             fedrl_rl::task::scenario_from_toml_str(&text).map_err(|e| match scenario {
@@ -93,11 +188,55 @@ impl LocalRun {
                 PathBuf::from("runs").join(format!("{}-{t}", parsed.name))
             }
         };
+        let existing = has_entries(&out_dir)?;
+        if existing && !resume {
+            return Err(OutDirError::NotEmpty(out_dir).into());
+        }
+        if resume && !existing {
+            return Err(OutDirError::NothingToResume(out_dir).into());
+        }
         fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-        let scenario_path = out_dir.join("scenario.toml");
-        // The scenario as resolved (`noise_multiplier = "auto"` and derived clip norms become the
-        // numbers used), so the file says what ran and every process reads the same values.
-        fs::write(&scenario_path, parsed.to_toml_string()?)?;
+        let stored_path = out_dir.join(SCENARIO_FILE);
+        let scenario_path = if resume {
+            let no_stored = |reason: String| OutDirError::NoStoredScenario {
+                path: stored_path.clone(),
+                reason,
+            };
+            let text = fs::read_to_string(&stored_path).map_err(|e| no_stored(e.to_string()))?;
+            let mut stored = fedrl_rl::task::scenario_from_toml_str(&text)
+                .map_err(|e| no_stored(e.to_string()))?;
+            // Where it computes is no part of the run; the budget is the ledger's to check.
+            stored.device = parsed.device;
+            let raised_from = stored.target_epsilon;
+            stored.target_epsilon = parsed.target_epsilon;
+            let differences = differences(&stored, &parsed)?;
+            if !differences.is_empty() {
+                return Err(OutDirError::Differs {
+                    path: stored_path,
+                    differences,
+                }
+                .into());
+            }
+            if raised_from == parsed.target_epsilon {
+                stored_path
+            } else {
+                // The aggregator must read the new budget; the first scenario stays as it was.
+                let mut n = 1;
+                while out_dir.join(format!("scenario-resume-{n}.toml")).exists() {
+                    n += 1;
+                }
+                let p = out_dir.join(format!("scenario-resume-{n}.toml"));
+                fs::write(&p, parsed.to_toml_string()?)
+                    .with_context(|| format!("writing {}", p.display()))?;
+                p
+            }
+        } else {
+            // The scenario as resolved (`noise_multiplier = "auto"` and derived clip norms become
+            // the numbers used), so the file says what ran and every process reads the same
+            // values.
+            fs::write(&stored_path, parsed.to_toml_string()?)?;
+            stored_path
+        };
         Ok(LocalRun {
             scenario: parsed,
             scenario_path,
@@ -129,9 +268,127 @@ impl Drop for Children {
     }
 }
 
+/// Opens a process's log for appending: a resumed run keeps what the earlier processes wrote,
+/// below a line that marks the new start.
 fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
-    let f = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    if f.metadata()?.len() > 0 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        writeln!(
+            f,
+            "\n--- fedrl run: started again (resume) at unix time {t} ---"
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok((Stdio::from(f.try_clone()?), Stdio::from(f)))
+}
+
+/// The signal `fedrl run` caught (its number; 0: none). Caught from the first [`run_local`] on,
+/// for the whole process.
+fn stop_flag() -> anyhow::Result<&'static AtomicI32> {
+    static FLAG: OnceLock<AtomicI32> = OnceLock::new();
+    static WATCHING: OnceLock<()> = OnceLock::new();
+    let flag = FLAG.get_or_init(|| AtomicI32::new(0));
+    if WATCHING.get().is_none() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        // Registered here, before any child starts, so no signal slips through.
+        let mut signals = {
+            let _guard = rt.enter();
+            StopSignals::register()?
+        };
+        std::thread::Builder::new()
+            .name("fedrl-signals".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    loop {
+                        let s = signals.first().await;
+                        flag.store(s.number(), Ordering::SeqCst);
+                    }
+                })
+            })
+            .context("starting the signal thread")?;
+        let _ = WATCHING.set(());
+    }
+    Ok(flag)
+}
+
+fn caught_signal(flag: &AtomicI32) -> Option<StopSignal> {
+    match flag.load(Ordering::SeqCst) {
+        libc::SIGINT => Some(StopSignal::Interrupt),
+        libc::SIGTERM => Some(StopSignal::Terminate),
+        _ => None,
+    }
+}
+
+/// `fedrl run` was interrupted (SIGINT or SIGTERM): the signal went on to the aggregator and the
+/// client agents; the aggregator wrote its state and report into `state/`, and `--resume`
+/// continues the run.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "interrupted ({}) after {released} rounds released; the run's state is kept: resume it with `fedrl run --out {} --resume`",
+    .signal.name(),
+    .out_dir.display()
+)]
+pub struct Interrupted {
+    pub signal: StopSignal,
+    pub released: u64,
+    pub out_dir: PathBuf,
+}
+
+/// Sends `signal` to a child (which may have exited already: then nothing happens).
+fn forward(child: &Child, signal: StopSignal) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) has no memory effects; `pid` is our child, not yet reaped (a reaped
+        // child's pid could be reused, but `Children` reaps only when dropped).
+        unsafe {
+            libc::kill(pid, signal.number());
+        }
+    }
+}
+
+/// Copies what grows while a run runs (the ledger, both metrics files) from the state directory
+/// into the output directory.
+fn copy_progress(state_dir: &Path, out: &Path) -> anyhow::Result<()> {
+    let op_dir = out.join(state::OPERATOR_DIR);
+    fs::copy(
+        state_dir.join(state::LEDGER_FILE),
+        op_dir.join(state::LEDGER_FILE),
+    )
+    .context("copying the ledger")?;
+    fs::copy(
+        state_dir.join(state::METRICS_FILE),
+        out.join(state::METRICS_FILE),
+    )
+    .context("copying metrics.jsonl")?;
+    fs::copy(
+        state_dir
+            .join(state::OPERATOR_DIR)
+            .join(state::METRICS_FILE),
+        op_dir.join(state::METRICS_FILE),
+    )
+    .context("copying operator/metrics.jsonl")?;
+    Ok(())
+}
+
+/// Why the aggregator of a run stopped with an error, from the report it wrote (one written
+/// since `since`: an earlier process's report says nothing about this one).
+fn failure_reason(state_dir: &Path, since: std::time::SystemTime) -> Option<String> {
+    let path = state_dir.join(state::REPORT_FILE);
+    if fs::metadata(&path).ok()?.modified().ok()? < since {
+        return None;
+    }
+    let text = fs::read_to_string(&path).ok()?;
+    let report: PublicReport = serde_json::from_str(&text).ok()?;
+    (report.outcome == Outcome::Failed).then_some(report.finished)
 }
 
 fn tail(path: &Path) -> String {
@@ -230,6 +487,8 @@ pub fn run_local(
     progress: bool,
 ) -> anyhow::Result<RunResult> {
     let t0 = Instant::now();
+    let started = std::time::SystemTime::now();
+    let stop = stop_flag()?;
     let out = &run.out_dir;
     let state_dir = out.join("state");
     fs::create_dir_all(&state_dir)?;
@@ -280,6 +539,15 @@ pub fn run_local(
     let op_metrics_path = state_dir
         .join(state::OPERATOR_DIR)
         .join(state::METRICS_FILE);
+    // A signal to `fedrl run` goes on to every child (once); the aggregator then stops as it
+    // does on its own signal, and has this long to write its state and report.
+    let mut forwarded: Option<(StopSignal, Instant)> = None;
+    const STOP_GRACE: Duration = Duration::from_secs(60);
+    // A client that failed: the aggregator probably stopped for an error that it reports
+    // better, so it gets a moment to exit first.
+    let mut client_failed: Option<(String, ExitStatus, Instant)> = None;
+    const CLIENT_FAILED_GRACE: Duration = Duration::from_secs(5);
+    let mut released = 0u64;
     let agg_status = loop {
         if let Ok(text) = fs::read_to_string(&op_metrics_path) {
             let (mut rel, mut ab) = (0u64, 0u64);
@@ -298,6 +566,7 @@ pub fn run_local(
                 eval = v["eval"]["eval_return"].as_f64().or(eval);
             }
             bar.set_position(rel + ab);
+            released = rel;
             let mut msg = format!("{rel} released, {ab} abandoned, {users} users");
             if let Some(e) = epsilon {
                 msg += &format!(", epsilon {e:.4}");
@@ -310,9 +579,42 @@ pub fn run_local(
         if let Some(status) = children.0[0].1.try_wait()? {
             break status;
         }
-        for (name, c) in children.0.iter_mut().skip(1) {
-            if let Some(status) = c.try_wait()?
-                && !status.success()
+        if forwarded.is_none()
+            && let Some(signal) = caught_signal(stop)
+        {
+            for (_, c) in &children.0 {
+                forward(c, signal);
+            }
+            forwarded = Some((signal, Instant::now()));
+        }
+        if let Some((signal, at)) = forwarded {
+            if at.elapsed() > STOP_GRACE {
+                bar.abandon();
+                // `children` kills them on the way out.
+                eprintln!(
+                    "the aggregator did not stop within {} s of the signal; killed",
+                    STOP_GRACE.as_secs()
+                );
+                return Err(Interrupted {
+                    signal,
+                    released,
+                    out_dir: out.clone(),
+                }
+                .into());
+            }
+        } else {
+            if client_failed.is_none() {
+                for (name, c) in children.0.iter_mut().skip(1) {
+                    if let Some(status) = c.try_wait()?
+                        && !status.success()
+                    {
+                        client_failed = Some((name.clone(), status, Instant::now()));
+                        break;
+                    }
+                }
+            }
+            if let Some((name, status, at)) = &client_failed
+                && at.elapsed() > CLIENT_FAILED_GRACE
             {
                 bar.abandon();
                 bail!(
@@ -320,17 +622,53 @@ pub fn run_local(
                     tail(&op_dir.join(format!("{name}.log")))
                 );
             }
-        }
-        if t0.elapsed().as_secs_f64() > timeout_s {
-            bar.abandon();
-            bail!("the run did not finish within {timeout_s} s");
+            if t0.elapsed().as_secs_f64() > timeout_s {
+                bar.abandon();
+                bail!("the run did not finish within {timeout_s} s");
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    bar.finish();
+    if let Some((signal, _)) = forwarded {
+        bar.abandon();
+        // The clients leave on their signal; what the run has so far is copied out (the ledger
+        // and metrics grow by appending), but report.json is only written by a run that ends.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (_, c) in children.0.iter_mut().skip(1) {
+            while c.try_wait()?.is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        drop(children);
+        let _ = copy_progress(&state_dir, out);
+        return Err(Interrupted {
+            signal,
+            released,
+            out_dir: out.clone(),
+        }
+        .into());
+    }
     if !agg_status.success() {
+        bar.abandon();
+        drop(children);
+        let _ = copy_progress(&state_dir, out);
+        if let Some(reason) = failure_reason(&state_dir, started) {
+            bail!(
+                "the run stopped with an error: {reason}\n(aggregator log: {}; once the cause is fixed, `fedrl run --out {} --resume` continues the run)",
+                agg_log.display(),
+                out.display()
+            );
+        }
         bail!("the aggregator exited ({agg_status}):\n{}", tail(&agg_log));
     }
+    if let Some((name, status, _)) = client_failed {
+        bar.abandon();
+        bail!(
+            "{name} exited ({status}):\n{}",
+            tail(&op_dir.join(format!("{name}.log")))
+        );
+    }
+    bar.finish();
     // Clients leave on the aggregator's "finished"; give them a moment, then stop them.
     let mut clients = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -381,18 +719,7 @@ pub fn run_local(
     if let Some(obj) = operator.as_object_mut() {
         obj.insert("client_agents".into(), serde_json::Value::Array(clients));
     }
-    fs::copy(
-        state_dir.join(state::LEDGER_FILE),
-        op_dir.join(state::LEDGER_FILE),
-    )
-    .context("copying the ledger")?;
-    fs::copy(
-        state_dir.join(state::METRICS_FILE),
-        out.join(state::METRICS_FILE),
-    )
-    .context("copying metrics.jsonl")?;
-    fs::copy(&op_metrics_path, op_dir.join(state::METRICS_FILE))
-        .context("copying operator/metrics.jsonl")?;
+    copy_progress(&state_dir, out)?;
     fs::write(
         out.join(state::REPORT_FILE),
         serde_json::to_vec_pretty(&report)?,

@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::Context;
 use bytes::Bytes;
-use fedrl_common::privacy::ledger::PrivacyLedger;
+use fedrl_common::privacy::ledger::{LedgerError, PrivacyLedger};
 use fedrl_common::protocol::{
     Ack, ErrorCode, Leave, LeaveReason, Message, PrefixCounts, StableReleased, TrajectoryData,
     UnitData, UnitId, UnitRange, close_code, encode_payload,
@@ -26,7 +26,7 @@ use super::central::{Central, CentralUpdate};
 use super::connection::{OutTx, Outbound, Shared, UpdateBody};
 use super::metrics::{Abandoned, Released, RoundMetrics};
 use super::release::{Release, ReleaseAction};
-use super::report::{OperatorCounts, PublicReport, RunReport, Timings};
+use super::report::{OperatorCounts, Outcome, PublicReport, RunReport, Timings};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, Event};
 use crate::journal::JournalWriter;
@@ -102,6 +102,8 @@ pub(super) struct EngineThread {
     /// Contributions in released rounds so far (users, for fresh participation).
     pub(super) users_released: u64,
     pub(super) shared: Arc<Shared>,
+    /// The last round closed (released or abandoned): a checkpoint's round. A round still open
+    /// when the run stops released nothing and runs again after a restart.
     pub(super) last_round: u64,
     /// The central update mode's data and work, when the task runs in it.
     pub(super) central: Option<Central>,
@@ -111,15 +113,173 @@ pub(super) struct EngineThread {
     pub(super) selective_report: Option<serde_json::Value>,
     /// The engine ended the run (rounds done, budget, population), not a signal.
     pub(super) ended_by_engine: bool,
+    /// Set when the driver told the engine of an error (a ledger write or a release that
+    /// failed): the engine then finishes, but the run ends as failed, not finished.
+    pub(super) failure: Option<String>,
+    /// Test hook ([`FAIL_LEDGER_AFTER_ENV`]): once the ledger holds this many round records,
+    /// every further append fails as a write error would.
+    pub(super) ledger_fault: Option<u64>,
     pub(super) timings: Timings,
 }
 
+/// Test only (not a user setting): `FEDRL_TEST_FAIL_LEDGER_AFTER=N` makes the aggregator's ledger
+/// appends fail, as a full disk would, once the ledger holds N round records. End-to-end tests
+/// use it to check how a run that stops for an error ends (exit status, messages, clients);
+/// nothing else reads it.
+pub(super) const FAIL_LEDGER_AFTER_ENV: &str = "FEDRL_TEST_FAIL_LEDGER_AFTER";
+
+/// The value of [`FAIL_LEDGER_AFTER_ENV`], if set to a number.
+pub(super) fn ledger_fault_from_env() -> Option<u64> {
+    std::env::var(FAIL_LEDGER_AFTER_ENV)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// What the clients are told when a run ends with `outcome` (`reason`: why it ended): the QUIC
+/// close code, the close reason, and the message sent on the control stream first, if any.
+pub(super) fn close_for(outcome: Outcome, reason: &str) -> (u32, String, Option<Message>) {
+    match outcome {
+        Outcome::Finished => (
+            close_code::FINISHED,
+            reason.to_string(),
+            Some(Message::Leave(Leave {
+                reason: LeaveReason::Finished,
+                message: reason.to_string(),
+            })),
+        ),
+        // "Come back": the clients reconnect with backoff and find the restarted aggregator.
+        Outcome::Interrupted => {
+            let why = "aggregator shutting down; the run resumes when it restarts".to_string();
+            (
+                close_code::SHUTDOWN,
+                why.clone(),
+                Some(Message::Leave(Leave {
+                    reason: LeaveReason::Shutdown,
+                    message: why,
+                })),
+            )
+        }
+        // No Leave: both of its reasons would tell the client something untrue.
+        Outcome::Failed => (close_code::ERROR, reason.to_string(), None),
+    }
+}
+
 impl EngineThread {
+    /// Runs the engine until the run ends, writes the checkpoint and the report, then tells the
+    /// connected clients how it ended (only then: a client told "finished" must not see the
+    /// aggregator fail afterwards). A run that stopped for an error returns its report with
+    /// [`Outcome::Failed`] when the report could be made, else the error.
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Input>) -> anyhow::Result<RunReport> {
+        let result = self.run_to_end(&mut rx);
+        match &result {
+            Ok(r) => self.close_sessions(r.public.outcome, &r.public.finished),
+            Err(e) => self.close_sessions(Outcome::Failed, &format!("{e:#}")),
+        }
+        result
+    }
+
+    fn close_sessions(&self, outcome: Outcome, reason: &str) {
+        let (code, reason, message) = close_for(outcome, reason);
+        for out in self.sessions.values() {
+            let _ = out.send(Outbound::Close {
+                code,
+                message: message.clone(),
+                reason: reason.clone(),
+            });
+        }
+    }
+
+    fn run_to_end(&mut self, rx: &mut mpsc::Receiver<Input>) -> anyhow::Result<RunReport> {
         self.snapshot = Bytes::from(encode_payload(self.model.params()));
         let mut metrics = RoundMetrics::open(&self.dir)?;
+        let (outcome, reason) = match self.serve(rx, &mut metrics) {
+            Ok((Outcome::Finished, reason)) if self.failure.is_some() => (Outcome::Failed, reason),
+            Ok(end) => end,
+            Err(e) => (Outcome::Failed, format!("{e:#}")),
+        };
+        if outcome == Outcome::Failed {
+            return self.failed_report(reason, &mut metrics);
+        }
+        match self.wrap_up(outcome, reason, &mut metrics) {
+            Ok(report) => Ok(report),
+            // E.g. the checkpoint cannot be written: the run did not end as it says.
+            Err(e) => self.failed_report(format!("{e:#}"), &mut metrics),
+        }
+    }
+
+    /// The end of a run that finished or was interrupted: the model's last scheduled steps, the
+    /// checkpoint, the evaluation, the export and the report.
+    fn wrap_up(
+        &mut self,
+        outcome: Outcome,
+        reason: String,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<RunReport> {
+        self.flush_metrics_line(metrics)?;
+        if self.ended_by_engine {
+            // What the model scheduled after its last round (a selective schedule's last free
+            // steps) runs before the final checkpoint and evaluation.
+            self.model
+                .finish()
+                .context("finishing the model's schedule")?;
+            self.snapshot = Bytes::from(encode_payload(self.model.params()));
+        }
+        self.save_checkpoint()?;
+        // An interrupted run is not over: its end-of-run evaluation comes when it is.
+        if outcome == Outcome::Finished {
+            self.final_eval = self.model.final_evaluation();
+        }
+        self.model
+            .export(&self.dir)
+            .context("exporting the trained model")?;
+        let report = self.report(reason, outcome)?;
+        report.write(&self.dir)?;
+        Ok(report)
+    }
+
+    /// The run stopped for `reason`: keeps what can be kept (metrics, checkpoint, model, report),
+    /// each step on its own, so that a second failure (the same full disk) neither hides the
+    /// first nor stops the others.
+    fn failed_report(
+        &mut self,
+        reason: String,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<RunReport> {
+        let also = |what: &str, r: anyhow::Result<()>| {
+            if let Err(e) = r {
+                eprintln!("after the error, {what} failed too: {e:#}");
+            }
+        };
+        also("writing the metrics", self.flush_metrics_line(metrics));
+        also("saving the checkpoint", self.save_checkpoint());
+        also(
+            "exporting the model",
+            self.model
+                .export(&self.dir)
+                .context("exporting the trained model"),
+        );
+        let report = match self.report(reason.clone(), Outcome::Failed) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("after the error, accounting the report failed too: {e:#}");
+                return Err(anyhow::Error::msg(reason));
+            }
+        };
+        also("writing the report", report.write(&self.dir));
+        Ok(report)
+    }
+
+    /// Feeds the engine until the run ends; how and why it ended.
+    fn serve(
+        &mut self,
+        rx: &mut mpsc::Receiver<Input>,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<(Outcome, String)> {
         let mut queue: VecDeque<Event> = VecDeque::new();
         let finished_reason;
+        let mut outcome = Outcome::Finished;
         loop {
             // With central work pending the engine thread computes it between inputs instead
             // of waiting for one.
@@ -129,6 +289,7 @@ impl EngineThread {
                     Err(mpsc::error::TryRecvError::Empty) => None,
                     Err(mpsc::error::TryRecvError::Disconnected) => {
                         finished_reason = "all connections to the engine closed".to_string();
+                        outcome = Outcome::Interrupted;
                         break;
                     }
                 }
@@ -137,17 +298,18 @@ impl EngineThread {
                     Some(i) => Some(i),
                     None => {
                         finished_reason = "all connections to the engine closed".to_string();
+                        outcome = Outcome::Interrupted;
                         break;
                     }
                 }
             };
             let now = self.started.elapsed().as_secs_f64();
             let Some(input) = input else {
-                if let Some(reason) = self.run_central(now, &mut queue, &mut metrics)? {
+                if let Some(reason) = self.run_central(now, &mut queue, metrics)? {
                     finished_reason = reason;
                     break;
                 }
-                self.flush_metrics_line(&mut metrics)?;
+                self.flush_metrics_line(metrics)?;
                 continue;
             };
             match input {
@@ -290,7 +452,7 @@ impl EngineThread {
                         &mut body.data,
                         Some(&body.sha256),
                         &mut queue,
-                        &mut metrics,
+                        metrics,
                     )?;
                     // The engine has summed it: the buffer and the permit go back.
                     drop(body);
@@ -319,44 +481,21 @@ impl EngineThread {
                 Input::Tick if self.release.is_some() => {}
                 Input::Tick => queue.push_back(Event::Tick),
                 Input::Shutdown => {
-                    finished_reason = "shut down by signal".to_string();
-                    for out in self.sessions.values() {
-                        let _ = out.send(Outbound::Close {
-                            code: close_code::SHUTDOWN,
-                            message: Some(Message::Leave(Leave {
-                                reason: LeaveReason::Shutdown,
-                                message: "aggregator shutting down".into(),
-                            })),
-                            reason: "aggregator shutting down".into(),
-                        });
-                    }
+                    finished_reason =
+                        "interrupted by the operator; a restart on the same state directory resumes the run"
+                            .to_string();
+                    outcome = Outcome::Interrupted;
                     break;
                 }
             }
-            let stop = self.drain(now, &mut queue, &mut metrics)?;
-            self.flush_metrics_line(&mut metrics)?;
+            let stop = self.drain(now, &mut queue, metrics)?;
+            self.flush_metrics_line(metrics)?;
             if let Some(reason) = stop {
                 finished_reason = reason;
                 break;
             }
         }
-        self.flush_metrics_line(&mut metrics)?;
-        if self.ended_by_engine {
-            // What the model scheduled after its last round (a selective schedule's last free
-            // steps) runs before the final checkpoint and evaluation.
-            self.model
-                .finish()
-                .context("finishing the model's schedule")?;
-            self.snapshot = Bytes::from(encode_payload(self.model.params()));
-        }
-        self.save_checkpoint()?;
-        self.final_eval = self.model.final_evaluation();
-        self.model
-            .export(&self.dir)
-            .context("exporting the trained model")?;
-        let report = self.report(finished_reason)?;
-        report.write(&self.dir)?;
-        Ok(report)
+        Ok((outcome, finished_reason))
     }
 
     /// Journals one update (`sha256` is its digest when the connection computed it already) and
@@ -666,20 +805,17 @@ impl EngineThread {
                     client,
                     spec,
                     units,
-                } => {
-                    self.last_round = self.last_round.max(spec.round);
-                    match self.central.as_mut() {
-                        Some(c) => c.offer(client, spec, units),
-                        None => self.send(
-                            client,
-                            Outbound::Offer {
-                                spec,
-                                units,
-                                model: self.snapshot.clone(),
-                            },
-                        ),
-                    }
-                }
+                } => match self.central.as_mut() {
+                    Some(c) => c.offer(client, spec, units),
+                    None => self.send(
+                        client,
+                        Outbound::Offer {
+                            spec,
+                            units,
+                            model: self.snapshot.clone(),
+                        },
+                    ),
+                },
                 Action::Accepted {
                     client,
                     round,
@@ -735,12 +871,27 @@ impl EngineThread {
                     // Checked against the budget, appended and fsynced; the engine releases the
                     // round only after hearing so.
                     let t = Instant::now();
-                    let appended = self.ledger.append(record);
+                    let appended = match self.ledger_fault {
+                        Some(n) if self.ledger.records().len() as u64 >= n => {
+                            Err(LedgerError::Io {
+                                path: self.ledger.path().to_path_buf(),
+                                source: std::io::Error::other(format!(
+                                    "write refused by the test hook {FAIL_LEDGER_AFTER_ENV}={n}"
+                                )),
+                            })
+                        }
+                        _ => self.ledger.append(record),
+                    };
                     self.timings.ledger_append_s += t.elapsed().as_secs_f64();
                     match appended {
                         Ok(()) => queue.push_back(Event::LedgerAppended { round }),
                         Err(e) => {
                             eprintln!("round {round} not released: {e}");
+                            // An exhausted budget ends the run; anything else (a write that
+                            // failed, a record the ledger refuses) is an error.
+                            if !matches!(e, LedgerError::BudgetExceeded { .. }) {
+                                self.failure = Some(e.to_string());
+                            }
                             queue.push_back(Event::LedgerRefused {
                                 round,
                                 reason: e.to_string(),
@@ -750,9 +901,11 @@ impl EngineThread {
                 }
                 Action::Release(release) => {
                     let round = release.round;
+                    self.last_round = self.last_round.max(round);
                     self.flush_metrics_line(metrics)?;
                     let t = Instant::now();
                     if let Err(e) = self.model.apply(&release.noisy_mean) {
+                        self.failure = Some(e.to_string());
                         queue.push_back(Event::ReleaseFailed {
                             round,
                             reason: e.to_string(),
@@ -797,6 +950,7 @@ impl EngineThread {
                     reason,
                 } => {
                     eprintln!("round {round} abandoned: {reason}");
+                    self.last_round = self.last_round.max(round);
                     self.flush_metrics_line(metrics)?;
                     metrics.abandoned(Abandoned {
                         round,
@@ -811,16 +965,6 @@ impl EngineThread {
                 }
                 Action::Finished { reason } => {
                     self.ended_by_engine = true;
-                    for out in self.sessions.values() {
-                        let _ = out.send(Outbound::Close {
-                            code: close_code::FINISHED,
-                            message: Some(Message::Leave(Leave {
-                                reason: LeaveReason::Finished,
-                                message: reason.clone(),
-                            })),
-                            reason: reason.clone(),
-                        });
-                    }
                     return Ok(Some(reason));
                 }
             }
@@ -842,7 +986,7 @@ impl EngineThread {
         Ok(())
     }
 
-    fn report(&self, finished: String) -> anyhow::Result<RunReport> {
+    fn report(&self, finished: String, outcome: Outcome) -> anyhow::Result<RunReport> {
         let rep = self.ledger.report().context("accounting the ledger")?;
         let noise_sources: Vec<String> = rep.noise_sources.iter().map(|s| s.to_string()).collect();
         Ok(RunReport {
@@ -872,6 +1016,7 @@ impl EngineThread {
                 },
                 wall_seconds: self.started.elapsed().as_secs_f64(),
                 finished,
+                outcome,
                 final_eval: self.last_eval.clone(),
                 final_evaluation: self.final_eval.clone(),
                 non_private: self.engine.config().non_private,

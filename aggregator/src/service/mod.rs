@@ -56,7 +56,7 @@ use crate::state;
 use crate::tls::TransportTuning;
 
 pub use release::STABLE_DIR;
-pub use report::{OperatorCounts, PublicReport, RunReport};
+pub use report::{OperatorCounts, Outcome, PublicReport, RunFailed, RunReport};
 pub use resume::ResumeError;
 pub use startup::run;
 pub use transport::{

@@ -35,6 +35,10 @@ pub struct PublicReport {
     pub wall_seconds: f64,
     /// Why the run ended.
     pub finished: String,
+    /// How it ended: finished, interrupted (resumable) or failed. Reports written before this
+    /// field existed read as `finished`.
+    #[serde(default)]
+    pub outcome: Outcome,
     /// The released model's last periodic evaluation, if any.
     pub final_eval: Option<serde_json::Value>,
     /// The released model's end-of-run evaluation, if it has one (e.g. `final_eval_return` on
@@ -46,6 +50,28 @@ pub struct PublicReport {
     /// all public, D_stable itself is published) and the step schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selective: Option<serde_json::Value>,
+}
+
+/// How a run ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The run is over: its rounds were attempted, the budget or the population is exhausted,
+    /// or the model reached its target.
+    #[default]
+    Finished,
+    /// Stopped by the operator (a signal): restarting on the same state directory resumes it.
+    Interrupted,
+    /// Stopped by an error (the report's `finished` says which): the run is not over.
+    Failed,
+}
+
+/// The run stopped for an error (`reason`, which names the file when a write failed). What the
+/// aggregator could write of its report is in the state directory.
+#[derive(Debug, thiserror::Error)]
+#[error("the run stopped with an error: {reason}")]
+pub struct RunFailed {
+    pub reason: String,
 }
 
 /// Exact counts of a run, for the operator only: under Poisson sampling the number of units and
@@ -142,6 +168,7 @@ mod tests {
                 accountant: "pld".into(),
                 wall_seconds: 1.0,
                 finished: "done".into(),
+                outcome: Outcome::Finished,
                 final_eval: None,
                 final_evaluation: None,
                 non_private: false,

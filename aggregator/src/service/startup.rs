@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use fedrl_common::privacy::ledger::{OpenPolicy, PrivacyLedger};
-use fedrl_common::protocol::{Welcome, close_code};
+use fedrl_common::protocol::Welcome;
 use quinn::VarInt;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -18,6 +18,7 @@ use super::connection::{
     BufferPool, MAX_CONCURRENT_OFFERS, STALL_TIMEOUT_S, Shared, handle_connection,
 };
 use super::driver::{EngineThread, Input};
+use super::report::{Outcome, RunFailed};
 use super::transport::{self, IDLE_RECEIVE_WINDOW};
 use super::{AddressFile, AggregatorOptions, RunReport, resume};
 use crate::checkpoint;
@@ -28,7 +29,10 @@ use crate::state;
 use crate::tls;
 
 /// Runs an aggregator until the scenario's rounds are done (or the budget or population is
-/// exhausted, or `shutdown` fires). Returns the report.
+/// exhausted, or `shutdown` fires). Returns the report: its `outcome` is
+/// [`Outcome::Interrupted`] after `shutdown` (the state directory resumes the run). A run that
+/// stopped for an error returns [`RunFailed`] (its report, as far as it could be written, is in
+/// the state directory).
 pub async fn run(
     opts: AggregatorOptions,
     model: Box<dyn ServerModel>,
@@ -196,6 +200,8 @@ pub async fn run(
         release,
         selective_report: None,
         ended_by_engine: false,
+        failure: None,
+        ledger_fault: super::driver::ledger_fault_from_env(),
         timings: Default::default(),
     };
     std::thread::Builder::new()
@@ -242,15 +248,51 @@ pub async fn run(
         }
     });
 
-    let report = done_rx.await.context("the engine thread died")?;
+    let result = done_rx.await.context("the engine thread died")?;
+    // Every close from now on says how the run ended: "finished" only when it is over,
+    // "shutting down, come back" after an interrupt (the clients reconnect and find the restarted
+    // aggregator), "error" after a failure. Connections still open (clients that reconnected
+    // while the engine was stopping) get it from the endpoint's close; connections arriving
+    // during the drain are not admitted any more, only told.
+    let (outcome, reason) = match &result {
+        Ok(r) => (r.public.outcome, r.public.finished.clone()),
+        Err(e) => (Outcome::Failed, format!("{e:#}")),
+    };
+    let (code, close_reason, _) = super::driver::close_for(outcome, &reason);
+    let close_reason: Bytes = Bytes::from(close_reason.chars().take(900).collect::<String>());
+    acceptor.abort();
+    let late_ep = endpoint.clone();
+    let late_reason = close_reason.clone();
+    let late = tokio::spawn(async move {
+        while let Some(incoming) = late_ep.accept().await {
+            let why = late_reason.clone();
+            tokio::spawn(async move {
+                if let Ok(connecting) = incoming.accept()
+                    && let Ok(conn) = connecting.await
+                {
+                    conn.close(VarInt::from_u32(code), &why[..]);
+                }
+            });
+        }
+    });
     // Let the writers deliver the final Leave messages, then close.
     tokio::time::sleep(Duration::from_secs_f64(opts.drain_s.min(0.5))).await;
     let deadline = Instant::now() + Duration::from_secs_f64(opts.drain_s);
     while Instant::now() < deadline && endpoint.open_connections() > 0 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    endpoint.close(VarInt::from_u32(close_code::FINISHED), b"run finished");
-    acceptor.abort();
+    endpoint.close(VarInt::from_u32(code), &close_reason[..]);
+    late.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
-    report
+    match result {
+        Ok(r) if r.public.outcome == Outcome::Failed => Err(RunFailed {
+            reason: r.public.finished,
+        }
+        .into()),
+        Err(e) => Err(RunFailed {
+            reason: format!("{e:#}"),
+        }
+        .into()),
+        ok => ok,
+    }
 }

@@ -37,7 +37,8 @@ pub const PROTOCOL_VERSION: u16 = 3;
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).
 pub mod close_code {
-    /// The run is over.
+    /// The run is over (its rounds were attempted, or the budget or the population is
+    /// exhausted): do not reconnect.
     pub const FINISHED: u32 = 0;
     /// A protocol violation (bad frame, oversized frame, wrong version, unexpected message).
     pub const PROTOCOL: u32 = 1;
@@ -47,8 +48,12 @@ pub mod close_code {
     pub const REFUSED: u32 = 3;
     /// A newer connection of the same client replaced this one.
     pub const REPLACED: u32 = 4;
-    /// The aggregator is shutting down.
+    /// The aggregator is shutting down (interrupted by its operator) and will resume the run:
+    /// reconnect with backoff.
     pub const SHUTDOWN: u32 = 5;
+    /// The run stopped for an error on the aggregator (the close reason says which): do not
+    /// reconnect; the run is not finished.
+    pub const ERROR: u32 = 6;
     /// Sent by a client agent whose churn model simulates a disconnect in the middle of an
     /// upload (the aggregator treats it like any lost connection).
     pub const SIMULATED_DISCONNECT: u32 = 7;

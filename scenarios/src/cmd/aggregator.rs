@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use fedrl_aggregator::service::{self, AggregatorOptions};
+use fedrl_aggregator::service::{self, AggregatorOptions, Outcome, RunFailed};
 use fedrl_aggregator::{state, tasks};
 use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::issue_token;
@@ -68,13 +68,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(async move {
+    let (report, signal) = rt.block_on(async move {
+        // Registered before the endpoint exists: from now on SIGINT and SIGTERM stop the run
+        // gracefully (later ones are ignored while it stops).
+        let mut stop = StopSignals::register()?;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
+        let caught = tokio::spawn(async move {
+            let signal = stop.first().await;
             let _ = tx.send(());
+            signal
         });
-        service::run(opts, model, Some(rx)).await
+        let report = service::run(opts, model, Some(rx)).await;
+        let signal = if caught.is_finished() {
+            caught.await.ok()
+        } else {
+            caught.abort();
+            None
+        };
+        report.map(|r| (r, signal))
+    })
+    .map_err(|e| match e.downcast::<RunFailed>() {
+        Ok(failed) => anyhow::anyhow!(
+            "{failed}\n(the report is in {}; once the cause is fixed, restarting with the same --state-dir resumes the run)",
+            state_dir.join(state::REPORT_FILE).display()
+        ),
+        Err(e) => e,
     })?;
     // The whole report, exact counts included, goes to the operator's console; the publishable
     // part is STATE_DIR/report.json.
@@ -83,5 +101,70 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         state_dir.join(state::REPORT_FILE).display()
     );
     println!("{}", serde_json::to_string_pretty(&report)?);
+    if report.public.outcome == Outcome::Interrupted {
+        let signal = signal.unwrap_or(StopSignal::Interrupt);
+        eprintln!(
+            "interrupted ({}) after {} rounds released: resume with the same --state-dir {}",
+            signal.name(),
+            report.public.rounds_completed,
+            state_dir.display()
+        );
+        return Ok(ExitCode::from(signal.exit_status()));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A signal that stops a process gracefully.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM (`kill`, service managers).
+    Terminate,
+}
+
+impl StopSignal {
+    pub fn name(self) -> &'static str {
+        match self {
+            StopSignal::Interrupt => "SIGINT",
+            StopSignal::Terminate => "SIGTERM",
+        }
+    }
+    /// The signal's number.
+    pub fn number(self) -> i32 {
+        match self {
+            StopSignal::Interrupt => libc::SIGINT,
+            StopSignal::Terminate => libc::SIGTERM,
+        }
+    }
+    /// The shell's convention for a process ended by the signal, 128 + its number (130, 143):
+    /// scripts and service managers read it as "stopped by that signal".
+    pub fn exit_status(self) -> u8 {
+        (128 + self.number()) as u8
+    }
+}
+
+/// SIGINT and SIGTERM, caught (once registered, neither ends the process by itself any more).
+pub struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Registers the handlers; needs a tokio runtime with I/O enabled.
+    pub fn register() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            interrupt: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+        })
+    }
+
+    /// Waits for the next SIGINT or SIGTERM.
+    pub async fn first(&mut self) -> StopSignal {
+        tokio::select! {
+            _ = self.interrupt.recv() => StopSignal::Interrupt,
+            _ = self.terminate.recv() => StopSignal::Terminate,
+        }
+    }
 }

@@ -4,11 +4,13 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use fedrl_client::agent::close_endpoint;
 use fedrl_client::{AgentOptions, default_factory, parse_unit_ranges, run_agent};
 use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::parse_fingerprint;
 
 use crate::cmd::UsageError;
+use crate::cmd::aggregator::{StopSignal, StopSignals};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -57,9 +59,37 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let summary = rt
-        .block_on(run_agent(opts, default_factory(device)))
-        .context("client agent")?;
-    println!("{}", serde_json::to_string(&summary)?);
-    Ok(ExitCode::SUCCESS)
+    let ended = rt.block_on(async move {
+        let mut stop = StopSignals::register()?;
+        // The agent's endpoint is ours, so that a signal can close its connection cleanly.
+        let endpoint = fedrl_client::tls::client_endpoint(server).context("client endpoint")?;
+        opts.endpoint = Some(endpoint.clone());
+        let factory = default_factory(device);
+        let ended = tokio::select! {
+            r = run_agent(opts, factory) => Ended::Agent(r),
+            s = stop.first() => Ended::Signal(s),
+        };
+        close_endpoint(&endpoint, matches!(ended, Ended::Signal(_))).await;
+        anyhow::Ok(ended)
+    })?;
+    match ended {
+        Ended::Agent(r) => {
+            let summary = r.context("client agent")?;
+            println!("{}", serde_json::to_string(&summary)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Ended::Signal(s) => {
+            eprintln!(
+                "client agent interrupted ({}): it left the aggregator (which goes on without its users)",
+                s.name()
+            );
+            Ok(ExitCode::from(s.exit_status()))
+        }
+    }
+}
+
+/// How the agent's run ended: by itself, or by a signal.
+enum Ended {
+    Agent(Result<fedrl_client::AgentSummary, fedrl_client::AgentError>),
+    Signal(StopSignal),
 }

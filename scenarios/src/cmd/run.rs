@@ -25,9 +25,15 @@ pub struct Args {
     pub scenario: Option<PathBuf>,
     /// Output directory (public: report.json, metrics.jsonl, policy, plots; operator-only, under
     /// operator/: exact counts, privacy.ledger, logs; FILES.md says which is which); default
-    /// runs/NAME-UNIXTIME. An existing one whose state/ holds a run resumes it.
+    /// runs/NAME-UNIXTIME. It must not exist or be empty, unless --resume.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Continue the run in --out (interrupted, stopped by an error, or out of budget): with no
+    /// SCENARIO it runs the stored OUT/scenario.toml; a given SCENARIO must resolve to the same
+    /// scenario (only `target_epsilon` and `device` may differ). Logs are appended to, and
+    /// report.json is replaced only when the resumed run ends.
+    #[arg(long, requires = "out")]
+    pub resume: bool,
     /// Also run this non-private twin scenario afterwards (into OUT/twin) and plot both curves.
     /// With no value for the built-in scenario, its twin `cartpole-dppg-nonprivate.toml`.
     #[arg(long, num_args = 0..=1, default_missing_value = "")]
@@ -35,8 +41,8 @@ pub struct Args {
     /// Give up (and stop every process) after this many seconds.
     #[arg(long, default_value_t = 3600.0)]
     pub timeout: f64,
-    /// When resuming (an --out whose state/ holds a run): allow a larger `target_epsilon` than
-    /// the ledger was created with (refused otherwise).
+    /// With --resume: allow a larger `target_epsilon` than the ledger was created with (refused
+    /// otherwise; the raise is recorded in the ledger).
     #[arg(long)]
     pub allow_budget_increase: bool,
     /// Where the aggregator and the client agents compute: `cpu` or `cuda:N` (needs a build
@@ -49,8 +55,13 @@ pub struct Args {
 const DEFAULT_TWIN: &str = include_str!("../../cartpole-dppg-nonprivate.toml");
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut run = LocalRun::prepare(args.scenario.as_deref(), args.out.as_deref(), args.device)
-        .map_err(|e| UsageError(format!("{e:#}")))?;
+    let mut run = LocalRun::prepare(
+        args.scenario.as_deref(),
+        args.out.as_deref(),
+        args.device,
+        args.resume,
+    )
+    .map_err(|e| UsageError(format!("{e:#}")))?;
     run.allow_budget_increase = args.allow_budget_increase;
     let twin = match &args.twin {
         None => None,
@@ -61,17 +72,30 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 )
                 .into());
             }
+            // Written once: a resume keeps the file the run started with.
             let twin_file = run.out_dir.join("twin-scenario.toml");
-            std::fs::write(&twin_file, DEFAULT_TWIN)?;
+            if !twin_file.exists() {
+                std::fs::write(&twin_file, DEFAULT_TWIN)?;
+            }
             Some(twin_file)
         }
         Some(p) => Some(p.clone()),
     };
     let twin_run = match &twin {
-        Some(p) => Some(
-            LocalRun::prepare(Some(p), Some(&run.out_dir.join("twin")), args.device)
+        Some(p) => {
+            // A resumed run resumes its twin too, if the twin had started.
+            let twin_dir = run.out_dir.join("twin");
+            let twin_started = std::fs::read_dir(&twin_dir).is_ok_and(|mut d| d.next().is_some());
+            Some(
+                LocalRun::prepare(
+                    Some(p),
+                    Some(&twin_dir),
+                    args.device,
+                    args.resume && twin_started,
+                )
                 .map_err(|e| UsageError(format!("{e:#}")))?,
-        ),
+            )
+        }
         None => None,
     };
     let exe = std::env::current_exe()?;
@@ -100,7 +124,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     prepare_dataset(&run.scenario)?;
-    let mut result = deploy::run_local(&run, &exe, args.timeout, true)?;
+    let mut result = match deploy::run_local(&run, &exe, args.timeout, true) {
+        Ok(r) => r,
+        Err(e) => return interrupted(e),
+    };
     let mut curves = vec![curve(&run, "private")?];
     if let Some(t) = &twin_run {
         eprintln!(
@@ -108,7 +135,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             t.scenario.name,
             t.out_dir.display()
         );
-        let mut tr = deploy::run_local(t, &exe, args.timeout, true)?;
+        let mut tr = match deploy::run_local(t, &exe, args.timeout, true) {
+            Ok(r) => r,
+            Err(e) => return interrupted(e),
+        };
         finish(t, &mut tr)?;
         curves.push(curve(t, "non-private twin")?);
     }
@@ -124,6 +154,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     finish(&run, &mut result)?;
     print_summary(&run, &result.report, &result.operator);
     Ok(ExitCode::SUCCESS)
+}
+
+/// An interrupted run exits with the signal's status (130, 143) and says how to resume; any
+/// other error goes on as it is.
+fn interrupted(e: anyhow::Error) -> anyhow::Result<ExitCode> {
+    match e.downcast::<deploy::Interrupted>() {
+        Ok(i) => {
+            eprintln!("{i}");
+            Ok(ExitCode::from(i.signal.exit_status()))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// An offline task's dataset is generated (or found in the cache) once here, before the client
