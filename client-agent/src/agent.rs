@@ -38,7 +38,9 @@ pub struct AgentOptions {
     pub server_name: String,
     /// Longest wait between reconnection attempts, seconds. Default 2.
     pub max_backoff_s: f64,
-    /// Give up after this many seconds without a successful join. Default 60.
+    /// Give up after this many seconds without a successful join, counted from the start or
+    /// from the end of the last joined session; every wait (handshake, welcome, backoff) is cut
+    /// at this bound. Infinite: never. Default 60.
     pub give_up_after_s: f64,
     /// Overrides the churn model the server announces (load generators, tests).
     pub churn_override: Option<Churn>,
@@ -105,7 +107,7 @@ pub enum AgentError {
     #[error("refused by the aggregator: {0}")]
     Refused(String),
     /// No successful join for too long.
-    #[error("gave up after {secs:.0} s without reaching the aggregator; last error: {last}")]
+    #[error("gave up after {secs:.1} s without joining the aggregator; last error: {last}")]
     GaveUp { secs: f64, last: String },
     /// The aggregator stopped the run for an error (a ledger write that failed, ...): the run is
     /// not finished, and reconnecting would not help.
@@ -136,6 +138,10 @@ struct Agent {
     summary: AgentSummary,
     /// Where the pinned-certificate verifier reports a mismatch (see `handshake_failed`).
     pin: tls::PinReport,
+    /// This agent's instance, sent in every join: the aggregator lets a reconnect of this
+    /// instance replace its old connection and refuses another instance with the same token
+    /// while this one is connected.
+    instance: u64,
 }
 
 /// Runs an agent until the aggregator says the run is over. Reconnects with exponential backoff
@@ -144,6 +150,12 @@ pub async fn run_agent(
     opts: AgentOptions,
     factory: TrainerFactory,
 ) -> Result<AgentSummary, AgentError> {
+    if opts.give_up_after_s.is_nan() || opts.give_up_after_s < 0.0 {
+        return Err(AgentError::Other(format!(
+            "the give-up limit must be a number of seconds >= 0, got {}",
+            opts.give_up_after_s
+        )));
+    }
     let endpoint = match &opts.endpoint {
         Some(ep) => ep.clone(),
         None => {
@@ -157,6 +169,9 @@ pub async fn run_agent(
     let (mut client_cfg, pin) = tls::pinned_client_config(opts.fingerprint)
         .map_err(|e| AgentError::Other(format!("{e:#}")))?;
     let mut agent = Agent {
+        // Drawn from the OS, never from the churn seed: agents started with one seed must
+        // still be told apart.
+        instance: rand::make_rng::<ChaCha20Rng>().random(),
         churn: opts.churn_override.clone().unwrap_or_default(),
         opts,
         factory,
@@ -168,14 +183,23 @@ pub async fn run_agent(
     if let Some(t) = &agent.opts.transport {
         client_cfg.transport_config(t.clone());
     }
+    // Seconds are a real bound: every wait before a join (a handshake slot, the handshake, the
+    // welcome, the backoff) is cut at the give-up time.
+    let give_up = Duration::try_from_secs_f64(agent.opts.give_up_after_s).ok();
     let mut backoff = 0.1f64;
-    let mut last_ok = Instant::now();
+    // The start, or the end of the last joined session: the give-up limit counts from here.
+    let mut since = Instant::now();
     loop {
-        let (end, joined) = agent.session(&endpoint, &client_cfg).await;
+        let give_up_at = give_up.and_then(|d| since.checked_add(d));
+        let (end, joined) = agent.session(&endpoint, &client_cfg, give_up_at).await;
         if joined {
-            last_ok = Instant::now();
+            since = Instant::now();
             backoff = 0.1;
         }
+        let gave_up = |last: String| AgentError::GaveUp {
+            secs: since.elapsed().as_secs_f64(),
+            last,
+        };
         match end {
             SessionEnd::Finished(why) => {
                 agent.summary.finished = why;
@@ -189,16 +213,21 @@ pub async fn run_agent(
             SessionEnd::Fatal(why) => return Err(AgentError::Refused(why)),
             SessionEnd::Failed(why) => return Err(AgentError::AggregatorFailed(why)),
             SessionEnd::Retry(why) => {
-                let waited = last_ok.elapsed().as_secs_f64();
-                if waited > agent.opts.give_up_after_s {
-                    return Err(AgentError::GaveUp {
-                        secs: waited,
-                        last: why,
-                    });
+                let give_up_at = give_up.and_then(|d| since.checked_add(d));
+                let left = give_up_at.map(|t| t.saturating_duration_since(Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Err(gave_up(why));
                 }
                 tracing::info!(reason = %why, backoff, "reconnecting");
                 let jitter = 0.75 + 0.5 * agent.rng.random::<f64>();
-                tokio::time::sleep(Duration::from_secs_f64(backoff * jitter)).await;
+                let mut wait = Duration::from_secs_f64(backoff * jitter);
+                if let Some(l) = left {
+                    wait = wait.min(l);
+                }
+                tokio::time::sleep(wait).await;
+                if give_up_at.is_some_and(|t| Instant::now() >= t) {
+                    return Err(gave_up(why));
+                }
                 backoff = (backoff * 2.0).min(agent.opts.max_backoff_s);
             }
         }
@@ -290,81 +319,30 @@ fn close_end(e: &ConnectionError) -> SessionEnd {
 }
 
 impl Agent {
-    /// One connection. Returns how it ended and whether the join succeeded.
+    /// One connection. Returns how it ended and whether the join succeeded. Everything before
+    /// the welcome ends at `give_up_at`.
     async fn session(
         &mut self,
         endpoint: &quinn::Endpoint,
         cfg: &quinn::ClientConfig,
+        give_up_at: Option<Instant>,
     ) -> (SessionEnd, bool) {
-        let conn = {
-            let _permit = match &self.opts.handshake_limit {
-                Some(s) => s.clone().acquire_owned().await.ok(),
-                None => None,
-            };
-            // A mismatch left over from an earlier attempt must not classify this one.
-            let _ = self.pin.take();
-            let connecting = match endpoint.connect_with(
-                cfg.clone(),
-                self.opts.server,
-                &self.opts.server_name,
-            ) {
-                Ok(c) => c,
-                Err(e) => return (SessionEnd::Retry(e.to_string()), false),
-            };
-            match tokio::time::timeout(Duration::from_secs(10), connecting).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return (handshake_failed(&e, self.pin.take()), false),
-                Err(_) => return (SessionEnd::Retry("handshake timed out".into()), false),
+        let mut step = "waiting for a handshake slot";
+        let joining = self.join(endpoint, cfg, &mut step);
+        let joined = match give_up_at {
+            Some(t) => tokio::time::timeout_at(t.into(), joining).await,
+            None => Ok(joining.await),
+        };
+        let (conn, mut send, recv, welcome) = match joined {
+            Ok(Ok(j)) => j,
+            Ok(Err(end)) => return (end, false),
+            Err(_) => {
+                return (
+                    SessionEnd::Retry(format!("timed out {step} at the give-up limit")),
+                    false,
+                );
             }
         };
-        self.summary.sessions += 1;
-        let (mut send, mut recv) = match conn.open_bi().await {
-            Ok(s) => s,
-            Err(e) => return (close_end(&e), false),
-        };
-        let join = Message::Join(Join {
-            token: self.opts.token.clone(),
-            units: self.opts.units.clone(),
-            agent: format!("fedrl-client {}", env!("CARGO_PKG_VERSION")),
-        });
-        match write_frame(&mut send, &join, &[]).await {
-            Ok(()) => {}
-            // Our own join does not encode: a bug or a misconfiguration, not a network problem.
-            Err(e @ WriteFrameError::Encode(_)) => {
-                return (SessionEnd::Fatal(e.to_string()), false);
-            }
-            Err(e @ WriteFrameError::Write(_)) => return (SessionEnd::Retry(e.to_string()), false),
-        }
-        let welcome =
-            match read_frame(&mut recv, MAX_CONTROL_FRAME_BYTES, Duration::from_secs(10)).await {
-                Ok(Some(f)) => match f.message {
-                    Message::Welcome(w) => w,
-                    Message::Error(e) => {
-                        let why = format!("{:?}: {}", e.code, e.message);
-                        return (SessionEnd::Fatal(why), false);
-                    }
-                    other => {
-                        return (
-                            SessionEnd::Fatal(format!("expected a welcome, got {}", other.kind())),
-                            false,
-                        );
-                    }
-                },
-                Ok(None) => {
-                    return (
-                        SessionEnd::Retry("control stream closed before the welcome".into()),
-                        false,
-                    );
-                }
-                Err(ReadFrameError::Decode(e)) => return (SessionEnd::Fatal(e.to_string()), false),
-                Err(e) => {
-                    // The server may have closed with a reason (e.g. authentication failed).
-                    if let Some(reason) = conn.close_reason() {
-                        return (close_end(&reason), false);
-                    }
-                    return (SessionEnd::Retry(e.to_string()), false);
-                }
-            };
         if self.trainer.is_none() {
             match (self.factory)(&welcome, &self.opts.units) {
                 Ok(t) => self.trainer = Some(Arc::new(Mutex::new(t))),
@@ -403,6 +381,86 @@ impl Agent {
         }
         let end = self.serve(&conn, recv, &welcome).await;
         (end, true)
+    }
+
+    /// Connects and joins: the connection, its control stream and the welcome, or how the
+    /// attempt ended. `step` says what it is doing (for the give-up message).
+    async fn join(
+        &mut self,
+        endpoint: &quinn::Endpoint,
+        cfg: &quinn::ClientConfig,
+        step: &mut &'static str,
+    ) -> Result<(Connection, quinn::SendStream, quinn::RecvStream, Welcome), SessionEnd> {
+        let conn = {
+            *step = "waiting for a handshake slot";
+            let _permit = match &self.opts.handshake_limit {
+                Some(s) => s.clone().acquire_owned().await.ok(),
+                None => None,
+            };
+            // A mismatch left over from an earlier attempt must not classify this one.
+            let _ = self.pin.take();
+            *step = "connecting (QUIC handshake)";
+            let connecting = endpoint
+                .connect_with(cfg.clone(), self.opts.server, &self.opts.server_name)
+                .map_err(|e| SessionEnd::Retry(e.to_string()))?;
+            match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(handshake_failed(&e, self.pin.take())),
+                Err(_) => return Err(SessionEnd::Retry("handshake timed out".into())),
+            }
+        };
+        self.summary.sessions += 1;
+        *step = "joining";
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| close_end(&e))?;
+        let join = Message::Join(Join {
+            token: self.opts.token.clone(),
+            units: self.opts.units.clone(),
+            agent: format!("fedrl-client {}", env!("CARGO_PKG_VERSION")),
+            instance: self.instance,
+        });
+        match write_frame(&mut send, &join, &[]).await {
+            Ok(()) => {}
+            // Our own join does not encode: a bug or a misconfiguration, not a network problem.
+            Err(e @ WriteFrameError::Encode(_)) => return Err(SessionEnd::Fatal(e.to_string())),
+            Err(e @ WriteFrameError::Write(_)) => return Err(SessionEnd::Retry(e.to_string())),
+        }
+        *step = "waiting for the welcome";
+        let welcome =
+            match read_frame(&mut recv, MAX_CONTROL_FRAME_BYTES, Duration::from_secs(10)).await {
+                Ok(Some(f)) => match f.message {
+                    Message::Welcome(w) => w,
+                    // Another process holds our token, or our own crashed predecessor's
+                    // connection has not timed out yet: retry (with backoff, until the give-up
+                    // limit, which then names this reason).
+                    Message::Error(e) if e.code == ErrorCode::AlreadyConnected => {
+                        tracing::error!(message = %e.message, "join refused");
+                        return Err(SessionEnd::Retry(e.message));
+                    }
+                    Message::Error(e) => {
+                        return Err(SessionEnd::Fatal(format!("{:?}: {}", e.code, e.message)));
+                    }
+                    other => {
+                        return Err(SessionEnd::Fatal(format!(
+                            "expected a welcome, got {}",
+                            other.kind()
+                        )));
+                    }
+                },
+                Ok(None) => {
+                    return Err(SessionEnd::Retry(
+                        "control stream closed before the welcome".into(),
+                    ));
+                }
+                Err(ReadFrameError::Decode(e)) => return Err(SessionEnd::Fatal(e.to_string())),
+                Err(e) => {
+                    // The server may have closed with a reason (e.g. authentication failed).
+                    if let Some(reason) = conn.close_reason() {
+                        return Err(close_end(&reason));
+                    }
+                    return Err(SessionEnd::Retry(e.to_string()));
+                }
+            };
+        Ok((conn, send, recv, welcome))
     }
 
     async fn serve(

@@ -125,6 +125,7 @@ fn join_frame(token: &str, units: Vec<UnitRange>) -> Vec<u8> {
             token: token.into(),
             units,
             agent: "attacker".into(),
+            instance: 1,
         }),
         &[],
     )

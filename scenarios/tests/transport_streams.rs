@@ -86,6 +86,7 @@ fn a_client_opening_many_streams_gets_one_and_honest_rounds_complete() {
             token: token(&secret, "greedy"),
             units: vec![UnitRange { start: 0, end: 4 }],
             agent: "greedy".into(),
+            instance: 1,
         });
         send.write_all(&encode_frame(&join, &[]).unwrap())
             .await

@@ -13,13 +13,14 @@ use fedrl_common::protocol::quic_io::{
     ReadFrameError, read_body_into, read_frame, read_prefix, write_frame,
 };
 use fedrl_common::protocol::{
-    DecodeError, ErrorCode, MAX_CONTROL_FRAME_BYTES, Message, RoundOffer, RoundSpec, UnitId,
+    DecodeError, ErrorCode, Join, MAX_CONTROL_FRAME_BYTES, Message, RoundOffer, RoundSpec, UnitId,
     Welcome, close_code, frame_prefix,
 };
-use quinn::{Connection, SendStream, VarInt};
+use quinn::{Connection, Incoming, SendStream, VarInt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::driver::Input;
+use super::gate::{AuthSlot, ConnectionStats, OpenSlot};
 use crate::engine::ClientId;
 use crate::journal;
 
@@ -174,10 +175,15 @@ pub(super) struct Shared {
     pub(super) offer_permits: Arc<Semaphore>,
     pub(super) welcome: Welcome,
     pub(super) next_session: AtomicU64,
-    /// client id -> (session, connection) of its live connection.
-    pub(super) clients: Mutex<HashMap<String, (ClientId, Connection)>>,
+    /// client id -> its live connection.
+    pub(super) clients: Mutex<HashMap<String, LiveClient>>,
     pub(super) bytes_ingested: AtomicU64,
     pub(super) update_timeout: Duration,
+    /// From a connection's first packet to its verified join
+    /// ([`AUTH_TIMEOUT_S`](super::gate::AUTH_TIMEOUT_S)).
+    pub(super) auth_timeout: Duration,
+    /// Live connection counters (the caller's, from `AggregatorOptions::connection_stats`).
+    pub(super) stats: Arc<ConnectionStats>,
 }
 
 fn decode_error_code(e: &DecodeError) -> ErrorCode {
@@ -206,56 +212,205 @@ async fn send_and_close(
     conn.close(VarInt::from_u32(code), reason.as_bytes());
 }
 
-pub(super) async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
-    let Ok(Ok((mut send, mut recv))) =
-        tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await
-    else {
-        conn.close(
-            VarInt::from_u32(close_code::PROTOCOL),
-            b"no control stream within 10 s",
-        );
+/// What a connection presented before it counts as authenticated.
+struct Joined {
+    conn: Connection,
+    send: SendStream,
+    recv: quinn::RecvStream,
+    join: Join,
+    client_id: String,
+}
+
+/// How the authentication of a connection ended.
+enum AuthEnd {
+    Joined(Joined),
+    /// Refused and closed already (bad frame, bad token, broken connection).
+    Closed,
+    /// No verified join within the deadline.
+    TimedOut,
+    /// Its unauthenticated slot was given to a connection from a less busy address.
+    Evicted,
+}
+
+/// One connection, from its first packet: authentication under one deadline
+/// ([`AUTH_TIMEOUT_S`](super::gate::AUTH_TIMEOUT_S)), then the session. `open` and `auth` are the
+/// connection's slots from the [`Gate`](super::gate::Gate).
+pub(super) async fn serve_connection(
+    shared: Arc<Shared>,
+    incoming: Incoming,
+    open: OpenSlot,
+    auth: AuthSlot,
+) {
+    let Some(joined) = authenticate(&shared, incoming, auth).await else {
         return;
     };
-    let join = match read_frame(&mut recv, MAX_CONTROL_FRAME_BYTES, Duration::from_secs(10)).await {
+    handle_session(shared, joined).await;
+    drop(open);
+}
+
+/// Handshake, control stream, join frame and token check, all within `shared.auth_timeout`;
+/// the connection's unauthenticated slot is given back when this returns.
+async fn authenticate(shared: &Shared, incoming: Incoming, mut slot: AuthSlot) -> Option<Joined> {
+    // The connection, once there is one, so that an expired or evicted attempt is closed with
+    // a code that tells a client to come back (dropping it would close with code 0, which
+    // clients read as "run finished").
+    let mut conn: Option<Connection> = None;
+    let end = {
+        let steps = auth_steps(shared, incoming, &mut conn);
+        tokio::select! {
+            r = tokio::time::timeout(shared.auth_timeout, steps) => r.unwrap_or(AuthEnd::TimedOut),
+            _ = &mut slot.evicted => AuthEnd::Evicted,
+        }
+    };
+    let reason = match end {
+        AuthEnd::Joined(j) => return Some(j),
+        AuthEnd::Closed => return None,
+        AuthEnd::TimedOut => {
+            shared.stats.auth_timed_out();
+            format!(
+                "no valid join within {} s of the first packet",
+                shared.auth_timeout.as_secs_f64()
+            )
+        }
+        AuthEnd::Evicted => "not authenticated yet while the aggregator's unauthenticated \
+                             connections were full; its slot went to another address"
+            .to_string(),
+    };
+    if let Some(c) = conn {
+        c.close(
+            VarInt::from_u32(close_code::UNAUTHENTICATED),
+            reason.as_bytes(),
+        );
+    }
+    None
+}
+
+/// The steps of [`authenticate`]; `conn` gets the connection as soon as it exists.
+async fn auth_steps(
+    shared: &Shared,
+    incoming: Incoming,
+    conn_out: &mut Option<Connection>,
+) -> AuthEnd {
+    let Ok(connecting) = incoming.accept() else {
+        return AuthEnd::Closed;
+    };
+    // The connection handle before the handshake completes (0.5-RTT on a server), so that the
+    // deadline can close it with a code of ours. Nothing is sent before the join is read, and
+    // the client is authenticated by its token, not by TLS, so nothing relies on the handshake
+    // being complete: the client's stream data itself only arrives once it is.
+    let conn = match connecting.into_0rtt() {
+        Ok((c, _)) => c,
+        Err(connecting) => match connecting.await {
+            Ok(c) => c,
+            Err(_) => return AuthEnd::Closed,
+        },
+    };
+    *conn_out = Some(conn.clone());
+    let close = |why: &str| {
+        conn.close(VarInt::from_u32(close_code::PROTOCOL), why.as_bytes());
+        AuthEnd::Closed
+    };
+    let (mut send, mut recv) = match conn.accept_bi().await {
+        Ok(s) => s,
+        Err(_) => return AuthEnd::Closed,
+    };
+    // The whole authentication has one deadline (the caller's); this one never fires first.
+    let frame = read_frame(&mut recv, MAX_CONTROL_FRAME_BYTES, shared.auth_timeout).await;
+    let join = match frame {
         Ok(Some(f)) => match f.message {
             Message::Join(j) => j,
             other => {
                 let m = format!("expected a join, got {}", other.kind());
                 let msg = Message::error(ErrorCode::Unexpected, &m, None, None);
                 send_and_close(&conn, &mut send, close_code::PROTOCOL, Some(&msg), &m).await;
-                return;
+                return AuthEnd::Closed;
             }
         },
-        Ok(None) => return,
+        Ok(None) => return close("the control stream ended before a join"),
         Err(ReadFrameError::Decode(e)) => {
             let m = e.to_string();
             let msg = Message::error(decode_error_code(&e), &m, None, None);
             send_and_close(&conn, &mut send, close_code::PROTOCOL, Some(&msg), &m).await;
-            return;
+            return AuthEnd::Closed;
         }
-        Err(e) => {
-            conn.close(
-                VarInt::from_u32(close_code::PROTOCOL),
-                e.to_string().as_bytes(),
-            );
-            return;
-        }
+        Err(e) => return close(&e.to_string()),
     };
-    let client_id = match verify_token(&shared.secret, &join.token) {
-        Ok(id) => id,
+    match verify_token(&shared.secret, &join.token) {
+        Ok(client_id) => AuthEnd::Joined(Joined {
+            conn,
+            send,
+            recv,
+            join,
+            client_id,
+        }),
         Err(e) => {
             let m = format!("authentication failed: {e}");
             let msg = Message::error(ErrorCode::AuthFailed, &m, None, None);
             send_and_close(&conn, &mut send, close_code::AUTH, Some(&msg), &m).await;
+            AuthEnd::Closed
+        }
+    }
+}
+
+/// A client id's live connection.
+pub(super) struct LiveClient {
+    session: ClientId,
+    conn: Connection,
+    /// The agent instance that joined (see `Join::instance`).
+    instance: u64,
+}
+
+/// An authenticated connection: registers the client (refusing a second agent instance with the
+/// same id), welcomes it, and serves it until it ends.
+async fn handle_session(shared: Arc<Shared>, joined: Joined) {
+    let Joined {
+        conn,
+        mut send,
+        recv,
+        join,
+        client_id,
+    } = joined;
+    let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
+    let registered = {
+        let mut clients = shared.clients.lock().unwrap_or_else(|p| p.into_inner());
+        match clients.get(&client_id) {
+            // Another agent process holds this token and its connection is alive: refuse the
+            // newcomer, leave the holder alone (replacing it would make the two replace each
+            // other forever).
+            Some(live) if live.instance != join.instance && live.conn.close_reason().is_none() => {
+                Err(live.conn.remote_address())
+            }
+            // The same agent reconnecting (its old connection may not have timed out yet), or
+            // a holder that is gone: the new connection replaces the old one.
+            _ => Ok(clients.insert(
+                client_id.clone(),
+                LiveClient {
+                    session,
+                    conn: conn.clone(),
+                    instance: join.instance,
+                },
+            )),
+        }
+    };
+    let old = match registered {
+        Ok(old) => old,
+        Err(holder) => {
+            shared.stats.duplicate_refused();
+            let m = format!(
+                "client id {client_id} is already connected from {holder} (another agent process holds this token)"
+            );
+            tracing::warn!(client_id = %client_id, from = %conn.remote_address(), holder = %holder, "second agent instance refused");
+            let msg = Message::error(ErrorCode::AlreadyConnected, &m, None, None);
+            send_and_close(&conn, &mut send, close_code::DUPLICATE, Some(&msg), &m).await;
             return;
         }
     };
-    let session = shared.next_session.fetch_add(1, Ordering::Relaxed);
-    let old = {
-        let mut clients = shared.clients.lock().unwrap_or_else(|p| p.into_inner());
-        clients.insert(client_id.clone(), (session, conn.clone()))
-    };
-    if let Some((old_session, old_conn)) = old {
+    if let Some(LiveClient {
+        session: old_session,
+        conn: old_conn,
+        ..
+    }) = old
+    {
         // The engine forgets the old session before it hears the new join, so the same units
         // can be claimed again.
         let _ = shared
@@ -302,6 +457,7 @@ pub(super) async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
     // The control stream is read by its own task: `read_frame` is not cancellation-safe, so it
     // must not sit in a `select!` next to `accept_uni`.
     let (ctl_tx, mut ctl_rx) = mpsc::channel(16);
+    let mut recv = recv;
     let ctl_reader = tokio::spawn(async move {
         loop {
             let r = read_frame(
@@ -356,7 +512,10 @@ pub(super) async fn handle_connection(shared: Arc<Shared>, conn: Connection) {
     let _ = shared.engine_tx.send(Input::Left { session }).await;
     {
         let mut clients = shared.clients.lock().unwrap_or_else(|p| p.into_inner());
-        if clients.get(&client_id).is_some_and(|(s, _)| *s == session) {
+        if clients
+            .get(&client_id)
+            .is_some_and(|c| c.session == session)
+        {
             clients.remove(&client_id);
         }
     }

@@ -1029,6 +1029,7 @@ impl EngineThread {
                 bytes_ingested: self.shared.bytes_ingested.load(Ordering::Relaxed),
                 update_buffers_allocated: self.shared.pool.allocated.load(Ordering::Relaxed),
                 timings: self.timings.clone(),
+                connections: self.shared.stats.snapshot(),
             },
         })
     }

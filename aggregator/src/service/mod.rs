@@ -4,8 +4,10 @@
 //!
 //! Modules, by concern:
 //! - [`transport`]: QUIC transport tuning (MTU, GSO cap, receive windows) and endpoint creation.
-//! - [`connection`]: one connection's protocol (handshake and authentication, update streams,
-//!   the writer task, flow-control admission, the update buffer pool).
+//! - [`gate`]: admission of new connections (caps on open and unauthenticated connections, in
+//!   all and per source address) and the live connection counters.
+//! - [`connection`]: one connection's protocol (handshake and authentication under one deadline,
+//!   update streams, the writer task, flow-control admission, the update buffer pool).
 //! - [`driver`]: the engine thread (feeds the engine, executes its actions: ledger, model,
 //!   metrics, checkpoints, the report).
 //! - [`startup`]: state directory, identity, ledger and checkpoint, the resume point, and
@@ -34,10 +36,16 @@
 //! fit over 16-1,024 clients, the same at d = 10^4 and 10^6). heaptrack puts it in quinn: a
 //! queue event per received datagram, receive batches kept alive by buffered stream chunks, a
 //! transmit buffer of one GSO batch (capped here at `transport::MAX_GSO_SEGMENTS` x MTU), stream
+//!
+//! Strangers: a connection must present a verified join within [`AUTH_TIMEOUT_S`] of its first
+//! packet, and at most `max_unauthenticated` connections (`max_unauthenticated_per_address` per
+//! source address) wait for theirs at once, so what unauthenticated peers can make the server
+//! hold is bounded by that many connections' QUIC state, however many they attempt ([`gate`]).
 
 mod central;
 mod connection;
 mod driver;
+pub mod gate;
 mod metrics;
 mod release;
 pub mod report;
@@ -55,6 +63,10 @@ use serde::Serialize;
 use crate::state;
 use crate::tls::TransportTuning;
 
+pub use gate::{
+    AUTH_TIMEOUT_S, ConnectionCounts, ConnectionStats, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_UNAUTHENTICATED, DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
+};
 pub use release::STABLE_DIR;
 pub use report::{OperatorCounts, Outcome, PublicReport, RunFailed, RunReport};
 pub use resume::ResumeError;
@@ -88,6 +100,21 @@ pub struct AggregatorOptions {
     /// (the operator's explicit decision; the raise is recorded in the ledger). Default false:
     /// such a resume is refused (`LedgerError::BudgetIncrease`).
     pub allow_budget_increase: bool,
+    /// Connections open at once, authenticated or not; further attempts are refused from their
+    /// first packet. Default [`DEFAULT_MAX_CONNECTIONS`] (honest clients are one connection per
+    /// agent process).
+    pub max_connections: usize,
+    /// Connections that have not presented a verified join yet, at once (each for at most
+    /// [`AUTH_TIMEOUT_S`]). Default [`DEFAULT_MAX_UNAUTHENTICATED`]. When they are all taken, a
+    /// newcomer from a less busy source address takes the oldest slot of the busiest one (see
+    /// [`gate`]), so an attacker cannot keep honest clients out from a few addresses.
+    pub max_unauthenticated: usize,
+    /// Unauthenticated connections of one source address (IPv6: one /64) at once. Default
+    /// [`DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS`].
+    pub max_unauthenticated_per_address: usize,
+    /// Live connection counters: keep a clone to watch them during the run; the final values go
+    /// to the operator's report.
+    pub connection_stats: std::sync::Arc<ConnectionStats>,
 }
 
 impl AggregatorOptions {
@@ -102,6 +129,10 @@ impl AggregatorOptions {
             send_udp_payload: DEFAULT_SEND_UDP_PAYLOAD,
             segmentation_offload: true,
             allow_budget_increase: false,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED,
+            max_unauthenticated_per_address: DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
+            connection_stats: Default::default(),
         }
     }
 }

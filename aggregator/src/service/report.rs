@@ -92,6 +92,9 @@ pub struct OperatorCounts {
     /// Where the engine thread's time went (seconds, whole run).
     #[serde(default)]
     pub timings: Timings,
+    /// Connection attempts, refusals, authentication timeouts (this process).
+    #[serde(default)]
+    pub connections: super::gate::ConnectionCounts,
 }
 
 /// Seconds the engine thread spent in each kind of work over the run; the rest of the wall
@@ -181,6 +184,7 @@ mod tests {
                 bytes_ingested: 1234,
                 update_buffers_allocated: 3,
                 timings: Timings::default(),
+                connections: Default::default(),
             },
         };
         report.write(dir.path()).unwrap();

@@ -15,9 +15,10 @@ use quinn::VarInt;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::connection::{
-    BufferPool, MAX_CONCURRENT_OFFERS, STALL_TIMEOUT_S, Shared, handle_connection,
+    BufferPool, MAX_CONCURRENT_OFFERS, STALL_TIMEOUT_S, Shared, serve_connection,
 };
 use super::driver::{EngineThread, Input};
+use super::gate::{AUTH_TIMEOUT_S, Gate, Limits};
 use super::report::{Outcome, RunFailed};
 use super::transport::{self, IDLE_RECEIVE_WINDOW};
 use super::{AddressFile, AggregatorOptions, RunReport, resume};
@@ -163,6 +164,8 @@ pub async fn run(
         clients: Mutex::new(HashMap::new()),
         bytes_ingested: AtomicU64::new(0),
         update_timeout: Duration::from_secs_f64(scenario.round_deadline_s.max(1.0) * 2.0),
+        auth_timeout: Duration::from_secs_f64(AUTH_TIMEOUT_S),
+        stats: opts.connection_stats.clone(),
     });
 
     let (done_tx, done_rx) = oneshot::channel::<anyhow::Result<RunReport>>();
@@ -235,16 +238,29 @@ pub async fn run(
 
     let accept_ep = endpoint.clone();
     let accept_shared = shared.clone();
+    let gate = Gate::new(
+        Limits {
+            max_connections: opts.max_connections,
+            max_unauthenticated: opts.max_unauthenticated,
+            max_unauthenticated_per_address: opts.max_unauthenticated_per_address,
+        },
+        opts.connection_stats.clone(),
+    );
     let acceptor = tokio::spawn(async move {
         while let Some(incoming) = accept_ep.accept().await {
-            let s = accept_shared.clone();
-            tokio::spawn(async move {
-                if let Ok(connecting) = incoming.accept()
-                    && let Ok(conn) = connecting.await
-                {
-                    handle_connection(s, conn).await;
+            // Decided from the first packet, before any handshake work: a refused attempt
+            // costs one small close packet, and its client (if honest) retries with backoff.
+            match gate.admit(incoming.remote_address().ip()) {
+                Ok((open, auth)) => {
+                    tokio::spawn(serve_connection(
+                        accept_shared.clone(),
+                        incoming,
+                        open,
+                        auth,
+                    ));
                 }
-            });
+                Err(_) => incoming.refuse(),
+            }
         }
     });
 
@@ -268,7 +284,9 @@ pub async fn run(
             let why = late_reason.clone();
             tokio::spawn(async move {
                 if let Ok(connecting) = incoming.accept()
-                    && let Ok(conn) = connecting.await
+                    && let Ok(Ok(conn)) =
+                        tokio::time::timeout(Duration::from_secs_f64(AUTH_TIMEOUT_S), connecting)
+                            .await
                 {
                     conn.close(VarInt::from_u32(code), &why[..]);
                 }

@@ -299,6 +299,7 @@ mod tests {
             token: "agent-1.00ff".into(),
             units: vec![UnitRange { start: 0, end: 10 }],
             agent: "test".into(),
+            instance: 0x0123_4567_89ab_cdef,
         })
     }
 

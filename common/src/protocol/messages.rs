@@ -74,6 +74,11 @@ pub struct Join {
     pub units: Vec<UnitRange>,
     /// Free text identifying the agent software (logged only).
     pub agent: String,
+    /// Random, drawn once per agent process. A join with the same client id and the same
+    /// instance replaces that client's connection (a reconnect); a join from another instance
+    /// while the first connection is open is refused ([`ErrorCode::AlreadyConnected`]): two
+    /// processes holding one token would otherwise replace each other forever.
+    pub instance: u64,
 }
 
 /// Server -> client, answer to an accepted [`Join`].
@@ -262,6 +267,9 @@ pub enum ErrorCode {
     Closing,
     /// Anything else on the server's side.
     Internal,
+    /// The client id is connected already from another agent instance (another process holds
+    /// the same token); followed by closing with `close_code::DUPLICATE`.
+    AlreadyConnected,
 }
 
 /// An error report. Errors about one update leave the connection open; protocol errors

@@ -32,7 +32,9 @@ pub use messages::*;
 /// `DataComplete`) for the central update mode.
 /// Version 3: DataRelease of expert-level runs (`TrajectoryRequest`, `TrajectoryData`,
 /// `PrefixQuery`, `PrefixCounts`, `StableReleased`).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Version 4: `Join` carries the agent's `instance` (one token on two agent processes is refused
+/// instead of the two replacing each other); `ErrorCode::AlreadyConnected`.
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).
@@ -46,7 +48,8 @@ pub mod close_code {
     pub const AUTH: u32 = 2;
     /// The join was refused (units in use).
     pub const REFUSED: u32 = 3;
-    /// A newer connection of the same client replaced this one.
+    /// A newer connection of the same client (the same agent instance, reconnecting) replaced
+    /// this one.
     pub const REPLACED: u32 = 4;
     /// The aggregator is shutting down (interrupted by its operator) and will resume the run:
     /// reconnect with backoff.
@@ -57,4 +60,13 @@ pub mod close_code {
     /// Sent by a client agent whose churn model simulates a disconnect in the middle of an
     /// upload (the aggregator treats it like any lost connection).
     pub const SIMULATED_DISCONNECT: u32 = 7;
+    /// The join was refused: the client id is connected already from another agent instance
+    /// (another process holds the same token). Not fatal: the holder may be this agent's own
+    /// crashed predecessor, whose connection the server has not timed out yet, so the agent
+    /// retries with backoff and gives up after its limit with this reason.
+    pub const DUPLICATE: u32 = 8;
+    /// The connection did not present a valid join within the aggregator's authentication
+    /// deadline, or its unauthenticated slot was given to a connection from another address while
+    /// the aggregator was full. Not fatal: a client retries with backoff.
+    pub const UNAUTHENTICATED: u32 = 9;
 }

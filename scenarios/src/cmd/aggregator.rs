@@ -40,9 +40,16 @@ pub struct Args {
     /// feature). Overrides the scenario's `device`.
     #[arg(long, value_name = "cpu|cuda:N")]
     pub device: Option<DeviceSpec>,
+    /// Connections open at once, authenticated or not (each client agent process holds one);
+    /// further attempts are refused until some close.
+    #[arg(long, default_value_t = service::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.max_connections == 0 {
+        return Err(UsageError("--max-connections must be at least 1".into()).into());
+    }
     let mut scenario = fedrl_rl::task::scenario_from_file(&args.scenario)
         .map_err(|e| UsageError(e.to_string()))?;
     if let Some(d) = args.device {
@@ -65,6 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut opts = AggregatorOptions::new(scenario, args.listen, args.state_dir);
     opts.max_inflight_updates = args.max_inflight_updates;
     opts.allow_budget_increase = args.allow_budget_increase;
+    opts.max_connections = args.max_connections;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -27,8 +27,10 @@ pub struct Args {
     /// hosts.
     #[arg(long, value_name = "RANGE")]
     pub users: Option<String>,
-    /// Give up after this many seconds without reaching the aggregator.
-    #[arg(long, default_value_t = 60.0)]
+    /// Give up after this many seconds without joining the aggregator (counted from the start,
+    /// or from the end of the last session; waits included): the agent then exits non-zero with
+    /// the last error. `inf`: never.
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     pub give_up_after: f64,
     /// Seed of the churn model's random choices (default: from the OS).
     #[arg(long)]
@@ -52,6 +54,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(r) => parse_unit_ranges(r).map_err(|e| UsageError(format!("--users: {e}")))?,
         None => Vec::new(),
     };
+    if args.give_up_after.is_nan() || args.give_up_after < 0.0 {
+        return Err(UsageError(format!(
+            "--give-up-after: expected seconds >= 0, got {}",
+            args.give_up_after
+        ))
+        .into());
+    }
     let device = fedrl_rl::device::open(args.device).map_err(|e| UsageError(e.to_string()))?;
     let mut opts = AgentOptions::new(server, fingerprint, args.token, units);
     opts.give_up_after_s = args.give_up_after;
