@@ -12,8 +12,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --release -p fedrl-scenarios
-FEDRL="$CARGO_TARGET_DIR/release/fedrl"
+# FEDRL=path/to/fedrl uses that binary instead of building the release one.
+if [ -z "${FEDRL:-}" ]; then
+  cargo build --release -p fedrl-scenarios
+  FEDRL="$CARGO_TARGET_DIR/release/fedrl"
+fi
 RESULTS=bench/results/churn_scale.jsonl
 mkdir -p bench/results
 AGENTS=32
