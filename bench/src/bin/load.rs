@@ -91,6 +91,12 @@ fn serve(scenario: &Path, state_dir: &Path, args: &Args) -> anyhow::Result<()> {
     opts.tuning.stream_receive_window = args.stream_window_kib << 10;
     opts.tuning.receive_window = args.conn_window_kib << 10;
     opts.send_udp_payload = args.mtu;
+    // Every client of this benchmark is honest and connects from 127.0.0.1 at once: the caps
+    // against unauthenticated floods (64 per address) would only make them retry.
+    let cap = args.clients as usize + 64;
+    opts.max_connections = opts.max_connections.max(cap);
+    opts.max_unauthenticated = opts.max_unauthenticated.max(cap);
+    opts.max_unauthenticated_per_address = opts.max_unauthenticated_per_address.max(cap);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
