@@ -15,16 +15,20 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "install-netns-tools: installing ${missing[*]}" >&2
+    # A machine that cannot install them cannot run the test: exit 2 with the reason.
     if command -v apt-get >/dev/null 2>&1; then
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; } ||
+            { echo "install-netns-tools: apt-get could not install ${missing[*]}" >&2; exit 2; }
     elif command -v dnf >/dev/null 2>&1; then
-        dnf install -y -q "${missing[@]/iproute2/iproute}"
+        dnf install -y -q "${missing[@]/iproute2/iproute}" ||
+            { echo "install-netns-tools: dnf could not install ${missing[*]}" >&2; exit 2; }
     elif command -v apk >/dev/null 2>&1; then
-        apk add --quiet "${missing[@]}"
+        apk add --quiet "${missing[@]}" ||
+            { echo "install-netns-tools: apk could not install ${missing[*]}" >&2; exit 2; }
     else
         echo "install-netns-tools: no apt-get, dnf or apk to install ${missing[*]}" >&2
-        exit 1
+        exit 2
     fi
 fi
 
