@@ -35,7 +35,8 @@
 //! state is not small: about 150-170 KB per client under load on loopback (`bench/run_load.sh`
 //! fit over 16-1,024 clients, the same at d = 10^4 and 10^6). heaptrack puts it in quinn: a
 //! queue event per received datagram, receive batches kept alive by buffered stream chunks, a
-//! transmit buffer of one GSO batch (capped here at `transport::MAX_GSO_SEGMENTS` x MTU), stream
+//! transmit buffer of one GSO batch (capped here at `transport::MAX_GSO_SEGMENTS` x MTU), and
+//! per-stream send and receive buffers.
 //!
 //! Strangers: a connection must present a verified join within [`AUTH_TIMEOUT_S`] of its first
 //! packet, and at most `max_unauthenticated` connections (`max_unauthenticated_per_address` per
