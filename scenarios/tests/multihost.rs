@@ -18,7 +18,7 @@ mod e2e_support;
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e_support::*;
@@ -54,74 +54,48 @@ kind = "mean_estimation"
 dim = 16
 "#;
 
-/// Runs `cmd`, which must succeed.
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
+/// Runs the command line `cmd` (words split at whitespace; no shell), which must succeed.
+fn sh(cmd: &str) {
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let out = Command::new(words[0])
+        .args(&words[1..])
         .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(
         out.status.success(),
-        "{args:?}: {}",
+        "{cmd}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
 /// The namespaces of one test: `{prefix}a` (the aggregator's host) and `{prefix}c1..` (the
-/// clients'), client k reaching the aggregator at 10.77.k.1 over the veth pair
-/// `{prefix}k` / `{prefix}k` (one end in each namespace). Deleted when dropped.
+/// clients'), client k reaching the aggregator at 10.77.k.1 over the veth pair `{prefix}a{k}`
+/// (in the aggregator's namespace) / `{prefix}c{k}` (in client k's, named like it). Deleted
+/// when dropped.
 struct Hosts {
     prefix: String,
 }
 
 impl Hosts {
     fn new() -> Hosts {
-        let prefix = format!("fr{}", std::process::id() % 1_000_000);
-        let h = Hosts { prefix };
-        sh(&["ip", "netns", "add", &h.agg()]);
-        sh(&["ip", "-n", &h.agg(), "link", "set", "lo", "up"]);
+        let h = Hosts {
+            prefix: format!("fr{}", std::process::id() % 1_000_000),
+        };
+        let agg = h.agg();
+        sh(&format!("ip netns add {agg}"));
+        sh(&format!("ip -n {agg} link set lo up"));
         for k in 1..=CLIENTS {
             let ns = h.client(k);
-            sh(&["ip", "netns", "add", &ns]);
-            sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-            let (a_end, c_end) = (format!("{}a{k}", h.prefix), format!("{}c{k}", h.prefix));
-            sh(&[
-                "ip",
-                "link",
-                "add",
-                &a_end,
-                "netns",
-                &h.agg(),
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &c_end,
-                "netns",
-                &ns,
-            ]);
-            sh(&[
-                "ip",
-                "-n",
-                &h.agg(),
-                "addr",
-                "add",
-                &format!("10.77.{k}.1/24"),
-                "dev",
-                &a_end,
-            ]);
-            sh(&[
-                "ip",
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("10.77.{k}.2/24"),
-                "dev",
-                &c_end,
-            ]);
-            sh(&["ip", "-n", &h.agg(), "link", "set", &a_end, "up"]);
-            sh(&["ip", "-n", &ns, "link", "set", &c_end, "up"]);
+            let a_end = format!("{}a{k}", h.prefix);
+            sh(&format!("ip netns add {ns}"));
+            sh(&format!("ip -n {ns} link set lo up"));
+            sh(&format!(
+                "ip link add {a_end} netns {agg} type veth peer name {ns} netns {ns}"
+            ));
+            sh(&format!("ip -n {agg} addr add 10.77.{k}.1/24 dev {a_end}"));
+            sh(&format!("ip -n {ns} addr add 10.77.{k}.2/24 dev {ns}"));
+            sh(&format!("ip -n {agg} link set {a_end} up"));
+            sh(&format!("ip -n {ns} link set {ns} up"));
         }
         h
     }
@@ -130,70 +104,29 @@ impl Hosts {
         format!("{}a", self.prefix)
     }
 
+    /// Client k's namespace, and its end of the link.
     fn client(&self, k: u32) -> String {
-        format!("{}c{k}", self.prefix)
-    }
-
-    /// Client k's end of its link (in its namespace).
-    fn client_link(&self, k: u32) -> String {
         format!("{}c{k}", self.prefix)
     }
 
     /// Drops `percent`% of the UDP datagrams client k sends and receives, at random.
     fn random_loss(&self, k: u32, percent: u32) {
-        let ns = self.client(k);
-        sh(&[
-            "ip", "netns", "exec", &ns, "nft", "add", "table", "inet", "loss",
-        ]);
+        let nft = format!("ip netns exec {} nft", self.client(k));
+        sh(&format!("{nft} add table inet loss"));
         for (chain, hook) in [("in", "input"), ("out", "output")] {
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                &ns,
-                "nft",
-                "add",
-                "chain",
-                "inet",
-                "loss",
-                chain,
-                &format!("{{ type filter hook {hook} priority 0; }}"),
-            ]);
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                &ns,
-                "nft",
-                "add",
-                "rule",
-                "inet",
-                "loss",
-                chain,
-                "meta",
-                "l4proto",
-                "udp",
-                "numgen",
-                "random",
-                "mod",
-                "100",
-                "<",
-                &percent.to_string(),
-                "drop",
-            ]);
+            sh(&format!(
+                "{nft} add chain inet loss {chain} {{ type filter hook {hook} priority 0 ; }}"
+            ));
+            sh(&format!(
+                "{nft} add rule inet loss {chain} meta l4proto udp numgen random mod 100 < {percent} drop"
+            ));
         }
     }
 
     fn set_link(&self, k: u32, up: bool) {
-        sh(&[
-            "ip",
-            "-n",
-            &self.client(k),
-            "link",
-            "set",
-            &self.client_link(k),
-            if up { "up" } else { "down" },
-        ]);
+        let ns = self.client(k);
+        let state = if up { "up" } else { "down" };
+        sh(&format!("ip -n {ns} link set {ns} {state}"));
     }
 }
 
@@ -208,20 +141,9 @@ impl Drop for Hosts {
 
 /// `fedrl ARGS` inside namespace `ns`, output to `log`.
 fn spawn_in(ns: &str, name: &str, args: &[String], log: &Path) -> Proc {
-    let f = std::fs::File::create(log).unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(exe())
-        .args(args)
-        .stdout(Stdio::from(f.try_clone().unwrap()))
-        .stderr(Stdio::from(f))
-        .spawn()
-        .unwrap();
-    Proc {
-        name: name.into(),
-        child,
-        log: log.to_path_buf(),
-    }
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]).arg(exe()).args(args);
+    spawn_command(name, log, cmd)
 }
 
 fn start_aggregator(hosts: &Hosts, scenario: &Path, state_dir: &Path, log: &Path) -> Proc {

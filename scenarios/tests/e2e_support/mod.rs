@@ -89,9 +89,15 @@ pub fn token(secret: &[u8], id: &str) -> String {
 }
 
 fn spawn(name: &str, log: &Path, args: &[String]) -> Proc {
+    let mut cmd = Command::new(exe());
+    cmd.args(args);
+    spawn_command(name, log, cmd)
+}
+
+/// Starts `cmd` with its stdout and stderr in `log` (e.g. `fedrl` wrapped in `ip netns exec`).
+pub fn spawn_command(name: &str, log: &Path, mut cmd: Command) -> Proc {
     let f = fs::File::create(log).unwrap();
-    let child = Command::new(exe())
-        .args(args)
+    let child = cmd
         .stdout(Stdio::from(f.try_clone().unwrap()))
         .stderr(Stdio::from(f))
         .spawn()
