@@ -8,15 +8,16 @@
 //!
 //! simglucose's pump rounds what it is asked to deliver to its increments; [`SimglucosePump`]
 //! does the same, so a dose can be compared with what simglucose recorded.
+//!
+//! [`run_episode`] runs a controller in closed loop on [`UvaPadovaEnv`]; [`tune_pid`] picks PID
+//! gains per age group on training users by grid search.
 
-use std::sync::OnceLock;
+use std::ops::Range;
 
-use crate::SimError;
-use crate::uva_padova::PatientParams;
-
-/// simglucose's `Quest.csv` (MIT licence; carbohydrate ratio, correction factor, age and total
-/// daily insulin per virtual patient), embedded unchanged from `testdata/`.
-pub const QUEST_CSV: &str = include_str!("../../testdata/uva_padova_quest.csv");
+use crate::env::{Env, GlucoseSample, SimError};
+use crate::population::{Population, PumpSetting, UserParams};
+use crate::uva_padova::{PatientParams, UvaAction, UvaObservation, UvaPadovaEnv, UvaPadovaOptions};
+use crate::uva_padova::{UvaReward, therapy};
 
 /// simglucose's basal-bolus target (mg/dL).
 pub const BB_TARGET_MG_DL: f64 = 140.0;
@@ -52,80 +53,6 @@ pub trait Controller: Send {
     fn reset(&mut self);
 }
 
-/// One row of simglucose's `Quest.csv`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct QuestRow {
-    pub name: String,
-    /// Carbohydrate ratio (g of carbohydrate covered by 1 U).
-    pub cr_g_per_u: f64,
-    /// Correction factor (mg/dL lowered by 1 U).
-    pub cf_mg_dl_per_u: f64,
-    /// Age (years).
-    pub age_years: f64,
-    /// Total daily insulin (U/day).
-    pub tdi_u: f64,
-}
-
-fn parse_quest(csv: &str) -> Result<Vec<QuestRow>, String> {
-    let mut lines = csv.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<&str> = lines
-        .next()
-        .ok_or("empty Quest table")?
-        .split(',')
-        .map(str::trim)
-        .collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .ok_or_else(|| format!("Quest table lacks column {name}"))
-    };
-    let (c_name, c_cr, c_cf, c_age, c_tdi) = (
-        col("Name")?,
-        col("CR")?,
-        col("CF")?,
-        col("Age")?,
-        col("TDI")?,
-    );
-    let mut out = Vec::new();
-    for line in lines {
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        if cells.len() != header.len() {
-            return Err(format!("Quest table row has {} cells", cells.len()));
-        }
-        let get = |c: usize| -> Result<f64, String> {
-            cells[c]
-                .parse::<f64>()
-                .map_err(|e| format!("{}: {}: {e}", cells[c_name], header[c]))
-        };
-        out.push(QuestRow {
-            name: cells[c_name].to_string(),
-            cr_g_per_u: get(c_cr)?,
-            cf_mg_dl_per_u: get(c_cf)?,
-            age_years: get(c_age)?,
-            tdi_u: get(c_tdi)?,
-        });
-    }
-    Ok(out)
-}
-
-/// The 30 rows of simglucose's `Quest.csv`, in table order.
-pub fn quest_table() -> Result<&'static [QuestRow], SimError> {
-    static TABLE: OnceLock<Result<Vec<QuestRow>, String>> = OnceLock::new();
-    match TABLE.get_or_init(|| parse_quest(QUEST_CSV)) {
-        Ok(v) => Ok(v),
-        Err(e) => Err(SimError::Invalid(format!("Quest table: {e}"))),
-    }
-}
-
-/// The Quest row of the patient named `name` (`adult#001`).
-pub fn quest(name: &str) -> Result<&'static QuestRow, SimError> {
-    quest_table()?
-        .iter()
-        .find(|r| r.name == name)
-        .ok_or_else(|| SimError::Invalid(format!("Quest table has no patient {name:?}")))
-}
-
 /// simglucose's basal-bolus controller: the patient's steady-state basal rate all the time, and
 /// at an announced meal a bolus covering its carbohydrate plus a correction when the CGM reads
 /// above 150 mg/dL.
@@ -145,7 +72,7 @@ impl BasalBolus {
     /// The controller of one virtual patient: basal from the patient table, CR and CF from
     /// simglucose's Quest table, target 140 mg/dL.
     pub fn for_patient(params: &PatientParams) -> Result<Self, SimError> {
-        let q = quest(&params.name)?;
+        let q = therapy(&params.name)?;
         Ok(Self {
             basal_u_per_min: params.basal_u_per_min(),
             cr_g_per_u: q.cr_g_per_u,
@@ -355,19 +282,264 @@ impl SimglucosePump {
     }
 }
 
+/// Runs `ctl` in closed loop for one episode of `env`: reset with `seed`, then one decision per
+/// CGM sample ([`UvaPadovaEnv::step_insulin`]) until the episode ends. Returns the episode's
+/// glucose log (one sample per CGM period, the first at reset). The env must decide every CGM
+/// sample (`decision_min == sample_time_min`), as simglucose's controllers do.
+pub fn run_episode(
+    env: &mut UvaPadovaEnv,
+    ctl: &mut dyn Controller,
+    seed: u64,
+) -> Result<Vec<GlucoseSample>, SimError> {
+    let o = env.options();
+    if o.decision_min != o.sample_time_min {
+        return Err(SimError::Invalid(format!(
+            "run_episode: the env decides every {} min, the controller every {} min CGM sample",
+            o.decision_min, o.sample_time_min
+        )));
+    }
+    let sample_time = f64::from(o.sample_time_min);
+    let mut obs = vec![0.0f32; env.observation_space().dim()];
+    env.reset(seed, &mut obs);
+    ctl.reset();
+    loop {
+        let dose = ctl.act(env.cgm(), env.last_cho_g_per_min(), sample_time);
+        let step = env.step_insulin(dose.basal_u_per_min, dose.bolus_u)?;
+        if step.terminated || step.truncated {
+            break;
+        }
+    }
+    Ok(env.glucose_log().unwrap_or_default().to_vec())
+}
+
+/// The options a controller runs under for a user of a `uva-padova*` population: the
+/// population's patient, meals, sensor and episode, with a decision every CGM sample and the
+/// basal-rate action (controllers dose in U/min and U through `step_insulin`).
+pub fn controller_options(pump: PumpSetting) -> UvaPadovaOptions {
+    let base = match pump {
+        PumpSetting::Basal => UvaPadovaOptions {
+            reward: UvaReward::DayRisk,
+            ..UvaPadovaOptions::default()
+        },
+        PumpSetting::Pump => UvaPadovaOptions::pump(false),
+        PumpSetting::PumpMeals => UvaPadovaOptions::pump(true),
+    };
+    UvaPadovaOptions {
+        decision_min: base.sample_time_min,
+        observation: UvaObservation::default(),
+        action: UvaAction::BasalRate,
+        ..base
+    }
+}
+
+/// User `user` of a `uva-padova*` population as a controller's environment (see
+/// [`controller_options`]).
+pub fn user_env(population: &Population, user: u64) -> Result<UvaPadovaEnv, SimError> {
+    match population.user_params(user)? {
+        UserParams::Patient { name, pump } => UvaPadovaEnv::new(&name, controller_options(pump)),
+        _ => Err(SimError::Invalid(format!(
+            "population {:?} is not a UVA/Padova population",
+            population.name()
+        ))),
+    }
+}
+
+/// Time-in-range figures of one glucose trace (fractions of samples; simglucose's
+/// `percent_stats` thresholds: 70 <= BG <= 180 in range, strict inequalities outside).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct RangeStats {
+    pub time_in_range: f64,
+    pub time_below_70: f64,
+    pub time_below_54: f64,
+    pub time_above_180: f64,
+    pub time_above_250: f64,
+    /// Mean glucose (mg/dL).
+    pub mean_mg_dl: f64,
+}
+
+/// [`RangeStats`] of a glucose trace (mg/dL). The one place these figures are computed here
+/// (to be replaced by the clinical metrics module).
+pub fn range_stats(bg_mg_dl: &[f64]) -> RangeStats {
+    let n = bg_mg_dl.len().max(1) as f64;
+    let frac = |f: &dyn Fn(f64) -> bool| bg_mg_dl.iter().filter(|&&g| f(g)).count() as f64 / n;
+    RangeStats {
+        time_in_range: frac(&|g| (70.0..=180.0).contains(&g)),
+        time_below_70: frac(&|g| g < 70.0),
+        time_below_54: frac(&|g| g < 54.0),
+        time_above_180: frac(&|g| g > 180.0),
+        time_above_250: frac(&|g| g > 250.0),
+        mean_mg_dl: bg_mg_dl.iter().sum::<f64>() / n,
+    }
+}
+
+/// The consensus target for time below 70 mg/dL (Battelino et al. 2019): at most 4%.
+pub const MAX_TIME_BELOW_70: f64 = 0.04;
+
+/// The grid [`tune_pid`] searches: every combination of the listed gains.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PidGrid {
+    pub p: Vec<f64>,
+    pub i: Vec<f64>,
+    pub d: Vec<f64>,
+    /// Target (mg/dL).
+    pub target_mg_dl: f64,
+}
+
+/// `n` log-spaced values from `lo` to `hi` (both included; `n == 1`: `lo`).
+pub fn logspace(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    if n <= 1 {
+        return vec![lo];
+    }
+    let (a, b) = (lo.ln(), hi.ln());
+    (0..n)
+        .map(|k| (a + (b - a) * k as f64 / (n - 1) as f64).exp())
+        .collect()
+}
+
+impl Default for PidGrid {
+    /// 5 x 4 x 4 = 80 gains around simglucose's example (P 1e-3, I 1e-5, D 1e-3).
+    fn default() -> Self {
+        Self {
+            p: logspace(1e-4, 1e-2, 5),
+            i: logspace(1e-7, 1e-4, 4),
+            d: logspace(1e-4, 1e-1, 4),
+            target_mg_dl: BB_TARGET_MG_DL,
+        }
+    }
+}
+
+impl PidGrid {
+    /// Every gain of the grid.
+    pub fn gains(&self) -> Vec<PidGains> {
+        let mut out = Vec::with_capacity(self.p.len() * self.i.len() * self.d.len());
+        for &p in &self.p {
+            for &i in &self.i {
+                for &d in &self.d {
+                    out.push(PidGains { p, i, d });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The age groups of the UVA/Padova patients (the prefix of their names).
+pub const AGE_GROUPS: [&str; 3] = ["adult", "adolescent", "child"];
+
+/// The age group of a patient name (`adult#001` is an adult).
+pub fn age_group(patient: &str) -> &str {
+    patient.split('#').next().unwrap_or(patient)
+}
+
+/// What [`tune_pid`] chose for one age group.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PidTuning {
+    pub group: String,
+    pub gains: PidGains,
+    /// Mean over the group's training days of the chosen gains' figures.
+    pub stats: RangeStats,
+    /// The chosen gains keep mean time below 70 within [`MAX_TIME_BELOW_70`] (otherwise they
+    /// are the grid's least hypoglycaemic gains).
+    pub meets_hypo_target: bool,
+    /// Training users (one day each) of the group.
+    pub users: usize,
+    /// Closed-loop days run for the group (gains x users).
+    pub days: usize,
+}
+
+/// Grid search of PID gains per age group on the training users `users` of a `uva-padova*`
+/// population, one day each (reset seed `seed + user`): the gains with the highest mean time in
+/// range among those with mean time below 70 within [`MAX_TIME_BELOW_70`], or, when none is,
+/// the gains with the least mean time below 70. Groups without training users are left out.
+/// Only training users are run: held-out users never inform the gains.
+pub fn tune_pid(
+    population: &Population,
+    users: Range<u64>,
+    grid: &PidGrid,
+    seed: u64,
+) -> Result<Vec<PidTuning>, SimError> {
+    let gains = grid.gains();
+    if gains.is_empty() {
+        return Err(SimError::Invalid("tune_pid: empty grid".into()));
+    }
+    let mut envs: Vec<UvaPadovaEnv> = users
+        .clone()
+        .map(|u| user_env(population, u))
+        .collect::<Result<_, _>>()?;
+    let seeds: Vec<u64> = users.map(|u| seed.wrapping_add(u)).collect();
+    let mut out = Vec::new();
+    for group in AGE_GROUPS {
+        let members: Vec<usize> = (0..envs.len())
+            .filter(|&k| age_group(&envs[k].patient().params().name) == group)
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        // (gains, mean stats) for every grid point.
+        let mut scored = Vec::with_capacity(gains.len());
+        for &g in &gains {
+            let mut sum = RangeStats::default();
+            for &k in &members {
+                let mut pid = Pid::new(g, grid.target_mg_dl);
+                let log = run_episode(&mut envs[k], &mut pid, seeds[k])?;
+                let bg: Vec<f64> = log.iter().map(|s| s.bg_mg_dl).collect();
+                add_stats(&mut sum, &range_stats(&bg));
+            }
+            scored.push((g, scale_stats(sum, 1.0 / members.len() as f64)));
+        }
+        let feasible = scored
+            .iter()
+            .filter(|(_, s)| s.time_below_70 <= MAX_TIME_BELOW_70)
+            .max_by(|a, b| a.1.time_in_range.total_cmp(&b.1.time_in_range));
+        let (chosen, meets) = match feasible {
+            Some(c) => (c, true),
+            None => {
+                let least = scored
+                    .iter()
+                    .min_by(|a, b| {
+                        a.1.time_below_70
+                            .total_cmp(&b.1.time_below_70)
+                            .then(b.1.time_in_range.total_cmp(&a.1.time_in_range))
+                    })
+                    .expect("grid is not empty");
+                (least, false)
+            }
+        };
+        out.push(PidTuning {
+            group: group.to_string(),
+            gains: chosen.0,
+            stats: chosen.1,
+            meets_hypo_target: meets,
+            users: members.len(),
+            days: members.len() * gains.len(),
+        });
+    }
+    Ok(out)
+}
+
+fn add_stats(acc: &mut RangeStats, s: &RangeStats) {
+    acc.time_in_range += s.time_in_range;
+    acc.time_below_70 += s.time_below_70;
+    acc.time_below_54 += s.time_below_54;
+    acc.time_above_180 += s.time_above_180;
+    acc.time_above_250 += s.time_above_250;
+    acc.mean_mg_dl += s.mean_mg_dl;
+}
+
+fn scale_stats(s: RangeStats, k: f64) -> RangeStats {
+    RangeStats {
+        time_in_range: s.time_in_range * k,
+        time_below_70: s.time_below_70 * k,
+        time_below_54: s.time_below_54 * k,
+        time_above_180: s.time_above_180 * k,
+        time_above_250: s.time_above_250 * k,
+        mean_mg_dl: s.mean_mg_dl * k,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quest_table_has_thirty_patients_and_known_rows() {
-        let t = quest_table().expect("parses");
-        assert_eq!(t.len(), 30);
-        let a = quest("adult#001").expect("row");
-        assert_eq!(a.cr_g_per_u, 10.0);
-        assert_eq!(a.cf_mg_dl_per_u, 8.77310657487);
-        assert!(quest("adult#011").is_err());
-    }
 
     #[test]
     fn pump_rounds_to_its_increment_in_pmol_and_clips() {

@@ -2,10 +2,12 @@
 //! basal-bolus controller in closed loop for a day on three patients), and the PID and
 //! proportional controllers against hand computation.
 
+use fedrl_sim::Population;
 use fedrl_sim::controllers::{
-    BasalBolus, Controller, Dose, Pid, PidGains, Proportional, SimglucosePump,
+    BasalBolus, Controller, Dose, MAX_TIME_BELOW_70, Pid, PidGains, PidGrid, Proportional,
+    SimglucosePump, range_stats, run_episode, tune_pid,
 };
-use fedrl_sim::uva_padova;
+use fedrl_sim::uva_padova::{self, MealScenario, UvaPadovaEnv, UvaPadovaOptions};
 
 /// The reference file as written by Python's json module: the last insulin and CHO entries of
 /// each run are `NaN` (no action after the last reading), which JSON proper lacks; read them as
@@ -135,4 +137,100 @@ fn dose_rate_spreads_the_bolus_over_the_sample() {
         bolus_u: 3.0,
     };
     assert!((d.rate_u_per_min(3.0) - 1.02).abs() < 1e-15);
+}
+
+/// The reference file's day: meals of 45, 70, 80 and 15 g at 7, 12, 18 and 21 h, every day.
+fn reference_day_options() -> UvaPadovaOptions {
+    UvaPadovaOptions {
+        meals: MealScenario {
+            prob: [1.0, 0.0, 1.0, 0.0, 1.0, 1.0],
+            time_mu_h: [7.0, 9.5, 12.0, 15.0, 18.0, 21.0],
+            time_sigma_min: [0.0; 6],
+            amount_mu_g: [45.0, 10.0, 70.0, 10.0, 80.0, 15.0],
+            amount_sigma_g: [0.0; 6],
+            ..MealScenario::default()
+        },
+        ..UvaPadovaOptions::default()
+    }
+}
+
+#[test]
+fn closed_loop_basal_bolus_is_near_simglucoses_day() {
+    // Our sensor is noise-free here and simglucose's was Dexcom-noisy (seed 1), so the
+    // correction boluses differ a little: time in range agrees within 2 points, not exactly.
+    let data = reference();
+    for run in data["runs"].as_array().expect("runs") {
+        let name = run["patient"].as_str().expect("patient name");
+        let mut env = UvaPadovaEnv::new(name, reference_day_options()).expect("env");
+        let params = env.patient().params().clone();
+        let mut ctl = BasalBolus::for_patient(&params).expect("Quest row");
+        let log = run_episode(&mut env, &mut ctl, 1).expect("closed loop runs");
+        assert_eq!(
+            log.len(),
+            481,
+            "{name}: one day at 3 min, reading at reset included"
+        );
+        assert_eq!(log[0].minute, 0.0);
+        assert_eq!(log[480].minute, 1440.0);
+        let carbs: f64 = log.iter().map(|s| s.cho_g).sum();
+        assert_eq!(carbs, 210.0, "{name}: the day's meals");
+        // Insulin: basal all day plus one bolus per meal.
+        let insulin: f64 = log.iter().map(|s| s.insulin_u).sum();
+        let basal_day = params.basal_u_per_min() * 1440.0;
+        let q = uva_padova::therapy(name).expect("therapy");
+        assert!(
+            insulin >= basal_day + 210.0 / q.cr_g_per_u - 1e-9,
+            "{name}: {insulin} U"
+        );
+        let bg: Vec<f64> = log.iter().map(|s| s.bg_mg_dl).collect();
+        let ours = range_stats(&bg).time_in_range;
+        let theirs = run["bg_time_in_range_70_180"].as_f64().expect("tir");
+        eprintln!("{name}: time in range {ours:.3}, simglucose {theirs:.3}");
+        assert!((ours - theirs).abs() < 0.02, "{name}: {ours} vs {theirs}");
+    }
+}
+
+#[test]
+fn run_episode_needs_a_decision_every_cgm_sample() {
+    let opts = UvaPadovaOptions {
+        decision_min: 30,
+        ..UvaPadovaOptions::default()
+    };
+    let mut env = UvaPadovaEnv::new("adult#001", opts).expect("env");
+    assert!(run_episode(&mut env, &mut Proportional::default(), 0).is_err());
+}
+
+#[test]
+fn range_stats_follow_simglucoses_thresholds() {
+    let s = range_stats(&[50.0, 54.0, 70.0, 180.0, 181.0, 251.0, 100.0, 100.0]);
+    assert_eq!(s.time_below_54, 1.0 / 8.0);
+    assert_eq!(s.time_below_70, 2.0 / 8.0);
+    assert_eq!(s.time_in_range, 4.0 / 8.0);
+    assert_eq!(s.time_above_180, 2.0 / 8.0);
+    assert_eq!(s.time_above_250, 1.0 / 8.0);
+    assert!((s.mean_mg_dl - 986.0 / 8.0).abs() < 1e-12);
+}
+
+#[test]
+fn pid_tuning_uses_only_training_users_and_meets_the_hypo_target_when_it_can() {
+    // A tiny grid on 6 training users: no insulin at all (glucose rises, no hypoglycaemia) and
+    // a proportional gain so aggressive that it drives every patient below 70: the search must
+    // pick the first, whatever the second's time in range.
+    let pop = Population::new("uva-padova", 0).expect("population");
+    let grid = PidGrid {
+        p: vec![0.0, 0.05],
+        i: vec![0.0],
+        d: vec![0.0],
+        target_mg_dl: 140.0,
+    };
+    let tuned = tune_pid(&pop, 0..6, &grid, 0).expect("tuning runs");
+    let users: usize = tuned.iter().map(|t| t.users).sum();
+    assert_eq!(users, 6);
+    for t in &tuned {
+        assert_eq!(t.days, 2 * t.users);
+        eprintln!("{t:?}");
+        assert!(t.meets_hypo_target, "{t:?}");
+        assert!(t.stats.time_below_70 <= MAX_TIME_BELOW_70, "{t:?}");
+        assert_eq!(t.gains.p, 0.0, "{t:?}");
+    }
 }
