@@ -3,7 +3,8 @@
 # - .venv         from every requirements-*.txt except requirements-offline.txt (dp_accounting,
 #                 Gymnasium 1.4, PyTorch PPO, ...);
 # - .venv-offline from requirements-offline.txt (d3rlpy 2.8.1 pins gymnasium 1.0.0, which
-#                 conflicts with the other peers; minari, opacus).
+#                 conflicts with the other peers; minari, opacus);
+# - .venv-simglucose from requirements-simglucose.txt (simglucose 0.2.11 pins gymnasium 0.29.1).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -11,6 +12,7 @@ python3 -m venv "$here/.venv"
 "$here/.venv/bin/pip" install --quiet --upgrade pip
 for req in "$here"/requirements-*.txt; do
   [ "$(basename "$req")" = "requirements-offline.txt" ] && continue
+  [ "$(basename "$req")" = "requirements-simglucose.txt" ] && continue
   echo "installing $(basename "$req") into .venv"
   "$here/.venv/bin/pip" install --quiet -r "$req"
 done
@@ -21,3 +23,9 @@ python3 -m venv "$here/.venv-offline"
 echo "installing requirements-offline.txt into .venv-offline"
 "$here/.venv-offline/bin/pip" install --quiet -r "$here/requirements-offline.txt"
 echo "offline peers installed in $here/.venv-offline"
+
+python3 -m venv "$here/.venv-simglucose"
+"$here/.venv-simglucose/bin/pip" install --quiet --upgrade pip
+echo "installing requirements-simglucose.txt into .venv-simglucose"
+"$here/.venv-simglucose/bin/pip" install --quiet -r "$here/requirements-simglucose.txt"
+echo "simglucose peer installed in $here/.venv-simglucose"

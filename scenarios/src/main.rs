@@ -39,6 +39,8 @@ enum Command {
     Data(cmd::data::Args),
     /// Train the non-private discrete CQL baseline on an offline dataset and evaluate it.
     Cql(cmd::cql::Args),
+    /// Run a hand-written glucose controller (basal-bolus, PID, proportional) on UVA/Padova users.
+    Baseline(cmd::baseline::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Data(a) => cmd::data::run(a),
         Command::Cql(a) => cmd::cql::run(a),
+        Command::Baseline(a) => cmd::baseline::run(a),
     };
     match result {
         Ok(code) => code,

@@ -397,12 +397,13 @@ pub fn logspace(lo: f64, hi: f64, n: usize) -> Vec<f64> {
 }
 
 impl Default for PidGrid {
-    /// 5 x 4 x 4 = 80 gains around simglucose's example (P 1e-3, I 1e-5, D 1e-3).
+    /// 5 x 3 x 3 = 45 gains around simglucose's example (P 1e-3, I 1e-5, D 1e-3): with 30
+    /// training users (about 10 per age group), about 450 closed-loop days per group.
     fn default() -> Self {
         Self {
             p: logspace(1e-4, 1e-2, 5),
-            i: logspace(1e-7, 1e-4, 4),
-            d: logspace(1e-4, 1e-1, 4),
+            i: logspace(1e-7, 1e-5, 3),
+            d: logspace(1e-3, 1e-1, 3),
             target_mg_dl: BB_TARGET_MG_DL,
         }
     }

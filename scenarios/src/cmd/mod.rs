@@ -1,6 +1,7 @@
 //! One module per `fedrl` subcommand. Each exposes `Args` (clap) and `run(Args)`.
 
 pub mod aggregator;
+pub mod baseline;
 pub mod client;
 pub mod cql;
 pub mod data;
