@@ -66,6 +66,22 @@ pub enum SimError {
     Invalid(String),
 }
 
+/// One CGM sample of a glucose simulator's episode (UVA/Padova, Dosing): what a clinical report
+/// is computed from.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct GlucoseSample {
+    /// Minutes since the episode's start (0: the reading at reset).
+    pub minute: f64,
+    /// True blood glucose (mg/dL); for UVA/Padova the model's Gsub, as simglucose's `BG`.
+    pub bg_mg_dl: f64,
+    /// The sensor reading a controller saw (mg/dL).
+    pub cgm_mg_dl: f64,
+    /// Insulin delivered during the sample period ending here (U).
+    pub insulin_u: f64,
+    /// Carbohydrate announced during that period (g).
+    pub cho_g: f64,
+}
+
 /// A simulator. Object-safe, so one client agent can host users of different environments.
 ///
 /// Observations are written into caller-provided buffers of length
@@ -83,4 +99,9 @@ pub trait Env: Send {
     fn state(&self) -> Vec<f64>;
     /// Sets the internal state (e.g. a trace's initial state) and writes the matching observation.
     fn set_state(&mut self, state: &[f64], obs: &mut [f32]) -> Result<(), SimError>;
+    /// Glucose simulators: every CGM sample since the last reset, the first taken at reset.
+    /// Other environments: `None`.
+    fn glucose_log(&self) -> Option<&[GlucoseSample]> {
+        None
+    }
 }

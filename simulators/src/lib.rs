@@ -21,6 +21,6 @@ pub mod hiv;
 pub mod ode;
 pub mod uva_padova;
 
-pub use env::{Action, Env, SimError, Space, Step};
+pub use env::{Action, Env, GlucoseSample, SimError, Space, Step};
 pub use population::Population;
 pub use registry::{EnvInfo, list, make};

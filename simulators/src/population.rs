@@ -17,6 +17,10 @@
 //! - `uva-padova`, `uva-padova-adolescents`, `uva-padova-adults`, `uva-padova-children`: each
 //!   user is one of simglucose's 30 (or 10) virtual patients, drawn uniformly, scored by minus
 //!   the day's summed risk index (`UvaReward::DayRisk`, not simglucose's telescoping risk_diff).
+//! - `uva-padova-pump`, `uva-padova-pump-meals`: the same 30 patients behind a closed-loop pump
+//!   (`UvaPadovaOptions::pump`): a decision every 30 minutes on an hour of noisy CGM, insulin on
+//!   board and the time of day, acting relative to the programmed therapy; the second also sees
+//!   announced meals and sets a pre-meal bolus.
 //! - `dosing-fixed-meals`: each user eats the same personal day every day, drawn once from
 //!   Dosing-v1's meal generator (seed 004: "each patient has a different meal pattern").
 //! - `dosing-meal-habits`: each user has personal habits (meal times shifted by N(0, 0.5 h),
@@ -95,6 +99,18 @@ pub fn list() -> Vec<PopulationInfo> {
             summary: "simglucose's 10 virtual children",
         },
         PopulationInfo {
+            name: "uva-padova-pump",
+            env_id: "UvaPadova-v0",
+            settings: 30,
+            summary: "the 30 patients behind a closed-loop pump (CGM hour, insulin on board, time of day)",
+        },
+        PopulationInfo {
+            name: "uva-padova-pump-meals",
+            env_id: "UvaPadova-v0",
+            settings: 30,
+            summary: "uva-padova-pump with announced meals and a pre-meal bolus",
+        },
+        PopulationInfo {
             name: "dosing-fixed-meals",
             env_id: "Dosing-v0",
             settings: 0,
@@ -115,7 +131,7 @@ enum Kind {
     CartPoleB1,
     AcrobotB1,
     HivB1,
-    UvaPadova(Option<&'static str>),
+    UvaPadova(Option<&'static str>, PumpSetting),
     DosingFixedMeals,
     DosingMealHabits,
 }
@@ -156,8 +172,8 @@ pub enum UserParams {
         efficacy_noise_sd: f64,
         setting: u32,
     },
-    /// A UVA/Padova virtual patient.
-    Patient { name: String },
+    /// A UVA/Padova virtual patient behind the given pump.
+    Patient { name: String, pump: PumpSetting },
     /// Dosing with a personal fixed day: the disturbance at every grid point.
     DosingFixedMeals { disturbance: Vec<f64> },
     /// Dosing with personal meal habits (Dosing-v1's generator, adjusted).
@@ -169,6 +185,19 @@ pub enum UserParams {
         /// Probabilities of taking each meal.
         prob: [f64; 6],
     },
+}
+
+/// What a UVA/Padova user's controller sees and sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PumpSetting {
+    /// The CGM reading in, a basal rate (U/min) out, a decision every 3 minutes.
+    #[default]
+    Basal,
+    /// `UvaPadovaOptions::pump(false)`.
+    Pump,
+    /// `UvaPadovaOptions::pump(true)`.
+    PumpMeals,
 }
 
 /// numpy's `linspace(lo, hi, n)[k]` (the last point is exactly `hi`).
@@ -203,10 +232,12 @@ impl Population {
             "cartpole-b1" => Kind::CartPoleB1,
             "acrobot-b1" => Kind::AcrobotB1,
             "hiv-b1" => Kind::HivB1,
-            "uva-padova" => Kind::UvaPadova(None),
-            "uva-padova-adolescents" => Kind::UvaPadova(Some("adolescent")),
-            "uva-padova-adults" => Kind::UvaPadova(Some("adult")),
-            "uva-padova-children" => Kind::UvaPadova(Some("child")),
+            "uva-padova" => Kind::UvaPadova(None, PumpSetting::Basal),
+            "uva-padova-adolescents" => Kind::UvaPadova(Some("adolescent"), PumpSetting::Basal),
+            "uva-padova-adults" => Kind::UvaPadova(Some("adult"), PumpSetting::Basal),
+            "uva-padova-children" => Kind::UvaPadova(Some("child"), PumpSetting::Basal),
+            "uva-padova-pump" => Kind::UvaPadova(None, PumpSetting::Pump),
+            "uva-padova-pump-meals" => Kind::UvaPadova(None, PumpSetting::PumpMeals),
             "dosing-fixed-meals" => Kind::DosingFixedMeals,
             "dosing-meal-habits" => Kind::DosingMealHabits,
             id => {
@@ -252,7 +283,7 @@ impl Population {
             Kind::CartPoleB1 => "CartPole-v1",
             Kind::AcrobotB1 => "Acrobot-v1",
             Kind::HivB1 => HivEnv::ID_20D,
-            Kind::UvaPadova(_) => "UvaPadova-v0",
+            Kind::UvaPadova(..) => "UvaPadova-v0",
             Kind::DosingFixedMeals => "Dosing-v0",
             Kind::DosingMealHabits => "Dosing-v1",
         }
@@ -356,7 +387,7 @@ impl Population {
             Kind::Homogeneous(id) => UserParams::Default { env_id: id.clone() },
             Kind::CartPoleB1 | Kind::AcrobotB1 => self.cell_params(below(&mut rng, 1000))?,
             Kind::HivB1 => self.cell_params(below(&mut rng, HivParams::EXPERT_SETTINGS as u64))?,
-            Kind::UvaPadova(group) => {
+            Kind::UvaPadova(group, pump) => {
                 let groups: &[&str] = match group {
                     Some(g) => std::slice::from_ref(g),
                     None => &PATIENT_GROUPS,
@@ -365,6 +396,7 @@ impl Population {
                 let g = groups[(k / 10) as usize];
                 UserParams::Patient {
                     name: format!("{g}#{:03}", k % 10 + 1),
+                    pump: *pump,
                 }
             }
             Kind::DosingFixedMeals => {
@@ -455,13 +487,18 @@ impl Population {
                 Box::new(HivEnv::new(HivParams::expert_variation(setting as usize)?)?)
             }
             // Users are scored on the whole day's risk (see `UvaReward::DayRisk`).
-            UserParams::Patient { name } => Box::new(crate::uva_padova::UvaPadovaEnv::new(
-                &name,
-                crate::uva_padova::UvaPadovaOptions {
-                    reward: crate::uva_padova::UvaReward::DayRisk,
-                    ..Default::default()
-                },
-            )?),
+            UserParams::Patient { name, pump } => {
+                use crate::uva_padova::{UvaPadovaEnv, UvaPadovaOptions, UvaReward};
+                let opts = match pump {
+                    PumpSetting::Basal => UvaPadovaOptions {
+                        reward: UvaReward::DayRisk,
+                        ..Default::default()
+                    },
+                    PumpSetting::Pump => UvaPadovaOptions::pump(false),
+                    PumpSetting::PumpMeals => UvaPadovaOptions::pump(true),
+                };
+                Box::new(UvaPadovaEnv::new(&name, opts)?)
+            }
         })
     }
 

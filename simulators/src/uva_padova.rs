@@ -14,7 +14,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::env::{Action, Env, SimError, Space, Step};
+use crate::env::{Action, Env, GlucoseSample, SimError, Space, Step};
 use crate::ode::{Dopri5, OdeOptions};
 use crate::replay::ReplayResult;
 
@@ -170,6 +170,68 @@ pub fn patient(name_or_index: &str) -> Result<&'static PatientParams, SimError> 
             all.len()
         ))),
     }
+}
+
+/// simglucose's `Quest.csv` (MIT licence), embedded unchanged from `testdata/`: each virtual
+/// patient's clinician-set therapy.
+pub const QUEST_CSV: &str = include_str!("../../testdata/uva_padova_quest.csv");
+
+/// A virtual patient's therapy settings as a pump would be programmed (simglucose's Quest.csv).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Therapy {
+    pub name: String,
+    /// Carbohydrate ratio: grams of carbohydrate covered by one unit of insulin (g/U).
+    pub cr_g_per_u: f64,
+    /// Correction factor: glucose drop per unit of insulin (mg/dL per U).
+    pub cf_mg_dl_per_u: f64,
+    /// Age (years).
+    pub age_years: f64,
+    /// Total daily insulin (U/day).
+    pub tdi_u: f64,
+}
+
+fn parse_quest(csv: &str) -> Result<Vec<Therapy>, String> {
+    let mut lines = csv.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or("empty Quest table")?
+        .split(',')
+        .collect();
+    if header
+        .iter()
+        .map(|h| h.trim())
+        .ne(["Name", "CR", "CF", "Age", "TDI"])
+    {
+        return Err(format!("Quest table header {header:?}"));
+    }
+    lines
+        .map(|line| {
+            let c: Vec<&str> = line.split(',').map(str::trim).collect();
+            if c.len() != 5 {
+                return Err(format!("Quest row {line:?} has {} cells", c.len()));
+            }
+            let num = |i: usize| c[i].parse::<f64>().map_err(|e| format!("{line:?}: {e}"));
+            Ok(Therapy {
+                name: c[0].to_string(),
+                cr_g_per_u: num(1)?,
+                cf_mg_dl_per_u: num(2)?,
+                age_years: num(3)?,
+                tdi_u: num(4)?,
+            })
+        })
+        .collect()
+}
+
+/// The therapy settings of the patient named `name` (`adult#001`).
+pub fn therapy(name: &str) -> Result<&'static Therapy, SimError> {
+    static TABLE: OnceLock<Result<Vec<Therapy>, String>> = OnceLock::new();
+    let all = match TABLE.get_or_init(|| parse_quest(QUEST_CSV)) {
+        Ok(v) => v,
+        Err(e) => return Err(SimError::Invalid(format!("UVA/Padova Quest table: {e}"))),
+    };
+    all.iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| SimError::Invalid(format!("no therapy settings for patient {name:?}")))
 }
 
 /// Inputs held constant over one minute.
@@ -552,11 +614,71 @@ pub enum UvaReward {
     DayRisk,
 }
 
+/// What [`UvaPadovaEnv`] shows the controller. The default is the single CGM reading; the other
+/// parts are what a closed-loop pump knows (Fox et al. 2020 and successors).
+#[derive(Clone, Debug, PartialEq)]
+pub struct UvaObservation {
+    /// The last `cgm_history` CGM readings, newest first (mg/dL; at least 1). Before the
+    /// episode's first readings the history repeats the reading at reset.
+    pub cgm_history: usize,
+    /// Insulin on board: the insulin delivered over the last [`IOB_DURATION_MIN`] minutes,
+    /// each unit weighted by the fraction of its action still to come (linear decay), in U; with
+    /// [`UvaAction::Pump`] in hours of the programmed basal rate (U / (basal U/min x 60)).
+    pub insulin_on_board: bool,
+    /// Time of day as (sin, cos) of 2 pi minute/1440.
+    pub time_of_day: bool,
+    /// Carbohydrate (g) of the meals that start before the next decision, announced at the
+    /// decision (a pre-meal announcement, as a patient enters a meal into the pump).
+    pub meal_announcement: bool,
+}
+
+impl Default for UvaObservation {
+    fn default() -> Self {
+        Self {
+            cgm_history: 1,
+            insulin_on_board: false,
+            time_of_day: false,
+            meal_announcement: false,
+        }
+    }
+}
+
+impl UvaObservation {
+    /// Number of observation components.
+    pub fn dim(&self) -> usize {
+        self.cgm_history.max(1)
+            + usize::from(self.insulin_on_board)
+            + 2 * usize::from(self.time_of_day)
+            + usize::from(self.meal_announcement)
+    }
+}
+
+/// Duration of insulin action assumed by the insulin-on-board estimate (minutes).
+pub const IOB_DURATION_MIN: usize = 240;
+
+/// What an action of [`UvaPadovaEnv`] means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UvaAction {
+    /// One component: the basal rate (U/min).
+    #[default]
+    BasalRate,
+    /// Relative to the pump's programmed therapy (the patient's steady-state basal rate and
+    /// the Quest carbohydrate ratio, as a clinician sets them): component 0 is the basal rate
+    /// as a multiple of the programmed basal; with `bolus`, component 1 is the bolus for the
+    /// announced meals as a multiple of carbohydrate / CR, delivered over the decision's
+    /// first CGM sample (a pre-meal bolus). Negative multiples deliver nothing.
+    Pump { bolus: bool },
+}
+
 /// Options of [`UvaPadovaEnv`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct UvaPadovaOptions {
-    /// Minutes per environment step (the CGM sample time; simglucose's Dexcom: 3).
+    /// Minutes per CGM sample (simglucose's Dexcom: 3); the patient is simulated in one-minute
+    /// steps with the insulin rate held over each sample.
     pub sample_time_min: u32,
+    /// Minutes per environment step (one decision), a multiple of `sample_time_min`; the
+    /// step's reward sums over its CGM samples.
+    pub decision_min: u32,
     /// Episode length (minutes); the episode is truncated after it.
     pub episode_minutes: u32,
     /// Largest basal rate the pump delivers (U/min); larger actions are clipped.
@@ -569,12 +691,15 @@ pub struct UvaPadovaOptions {
     /// The episode terminates when blood glucose leaves [low, high] (mg/dL).
     pub terminate_below_mg_dl: f64,
     pub terminate_above_mg_dl: f64,
+    pub observation: UvaObservation,
+    pub action: UvaAction,
 }
 
 impl Default for UvaPadovaOptions {
     fn default() -> Self {
         Self {
             sample_time_min: 3,
+            decision_min: 3,
             episode_minutes: 24 * 60,
             max_basal_u_per_min: 0.5,
             meals: MealScenario::default(),
@@ -583,6 +708,33 @@ impl Default for UvaPadovaOptions {
             reward: UvaReward::RiskDiff,
             terminate_below_mg_dl: 10.0,
             terminate_above_mg_dl: 600.0,
+            observation: UvaObservation::default(),
+            action: UvaAction::BasalRate,
+        }
+    }
+}
+
+impl UvaPadovaOptions {
+    /// The closed-loop pump setting of the `uva-padova-pump*` populations: a decision every
+    /// 30 minutes seeing an hour of noisy CGM (20 readings), insulin on board and the time of
+    /// day, acting relative to the programmed therapy; with `meals`, also the announced
+    /// carbohydrate and a bolus. Reward: minus the day's summed risk ([`UvaReward::DayRisk`]).
+    pub fn pump(meals: bool) -> Self {
+        Self {
+            decision_min: 30,
+            sensor: CgmSensor {
+                noise: true,
+                ..CgmSensor::default()
+            },
+            reward: UvaReward::DayRisk,
+            observation: UvaObservation {
+                cgm_history: 20,
+                insulin_on_board: true,
+                time_of_day: true,
+                meal_announcement: meals,
+            },
+            action: UvaAction::Pump { bolus: meals },
+            ..Self::default()
         }
     }
 }
@@ -591,13 +743,15 @@ impl Default for UvaPadovaOptions {
 /// last CGM reading (mg/dL), the sensor's normal noise state and the step count.
 pub const ENV_STATE_LEN: usize = PATIENT_STATE_LEN + 3;
 
-/// Basal-insulin dosing for one virtual patient (`UvaPadova-v0`).
+/// Insulin dosing for one virtual patient (`UvaPadova-v0`).
 ///
-/// Observation: the CGM reading (mg/dL). Action: a basal insulin rate (U/min), clipped to
-/// `[0, max_basal_u_per_min]`, held for `sample_time_min` minutes. Meals come from the user's
-/// [`MealScenario`], drawn per day from the reset seed.
+/// Observation: by default the CGM reading (mg/dL); see [`UvaObservation`]. Action: by default
+/// a basal insulin rate (U/min), clipped to `[0, max_basal_u_per_min]`; see [`UvaAction`]. Each
+/// step lasts `decision_min` minutes. Meals come from the user's [`MealScenario`], drawn per day
+/// from the reset seed. Every CGM sample is logged ([`Env::glucose_log`]).
 pub struct UvaPadovaEnv {
     patient: T1dPatient,
+    therapy: Option<&'static Therapy>,
     opts: UvaPadovaOptions,
     obs_space: Space,
     act_space: Space,
@@ -607,6 +761,14 @@ pub struct UvaPadovaEnv {
     cgm: f64,
     noise_z: f64,
     steps: u64,
+    /// Newest first, `cgm_history` readings (mg/dL).
+    cgm_hist: Vec<f64>,
+    /// Insulin delivered in each of the last [`IOB_DURATION_MIN`] minutes (U), a ring indexed
+    /// by minute modulo its length.
+    doses: Vec<f64>,
+    /// Mean announced carbohydrate rate over the last CGM sample (g/min).
+    last_cho_rate: f64,
+    log: Vec<GlucoseSample>,
 }
 
 impl UvaPadovaEnv {
@@ -619,31 +781,70 @@ impl UvaPadovaEnv {
                 "UvaPadova-v0: sample time and episode length must be positive".into(),
             ));
         }
+        if opts.decision_min == 0 || !opts.decision_min.is_multiple_of(opts.sample_time_min) {
+            return Err(SimError::Invalid(format!(
+                "UvaPadova-v0: a decision every {} min is not a positive multiple of the {} min CGM sample",
+                opts.decision_min, opts.sample_time_min
+            )));
+        }
         if !(opts.max_basal_u_per_min.is_finite() && opts.max_basal_u_per_min > 0.0) {
             return Err(SimError::Invalid(
                 "UvaPadova-v0: max basal must be a positive rate".into(),
             ));
         }
         let params = patient(patient_name_or_index)?.clone();
+        let therapy = match opts.action {
+            UvaAction::Pump { bolus: true } => Some(therapy(&params.name)?),
+            _ => None,
+        };
+        let (act_low, act_high) = match opts.action {
+            UvaAction::BasalRate => (vec![0.0], vec![opts.max_basal_u_per_min as f32]),
+            // Multiples of the programmed therapy; the basal is still clipped to the pump's max.
+            UvaAction::Pump { bolus } => {
+                let n = 1 + usize::from(bolus);
+                (vec![0.0; n], vec![f32::INFINITY; n])
+            }
+        };
+        let o = &opts.observation;
+        let mut obs_low = vec![opts.sensor.min_mg_dl as f32; o.cgm_history.max(1)];
+        let mut obs_high = vec![opts.sensor.max_mg_dl as f32; o.cgm_history.max(1)];
+        if o.insulin_on_board {
+            obs_low.push(0.0);
+            obs_high.push(f32::INFINITY);
+        }
+        if o.time_of_day {
+            obs_low.extend([-1.0, -1.0]);
+            obs_high.extend([1.0, 1.0]);
+        }
+        if o.meal_announcement {
+            obs_low.push(0.0);
+            obs_high.push(f32::INFINITY);
+        }
+        let obs_dim = o.dim();
         let mut env = Self {
             patient: T1dPatient::new(params),
+            therapy,
             obs_space: Space::Box {
-                low: vec![opts.sensor.min_mg_dl as f32],
-                high: vec![opts.sensor.max_mg_dl as f32],
+                low: obs_low,
+                high: obs_high,
             },
             act_space: Space::Box {
-                low: vec![0.0],
-                high: vec![opts.max_basal_u_per_min as f32],
+                low: act_low,
+                high: act_high,
             },
-            opts,
             rng: ChaCha8Rng::seed_from_u64(0),
             day: DayMeals::default(),
             day_index: 0,
             cgm: 0.0,
             noise_z: 0.0,
             steps: 0,
+            cgm_hist: vec![0.0; opts.observation.cgm_history.max(1)],
+            doses: vec![0.0; IOB_DURATION_MIN],
+            last_cho_rate: 0.0,
+            log: Vec::with_capacity((opts.episode_minutes / opts.sample_time_min) as usize + 1),
+            opts,
         };
-        let mut obs = [0.0f32];
+        let mut obs = vec![0.0f32; obs_dim];
         env.reset(0, &mut obs);
         Ok(env)
     }
@@ -661,6 +862,40 @@ impl UvaPadovaEnv {
         &self.day
     }
 
+    /// The last CGM reading (mg/dL).
+    pub fn cgm(&self) -> f64 {
+        self.cgm
+    }
+
+    /// Mean announced carbohydrate rate over the last CGM sample (g/min): simglucose's
+    /// `info["meal"]`, what its controllers read.
+    pub fn last_cho_g_per_min(&self) -> f64 {
+        self.last_cho_rate
+    }
+
+    /// Insulin on board (U): see [`UvaObservation::insulin_on_board`].
+    pub fn insulin_on_board(&self) -> f64 {
+        let now = self.patient.t().max(0.0) as usize;
+        (0..IOB_DURATION_MIN)
+            .map(|k| {
+                // Minute now-1-k, delivered k+1 minutes ago.
+                let idx = (now + 2 * IOB_DURATION_MIN - 1 - k) % IOB_DURATION_MIN;
+                self.doses[idx] * (1.0 - k as f64 / IOB_DURATION_MIN as f64)
+            })
+            .sum()
+    }
+
+    /// Carbohydrate (g) of today's meals starting in `[minute, minute + decision_min)`.
+    fn announced_carbs(&self) -> f64 {
+        let now = self.patient.t().max(0.0) as u64;
+        let (start, end) = (now % 1440, now % 1440 + u64::from(self.opts.decision_min));
+        self.day.meals[..self.day.count]
+            .iter()
+            .filter(|m| (start..end).contains(&u64::from(m.0)))
+            .map(|m| m.1)
+            .sum()
+    }
+
     fn measure(&mut self) -> f64 {
         let bg = self.patient.bg();
         let s = &self.opts.sensor;
@@ -672,6 +907,110 @@ impl UvaPadovaEnv {
             bg
         };
         v.clamp(s.min_mg_dl, s.max_mg_dl)
+    }
+
+    fn write_obs(&self, obs: &mut [f32]) {
+        let o = &self.opts.observation;
+        let mut i = 0;
+        for &c in &self.cgm_hist {
+            obs[i] = c as f32;
+            i += 1;
+        }
+        if o.insulin_on_board {
+            let iob = self.insulin_on_board();
+            obs[i] = match self.opts.action {
+                UvaAction::Pump { .. } => iob / (self.patient.params().basal_u_per_min() * 60.0),
+                UvaAction::BasalRate => iob,
+            } as f32;
+            i += 1;
+        }
+        if o.time_of_day {
+            let phase = std::f64::consts::TAU * (self.patient.t() % 1440.0) / 1440.0;
+            obs[i] = phase.sin() as f32;
+            obs[i + 1] = phase.cos() as f32;
+            i += 2;
+        }
+        if o.meal_announcement {
+            obs[i] = self.announced_carbs() as f32;
+        }
+    }
+
+    /// One environment step (`decision_min` minutes): the basal rate (U/min, clipped to
+    /// `[0, max_basal_u_per_min]`) held throughout, and `bolus_u` units (negative: none)
+    /// delivered evenly over the first CGM sample, as simglucose's pump does.
+    pub fn step_insulin(&mut self, basal_u_per_min: f64, bolus_u: f64) -> Result<Step, SimError> {
+        if !(basal_u_per_min.is_finite() && bolus_u.is_finite()) {
+            return Err(SimError::InvalidAction {
+                env: Self::ID,
+                action: format!("basal {basal_u_per_min}, bolus {bolus_u}"),
+                expected: "finite insulin amounts".into(),
+            });
+        }
+        let basal = basal_u_per_min.clamp(0.0, self.opts.max_basal_u_per_min);
+        let sample_min = self.opts.sample_time_min;
+        let samples = self.opts.decision_min / sample_min;
+        let mut reward = 0.0;
+        let mut terminated = false;
+        let start_cgm = self.cgm;
+        for s in 0..samples {
+            let bolus_rate = if s == 0 {
+                bolus_u.max(0.0) / f64::from(sample_min)
+            } else {
+                0.0
+            };
+            let insulin = basal + bolus_rate;
+            let mut cho_sum = 0.0;
+            for _ in 0..sample_min {
+                let minute = self.patient.t() as u64;
+                let day = minute / 1440;
+                if day != self.day_index {
+                    self.day_index = day;
+                    self.day = self.opts.meals.sample_day(&mut self.rng);
+                }
+                let cho = self.day.at((minute % 1440) as u32);
+                cho_sum += cho;
+                self.doses[minute as usize % IOB_DURATION_MIN] = insulin;
+                self.patient.step(cho, insulin)?;
+            }
+            self.last_cho_rate = cho_sum / f64::from(sample_min);
+            self.cgm = self.measure();
+            self.cgm_hist.rotate_right(1);
+            self.cgm_hist[0] = self.cgm;
+            let bg = self.patient.bg();
+            self.log.push(GlucoseSample {
+                minute: self.patient.t(),
+                bg_mg_dl: bg,
+                cgm_mg_dl: self.cgm,
+                insulin_u: insulin * f64::from(sample_min),
+                cho_g: cho_sum,
+            });
+            if self.opts.reward != UvaReward::RiskDiff {
+                reward -= risk_index(self.cgm).2;
+            }
+            terminated =
+                bg < self.opts.terminate_below_mg_dl || bg > self.opts.terminate_above_mg_dl;
+            if terminated {
+                break;
+            }
+        }
+        self.steps += 1;
+        if self.opts.reward == UvaReward::RiskDiff {
+            reward = risk_index(start_cgm).2 - risk_index(self.cgm).2;
+        }
+        if terminated && self.opts.reward == UvaReward::DayRisk {
+            let left = ((f64::from(self.opts.episode_minutes) - self.patient.t())
+                / f64::from(sample_min))
+            .ceil()
+            .max(0.0);
+            reward -= left * risk_index(self.cgm).2;
+        }
+        let truncated =
+            !terminated && self.patient.t() >= f64::from(self.opts.episode_minutes) - 1e-9;
+        Ok(Step {
+            reward,
+            terminated,
+            truncated,
+        })
     }
 }
 
@@ -708,57 +1047,60 @@ impl Env for UvaPadovaEnv {
             0.0
         };
         self.cgm = self.measure();
-        obs[0] = self.cgm as f32;
+        self.cgm_hist.fill(self.cgm);
+        // The steady state x0 is the one the programmed basal holds: the patient has been on it.
+        let basal = self.patient.params().basal_u_per_min();
+        self.doses.fill(basal);
+        self.last_cho_rate = 0.0;
+        self.log.clear();
+        self.log.push(GlucoseSample {
+            minute: 0.0,
+            bg_mg_dl: self.patient.bg(),
+            cgm_mg_dl: self.cgm,
+            insulin_u: 0.0,
+            cho_g: 0.0,
+        });
+        self.write_obs(obs);
     }
 
     fn step(&mut self, action: Action<'_>, obs: &mut [f32]) -> Result<Step, SimError> {
-        let rate = match action {
-            Action::Continuous([a]) if a.is_finite() => f64::from(*a),
+        let expected = match self.opts.action {
+            UvaAction::BasalRate => "one finite basal rate (U/min)",
+            UvaAction::Pump { bolus: false } => "one finite multiple of the programmed basal",
+            UvaAction::Pump { bolus: true } => {
+                "two finite multiples (programmed basal, carbohydrate / CR)"
+            }
+        };
+        let a = match action {
+            Action::Continuous(a)
+                if a.len() == self.act_space.dim() && a.iter().all(|v| v.is_finite()) =>
+            {
+                a
+            }
             other => {
                 return Err(SimError::InvalidAction {
                     env: Self::ID,
                     action: format!("{other:?}"),
-                    expected: "one finite basal rate (U/min)".into(),
+                    expected: expected.into(),
                 });
             }
         };
-        let insulin = rate.clamp(0.0, self.opts.max_basal_u_per_min);
-        for _ in 0..self.opts.sample_time_min {
-            let minute = self.patient.t() as u64;
-            let day = minute / 1440;
-            if day != self.day_index {
-                self.day_index = day;
-                self.day = self.opts.meals.sample_day(&mut self.rng);
+        let (basal, bolus) = match self.opts.action {
+            UvaAction::BasalRate => (f64::from(a[0]), 0.0),
+            UvaAction::Pump { bolus } => {
+                let basal = f64::from(a[0]).max(0.0) * self.patient.params().basal_u_per_min();
+                let bolus = match (bolus, self.therapy) {
+                    (true, Some(t)) => {
+                        f64::from(a[1]).max(0.0) * self.announced_carbs() / t.cr_g_per_u
+                    }
+                    _ => 0.0,
+                };
+                (basal, bolus)
             }
-            let cho = self.day.at((minute % 1440) as u32);
-            self.patient.step(cho, insulin)?;
-        }
-        self.steps += 1;
-        let prev_cgm = self.cgm;
-        self.cgm = self.measure();
-        obs[0] = self.cgm as f32;
-        let reward = match self.opts.reward {
-            UvaReward::RiskDiff => risk_index(prev_cgm).2 - risk_index(self.cgm).2,
-            UvaReward::NegRisk | UvaReward::DayRisk => -risk_index(self.cgm).2,
         };
-        let bg = self.patient.bg();
-        let terminated =
-            bg < self.opts.terminate_below_mg_dl || bg > self.opts.terminate_above_mg_dl;
-        let mut reward = reward;
-        if terminated && self.opts.reward == UvaReward::DayRisk {
-            let step_min = f64::from(self.opts.sample_time_min);
-            let left = ((f64::from(self.opts.episode_minutes) - self.patient.t()) / step_min)
-                .ceil()
-                .max(0.0);
-            reward -= left * risk_index(self.cgm).2;
-        }
-        let truncated =
-            !terminated && self.patient.t() >= f64::from(self.opts.episode_minutes) - 1e-9;
-        Ok(Step {
-            reward,
-            terminated,
-            truncated,
-        })
+        let step = self.step_insulin(basal, bolus)?;
+        self.write_obs(obs);
+        Ok(step)
     }
 
     fn state(&self) -> Vec<f64> {
@@ -767,6 +1109,9 @@ impl Env for UvaPadovaEnv {
         v
     }
 
+    /// Restores the patient and the sensor; the CGM history restarts from the restored reading
+    /// and the insulin-on-board record from the programmed basal (they are not part of the
+    /// state).
     fn set_state(&mut self, state: &[f64], obs: &mut [f32]) -> Result<(), SimError> {
         if state.len() != ENV_STATE_LEN {
             return Err(SimError::StateLength {
@@ -780,8 +1125,14 @@ impl Env for UvaPadovaEnv {
         self.noise_z = state[PATIENT_STATE_LEN + 1];
         self.steps = state[PATIENT_STATE_LEN + 2].max(0.0) as u64;
         self.day_index = (self.patient.t().max(0.0) as u64) / 1440;
-        obs[0] = self.cgm as f32;
+        self.cgm_hist.fill(self.cgm);
+        self.doses.fill(self.patient.params().basal_u_per_min());
+        self.write_obs(obs);
         Ok(())
+    }
+
+    fn glucose_log(&self) -> Option<&[GlucoseSample]> {
+        Some(&self.log)
     }
 }
 

@@ -49,7 +49,7 @@ fn different_users_and_seeds_differ() {
     let p = Population::new("uva-padova", 1).unwrap();
     let names: std::collections::BTreeSet<String> = (0..200)
         .map(|u| match p.user_params(u).unwrap() {
-            UserParams::Patient { name } => name,
+            UserParams::Patient { name, .. } => name,
             other => panic!("{other:?}"),
         })
         .collect();
@@ -111,7 +111,7 @@ fn acrobot_b1_extremes_are_in_range_and_every_user_env_runs() {
         assert_eq!(env.id(), pop.env_id());
         let mut obs = vec![0f32; env.observation_space().dim()];
         env.reset(1, &mut obs);
-        let act = [0.01f32];
+        let act = vec![0.01f32; env.action_space().dim()];
         let action = match env.action_space() {
             fedrl_sim::Space::Discrete { .. } => Action::Discrete(0),
             fedrl_sim::Space::Box { .. } => Action::Continuous(&act),

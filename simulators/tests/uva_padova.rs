@@ -173,3 +173,137 @@ fn state_round_trip_replays_exactly_and_seeds_are_deterministic() {
     assert_eq!(run(5), run(5));
     assert_ne!(run(5), run(6));
 }
+
+/// A day's log of a 3-minute controller and of a 30-minute one holding the same rate are the
+/// same samples, and the 30-minute step's reward is the sum of its ten 3-minute rewards.
+#[test]
+fn a_long_decision_is_the_sum_of_its_cgm_samples() {
+    let base = UvaPadovaOptions {
+        reward: uva_padova::UvaReward::DayRisk,
+        sensor: uva_padova::CgmSensor {
+            noise: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut short = UvaPadovaEnv::new("adult#003", base.clone()).unwrap();
+    let mut long = UvaPadovaEnv::new(
+        "adult#003",
+        UvaPadovaOptions {
+            decision_min: 30,
+            ..base
+        },
+    )
+    .unwrap();
+    let mut o = [0.0f32];
+    short.reset(11, &mut o);
+    long.reset(11, &mut o);
+    let (mut r_short, mut r_long) = (0.0, 0.0);
+    let mut long_steps = 0;
+    loop {
+        let rate = 0.01 + 0.005 * (long_steps % 3) as f32;
+        let s = long.step(Action::Continuous(&[rate]), &mut o).unwrap();
+        r_long += s.reward;
+        long_steps += 1;
+        let mut t = None;
+        for _ in 0..10 {
+            let s = short.step(Action::Continuous(&[rate]), &mut o).unwrap();
+            r_short += s.reward;
+            t = Some(s);
+        }
+        let t = t.unwrap();
+        assert_eq!((s.terminated, s.truncated), (t.terminated, t.truncated));
+        if s.terminated || s.truncated {
+            break;
+        }
+    }
+    assert_eq!(long_steps, 48);
+    let (a, b) = (short.glucose_log().unwrap(), long.glucose_log().unwrap());
+    assert_eq!(
+        a.len(),
+        481,
+        "one day at 3 minutes, the reset reading included"
+    );
+    assert_eq!(a, b);
+    assert!((r_short - r_long).abs() <= 1e-9 * r_short.abs());
+    // The log accounts for every unit delivered and every gram announced.
+    let insulin: f64 = a.iter().map(|s| s.insulin_u).sum();
+    let carbs: f64 = a.iter().map(|s| s.cho_g).sum();
+    let meals = long.meals_today();
+    let announced: f64 = meals.meals[..meals.count].iter().map(|m| m.1).sum();
+    assert!((carbs - announced).abs() < 1e-9, "{carbs} vs {announced}");
+    assert!(insulin > 1440.0 * 0.01 && insulin < 1440.0 * 0.02);
+    assert!(
+        UvaPadovaEnv::new(
+            "adult#003",
+            UvaPadovaOptions {
+                decision_min: 10,
+                ..Default::default()
+            }
+        )
+        .is_err(),
+        "10 minutes is not a multiple of the 3-minute CGM sample"
+    );
+}
+
+/// The pump observation: an hour of CGM, insulin on board in hours of programmed basal (2.008 h
+/// at steady state under linear decay over 4 h), time of day, announced carbohydrate; the pump
+/// action doses multiples of the programmed basal and of carbohydrate / CR.
+#[test]
+fn pump_observation_and_action() {
+    let name = "adolescent#003";
+    let basal = uva_padova::patient(name).unwrap().basal_u_per_min();
+    let cr = uva_padova::therapy(name).unwrap().cr_g_per_u;
+    assert_eq!(cr, 23.0);
+    let mut opts = UvaPadovaOptions::pump(true);
+    opts.sensor.noise = false;
+    let mut env = UvaPadovaEnv::new(name, opts).unwrap();
+    assert_eq!(env.observation_space().dim(), 20 + 1 + 2 + 1);
+    assert_eq!(env.action_space().dim(), 2);
+    let mut o = vec![0.0f32; 24];
+    env.reset(5, &mut o);
+    assert!(o[..20].iter().all(|&c| c == o[0]));
+    let steady_iob = (IOB + 1) as f64 / 2.0 / 60.0;
+    assert!((f64::from(o[20]) - steady_iob).abs() < 1e-5, "{}", o[20]);
+    assert_eq!((o[21], o[22]), (0.0, 1.0), "midnight");
+    let day = *env.meals_today();
+    let mut total_bolus = 0.0;
+    let mut announced_total = 0.0;
+    for step in 0..48u32 {
+        let start = step * 30;
+        let due: f64 = day.meals[..day.count]
+            .iter()
+            .filter(|m| (start..start + 30).contains(&m.0))
+            .map(|m| m.1)
+            .sum();
+        assert_eq!(
+            f64::from(o[23]),
+            due,
+            "announced carbohydrate at minute {start}"
+        );
+        announced_total += due;
+        total_bolus += due / cr;
+        let s = env.step(Action::Continuous(&[1.0, 1.0]), &mut o).unwrap();
+        assert!(!s.terminated);
+        let phase = std::f64::consts::TAU * f64::from(start + 30) / 1440.0;
+        assert!((f64::from(o[21]) - phase.sin()).abs() < 1e-5);
+    }
+    let log = env.glucose_log().unwrap();
+    let insulin: f64 = log.iter().map(|s| s.insulin_u).sum();
+    assert!(announced_total > 0.0);
+    assert!(
+        (insulin - (basal * 1440.0 + total_bolus)).abs() < 1e-9,
+        "{insulin} vs basal {} + bolus {total_bolus}",
+        basal * 1440.0
+    );
+    // Wrong action length and non-finite values are refused.
+    let mut env = UvaPadovaEnv::new(name, UvaPadovaOptions::pump(true)).unwrap();
+    env.reset(1, &mut o);
+    assert!(env.step(Action::Continuous(&[1.0]), &mut o).is_err());
+    assert!(
+        env.step(Action::Continuous(&[1.0, f32::NAN]), &mut o)
+            .is_err()
+    );
+}
+
+const IOB: usize = uva_padova::IOB_DURATION_MIN;
