@@ -112,3 +112,40 @@ fn report_of_the_three_runs() {
     assert_eq!(json["pooled"]["worst"]["patient"], "child#005");
     assert!(json["groups"]["adult"]["bg"]["time_in_range"].is_f64());
 }
+
+#[test]
+fn dosing_logs_one_sample_per_grid_point() {
+    use fedrl_sim::dosing::{DosingEnv, OBS_DIM};
+    use fedrl_sim::{Action, Env};
+    let mut env = DosingEnv::v1();
+    let mut obs = [0.0f32; OBS_DIM];
+    env.reset(7, &mut obs);
+    let ep = env.draw_episode(7);
+    // Reset ran the first interval: the initial state and the grid point after it.
+    let log = env.glucose_log().expect("Dosing logs glucose");
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[0].minute, 0.0);
+    assert_eq!(log[0].bg_mg_dl, ep.initial_state[0]);
+    assert!((log[1].insulin_u - ep.first_dose * 10.0 / 1000.0).abs() < 1e-12);
+    for _ in 0..143 {
+        env.step(Action::Continuous(&[3.0]), &mut obs).unwrap();
+        let last = *env.glucose_log().unwrap().last().unwrap();
+        assert_eq!(last.bg_mg_dl as f32, obs[0], "BG is the observed G");
+        assert_eq!(last.cgm_mg_dl, last.bg_mg_dl, "no sensor: CGM = G");
+        assert!((last.insulin_u - 0.03).abs() < 1e-12, "3 mU/min for 10 min");
+        assert_eq!(last.cho_g, 0.0);
+    }
+    let log = env.glucose_log().unwrap();
+    assert_eq!(log.len(), env.grid_points());
+    for (k, s) in log.iter().enumerate() {
+        assert!((s.minute - 10.0 * k as f64).abs() < 1e-9);
+    }
+    let bg: Vec<f64> = log.iter().map(|s| s.bg_mg_dl).collect();
+    let cgm: Vec<f64> = log.iter().map(|s| s.cgm_mg_dl).collect();
+    let day = ClinicalSummary::new("Dosing-v1 user 0", &bg, &cgm).unwrap();
+    assert_eq!(day.group, "all");
+    assert_eq!(day.bg, day.cgm);
+    // A new episode starts a new log.
+    env.reset(8, &mut obs);
+    assert_eq!(env.glucose_log().unwrap().len(), 2);
+}
