@@ -26,6 +26,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::env::GlucoseSample;
+use crate::population::{Population, UserParams};
+
 /// Lower bound of the target range (mg/dL), inclusive.
 pub const RANGE_LOW_MG_DL: f64 = 70.0;
 /// Upper bound of the target range (mg/dL), inclusive.
@@ -299,6 +302,11 @@ pub fn group_of(patient: &str) -> &'static str {
 pub struct ClinicalSummary {
     /// Patient name (`adult#001`) or user label.
     pub patient: String,
+    /// The population's user id, when known (several users can share a virtual patient).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<u64>,
+    /// Day of the episode (0-based) this summary covers.
+    pub day: usize,
     /// [`group_of`] the patient.
     pub group: String,
     /// Number of glucose samples.
@@ -324,6 +332,8 @@ impl ClinicalSummary {
         }
         Ok(Self {
             patient: patient.to_string(),
+            user: None,
+            day: 0,
             group: group_of(patient).to_string(),
             samples: bg.len(),
             bg: glucose_metrics(bg)?,
@@ -332,6 +342,68 @@ impl ClinicalSummary {
             cvga_cgm: cvga_point(cgm)?,
         })
     }
+}
+
+/// The label of a population's user in a clinical report: the virtual patient's name
+/// (`adult#001`) for UVA/Padova users, `user N` otherwise.
+pub fn patient_label(population: &Population, user: u64) -> String {
+    match population.user_params(user) {
+        Ok(UserParams::Patient { name, .. }) => name,
+        _ => format!("user {user}"),
+    }
+}
+
+/// Minutes in a patient-day.
+pub const DAY_MIN: f64 = 24.0 * 60.0;
+
+/// An episode's glucose log cut into patient-days at each midnight (minute 1440 k); the sample
+/// at midnight ends one day and starts the next, as simglucose's day of 481 three-minute samples
+/// holds both 00:00 readings. A day-long episode is one patient-day; one stopped early (glucose
+/// out of the simulator's bounds) is a shorter one. Empty logs give no day.
+pub fn split_days(samples: &[GlucoseSample]) -> Vec<&[GlucoseSample]> {
+    let mut days = Vec::new();
+    let mut start = 0;
+    let mut day = 1.0;
+    while start < samples.len() {
+        let end_minute = day * DAY_MIN;
+        // First sample strictly after this day's midnight.
+        let end = samples[start..]
+            .iter()
+            .position(|s| s.minute > end_minute)
+            .map_or(samples.len(), |k| start + k);
+        days.push(&samples[start..end]);
+        if end == samples.len() {
+            break;
+        }
+        // The next day starts at the midnight sample when there is one.
+        start = if end > start && samples[end - 1].minute == end_minute {
+            end - 1
+        } else {
+            end
+        };
+        day += 1.0;
+    }
+    days
+}
+
+/// Patient-day summaries of one episode's glucose log.
+pub fn summarize_episode(
+    patient: &str,
+    user: Option<u64>,
+    samples: &[GlucoseSample],
+) -> Result<Vec<ClinicalSummary>, ClinicalError> {
+    split_days(samples)
+        .into_iter()
+        .enumerate()
+        .map(|(day, s)| {
+            let bg: Vec<f64> = s.iter().map(|x| x.bg_mg_dl).collect();
+            let cgm: Vec<f64> = s.iter().map(|x| x.cgm_mg_dl).collect();
+            let mut c = ClinicalSummary::new(patient, &bg, &cgm)?;
+            c.user = user;
+            c.day = day;
+            Ok(c)
+        })
+        .collect()
 }
 
 /// Min, median and max over patients, component-wise (each patient's metrics first averaged
@@ -550,6 +622,37 @@ mod tests {
             Err(ClinicalError::BadReading { index: 1, .. })
         ));
         assert!(ClinicalSummary::new("adult#001", &[100.0], &[100.0, 90.0]).is_err());
+    }
+
+    fn log(minutes: &[f64]) -> Vec<GlucoseSample> {
+        minutes
+            .iter()
+            .map(|&m| GlucoseSample {
+                minute: m,
+                bg_mg_dl: 100.0 + m,
+                cgm_mg_dl: 100.0,
+                insulin_u: 0.0,
+                cho_g: 0.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn episodes_split_at_midnight() {
+        let one_day = log(&(0..=480).map(|k| 3.0 * f64::from(k)).collect::<Vec<_>>());
+        assert_eq!(split_days(&one_day).len(), 1);
+        let two_days = log(&(0..=960).map(|k| 3.0 * f64::from(k)).collect::<Vec<_>>());
+        let d = split_days(&two_days);
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].len(), d[1].len()), (481, 481));
+        assert_eq!(d[1][0].minute, 1440.0);
+        // A day stopped early, and a grid that skips midnight.
+        assert_eq!(split_days(&log(&[0.0, 3.0, 6.0])).len(), 1);
+        let d = split_days(&log(&[0.0, 1000.0, 1450.0, 2000.0]));
+        assert_eq!((d[0].len(), d[1].len()), (2, 2));
+        assert!(split_days(&[]).is_empty());
+        let s = summarize_episode("child#002", Some(7), &two_days).unwrap();
+        assert_eq!((s[1].user, s[1].day, s[1].group.as_str()), (Some(7), 1, "child"));
     }
 
     #[test]
