@@ -150,7 +150,10 @@ mod tests {
         let s = spec(9, ActionKind::Gaussian { dim: 1 });
         let params = s.init(3);
         let make = || -> Vec<Box<dyn Env>> {
-            vec![fedrl_sim::make("Dosing-v1").unwrap(), fedrl_sim::make("Dosing-v1").unwrap()]
+            vec![
+                fedrl_sim::make("Dosing-v1").unwrap(),
+                fedrl_sim::make("Dosing-v1").unwrap(),
+            ]
         };
         let mut envs = make();
         let (r, logs) =

@@ -652,7 +652,10 @@ mod tests {
         assert_eq!((d[0].len(), d[1].len()), (2, 2));
         assert!(split_days(&[]).is_empty());
         let s = summarize_episode("child#002", Some(7), &two_days).unwrap();
-        assert_eq!((s[1].user, s[1].day, s[1].group.as_str()), (Some(7), 1, "child"));
+        assert_eq!(
+            (s[1].user, s[1].day, s[1].group.as_str()),
+            (Some(7), 1, "child")
+        );
     }
 
     #[test]
