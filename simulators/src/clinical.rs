@@ -648,7 +648,8 @@ mod tests {
         assert_eq!(d[1][0].minute, 1440.0);
         // A day stopped early, and a grid that skips midnight.
         assert_eq!(split_days(&log(&[0.0, 3.0, 6.0])).len(), 1);
-        let d = split_days(&log(&[0.0, 1000.0, 1450.0, 2000.0]));
+        let skips = log(&[0.0, 1000.0, 1450.0, 2000.0]);
+        let d = split_days(&skips);
         assert_eq!((d[0].len(), d[1].len()), (2, 2));
         assert!(split_days(&[]).is_empty());
         let s = summarize_episode("child#002", Some(7), &two_days).unwrap();
