@@ -6,14 +6,21 @@
 //! reported return is measured on users that played no part in choosing the model. Evaluation
 //! and model selection only touch released models and simulated users: post-processing, no
 //! privacy cost.
+//!
+//! For glucose simulators (UVA/Padova, Dosing) the final evaluation also reports the clinical
+//! metrics of every held-out patient-day (time in range, hypo- and hyperglycaemia, LBGI/HBGI,
+//! CVGA) on BG and CGM, pooled, per age group, their spread and the worst patient
+//! (`final_evaluation.clinical`, see [`fedrl_sim::clinical`]).
 
 use std::path::Path;
 
 use fedrl_common::scenario::DppgTask;
 use fedrl_rl::candle_core::Device;
+use fedrl_rl::evaluate::evaluate_logged;
 use fedrl_rl::task::DppgTaskExt;
 use fedrl_rl::{EvalConfig, ModelSpec, evaluate, io};
 use fedrl_sim::Env;
+use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};
 use fedrl_sim::population::Population;
 
 use crate::model::{
@@ -79,9 +86,13 @@ impl DppgModel {
         &self.spec
     }
 
-    /// Mean return of `params` over held-out users `first..first + n`, one batched rollout.
-    pub fn evaluate_on(&self, params: &[f32], first: u64, n: u64) -> anyhow::Result<Evaluation> {
-        let mut envs: Vec<Box<dyn Env>> = (0..n)
+    /// Environments, reset seeds and settings of an evaluation on users `first..first + n`.
+    fn eval_setup(
+        &self,
+        first: u64,
+        n: u64,
+    ) -> anyhow::Result<(Vec<Box<dyn Env>>, Vec<u64>, EvalConfig)> {
+        let envs: Vec<Box<dyn Env>> = (0..n)
             .map(|j| self.population.user_env(first + j))
             .collect::<Result<_, _>>()?;
         // Resets of evaluation episodes are seeded by the user id: the same users, the same
@@ -91,12 +102,46 @@ impl DppgModel {
             episodes_per_env: self.task.eval_episodes.max(1),
             ..EvalConfig::default()
         };
+        Ok((envs, seeds, cfg))
+    }
+
+    /// Mean return of `params` over held-out users `first..first + n`, one batched rollout.
+    pub fn evaluate_on(&self, params: &[f32], first: u64, n: u64) -> anyhow::Result<Evaluation> {
+        let (mut envs, seeds, cfg) = self.eval_setup(first, n)?;
         let r = evaluate(&self.spec, params, &mut envs, &seeds, &cfg, &self.device)?;
         Ok(Evaluation {
             mean: r.mean,
             std: r.std,
             episodes: r.returns.len(),
         })
+    }
+
+    /// [`Self::evaluate_on`], and for glucose simulators the clinical report of every
+    /// patient-day played (`None` for other environments; an error message if a log could not
+    /// be summarised, which leaves the return evaluation standing).
+    pub fn evaluate_clinical(
+        &self,
+        params: &[f32],
+        first: u64,
+        n: u64,
+    ) -> anyhow::Result<(Evaluation, Option<Result<ClinicalReport, String>>)> {
+        let (mut envs, seeds, cfg) = self.eval_setup(first, n)?;
+        let (r, logs) = evaluate_logged(&self.spec, params, &mut envs, &seeds, &cfg, &self.device)?;
+        let eval = Evaluation {
+            mean: r.mean,
+            std: r.std,
+            episodes: r.returns.len(),
+        };
+        let mut days = Vec::new();
+        for ep in &logs {
+            let user = first + ep.env as u64;
+            let label = patient_label(&self.population, user);
+            match summarize_episode(&label, Some(user), &ep.samples) {
+                Ok(d) => days.extend(d),
+                Err(e) => return Ok((eval, Some(Err(format!("{label} (user {user}): {e}"))))),
+            }
+        }
+        Ok((eval, ClinicalReport::new(days).map(Ok)))
     }
 
     /// The parameters that will be exported: the best evaluated ones, else the current ones.
@@ -157,8 +202,18 @@ impl ServerModel for DppgModel {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         let first = self.first_eval_user + self.task.eval_users.max(1);
         let n = self.task.final_eval_users.max(1);
-        let eval = self.evaluate_on(self.chosen(), first, n);
-        Some(final_evaluation_json(eval.map(|e| e.to_json()), &self.best))
+        let (eval, clinical) = match self.evaluate_clinical(self.chosen(), first, n) {
+            Ok((e, c)) => (Ok(e.to_json()), c),
+            Err(e) => (Err(e), None),
+        };
+        let mut out = final_evaluation_json(eval, &self.best);
+        if let (Some(c), Some(obj)) = (clinical, out.as_object_mut()) {
+            let value = c
+                .and_then(|c| serde_json::to_value(&c).map_err(|e| e.to_string()))
+                .unwrap_or_else(|e| serde_json::json!({ "error": e }));
+            obj.insert("clinical".into(), value);
+        }
+        Some(out)
     }
 
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
@@ -181,6 +236,87 @@ mod tests {
         }))
         .unwrap();
         DppgModel::new(&task, 10, Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn final_evaluation_of_uva_padova_reports_clinical_metrics() {
+        let task: DppgTask = serde_json::from_value(serde_json::json!({
+            "population": "uva-padova",
+            "eval_users": 1,
+            "final_eval_users": 3,
+            "local": {
+                "hidden": [4],
+                "obs_offset": [140.0],
+                "obs_scale": [60.0],
+                "action_low": [0.0],
+                "action_high": [0.04],
+                "init_log_std": -1.0,
+                "action_repeat": 10,
+            },
+        }))
+        .unwrap();
+        let mut m = DppgModel::new(&task, 10, Device::Cpu).unwrap();
+        let f = m.final_evaluation().unwrap();
+        assert!(f["final_eval_return"].is_f64(), "{f}");
+        let c = &f["clinical"];
+        let days = c["patient_days"].as_array().expect("patient days");
+        assert_eq!(days.len(), 3, "one day per held-out user");
+        for (j, d) in days.iter().enumerate() {
+            // Held-out users 11, 12, 13 (10 training users, 1 periodic evaluation user).
+            assert_eq!(d["user"], 11 + j as u64);
+            let name = d["patient"].as_str().unwrap();
+            assert_eq!(
+                d["group"].as_str().unwrap(),
+                fedrl_sim::clinical::group_of(name)
+            );
+            assert_ne!(d["group"], "all", "{name} is a UVA/Padova patient");
+            // A day at 3 minutes unless the patient left the simulator's range.
+            assert!(d["samples"].as_u64().unwrap() <= 481);
+            for series in ["bg", "cgm"] {
+                let g = &d[series];
+                let x = |k: &str| g[k].as_f64().unwrap();
+                let sum = x("time_in_range") + x("time_below_70") + x("time_above_180");
+                assert!((sum - 1.0).abs() < 1e-9, "{series}: {sum}");
+                assert!(x("time_below_54") <= x("time_below_70"));
+                assert!(x("time_above_250") <= x("time_above_180"));
+                assert!(x("mean_mg_dl") > 10.0 && x("mean_mg_dl") < 600.0);
+                assert!((x("lbgi") + x("hbgi") - x("risk_index")).abs() < 1e-9);
+            }
+            let p = &d["cvga_bg"];
+            assert!(p["min_mg_dl"].as_f64() <= p["max_mg_dl"].as_f64());
+            assert!(["A", "B", "C", "D", "E"].contains(&p["zone"].as_str().unwrap()));
+        }
+        let pooled = &c["pooled"];
+        assert_eq!(pooled["patient_days"], 3);
+        let tir = pooled["bg"]["time_in_range"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&tir));
+        let z = &pooled["cvga_bg_zones"];
+        let zsum: f64 = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|k| z[*k].as_f64().unwrap())
+            .sum();
+        assert!((zsum - 1.0).abs() < 1e-9);
+        let worst = pooled["worst"]["bg"]["time_in_range"].as_f64().unwrap();
+        assert_eq!(
+            worst,
+            pooled["spread_bg"]["min"]["time_in_range"]
+                .as_f64()
+                .unwrap()
+        );
+        let groups = c["groups"].as_object().unwrap();
+        let in_groups: u64 = groups
+            .values()
+            .map(|g| g["patient_days"].as_u64().unwrap())
+            .sum();
+        assert_eq!(in_groups, 3);
+    }
+
+    #[test]
+    fn final_evaluation_of_other_envs_has_no_clinical_report() {
+        let mut m = model();
+        let f = m.final_evaluation().unwrap();
+        assert!(f["final_eval_return"].is_f64());
+        assert!(f.get("clinical").is_none());
     }
 
     #[test]

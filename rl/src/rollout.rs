@@ -3,7 +3,7 @@
 //! action and its own environment steps.
 
 use candle_core::{Device, Tensor};
-use fedrl_sim::{Action, Env, Space};
+use fedrl_sim::{Action, Env, GlucoseSample, Space};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use serde::{Deserialize, Serialize};
@@ -282,7 +282,40 @@ pub(crate) fn run_users(
 ) -> Result<Vec<UserBatch>> {
     layout.check(global)?;
     let actor = Actor::new(layout, global, device)?;
-    run_with(spec, &actor, envs, seeds, cfg, greedy, record)
+    run_with(spec, &actor, envs, seeds, cfg, greedy, record, None)
+}
+
+/// Glucose logs of finished episodes: `logs[u]` holds user `u`'s, in episode order (empty for
+/// environments without a glucose log).
+pub(crate) type GlucoseLogs = Vec<Vec<Vec<GlucoseSample>>>;
+
+/// [`run_users`] without recording steps that also keeps each finished episode's glucose log
+/// (for evaluation; training rollouts never copy logs).
+#[allow(clippy::too_many_arguments)] // internal; the public entry points take fewer
+pub(crate) fn run_users_logged(
+    spec: &ModelSpec,
+    layout: &ParamLayout,
+    global: &[f32],
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    cfg: &RolloutConfig,
+    greedy: bool,
+    device: &Device,
+) -> Result<(Vec<UserBatch>, GlucoseLogs)> {
+    layout.check(global)?;
+    let actor = Actor::new(layout, global, device)?;
+    let mut logs: GlucoseLogs = vec![Vec::new(); envs.len()];
+    let out = run_with(
+        spec,
+        &actor,
+        envs,
+        seeds,
+        cfg,
+        greedy,
+        false,
+        Some(&mut logs),
+    )?;
+    Ok((out, logs))
 }
 
 /// [`run_users`] where user `u` acts with its own parameters `params[u]` (plain `f32` forward
@@ -306,10 +339,12 @@ pub(crate) fn run_users_own(
         )));
     }
     let actor = OwnActors::new(layout, params)?;
-    run_with(spec, &actor, envs, seeds, cfg, greedy, record)
+    run_with(spec, &actor, envs, seeds, cfg, greedy, record, None)
 }
 
-/// The rollout loop of [`run_users`] and [`run_users_own`].
+/// The rollout loop of [`run_users`] and [`run_users_own`]; with `logs`, each finished
+/// episode's glucose log (if its environment keeps one) is copied before the next reset.
+#[allow(clippy::too_many_arguments)] // private
 fn run_with(
     spec: &ModelSpec,
     actor: &dyn Heads,
@@ -318,6 +353,7 @@ fn run_with(
     cfg: &RolloutConfig,
     greedy: bool,
     record: bool,
+    mut logs: Option<&mut GlucoseLogs>,
 ) -> Result<Vec<UserBatch>> {
     if envs.len() != seeds.len() {
         return Err(NnError::Invalid(format!(
@@ -419,6 +455,11 @@ fn run_with(
                 }
             }
             if terminated || truncated {
+                if let Some(logs) = logs.as_deref_mut()
+                    && let Some(g) = envs[u].glucose_log()
+                {
+                    logs[u].push(g.to_vec());
+                }
                 out[u].episode_returns.push(ep_return[u]);
                 episode[u] += 1;
                 ep_steps[u] = 0;

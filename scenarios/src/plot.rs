@@ -1,5 +1,6 @@
-//! PNG line plots (learning curves) with plotters. The font ships in `assets/` so plots render on
-//! machines without system fonts.
+//! PNG plots with plotters: line plots (learning curves) and the control variability grid
+//! (CVGA) of glucose runs. The font ships in `assets/` so plots render on machines without
+//! system fonts.
 
 use std::path::Path;
 use std::sync::Once;
@@ -104,9 +105,137 @@ pub fn line_plot(
     Ok(())
 }
 
+/// One named set of CVGA points: (lower, upper) glucose of each patient-day (mg/dL), as
+/// [`fedrl_sim::clinical::CvgaPoint`]'s `x_mg_dl`, `y_mg_dl`.
+pub struct CvgaSeries {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// The grid's cells as simglucose draws them: (x from, x to, y from, y to) in mg/dL, label,
+/// colour.
+const CVGA_CELLS: [(f64, f64, f64, f64, &str, RGBColor); 9] = [
+    (90.0, 110.0, 110.0, 180.0, "A", RGBColor(50, 205, 50)),
+    (70.0, 90.0, 110.0, 180.0, "Lower B", RGBColor(0, 128, 0)),
+    (90.0, 110.0, 180.0, 300.0, "Upper B", RGBColor(0, 128, 0)),
+    (70.0, 90.0, 180.0, 300.0, "B", RGBColor(0, 128, 0)),
+    (50.0, 70.0, 110.0, 180.0, "Lower C", RGBColor(255, 255, 0)),
+    (90.0, 110.0, 300.0, 400.0, "Upper C", RGBColor(255, 255, 0)),
+    (50.0, 70.0, 180.0, 300.0, "Lower D", RGBColor(255, 165, 0)),
+    (70.0, 90.0, 300.0, 400.0, "Upper D", RGBColor(255, 165, 0)),
+    (50.0, 70.0, 300.0, 400.0, "E", RGBColor(255, 0, 0)),
+];
+
+/// Draws the control variability grid (Magni et al. 2008, as simglucose's `CVGA` plot) with
+/// every series' points into a PNG of 800 x 720 pixels at `path`. The horizontal axis is the
+/// day's low (2.5th percentile) BG running from 110 down to 50 mg/dL, the vertical its high
+/// (97.5th percentile) from 110 to 400; points beyond are drawn on the edge, as the grid does.
+pub fn cvga_plot(path: &Path, title: &str, series: &[CvgaSeries]) -> anyhow::Result<()> {
+    ensure_font();
+    // Plot coordinate u = 160 - x, so the axis runs 110 -> 50 left to right.
+    let flip = |x: f64| 160.0 - x;
+    let root = BitMapBackend::new(path, (800, 720)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d(flip(111.0)..flip(49.0), 105.0..405.0)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc("low BG (2.5th percentile, mg/dL)")
+        .y_desc("high BG (97.5th percentile, mg/dL)")
+        .x_labels(7)
+        .x_label_formatter(&|u| format!("{:.0}", 160.0 - u))
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (x0, x1, y0, y1, label, color) in CVGA_CELLS {
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(flip(x1), y0), (flip(x0), y1)],
+                color.mix(0.55).filled(),
+            )))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(flip(x1), y0), (flip(x0), y1)],
+                WHITE.stroke_width(2),
+            )))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                label.to_string(),
+                (flip(x1) + 1.0, y1 - 8.0),
+                ("sans-serif", 14),
+            )))
+            .map_err(|e| err(&e))?;
+    }
+    let palette = [
+        RGBColor(31, 119, 180),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(0, 0, 0),
+    ];
+    for (i, s) in series.iter().enumerate() {
+        let color = palette[i % palette.len()];
+        let pts: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|&(x, y)| (flip(x.clamp(50.0, 110.0)), y.clamp(110.0, 400.0)))
+            .collect();
+        chart
+            .draw_series(
+                pts.iter()
+                    .map(|&p| Circle::new(p, 5, color.filled().stroke_width(1))),
+            )
+            .map_err(|e| err(&e))?
+            .label(format!("{} ({} patient-days)", s.name, pts.len()))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
+    }
+    if !series.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_a_cvga_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cvga.png");
+        let s = CvgaSeries {
+            name: "policy".into(),
+            // Inside the grid, beyond both edges, and not finite (skipped).
+            points: vec![
+                (95.0, 160.0),
+                (40.0, 450.0),
+                (130.0, 100.0),
+                (f64::NAN, 1.0),
+            ],
+        };
+        cvga_plot(&p, "uva-padova", &[s]).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert!(bytes.len() > 5000);
+    }
 
     #[test]
     fn writes_a_png() {

@@ -14,7 +14,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::env::{Action, Env, SimError, Space, Step};
+use crate::env::{Action, Env, GlucoseSample, SimError, Space, Step};
 use crate::ode::{Dopri5, OdeOptions};
 use crate::replay::ReplayResult;
 use crate::uva_padova::truncated_normal;
@@ -289,6 +289,12 @@ pub fn state_len(grid_points: usize) -> usize {
 /// like the reference it is not clipped (only non-finite values are rejected). One step is one
 /// grid interval (10 minutes); reset runs the first interval with the first dose, so an episode
 /// has grid_points - 2 steps and the last one is truncated.
+///
+/// Glucose log ([`Env::glucose_log`]): one sample per 10-minute grid point reached, the first
+/// at the episode's initial state (minute 0, before the first dose). BG is the model's G
+/// (mg/dL); the model has no sensor, so the CGM field is G as well. Insulin is the pump rate
+/// times the interval (U); the meal disturbance is not in grams of carbohydrate, so `cho_g` is
+/// 0.
 pub struct DosingEnv {
     id: &'static str,
     opts: DosingOptions,
@@ -303,6 +309,8 @@ pub struct DosingEnv {
     cur: usize,
     obs: [f64; OBS_DIM],
     solver: Dopri5,
+    /// Glucose samples since the last reset (capacity one day, so stepping does not allocate).
+    log: Vec<GlucoseSample>,
 }
 
 impl DosingEnv {
@@ -350,6 +358,7 @@ impl DosingEnv {
     fn build(id: &'static str, opts: DosingOptions) -> Self {
         let ns = (24 * 60 / opts.minute_interval.max(1)) as usize + 1;
         let t = (0..ns).map(|k| 24.0 * k as f64 / (ns - 1) as f64).collect();
+        let log = Vec::with_capacity(ns);
         let mut env = Self {
             id,
             obs_space: Space::Box {
@@ -377,6 +386,7 @@ impl DosingEnv {
                     ..OdeOptions::default()
                 },
             ),
+            log,
         };
         let mut obs = [0.0f32; OBS_DIM];
         env.reset(0, &mut obs);
@@ -456,7 +466,20 @@ impl DosingEnv {
         self.d.copy_from_slice(&ep.meal_disturbance);
         self.g_prev = self.y[0];
         self.cur = 0;
+        self.restart_log();
         self.advance(ep.first_dose, obs).map(|_| ())
+    }
+
+    /// Starts the glucose log at the current grid point (no insulin or meal logged yet).
+    fn restart_log(&mut self) {
+        self.log.clear();
+        self.log.push(GlucoseSample {
+            minute: self.t[self.cur] * 60.0,
+            bg_mg_dl: self.y[0],
+            cgm_mg_dl: self.y[0],
+            insulin_u: 0.0,
+            cho_g: 0.0,
+        });
     }
 
     /// One grid interval with pump rate `u` (mU/min).
@@ -487,6 +510,14 @@ impl DosingEnv {
             *o = *v as f32;
         }
         self.cur = c + 1;
+        self.log.push(GlucoseSample {
+            minute: self.t[c + 1] * 60.0,
+            bg_mg_dl: self.y[0],
+            cgm_mg_dl: self.y[0],
+            // mU/min over the interval, in U.
+            insulin_u: u * (self.t[c + 1] - self.t[c]) * 60.0 / 1000.0,
+            cho_g: 0.0,
+        });
         Ok(Step {
             reward: reward(self.y[0]),
             terminated: false,
@@ -530,6 +561,10 @@ impl Env for DosingEnv {
         self.advance(u, obs)
     }
 
+    fn glucose_log(&self) -> Option<&[GlucoseSample]> {
+        Some(&self.log)
+    }
+
     fn state(&self) -> Vec<f64> {
         let mut v = Vec::with_capacity(state_len(self.grid_points()));
         v.extend_from_slice(&self.y);
@@ -562,6 +597,8 @@ impl Env for DosingEnv {
         self.cur = cur as usize;
         self.g_prev = state[N_STATES + 1];
         self.d.copy_from_slice(&state[N_STATES + 2..]);
+        // The log restarts at the state set: what led to it is unknown.
+        self.restart_log();
         self.obs[..N_STATES].copy_from_slice(&self.y);
         self.obs[6] = self.d[self.cur];
         self.obs[7] = self.g_prev;

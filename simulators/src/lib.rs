@@ -5,6 +5,7 @@
 //! Start with [`make`] (an environment by id) and [`list`] (every id).
 
 pub mod classic;
+pub mod clinical;
 pub mod controllers;
 pub mod dmc_cartpole;
 pub mod env;

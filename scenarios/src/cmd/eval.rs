@@ -1,12 +1,19 @@
-//! `fedrl eval --policy FILE --env ID [--episodes N] [--json]`: evaluates a saved policy.
+//! `fedrl eval --policy FILE --env ID [--episodes N] [--json]`: evaluates a saved policy. On
+//! glucose simulators (UVA/Padova, Dosing) it also prints the clinical table of the evaluated
+//! patient-days (time in range, hypo- and hyperglycaemia, LBGI/HBGI, per age group, spread and
+//! worst patient), and puts the full clinical report under `clinical` with --json.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_common::device::DeviceSpec;
-use fedrl_rl::{EvalConfig, evaluate, io, loglinear};
+use fedrl_rl::evaluate::evaluate_logged;
+use fedrl_rl::{EvalConfig, io, loglinear};
 use fedrl_sim::Env;
+use fedrl_sim::clinical::{
+    ClinicalReport, GlucoseMetrics, PoolSummary, patient_label, summarize_episode,
+};
 use fedrl_sim::population::Population;
 
 use super::UsageError;
@@ -62,6 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     // Two kinds of exported policy: the PPO MLP (`fedrl.model_spec`) and the log-linear
     // riverswim policy (`fedrl.loglinear_spec`).
+    let mut clinical: Option<ClinicalReport> = None;
     let returns: Vec<f64> = match io::from_bytes(&bytes) {
         Ok((spec, params)) => {
             let cfg = EvalConfig {
@@ -69,9 +77,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 greedy: !args.stochastic,
                 ..EvalConfig::default()
             };
-            evaluate(&spec, &params, &mut envs, &seeds, &cfg, &device)
-                .context("evaluating (does the policy match this environment's spaces?)")?
-                .returns
+            let (r, logs) = evaluate_logged(&spec, &params, &mut envs, &seeds, &cfg, &device)
+                .context("evaluating (does the policy match this environment's spaces?)")?;
+            let mut days = Vec::new();
+            for ep in &logs {
+                let user = args.first_user + ep.env as u64;
+                let label = patient_label(&population, user);
+                days.extend(
+                    summarize_episode(&label, Some(user), &ep.samples)
+                        .with_context(|| format!("clinical metrics of {label}"))?,
+                );
+            }
+            clinical = ClinicalReport::new(days);
+            r.returns
         }
         Err(mlp_err) => {
             let (spec, params) = loglinear::from_bytes(&bytes).map_err(|_| {
@@ -96,9 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .iter()
         .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
     if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
+        let mut out = serde_json::json!({
                 "policy": args.policy.display().to_string(),
                 "env": args.env,
                 "episodes": r.returns.len(),
@@ -108,8 +124,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "max_return": max,
                 "greedy": !args.stochastic,
                 "wall_seconds": started.elapsed().as_secs_f64(),
-            })
-        );
+        });
+        if let (Some(c), Some(obj)) = (&clinical, out.as_object_mut()) {
+            obj.insert("clinical".into(), serde_json::to_value(c)?);
+        }
+        println!("{out}");
     } else {
         println!(
             "{} on {}: mean return {:.2} ± {:.2} over {} episodes (min {:.1}, max {:.1}; {})",
@@ -126,8 +145,87 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "greedy actions"
             }
         );
+        if let Some(c) = &clinical {
+            print!("{}", clinical_table(c));
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One table row: percentages of time, mean glucose and risk indices.
+fn row(label: &str, days: usize, m: &GlucoseMetrics) -> String {
+    format!(
+        "{label:<18} {days:>5} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.0} {:>6.2} {:>6.2} {:>6.2}\n",
+        100.0 * m.time_in_range,
+        100.0 * m.time_below_70,
+        100.0 * m.time_below_54,
+        100.0 * m.time_above_180,
+        100.0 * m.time_above_250,
+        m.mean_mg_dl,
+        m.lbgi,
+        m.hbgi,
+        m.risk_index,
+    )
+}
+
+/// The clinical table: pooled and per-group means over patient-days on BG, the pooled CGM row,
+/// the spread over patients and the worst patient of each pool.
+fn clinical_table(c: &ClinicalReport) -> String {
+    let mut t = String::from(
+        "clinical metrics (mean over patient-days; % of time)\n\
+         pool               days   TIR%   <70%   <54%  >180%  >250%   mean   LBGI   HBGI     RI\n",
+    );
+    let pools: Vec<(String, &PoolSummary)> = std::iter::once(("all (BG)".to_string(), &c.pooled))
+        .chain(c.groups.iter().map(|(g, p)| (format!("{g} (BG)"), p)))
+        .collect();
+    for (label, p) in &pools {
+        t.push_str(&row(label, p.patient_days, &p.bg));
+    }
+    t.push_str(&row("all (CGM)", c.pooled.patient_days, &c.pooled.cgm));
+    for (label, p) in &pools {
+        let s = &p.spread_bg;
+        t.push_str(&format!(
+            "{label}: TIR over {} patients min {:.1}% / median {:.1}% / max {:.1}%; worst patient {} ({:.1}% in range, {:.1}% below 70)\n",
+            p.patients,
+            100.0 * s.min.time_in_range,
+            100.0 * s.median.time_in_range,
+            100.0 * s.max.time_in_range,
+            p.worst.patient,
+            100.0 * p.worst.bg.time_in_range,
+            100.0 * p.worst.bg.time_below_70,
+        ));
+    }
+    let z = &c.pooled.cvga_bg_zones;
+    t.push_str(&format!(
+        "CVGA zones (BG): A {:.0}%, B {:.0}%, C {:.0}%, D {:.0}%, E {:.0}%\n",
+        100.0 * z.a,
+        100.0 * z.b,
+        100.0 * z.c,
+        100.0 * z.d,
+        100.0 * z.e
+    ));
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedrl_sim::clinical::ClinicalSummary;
+
+    #[test]
+    fn table_has_pooled_group_and_worst_rows() {
+        let day = |p: &str, g: f64| ClinicalSummary::new(p, &[g, g, 100.0], &[g; 3]).unwrap();
+        let c = ClinicalReport::new(vec![day("adult#001", 120.0), day("child#004", 50.0)]).unwrap();
+        let t = clinical_table(&c);
+        assert!(t.contains("all (BG)"), "{t}");
+        assert!(t.contains("adult (BG)") && t.contains("child (BG)"), "{t}");
+        assert!(
+            t.contains("worst patient child#004 (33.3% in range, 66.7% below 70)"),
+            "{t}"
+        );
+        // Pooled TIR: (100% + 33.3%) / 2.
+        assert!(t.lines().nth(2).unwrap().contains("66.7"), "{t}");
+    }
 }
 
 /// Returns of the evaluated episodes, their mean and (population) standard deviation.

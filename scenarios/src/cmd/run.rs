@@ -1,7 +1,9 @@
 //! `fedrl run`: a whole deployment on this machine (aggregator + client agents over QUIC on
 //! loopback, as separate processes). The orchestration lives in [`crate::deploy`]; this module
 //! adds what a user reads afterwards: the report fields, the exported policy and the learning
-//! curve (with the non-private twin's curve when `--twin` ran it too).
+//! curve (with the non-private twin's curve when `--twin` ran it too); for glucose simulators
+//! also the control variability grid of the held-out patient-days (`cvga.png`) and the pooled
+//! time in range in the summary.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,10 +14,12 @@ use fedrl_common::device::DeviceSpec;
 
 use crate::cmd::UsageError;
 use crate::deploy::{self, LocalRun, RunResult};
-use crate::plot::{Series, line_plot};
+use crate::plot::{CvgaSeries, Series, cvga_plot, line_plot};
 
 /// File name of the learning curve in the output directory.
 const CURVE_FILE: &str = "learning_curve.png";
+/// File name of the control variability grid (glucose simulators only).
+const CVGA_FILE: &str = "cvga.png";
 /// File name of the exported policy (written by the aggregator's model).
 const POLICY_FILE: &str = fedrl_aggregator::dppg::POLICY_FILE;
 
@@ -129,6 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => return interrupted(e),
     };
     let mut curves = vec![curve(&run, "private")?];
+    let mut twin_report = None;
     if let Some(t) = &twin_run {
         eprintln!(
             "non-private twin {}: results in {}",
@@ -141,6 +146,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         finish(t, &mut tr)?;
         curves.push(curve(t, "non-private twin")?);
+        twin_report = Some(tr.report);
     }
     if curves.iter().any(|c| !c.points.is_empty()) {
         line_plot(
@@ -152,8 +158,77 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?;
     }
     finish(&run, &mut result)?;
+    write_cvga(
+        &run.out_dir.join(CVGA_FILE),
+        &run.scenario.name,
+        &result.report,
+        twin_report.as_ref(),
+    )?;
     print_summary(&run, &result.report, &result.operator);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The (low, high) BG CVGA coordinates of a report's held-out patient-days (mg/dL); empty when
+/// the final evaluation has no clinical report.
+fn cvga_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
+    report["final_evaluation"]["clinical"]["patient_days"]
+        .as_array()
+        .map(|days| {
+            days.iter()
+                .filter_map(|d| {
+                    let p = &d["cvga_bg"];
+                    Some((p["x_mg_dl"].as_f64()?, p["y_mg_dl"].as_f64()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Draws the CVGA of the policy's (and the twin's) held-out patient-days at `path`; nothing
+/// when the run has no clinical report. Returns whether it drew.
+fn write_cvga(
+    path: &Path,
+    name: &str,
+    report: &serde_json::Value,
+    twin: Option<&serde_json::Value>,
+) -> anyhow::Result<bool> {
+    let mut series = vec![CvgaSeries {
+        name: "private policy".into(),
+        points: cvga_points(report),
+    }];
+    if let Some(t) = twin {
+        series.push(CvgaSeries {
+            name: "non-private twin".into(),
+            points: cvga_points(t),
+        });
+    }
+    series.retain(|s| !s.points.is_empty());
+    if series.is_empty() {
+        return Ok(false);
+    }
+    cvga_plot(
+        path,
+        &format!("{name}: control variability grid (held-out patient-days, BG)"),
+        &series,
+    )?;
+    Ok(true)
+}
+
+/// One summary line of a clinical pool (`final_evaluation.clinical.pooled` or a group).
+fn clinical_line(label: &str, pool: &serde_json::Value) -> Option<String> {
+    let bg = &pool["bg"];
+    let pct = |k: &str| bg[k].as_f64().map(|v| 100.0 * v);
+    Some(format!(
+        "{label}: {} patient-days, time in range {:.1}%, below 70 {:.1}%, below 54 {:.1}%, above 180 {:.1}%, mean {:.0} mg/dL; worst patient {} ({:.1}% in range)",
+        pool["patient_days"],
+        pct("time_in_range")?,
+        pct("time_below_70")?,
+        pct("time_below_54")?,
+        pct("time_above_180")?,
+        bg["mean_mg_dl"].as_f64()?,
+        pool["worst"]["patient"].as_str()?,
+        100.0 * pool["worst"]["bg"]["time_in_range"].as_f64()?,
+    ))
 }
 
 /// An interrupted run exits with the signal's status (130, 143) and says how to resume; any
@@ -349,6 +424,21 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
             r["final_evaluation"]["final_eval_episodes"]
         );
     }
+    let clinical = &r["final_evaluation"]["clinical"];
+    if let Some(line) = clinical_line("clinical (BG, held-out)", &clinical["pooled"]) {
+        println!("{line}");
+        if let Some(groups) = clinical["groups"].as_object().filter(|g| g.len() > 1) {
+            for (g, pool) in groups {
+                if let Some(line) = clinical_line(&format!("  {g}"), pool) {
+                    println!("{line}");
+                }
+            }
+        }
+        println!(
+            "control variability grid: {}",
+            run.out_dir.join(CVGA_FILE).display()
+        );
+    }
     println!(
         "operator-only (exact counts, do not publish): {} contributions in released rounds, {} updates accepted, {} rejected",
         op["users"], op["updates_accepted"], op["updates_rejected"]
@@ -358,4 +448,49 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
         run.out_dir.display(),
         run.out_dir.join(state::OPERATOR_DIR).display()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedrl_sim::clinical::{ClinicalReport, ClinicalSummary};
+
+    fn report() -> serde_json::Value {
+        let day = |p: &str, lo: f64, hi: f64| {
+            let bg: Vec<f64> = (0..=480)
+                .map(|k| lo + (hi - lo) * f64::from(k) / 480.0)
+                .collect();
+            ClinicalSummary::new(p, &bg, &bg).unwrap()
+        };
+        let c = ClinicalReport::new(vec![
+            day("adult#001", 95.0, 170.0),
+            day("child#002", 60.0, 320.0),
+        ])
+        .unwrap();
+        serde_json::json!({ "final_evaluation": { "clinical": c } })
+    }
+
+    #[test]
+    fn cvga_png_is_written_for_clinical_reports_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = report();
+        assert_eq!(cvga_points(&r).len(), 2);
+        let path = dir.path().join(CVGA_FILE);
+        assert!(write_cvga(&path, "uva-padova-dppg", &r, Some(&r)).unwrap());
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        let other = dir.path().join("none.png");
+        let no_clinical = serde_json::json!({ "final_evaluation": { "final_eval_return": 1.0 } });
+        assert!(!write_cvga(&other, "cartpole", &no_clinical, None).unwrap());
+        assert!(!other.exists());
+    }
+
+    #[test]
+    fn summary_line_reads_the_pool() {
+        let r = report();
+        let line = clinical_line("all", &r["final_evaluation"]["clinical"]["pooled"]).unwrap();
+        assert!(line.contains("2 patient-days"), "{line}");
+        assert!(line.contains("worst patient child#002"), "{line}");
+        assert!(clinical_line("x", &serde_json::Value::Null).is_none());
+    }
 }
