@@ -10,7 +10,12 @@
 //! For glucose simulators (UVA/Padova, Dosing) the final evaluation also reports the clinical
 //! metrics of every held-out patient-day (time in range, hypo- and hyperglycaemia, LBGI/HBGI,
 //! CVGA) on BG and CGM, pooled, per age group, their spread and the worst patient
-//! (`final_evaluation.clinical`, see [`fedrl_sim::clinical`]).
+//! (`final_evaluation.clinical`, see [`fedrl_sim::clinical`]). For UVA/Padova it also runs the
+//! baseline controllers on the same held-out users and days (`final_evaluation.baselines`):
+//! simglucose's basal-bolus controller, a PID controller with gains tuned per age group, and
+//! the proportional controller. The PID is tuned on [`PID_TUNING_USERS`] simulated users drawn
+//! after the held-out ones, never on training users (whose data only reaches the model through
+//! the DP mechanism) nor on the users it is evaluated on.
 
 use std::path::Path;
 
@@ -28,8 +33,16 @@ use crate::model::{
     restore_with_best, state_with_best,
 };
 
+/// Simulated users the baseline PID is tuned on (about 10 per age group).
+pub const PID_TUNING_USERS: u64 = 30;
+
 /// File name of the exported policy in the output directory.
 pub const POLICY_FILE: &str = "policy.safetensors";
+
+/// The seed of held-out user `user`'s evaluation episodes.
+fn eval_seed(user: u64) -> u64 {
+    0xE7A1_0000_0000 ^ user
+}
 
 pub struct DppgModel {
     task: DppgTask,
@@ -97,7 +110,7 @@ impl DppgModel {
             .collect::<Result<_, _>>()?;
         // Resets of evaluation episodes are seeded by the user id: the same users, the same
         // episodes, whichever model is evaluated.
-        let seeds: Vec<u64> = (0..n).map(|j| 0xE7A1_0000_0000 ^ (first + j)).collect();
+        let seeds: Vec<u64> = (0..n).map(|j| eval_seed(first + j)).collect();
         let cfg = EvalConfig {
             episodes_per_env: self.task.eval_episodes.max(1),
             ..EvalConfig::default()
@@ -142,6 +155,65 @@ impl DppgModel {
             }
         }
         Ok((eval, ClinicalReport::new(days).map(Ok)))
+    }
+
+    /// The baseline controllers' clinical reports on held-out users `first..first + n`, on the
+    /// days the policy's evaluation played (same users, same reset seeds); `None` for
+    /// populations that are not UVA/Padova.
+    pub fn baselines(&self, first: u64, n: u64) -> anyhow::Result<Option<serde_json::Value>> {
+        use fedrl_sim::controllers::{
+            self, BasalBolus, Controller, Pid, PidGrid, Proportional, tune_pid,
+        };
+        use fedrl_sim::population::UserParams;
+        if !matches!(
+            self.population.user_params(first)?,
+            UserParams::Patient { .. }
+        ) {
+            return Ok(None);
+        }
+        let tuning_users = first + n..first + n + PID_TUNING_USERS;
+        let started = std::time::Instant::now();
+        let tuning = tune_pid(
+            &self.population,
+            tuning_users.clone(),
+            &PidGrid::default(),
+            0,
+        )?;
+        let tuning_s = started.elapsed().as_secs_f64();
+        let mut out = serde_json::Map::new();
+        for kind in ["basal-bolus", "pid", "proportional"] {
+            let mut days = Vec::new();
+            for j in 0..n {
+                let user = first + j;
+                let mut env = controllers::user_env(&self.population, user)?;
+                let params = env.patient().params().clone();
+                let group = fedrl_sim::clinical::group_of(&params.name);
+                let mut ctl: Box<dyn Controller> = match kind {
+                    "basal-bolus" => Box::new(BasalBolus::for_patient(&params)?),
+                    "pid" => {
+                        let g = tuning.iter().find(|t| t.group == group).ok_or_else(|| {
+                            anyhow::anyhow!("no PID tuning user of age group {group}")
+                        })?;
+                        Box::new(Pid::new(g.gains, controllers::BB_TARGET_MG_DL))
+                    }
+                    _ => Box::new(Proportional::default()),
+                };
+                let seed = fedrl_rl::rollout::mix(eval_seed(user), 0);
+                let log = controllers::run_episode(&mut env, ctl.as_mut(), seed)?;
+                days.extend(summarize_episode(&params.name, Some(user), &log)?);
+            }
+            let report = ClinicalReport::new(days);
+            out.insert(kind.into(), serde_json::to_value(&report)?);
+        }
+        out.insert(
+            "pid_tuning".into(),
+            serde_json::json!({
+                "users": [tuning_users.start, tuning_users.end],
+                "seconds": tuning_s,
+                "groups": tuning,
+            }),
+        );
+        Ok(Some(serde_json::Value::Object(out)))
     }
 
     /// The parameters that will be exported: the best evaluated ones, else the current ones.
@@ -212,6 +284,18 @@ impl ServerModel for DppgModel {
                 .and_then(|c| serde_json::to_value(&c).map_err(|e| e.to_string()))
                 .unwrap_or_else(|e| serde_json::json!({ "error": e }));
             obj.insert("clinical".into(), value);
+            match self.baselines(first, n) {
+                Ok(Some(b)) => {
+                    obj.insert("baselines".into(), b);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    obj.insert(
+                        "baselines".into(),
+                        serde_json::json!({ "error": e.to_string() }),
+                    );
+                }
+            }
         }
         Some(out)
     }
@@ -303,6 +387,19 @@ mod tests {
                 .as_f64()
                 .unwrap()
         );
+        // The baselines ran on the same held-out users; PID gains were tuned on others.
+        let b = &f["baselines"];
+        for kind in ["basal-bolus", "pid", "proportional"] {
+            let bdays = b[kind]["patient_days"].as_array().expect(kind);
+            assert_eq!(bdays.len(), 3, "{kind}");
+            for (d, bd) in days.iter().zip(bdays) {
+                assert_eq!((&d["user"], &d["patient"]), (&bd["user"], &bd["patient"]));
+            }
+            let tir = b[kind]["pooled"]["bg"]["time_in_range"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&tir), "{kind}: {tir}");
+        }
+        let tuned = b["pid_tuning"]["users"].as_array().unwrap();
+        assert_eq!(tuned[0], 14, "tuning users start after the held-out ones");
         let groups = c["groups"].as_object().unwrap();
         let in_groups: u64 = groups
             .values()
@@ -317,6 +414,7 @@ mod tests {
         let f = m.final_evaluation().unwrap();
         assert!(f["final_eval_return"].is_f64());
         assert!(f.get("clinical").is_none());
+        assert!(f.get("baselines").is_none());
     }
 
     #[test]

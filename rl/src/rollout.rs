@@ -77,8 +77,10 @@ pub(crate) fn action_dim(kind: &ActionKind) -> usize {
     }
 }
 
-/// A seed for episode `k` of a user, from the user's seed (SplitMix64 finaliser).
-pub(crate) fn mix(seed: u64, k: u64) -> u64 {
+/// A seed for episode `k` of a user, from the user's seed (SplitMix64 finaliser): episode `k`
+/// of a rollout or evaluation seeded `seed` resets its environment with `mix(seed, k)`, so a
+/// hand-written controller given the same reset seed plays the same day.
+pub fn mix(seed: u64, k: u64) -> u64 {
     let mut z = seed
         ^ k.wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(0xD1B5_4A32_D192_ED03);

@@ -241,7 +241,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut days = Vec::with_capacity(args.users as usize);
     for i in 0..args.users {
         let user = args.first_user + i;
-        let seed = args.seed.wrapping_add(i);
+        // The reset seed `fedrl eval` gives episode i (seed + i, mixed as every rollout is), so
+        // a controller and a policy evaluated with the same --seed play the same days.
+        let seed = fedrl_rl::rollout::mix(args.seed.wrapping_add(i), 0);
         let mut env = user_env(&population, user, args.sensor_noise)?;
         let params = env.patient().params().clone();
         let group = controllers::age_group(&params.name).to_string();

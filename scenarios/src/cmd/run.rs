@@ -434,6 +434,14 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
                 }
             }
         }
+        // The baseline controllers on the same held-out users and days.
+        if let Some(baselines) = r["final_evaluation"]["baselines"].as_object() {
+            for (name, b) in baselines {
+                if let Some(line) = clinical_line(&format!("baseline {name}"), &b["pooled"]) {
+                    println!("{line}");
+                }
+            }
+        }
         println!(
             "control variability grid: {}",
             run.out_dir.join(CVGA_FILE).display()
