@@ -14,6 +14,7 @@
 
 use std::ops::Range;
 
+use crate::clinical::{GlucoseMetrics, glucose_metrics, group_of};
 use crate::env::{Env, GlucoseSample, SimError};
 use crate::population::{Population, PumpSetting, UserParams};
 use crate::uva_padova::{PatientParams, UvaAction, UvaObservation, UvaPadovaEnv, UvaPadovaOptions};
@@ -344,34 +345,6 @@ pub fn user_env(population: &Population, user: u64) -> Result<UvaPadovaEnv, SimE
     }
 }
 
-/// Time-in-range figures of one glucose trace (fractions of samples; simglucose's
-/// `percent_stats` thresholds: 70 <= BG <= 180 in range, strict inequalities outside).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct RangeStats {
-    pub time_in_range: f64,
-    pub time_below_70: f64,
-    pub time_below_54: f64,
-    pub time_above_180: f64,
-    pub time_above_250: f64,
-    /// Mean glucose (mg/dL).
-    pub mean_mg_dl: f64,
-}
-
-/// [`RangeStats`] of a glucose trace (mg/dL). The one place these figures are computed here
-/// (to be replaced by the clinical metrics module).
-pub fn range_stats(bg_mg_dl: &[f64]) -> RangeStats {
-    let n = bg_mg_dl.len().max(1) as f64;
-    let frac = |f: &dyn Fn(f64) -> bool| bg_mg_dl.iter().filter(|&&g| f(g)).count() as f64 / n;
-    RangeStats {
-        time_in_range: frac(&|g| (70.0..=180.0).contains(&g)),
-        time_below_70: frac(&|g| g < 70.0),
-        time_below_54: frac(&|g| g < 54.0),
-        time_above_180: frac(&|g| g > 180.0),
-        time_above_250: frac(&|g| g > 250.0),
-        mean_mg_dl: bg_mg_dl.iter().sum::<f64>() / n,
-    }
-}
-
 /// The consensus target for time below 70 mg/dL (Battelino et al. 2019): at most 4%.
 pub const MAX_TIME_BELOW_70: f64 = 0.04;
 
@@ -427,18 +400,13 @@ impl PidGrid {
 /// The age groups of the UVA/Padova patients (the prefix of their names).
 pub const AGE_GROUPS: [&str; 3] = ["adult", "adolescent", "child"];
 
-/// The age group of a patient name (`adult#001` is an adult).
-pub fn age_group(patient: &str) -> &str {
-    patient.split('#').next().unwrap_or(patient)
-}
-
 /// What [`tune_pid`] chose for one age group.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PidTuning {
     pub group: String,
     pub gains: PidGains,
     /// Mean over the group's training days of the chosen gains' figures.
-    pub stats: RangeStats,
+    pub stats: GlucoseMetrics,
     /// The chosen gains keep mean time below 70 within [`MAX_TIME_BELOW_70`] (otherwise they
     /// are the grid's least hypoglycaemic gains).
     pub meets_hypo_target: bool,
@@ -471,7 +439,7 @@ pub fn tune_pid(
     let mut out = Vec::new();
     for group in AGE_GROUPS {
         let members: Vec<usize> = (0..envs.len())
-            .filter(|&k| age_group(&envs[k].patient().params().name) == group)
+            .filter(|&k| group_of(&envs[k].patient().params().name) == group)
             .collect();
         if members.is_empty() {
             continue;
@@ -479,14 +447,16 @@ pub fn tune_pid(
         // (gains, mean stats) for every grid point.
         let mut scored = Vec::with_capacity(gains.len());
         for &g in &gains {
-            let mut sum = RangeStats::default();
+            let mut days = Vec::with_capacity(members.len());
             for &k in &members {
                 let mut pid = Pid::new(g, grid.target_mg_dl);
                 let log = run_episode(&mut envs[k], &mut pid, seeds[k])?;
                 let bg: Vec<f64> = log.iter().map(|s| s.bg_mg_dl).collect();
-                add_stats(&mut sum, &range_stats(&bg));
+                days.push(
+                    glucose_metrics(&bg).map_err(|e| SimError::Invalid(format!("PID day: {e}")))?,
+                );
             }
-            scored.push((g, scale_stats(sum, 1.0 / members.len() as f64)));
+            scored.push((g, GlucoseMetrics::mean_of(&days)));
         }
         let feasible = scored
             .iter()
@@ -516,26 +486,6 @@ pub fn tune_pid(
         });
     }
     Ok(out)
-}
-
-fn add_stats(acc: &mut RangeStats, s: &RangeStats) {
-    acc.time_in_range += s.time_in_range;
-    acc.time_below_70 += s.time_below_70;
-    acc.time_below_54 += s.time_below_54;
-    acc.time_above_180 += s.time_above_180;
-    acc.time_above_250 += s.time_above_250;
-    acc.mean_mg_dl += s.mean_mg_dl;
-}
-
-fn scale_stats(s: RangeStats, k: f64) -> RangeStats {
-    RangeStats {
-        time_in_range: s.time_in_range * k,
-        time_below_70: s.time_below_70 * k,
-        time_below_54: s.time_below_54 * k,
-        time_above_180: s.time_above_180 * k,
-        time_above_250: s.time_above_250 * k,
-        mean_mg_dl: s.mean_mg_dl * k,
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use fedrl_sim::Population;
 use fedrl_sim::controllers::{
     BasalBolus, Controller, Dose, MAX_TIME_BELOW_70, Pid, PidGains, PidGrid, Proportional,
-    SimglucosePump, range_stats, run_episode, tune_pid,
+    SimglucosePump, run_episode, tune_pid,
 };
 use fedrl_sim::uva_padova::{self, MealScenario, UvaPadovaEnv, UvaPadovaOptions};
 
@@ -183,7 +183,9 @@ fn closed_loop_basal_bolus_is_near_simglucoses_day() {
             "{name}: {insulin} U"
         );
         let bg: Vec<f64> = log.iter().map(|s| s.bg_mg_dl).collect();
-        let ours = range_stats(&bg).time_in_range;
+        let ours = fedrl_sim::clinical::glucose_metrics(&bg)
+            .expect("metrics")
+            .time_in_range;
         let theirs = run["bg_time_in_range_70_180"].as_f64().expect("tir");
         eprintln!("{name}: time in range {ours:.3}, simglucose {theirs:.3}");
         assert!((ours - theirs).abs() < 0.02, "{name}: {ours} vs {theirs}");
@@ -198,17 +200,6 @@ fn run_episode_needs_a_decision_every_cgm_sample() {
     };
     let mut env = UvaPadovaEnv::new("adult#001", opts).expect("env");
     assert!(run_episode(&mut env, &mut Proportional::default(), 0).is_err());
-}
-
-#[test]
-fn range_stats_follow_simglucoses_thresholds() {
-    let s = range_stats(&[50.0, 54.0, 70.0, 180.0, 181.0, 251.0, 100.0, 100.0]);
-    assert_eq!(s.time_below_54, 1.0 / 8.0);
-    assert_eq!(s.time_below_70, 2.0 / 8.0);
-    assert_eq!(s.time_in_range, 4.0 / 8.0);
-    assert_eq!(s.time_above_180, 2.0 / 8.0);
-    assert_eq!(s.time_above_250, 1.0 / 8.0);
-    assert!((s.mean_mg_dl - 986.0 / 8.0).abs() < 1e-12);
 }
 
 #[test]

@@ -15,8 +15,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
+use fedrl_sim::clinical::{GlucoseMetrics, glucose_metrics};
 use fedrl_sim::controllers::{
-    self, BasalBolus, Controller, Pid, PidGains, PidGrid, PidTuning, Proportional, RangeStats,
+    self, BasalBolus, Controller, Pid, PidGains, PidGrid, PidTuning, Proportional,
 };
 use fedrl_sim::population::{Population, UserParams};
 use fedrl_sim::uva_padova::UvaPadovaEnv;
@@ -92,9 +93,9 @@ struct UserDay {
     seed: u64,
     pid_gains: Option<PidGains>,
     /// Figures on the true blood glucose.
-    bg: RangeStats,
+    bg: GlucoseMetrics,
     /// Figures on the CGM readings.
-    cgm: RangeStats,
+    cgm: GlucoseMetrics,
     insulin_u: f64,
     carbs_g: f64,
     /// Meals of the day (minute after midnight, g).
@@ -118,8 +119,8 @@ impl UserDay {
 #[derive(Debug)]
 struct Pooled {
     days: usize,
-    bg: RangeStats,
-    cgm: RangeStats,
+    bg: GlucoseMetrics,
+    cgm: GlucoseMetrics,
     worst_time_in_range: f64,
     worst_patient: String,
 }
@@ -148,17 +149,8 @@ fn parse_gains(s: &str) -> Result<PidGains, UsageError> {
     }
 }
 
-fn mean_stats(all: &[&RangeStats]) -> RangeStats {
-    let n = all.len().max(1) as f64;
-    let sum = |f: fn(&RangeStats) -> f64| all.iter().map(|s| f(s)).sum::<f64>() / n;
-    RangeStats {
-        time_in_range: sum(|s| s.time_in_range),
-        time_below_70: sum(|s| s.time_below_70),
-        time_below_54: sum(|s| s.time_below_54),
-        time_above_180: sum(|s| s.time_above_180),
-        time_above_250: sum(|s| s.time_above_250),
-        mean_mg_dl: sum(|s| s.mean_mg_dl),
-    }
+fn mean_stats(all: &[&GlucoseMetrics]) -> GlucoseMetrics {
+    GlucoseMetrics::mean_of(&all.iter().map(|m| **m).collect::<Vec<_>>())
 }
 
 fn pool(days: &[&UserDay]) -> Pooled {
@@ -246,7 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let seed = fedrl_rl::rollout::mix(args.seed.wrapping_add(i), 0);
         let mut env = user_env(&population, user, args.sensor_noise)?;
         let params = env.patient().params().clone();
-        let group = controllers::age_group(&params.name).to_string();
+        let group = fedrl_sim::clinical::group_of(&params.name).to_string();
         let mut pid_gains = None;
         let mut ctl: Box<dyn Controller> = match args.controller {
             ControllerKind::BasalBolus => Box::new(BasalBolus::for_patient(&params)?),
@@ -277,8 +269,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             group,
             seed,
             pid_gains,
-            bg: controllers::range_stats(&bg),
-            cgm: controllers::range_stats(&cgm),
+            bg: glucose_metrics(&bg)?,
+            cgm: glucose_metrics(&cgm)?,
             insulin_u: log.iter().map(|s| s.insulin_u).sum(),
             carbs_g: log.iter().map(|s| s.cho_g).sum(),
             meals: day.meals[..day.count].to_vec(),
@@ -380,7 +372,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "{:<18} {:>15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}",
         "user", "patient", "TIR", "<70", "<54", ">180", ">250", "mean BG"
     );
-    let row = |label: &str, patient: &str, s: &RangeStats| {
+    let row = |label: &str, patient: &str, s: &GlucoseMetrics| {
         println!(
             "{:<18} {:>15} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>7.1}",
             label,
