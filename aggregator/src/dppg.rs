@@ -39,6 +39,9 @@ pub const PID_TUNING_USERS: u64 = 30;
 /// File name of the exported policy in the output directory.
 pub const POLICY_FILE: &str = "policy.safetensors";
 
+/// Environments, reset seeds and settings of one evaluation.
+type EvalSetup = (Vec<Box<dyn Env>>, Vec<u64>, EvalConfig);
+
 /// The seed of held-out user `user`'s evaluation episodes.
 fn eval_seed(user: u64) -> u64 {
     0xE7A1_0000_0000 ^ user
@@ -100,11 +103,7 @@ impl DppgModel {
     }
 
     /// Environments, reset seeds and settings of an evaluation on users `first..first + n`.
-    fn eval_setup(
-        &self,
-        first: u64,
-        n: u64,
-    ) -> anyhow::Result<(Vec<Box<dyn Env>>, Vec<u64>, EvalConfig)> {
+    fn eval_setup(&self, first: u64, n: u64) -> anyhow::Result<EvalSetup> {
         let envs: Vec<Box<dyn Env>> = (0..n)
             .map(|j| self.population.user_env(first + j))
             .collect::<Result<_, _>>()?;

@@ -207,6 +207,13 @@ fn clinical_table(c: &ClinicalReport) -> String {
     t
 }
 
+/// Returns of the evaluated episodes, their mean and (population) standard deviation.
+struct Summary {
+    returns: Vec<f64>,
+    mean: f64,
+    std: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,11 +233,4 @@ mod tests {
         // Pooled TIR: (100% + 33.3%) / 2.
         assert!(t.lines().nth(2).unwrap().contains("66.7"), "{t}");
     }
-}
-
-/// Returns of the evaluated episodes, their mean and (population) standard deviation.
-struct Summary {
-    returns: Vec<f64>,
-    mean: f64,
-    std: f64,
 }
