@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Result;
 use crate::mlp::ModelSpec;
-use crate::rollout::{RolloutConfig, run_users, run_users_logged};
+use crate::rollout::{RolloutConfig, UserBatch, run_users, run_users_logged};
 
 /// How to evaluate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -56,19 +56,31 @@ pub fn evaluate(
     device: &Device,
 ) -> Result<EvalResult> {
     let layout = spec.layout();
-    let rollout = RolloutConfig {
-        episodes_per_user: cfg.episodes_per_env,
-        max_episode_steps: cfg.max_episode_steps,
-    };
     let out = run_users(
-        spec, &layout, params, envs, seeds, &rollout, cfg.greedy, false, device,
+        spec,
+        &layout,
+        params,
+        envs,
+        seeds,
+        &rollout_config(cfg),
+        cfg.greedy,
+        false,
+        device,
     )?;
-    Ok(summarize(
-        out.into_iter().flat_map(|b| b.episode_returns).collect(),
-    ))
+    Ok(summarize(out))
 }
 
-fn summarize(returns: Vec<f64>) -> EvalResult {
+/// One evaluation episode per env and repetition, as a rollout.
+fn rollout_config(cfg: &EvalConfig) -> RolloutConfig {
+    RolloutConfig {
+        episodes_per_user: cfg.episodes_per_env,
+        max_episode_steps: cfg.max_episode_steps,
+    }
+}
+
+/// Every episode's return, env by env, with their mean and standard deviation.
+fn summarize(out: Vec<UserBatch>) -> EvalResult {
+    let returns: Vec<f64> = out.into_iter().flat_map(|b| b.episode_returns).collect();
     let n = returns.len().max(1) as f64;
     let mean = returns.iter().sum::<f64>() / n;
     let std = (returns.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt();
@@ -97,12 +109,15 @@ pub fn evaluate_logged(
     device: &Device,
 ) -> Result<(EvalResult, Vec<EpisodeGlucose>)> {
     let layout = spec.layout();
-    let rollout = RolloutConfig {
-        episodes_per_user: cfg.episodes_per_env,
-        max_episode_steps: cfg.max_episode_steps,
-    };
     let (out, logs) = run_users_logged(
-        spec, &layout, params, envs, seeds, &rollout, cfg.greedy, device,
+        spec,
+        &layout,
+        params,
+        envs,
+        seeds,
+        &rollout_config(cfg),
+        cfg.greedy,
+        device,
     )?;
     let glucose = logs
         .into_iter()
@@ -118,8 +133,7 @@ pub fn evaluate_logged(
                 })
         })
         .collect();
-    let result = summarize(out.into_iter().flat_map(|b| b.episode_returns).collect());
-    Ok((result, glucose))
+    Ok((summarize(out), glucose))
 }
 
 #[cfg(test)]
