@@ -1,9 +1,9 @@
-//! Replaying reference trace files (Gymnasium, simglucose, HIV, Dosing) against the simulators.
+//! Replaying reference trace files (Gymnasium, simglucose, HIV, Dosing, dm_control) against the simulators.
 //!
 //! [`replay_file`] recognises the format from the file's contents (its `meta.source` text and
 //! layout). Gymnasium traces are replayed here; the healthcare formats are handed to
-//! [`crate::uva_padova::replay_traces`], [`crate::hiv::replay_traces`] and
-//! [`crate::dosing::replay_traces`].
+//! [`crate::uva_padova::replay_traces`], [`crate::hiv::replay_traces`],
+//! [`crate::dosing::replay_traces`] and [`crate::dmc_cartpole::replay_traces`].
 
 use std::path::Path;
 
@@ -44,6 +44,8 @@ pub enum TraceFormat {
     Hiv,
     /// The dosing-rl-gym "Diabetic" model of seed 004.
     Dosing,
+    /// The DeepMind Control Suite cart-pole (top-level `source` naming dm_control).
+    DmControl,
 }
 
 /// Observation tolerance for Gymnasium traces (absolute, on float32 observations).
@@ -54,6 +56,7 @@ pub fn detect_format(trace: &Value) -> Result<TraceFormat, SimError> {
     let source = trace
         .get("meta")
         .and_then(|m| m.get("source"))
+        .or_else(|| trace.get("source"))
         .and_then(Value::as_str)
         .ok_or_else(|| SimError::Trace("no meta.source text: not a fedrl trace file".into()))?
         .to_ascii_lowercase();
@@ -63,6 +66,8 @@ pub fn detect_format(trace: &Value) -> Result<TraceFormat, SimError> {
         TraceFormat::Simglucose
     } else if source.contains("hiv") {
         TraceFormat::Hiv
+    } else if source.contains("dm_control") && trace.get("episodes").is_some() {
+        TraceFormat::DmControl
     } else if source.contains("dosing") || source.contains("diabetic") {
         TraceFormat::Dosing
     } else {
@@ -94,6 +99,7 @@ pub fn replay_value(trace: &Value) -> Result<Vec<ReplayResult>, SimError> {
         TraceFormat::Simglucose => crate::uva_padova::replay_traces(trace),
         TraceFormat::Dosing => crate::dosing::replay_traces(trace),
         TraceFormat::Hiv => crate::hiv::replay_traces(trace),
+        TraceFormat::DmControl => crate::dmc_cartpole::replay_traces(trace),
     }
 }
 

@@ -307,3 +307,38 @@ fn pump_observation_and_action() {
 }
 
 const IOB: usize = uva_padova::IOB_DURATION_MIN;
+
+/// The pump's reward is minus the day's risk with the low branch weighted
+/// (`PUMP_LOW_RISK_WEIGHT`): every step's reward equals the weighted risk of its CGM samples in
+/// the glucose log, and an overdose that drives glucose low costs that weight times more than
+/// the symmetric index charges.
+#[test]
+fn pump_reward_weighs_low_glucose_risk() {
+    let w = uva_padova::PUMP_LOW_RISK_WEIGHT;
+    assert!(w > 1.0);
+    let mut opts = UvaPadovaOptions::pump(false);
+    opts.sensor.noise = false;
+    assert_eq!(opts.low_risk_weight, w);
+    let mut env = UvaPadovaEnv::new("adult#001", opts).unwrap();
+    let mut o = vec![0.0f32; 23];
+    env.reset(3, &mut o);
+    let (mut total, mut weighted_low, mut high) = (0.0, 0.0, 0.0);
+    for _ in 0..16 {
+        // Double the programmed basal for 8 hours: glucose falls below 70 mg/dL.
+        let s = env.step(Action::Continuous(&[2.0]), &mut o).unwrap();
+        total += s.reward;
+        if s.terminated {
+            break;
+        }
+    }
+    for s in &env.glucose_log().unwrap()[1..] {
+        let (lo, hi, _) = uva_padova::risk_index(s.cgm_mg_dl);
+        weighted_low += w * lo;
+        high += hi;
+    }
+    assert!(weighted_low > 0.0, "the overdose reached low glucose");
+    assert!(
+        (total + weighted_low + high).abs() <= 1e-9 * total.abs(),
+        "{total} vs -({weighted_low} + {high})"
+    );
+}

@@ -1,7 +1,8 @@
 //! `fedrl sim ...`: exercise and validate the simulators of `fedrl-sim`.
 //!
 //! - `replay --trace FILE [--json]`: replays a reference trace file (Gymnasium, simglucose, HIV,
-//!   Dosing; recognised from its contents) and reports per environment or patient; exit code 1
+//!   Dosing, dm_control cart-pole; recognised from its contents) and reports per environment,
+//!   patient or episode; exit code 1
 //!   on any mismatch, 2 when the file cannot be read or recognised.
 //! - `bench --env ID [--steps N]`: steps per second with uniformly random actions.
 //! - `list [--json]`: environments and populations.
