@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # PPO throughput and time-to-475 on CartPole-v1: fedrl's batched DPPG client step and the
-# DP-FedAvg example (epsilon 1 and non-private), next to the CleanRL-style PyTorch peer.
-# Usage: bench/run_ppo.sh   (peers from bench/peers/install.sh; skipped if torch is missing)
+# DP-FedAvg example (epsilon 1 and non-private), next to the CleanRL-style PyTorch peer and the
+# Stable-Baselines3 PPO peer with the RL Zoo's CartPole-v1 settings (3 seeds, appended to
+# bench/results/sb3_ppo.jsonl).
+# Usage: bench/run_ppo.sh   (peers from bench/peers/install.sh; skipped if torch or SB3 is missing)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -26,3 +28,37 @@ if [ -x "$py" ] && "$py" -c "import torch, gymnasium" 2>/dev/null; then
 else
   echo "== peer skipped: run bench/peers/install.sh (needs torch and gymnasium==1.4.0)"
 fi
+# sb3-peer-begin
+if [ -x "$py" ] && "$py" -c "import stable_baselines3, torch, gymnasium" 2>/dev/null; then
+  echo "== peer: Stable-Baselines3 PPO, RL Zoo CartPole-v1 settings, one learn(100_000), 2 threads"
+  mkdir -p bench/results
+  results=bench/results/sb3_ppo.jsonl
+  runs="$(mktemp)"
+  uptime
+  for seed in 0 1 2; do
+    t0="$(date +%s.%N)"
+    line="$("$py" bench/peers/sb3_ppo.py --seed "$seed" --threads 2)"
+    t1="$(date +%s.%N)"
+    # Whole process as the shell saw it (interpreter start-up and imports included).
+    secs="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
+    line="$("$py" -c 'import json, sys; d = json.loads(sys.argv[1]); d.update(shell_process_seconds=float(sys.argv[2]), date=sys.argv[3], loadavg_1m=float(sys.argv[4])); print(json.dumps(d))' \
+      "$line" "$secs" "$(date -u +%FT%TZ)" "$(cut -d' ' -f1 /proc/loadavg)")"
+    echo "$line" | tee -a "$results" >>"$runs"
+  done
+  # A run that missed the target counts as slower than any other (median "not reached").
+  "$py" - "$runs" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def median(key):
+    vals = sorted(float("inf") if r.get(key) is None else r[key] for r in rows)
+    m = vals[len(vals) // 2]
+    return "not reached" if m == float("inf") else m
+print(f"median of {len(rows)} seeds: " + ", ".join(
+    f"{k} {median(k)}" for k in ("process_seconds_to_target", "train_seconds_to_target",
+                                 "shell_process_seconds", "steps_to_target")))
+PY
+  rm -f "$runs"
+else
+  echo "== SB3 peer skipped: run bench/peers/install.sh (needs stable-baselines3, torch, gymnasium==1.4.0)"
+fi
+# sb3-peer-end
