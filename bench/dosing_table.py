@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Markdown tables from bench/results/dosing_clinical.jsonl (written by bench/run_dosing.sh).
+
+One row per (setting, seed, policy or controller): time in range / below 70 / below 54 (% of
+blood-glucose samples) for adults, adolescents, children and all held-out patient-days, then
+per setting the target check of issue 17 for every seed:
+- no announcements: private DPPG's time in range above the tuned PID's, with no more time below
+  70, for adults and for adolescents;
+- meals announced: private DPPG within 5 points of basal-bolus on time in range (all patients)
+  and no worse on time below 54.
+
+    python3 bench/dosing_table.py [bench/results/dosing_clinical.jsonl]
+"""
+import json
+import sys
+from collections import defaultdict
+
+path = sys.argv[1] if len(sys.argv) > 1 else "bench/results/dosing_clinical.jsonl"
+rows = [json.loads(line) for line in open(path)]
+cell = defaultdict(dict)  # (setting, seed, who) -> group -> row
+for r in rows:
+    who = "non-private twin" if r["policy"] == "twin" and r["controller"] == "dppg" else (
+        "private DPPG" if r["controller"] == "dppg" else r["controller"])
+    if r["policy"] == "twin" and r["controller"] != "dppg":
+        continue  # the twin's run repeats the private run's baselines
+    cell[(r["setting"], r["seed"], who)][r["group"]] = r
+
+
+def fmt(r):
+    return "{:.1f} / {:.1f} / {:.1f}".format(
+        100 * r["time_in_range"], 100 * r["time_below_70"], 100 * r["time_below_54"])
+
+
+order = ["private DPPG", "non-private twin", "basal-bolus", "pid", "proportional"]
+names = {"pid": "PID (tuned per age group)", "basal-bolus": "basal-bolus",
+         "proportional": "proportional"}
+settings = {"pump": "no announcements", "pump-meals": "meals announced"}
+print("| setting | seed | controller | adults | adolescents | children | all |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for setting in ("pump", "pump-meals"):
+    for seed in sorted({k[1] for k in cell if k[0] == setting}):
+        for who in order:
+            g = cell.get((setting, seed, who))
+            if not g:
+                continue
+            print(f"| {settings[setting]} | {seed} | {names.get(who, who)} | "
+                  + " | ".join(fmt(g[k]) if k in g else "-" for k in
+                               ("adult", "adolescent", "child", "pooled")) + " |")
+print()
+for setting in ("pump", "pump-meals"):
+    for seed in sorted({k[1] for k in cell if k[0] == setting}):
+        p = cell.get((setting, seed, "private DPPG"))
+        if not p:
+            continue
+        if setting == "pump":
+            pid = cell[(setting, seed, "pid")]
+            checks = []
+            for grp in ("adult", "adolescent"):
+                ok = (p[grp]["time_in_range"] > pid[grp]["time_in_range"]
+                      and p[grp]["time_below_70"] <= pid[grp]["time_below_70"])
+                checks.append(f"{grp}s {'met' if ok else 'NOT met'}")
+            print(f"- no announcements, seed {seed}: beats PID without more time below 70: "
+                  + ", ".join(checks))
+        else:
+            bb = cell[(setting, seed, "basal-bolus")]["pooled"]
+            q = p["pooled"]
+            ok = (q["time_in_range"] >= bb["time_in_range"] - 0.05
+                  and q["time_below_54"] <= bb["time_below_54"])
+            print(f"- meals announced, seed {seed}: within 5 points of basal-bolus and no worse "
+                  f"below 54: {'met' if ok else 'NOT met'} ({fmt(q)} against {fmt(bb)})")
