@@ -109,7 +109,9 @@ fn an_existing_run_directory_needs_resume_and_the_same_scenario() {
 #[test]
 fn a_fedrl_run_stopped_by_sigterm_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let s = write(dir.path(), "s.toml", &scenario(10, 0.2));
+    // 0.5 s of added latency per round leaves seconds between the third release and the end of
+    // the run, so the signal lands mid-run even when a loaded machine delays this test's polling.
+    let s = write(dir.path(), "s.toml", &scenario(10, 0.5));
     let out = dir.path().join("out");
     let err_log = dir.path().join("run.err");
     let mut p = Proc {
@@ -136,6 +138,7 @@ fn a_fedrl_run_stopped_by_sigterm_resumes() {
         assert!(t0.elapsed() < Duration::from_secs(60), "{}", p.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
+    let at_signal = released(&out);
     // SAFETY: kill(2) on our child, not yet reaped.
     assert_eq!(unsafe { libc::kill(p.child.id() as i32, libc::SIGTERM) }, 0);
     let status = p.wait(Duration::from_secs(60));
@@ -150,7 +153,11 @@ fn a_fedrl_run_stopped_by_sigterm_resumes() {
         !out.join("report.json").exists(),
         "a report as if the run had ended"
     );
-    assert_eq!(report(&out.join("state"))["outcome"], "interrupted");
+    assert_eq!(
+        report(&out.join("state"))["outcome"],
+        "interrupted",
+        "{at_signal} rounds released when the signal was sent"
+    );
 
     let (code, stdout, stderr) = run(&[Path::new("--out"), &out, Path::new("--resume")]);
     assert_eq!(code, 0, "{stderr}\n{stdout}");
