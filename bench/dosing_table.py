@@ -9,13 +9,18 @@ per setting the target check of issue 17 for every seed:
 - meals announced: private DPPG within 5 points of basal-bolus on time in range (all patients)
   and no worse on time below 54.
 
-    python3 bench/dosing_table.py [bench/results/dosing_clinical.jsonl]
+    python3 bench/dosing_table.py [--compact] [bench/results/dosing_clinical.jsonl]
+
+--compact keeps the policy, its twin and the controller each setting's target names.
 """
 import json
 import sys
 from collections import defaultdict
 
-path = sys.argv[1] if len(sys.argv) > 1 else "bench/results/dosing_clinical.jsonl"
+args = [a for a in sys.argv[1:] if a != "--compact"]
+compact = "--compact" in sys.argv[1:]
+path = args[0] if args else "bench/results/dosing_clinical.jsonl"
+target = {"pump": "pid", "pump-meals": "basal-bolus"}
 rows = [json.loads(line) for line in open(path)]
 cell = defaultdict(dict)  # (setting, seed, who) -> group -> row
 for r in rows:
@@ -41,9 +46,13 @@ for setting in ("pump", "pump-meals"):
     for seed in sorted({k[1] for k in cell if k[0] == setting}):
         for who in order:
             g = cell.get((setting, seed, who))
-            if not g:
+            if not g or (compact and who not in ("private DPPG", "non-private twin",
+                                                 target[setting])):
                 continue
-            print(f"| {settings[setting]} | {seed} | {names.get(who, who)} | "
+            name = names.get(who, who)
+            if setting == "pump" and who == "basal-bolus":
+                name += " (told of the meals)"
+            print(f"| {settings[setting]} | {seed} | {name} | "
                   + " | ".join(fmt(g[k]) if k in g else "-" for k in
                                ("adult", "adolescent", "child", "pooled")) + " |")
 print()

@@ -5,7 +5,7 @@
 # patient-days. Resumable: a seed whose report.json exists is skipped; each finished run appends
 # its clinical rows to bench/results/dosing_clinical.jsonl at once.
 #
-#   bash bench/run_dosing.sh                 # everything (about 15 min per run on 2 cores)
+#   bash bench/run_dosing.sh                 # everything (about 4-8 min per run on 2 cores)
 #   RUNS="pump-meals:2 pump:2" bash bench/run_dosing.sh   # a subset, "<setting>:<seed>[:twin]"
 set -euo pipefail
 cd "$(dirname "$0")/.."
