@@ -17,7 +17,8 @@ grep -E '"(wall_seconds|final_eval_return|users|rounds_completed|epsilon)"' "$ou
 rm -rf "$out"
 echo "== fedrl: DP-FedAvg PPO, epsilon 1 (fresh users), time to eval >= 475"
 cargo run --release -p fedrl-rl --example fedavg_cartpole -- \
-  --epsilon 1 --cohort 1024 --rounds 80 --hidden 32,32 --clip 0.3 --server-lr 1.5 --threads 2
+  --epsilon 1 --cohort 1024 --rounds 80 --hidden 32,32 --clip 0.3 --server-lr 0.5 --server-momentum 0.7 \
+  --max-steps 128 --threads 2
 echo "== fedrl: non-private FedAvg PPO"
 cargo run --release -p fedrl-rl --example fedavg_cartpole -- \
   --epsilon 0 --cohort 256 --rounds 80 --hidden 32,32 --threads 2

@@ -20,6 +20,7 @@
 use std::path::Path;
 
 use fedrl_common::scenario::DppgTask;
+use fedrl_common::task::ServerOptimizerKind;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::evaluate::evaluate_logged;
 use fedrl_rl::task::DppgTaskExt;
@@ -29,8 +30,8 @@ use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};
 use fedrl_sim::population::Population;
 
 use crate::model::{
-    BestModel, ModelError, ModelState, ServerModel, ServerSgd, final_evaluation_json, keep_best,
-    restore_with_best, state_with_best,
+    BestModel, ModelError, ModelState, ServerModel, ServerOptimizer, ServerRule,
+    final_evaluation_json, keep_best, restore_with_best, state_with_best,
 };
 
 /// Simulated users the baseline PID is tuned on (about 10 per age group).
@@ -38,6 +39,20 @@ pub const PID_TUNING_USERS: u64 = 30;
 
 /// File name of the exported policy in the output directory.
 pub const POLICY_FILE: &str = "policy.safetensors";
+
+/// The server optimizer's rule a task asks for.
+fn server_rule(task: &DppgTask) -> ServerRule {
+    match task.server_optimizer {
+        ServerOptimizerKind::Sgd => ServerRule::Sgd {
+            momentum: task.server_momentum,
+        },
+        ServerOptimizerKind::Adam => ServerRule::Adam {
+            beta1: task.server_adam_beta1,
+            beta2: task.server_adam_beta2,
+            eps: task.server_adam_eps,
+        },
+    }
+}
 
 /// Environments, reset seeds and settings of one evaluation.
 type EvalSetup = (Vec<Box<dyn Env>>, Vec<u64>, EvalConfig);
@@ -50,7 +65,7 @@ fn eval_seed(user: u64) -> u64 {
 pub struct DppgModel {
     task: DppgTask,
     spec: ModelSpec,
-    sgd: ServerSgd,
+    sgd: ServerOptimizer,
     population: Population,
     /// First held-out user id (the scenario's number of training users).
     first_eval_user: u64,
@@ -88,7 +103,7 @@ impl DppgModel {
         let params = spec.init(task.model_seed);
         Ok(Self {
             task: task.clone(),
-            sgd: ServerSgd::new(params, task.server_lr, task.server_momentum),
+            sgd: ServerOptimizer::with_rule(params, task.server_lr, server_rule(task)),
             spec,
             population: Population::new(&task.population, task.population_seed)?,
             first_eval_user: training_users,
@@ -414,6 +429,54 @@ mod tests {
         assert!(f["final_eval_return"].is_f64());
         assert!(f.get("clinical").is_none());
         assert!(f.get("baselines").is_none());
+    }
+
+    /// `server_optimizer = "adam"` in a scenario's task runs Adam on the released updates, and
+    /// its checkpoint (both moments and the step count) resumes the same trajectory.
+    #[test]
+    fn server_adam_from_the_task_steps_and_resumes() {
+        let adam = || {
+            let task: DppgTask = serde_json::from_value(serde_json::json!({
+                "population": "CartPole-v1",
+                "server_optimizer": "adam",
+                "server_lr": 0.01,
+                "local": { "hidden": [4] },
+            }))
+            .unwrap();
+            fedrl_common::task::Task::Dppg(task.clone())
+                .validate()
+                .unwrap();
+            DppgModel::new(&task, 10, Device::Cpu).unwrap()
+        };
+        let mut m = adam();
+        let start = m.params().to_vec();
+        let u: Vec<f32> = (0..start.len()).map(|i| (i as f32 - 7.0) * 1e-3).collect();
+        m.apply(&u).unwrap();
+        // Adam's first step moves every coordinate by lr * u / (|u| + eps) (bias-corrected).
+        for ((a, b), ui) in m.params().iter().zip(&start).zip(&u) {
+            let want = 0.01 * *ui as f64 / (ui.abs() as f64 + 1e-3);
+            assert!(((a - b) as f64 - want).abs() < 1e-6);
+        }
+        let st = m.state();
+        assert_eq!(st.tensors.len(), 3 * start.len());
+        let mut r = adam();
+        r.restore(st).unwrap();
+        m.apply(&u).unwrap();
+        r.apply(&u).unwrap();
+        assert_eq!(m.params(), r.params());
+        // A plain-SGD checkpoint cannot resume an Adam run.
+        assert!(adam().restore(model().state()).is_err());
+        // Momentum is the SGD rule's; with Adam it is refused by name.
+        let t: DppgTask = serde_json::from_value(serde_json::json!({
+            "server_optimizer": "adam",
+            "server_momentum": 0.9,
+        }))
+        .unwrap();
+        let err = fedrl_common::task::Task::Dppg(t)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server_adam_beta1"), "{err}");
     }
 
     #[test]

@@ -22,5 +22,5 @@ pub mod state;
 pub mod tasks;
 pub mod tls;
 
-pub use model::{ModelError, ModelState, ServerModel, ServerSgd};
+pub use model::{ModelError, ModelState, ServerModel, ServerOptimizer, ServerRule};
 pub use service::{AggregatorOptions, RunReport};

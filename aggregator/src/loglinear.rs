@@ -18,15 +18,15 @@ use fedrl_sim::population::Population;
 
 use crate::dppg::POLICY_FILE;
 use crate::model::{
-    BestModel, ModelError, ModelState, ServerModel, ServerSgd, final_evaluation_json, keep_best,
-    restore_with_best, state_with_best,
+    BestModel, ModelError, ModelState, ServerModel, ServerOptimizer, final_evaluation_json,
+    keep_best, restore_with_best, state_with_best,
 };
 
 /// The server model of [`fedrl_common::scenario::Task::LogLinearPg`].
 pub struct LogLinearModel {
     task: LogLinearTask,
     spec: LogLinearSpec,
-    sgd: ServerSgd,
+    sgd: ServerOptimizer,
     population: Population,
     /// First held-out user id (the scenario's number of training users).
     first_eval_user: u64,
@@ -66,7 +66,7 @@ impl LogLinearModel {
         Ok(Self {
             task: task.clone(),
             // Server learning rate 1, no momentum: the clients' updates carry eta_t.
-            sgd: ServerSgd::new(spec.init(), 1.0, 0.0),
+            sgd: ServerOptimizer::new(spec.init(), 1.0, 0.0),
             spec,
             population: Population::new(&task.population, task.population_seed)?,
             first_eval_user: training_users,

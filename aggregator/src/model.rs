@@ -1,4 +1,5 @@
-//! The server-side model trait, its SGD server optimizer, and the mean-estimation model.
+//! The server-side model trait, its server optimizer (SGD with momentum, or Adam), and the
+//! mean-estimation model.
 
 use fedrl_common::scenario::MeanEstimationTask;
 use serde::{Deserialize, Serialize};
@@ -74,27 +75,63 @@ pub trait ServerModel: Send {
     }
 }
 
-/// Server SGD with momentum: `v = momentum * v + u; theta += lr * v` where `u` is the released
-/// noisy mean update (client updates point in the direction to move, so the server adds).
-#[derive(Clone, Debug)]
-pub struct ServerSgd {
-    pub params: Vec<f32>,
-    pub velocity: Vec<f32>,
-    /// Server learning rate.
-    pub lr: f64,
-    /// Momentum in [0, 1); 0 is plain FedAvg/FedSGD.
-    pub momentum: f64,
+/// The server optimizer's rule (post-processing of released updates: any rule costs no privacy).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ServerRule {
+    /// SGD with momentum: `v = momentum * v + u; theta += lr * v`.
+    Sgd { momentum: f64 },
+    /// Adam on the released update (DP-FedAdam, Reddi et al. 2021, "Adaptive Federated
+    /// Optimization"): `m = b1 m + (1 - b1) u`, `v = b2 v + (1 - b2) u^2`, `theta += lr *
+    /// m_hat / (sqrt(v_hat) + eps)` with bias-corrected `m_hat`, `v_hat`. With noisy updates
+    /// `v` tracks the noise variance, so each coordinate moves about `lr` per round in the
+    /// direction the signal keeps; `eps` is the adaptivity floor (update units).
+    Adam { beta1: f64, beta2: f64, eps: f64 },
 }
 
-impl ServerSgd {
+/// The server optimizer: applies each released noisy mean update `u` (client updates point in
+/// the direction to move, so the server adds) by the [`ServerRule`].
+#[derive(Clone, Debug)]
+pub struct ServerOptimizer {
+    pub params: Vec<f32>,
+    /// SGD velocity, or Adam's first moment.
+    pub velocity: Vec<f32>,
+    /// Adam's second moment (empty for SGD).
+    pub second: Vec<f32>,
+    /// Updates applied so far (Adam's bias correction).
+    pub steps: u64,
+    /// Server learning rate.
+    pub lr: f64,
+    pub rule: ServerRule,
+}
+
+/// Metadata key of the applied-update count in a checkpoint.
+const STEPS_KEY: &str = "server_steps";
+
+impl ServerOptimizer {
+    /// Plain FedAvg/FedSGD with momentum in [0, 1) (0: none).
     pub fn new(params: Vec<f32>, lr: f64, momentum: f64) -> Self {
-        let velocity = vec![0.0; params.len()];
-        ServerSgd {
+        Self::with_rule(params, lr, ServerRule::Sgd { momentum })
+    }
+
+    pub fn with_rule(params: Vec<f32>, lr: f64, rule: ServerRule) -> Self {
+        let n = params.len();
+        let second = match rule {
+            ServerRule::Adam { .. } => vec![0.0; n],
+            ServerRule::Sgd { .. } => Vec::new(),
+        };
+        ServerOptimizer {
             params,
-            velocity,
+            velocity: vec![0.0; n],
+            second,
+            steps: 0,
             lr,
-            momentum,
+            rule,
         }
+    }
+
+    /// Values of [`Self::state`]'s tensors: parameters, then the optimizer's moments.
+    pub fn state_len(&self) -> usize {
+        self.params.len() + self.velocity.len() + self.second.len()
     }
 
     pub fn step(&mut self, update: &[f32]) -> Result<(), ModelError> {
@@ -104,35 +141,79 @@ impl ServerSgd {
                 got: update.len(),
             });
         }
-        for ((p, v), u) in self
-            .params
-            .iter_mut()
-            .zip(self.velocity.iter_mut())
-            .zip(update)
-        {
-            *v = (self.momentum * *v as f64 + *u as f64) as f32;
-            *p = (*p as f64 + self.lr * *v as f64) as f32;
+        self.steps += 1;
+        match self.rule {
+            ServerRule::Sgd { momentum } => {
+                for ((p, v), u) in self
+                    .params
+                    .iter_mut()
+                    .zip(self.velocity.iter_mut())
+                    .zip(update)
+                {
+                    *v = (momentum * *v as f64 + *u as f64) as f32;
+                    *p = (*p as f64 + self.lr * *v as f64) as f32;
+                }
+            }
+            ServerRule::Adam { beta1, beta2, eps } => {
+                let t = self.steps.min(i32::MAX as u64) as i32;
+                let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+                for (((p, m), v), u) in self
+                    .params
+                    .iter_mut()
+                    .zip(self.velocity.iter_mut())
+                    .zip(self.second.iter_mut())
+                    .zip(update)
+                {
+                    let u = *u as f64;
+                    let m_new = beta1 * *m as f64 + (1.0 - beta1) * u;
+                    let v_new = beta2 * *v as f64 + (1.0 - beta2) * u * u;
+                    *m = m_new as f32;
+                    *v = v_new as f32;
+                    let step = self.lr * (m_new / bc1) / ((v_new / bc2).sqrt() + eps);
+                    *p = (*p as f64 + step) as f32;
+                }
+            }
         }
         Ok(())
     }
 
-    pub fn state(&self, meta: serde_json::Value) -> ModelState {
-        let mut tensors = self.params.clone();
+    /// The parameters and moments, and the update count in `meta` (an object) under
+    /// `server_steps`.
+    pub fn state(&self, mut meta: serde_json::Value) -> ModelState {
+        if let Some(obj) = meta.as_object_mut() {
+            obj.insert(STEPS_KEY.into(), serde_json::json!(self.steps));
+        }
+        let mut tensors = Vec::with_capacity(self.state_len());
+        tensors.extend_from_slice(&self.params);
         tensors.extend_from_slice(&self.velocity);
+        tensors.extend_from_slice(&self.second);
         ModelState { meta, tensors }
     }
 
     pub fn restore(&mut self, state: &ModelState) -> Result<(), ModelError> {
         let n = self.params.len();
-        if state.tensors.len() != 2 * n {
+        if state.tensors.len() != self.state_len() {
             return Err(ModelError::Restore(format!(
-                "checkpoint holds {} values, expected {} (params + velocity)",
+                "checkpoint holds {} values, expected {} (params and the {} moments)",
                 state.tensors.len(),
-                2 * n
+                self.state_len(),
+                match self.rule {
+                    ServerRule::Sgd { .. } => "server SGD's velocity",
+                    ServerRule::Adam { .. } => "server Adam's two",
+                }
             )));
         }
+        let steps = state.meta.get(STEPS_KEY).and_then(|v| v.as_u64());
+        if matches!(self.rule, ServerRule::Adam { .. }) && steps.is_none() {
+            // Adam's bias correction needs the count; SGD checkpoints of older runs lack it.
+            return Err(ModelError::Restore(format!(
+                "checkpoint has no `{STEPS_KEY}`, which server Adam needs"
+            )));
+        }
+        self.steps = steps.unwrap_or(0);
         self.params.copy_from_slice(&state.tensors[..n]);
-        self.velocity.copy_from_slice(&state.tensors[n..]);
+        self.velocity.copy_from_slice(&state.tensors[n..2 * n]);
+        self.second.copy_from_slice(&state.tensors[2 * n..]);
         Ok(())
     }
 }
@@ -176,7 +257,7 @@ pub fn final_evaluation_json(
 /// optimizer's state, its return in the metadata (`best_eval_return`), so a resumed run
 /// exports the same model selection as an uninterrupted one.
 pub fn state_with_best(
-    sgd: &ServerSgd,
+    sgd: &ServerOptimizer,
     mut meta: serde_json::Value,
     best: &BestModel,
 ) -> ModelState {
@@ -196,14 +277,15 @@ pub fn state_with_best(
 /// Restores a checkpoint written by [`state_with_best`] into `sgd` and returns the best model.
 /// Checkpoints without one (older ones, or before any evaluation) restore with none.
 pub fn restore_with_best(
-    sgd: &mut ServerSgd,
+    sgd: &mut ServerOptimizer,
     mut state: ModelState,
 ) -> Result<BestModel, ModelError> {
     let n = sgd.params.len();
+    let opt = sgd.state_len();
     let best_return = state.meta.get("best_eval_return").and_then(|v| v.as_f64());
     let best = match best_return {
-        Some(r) if state.tensors.len() == 3 * n => Some((r, state.tensors.split_off(2 * n))),
-        None if state.tensors.len() == 2 * n => None,
+        Some(r) if state.tensors.len() == opt + n => Some((r, state.tensors.split_off(opt))),
+        None if state.tensors.len() == opt => None,
         _ => {
             return Err(ModelError::Restore(format!(
                 "checkpoint holds {} values for a model of {n} (best return {best_return:?})",
@@ -219,14 +301,14 @@ pub fn restore_with_best(
 /// mean of `x_u - theta`. Evaluation compares with the simulation's true mean (known only
 /// because this is a simulation; it is not derived from any user's data beyond the seed).
 pub struct MeanEstimationModel {
-    sgd: ServerSgd,
+    sgd: ServerOptimizer,
     truth: Vec<f32>,
 }
 
 impl MeanEstimationModel {
     pub fn new(task: &MeanEstimationTask) -> Self {
         MeanEstimationModel {
-            sgd: ServerSgd::new(vec![0.0; task.dim], task.server_lr, 0.0),
+            sgd: ServerOptimizer::new(vec![0.0; task.dim], task.server_lr, 0.0),
             truth: task.true_mean(),
         }
     }
@@ -265,16 +347,52 @@ mod tests {
 
     #[test]
     fn sgd_state_round_trips() {
-        let mut a = ServerSgd::new(vec![0.0; 3], 0.5, 0.9);
+        let mut a = ServerOptimizer::new(vec![0.0; 3], 0.5, 0.9);
         a.step(&[1.0, 2.0, 3.0]).unwrap();
         a.step(&[1.0, 0.0, -1.0]).unwrap();
         let st = a.state(serde_json::Value::Null);
-        let mut b = ServerSgd::new(vec![0.0; 3], 0.5, 0.9);
+        let mut b = ServerOptimizer::new(vec![0.0; 3], 0.5, 0.9);
         b.restore(&st).unwrap();
         a.step(&[0.5; 3]).unwrap();
         b.step(&[0.5; 3]).unwrap();
         assert_eq!(a.params, b.params);
         assert!(a.step(&[1.0]).is_err());
+    }
+
+    #[test]
+    fn adam_matches_a_hand_computation_and_round_trips() {
+        let rule = ServerRule::Adam {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-3,
+        };
+        let mut a = ServerOptimizer::with_rule(vec![1.0, -1.0], 0.01, rule);
+        a.step(&[0.002, -0.5]).unwrap();
+        // First step: m_hat = u, v_hat = u^2, so each coordinate moves lr * u / (|u| + eps).
+        let want0 = 1.0 + 0.01 * 0.002 / (0.002 + 1e-3);
+        let want1 = -1.0 + 0.01 * -0.5 / (0.5 + 1e-3);
+        assert!((a.params[0] as f64 - want0).abs() < 1e-6, "{}", a.params[0]);
+        assert!((a.params[1] as f64 - want1).abs() < 1e-6, "{}", a.params[1]);
+        // Second step by hand for coordinate 0.
+        let (m, v) = (0.9 * 0.1 * 0.002 + 0.1 * 0.004, 0.01 * 0.002f64.powi(2));
+        let v = 0.99 * v + 0.01 * 0.004f64.powi(2);
+        let step = 0.01 * (m / (1.0 - 0.81)) / ((v / (1.0 - 0.9801)).sqrt() + 1e-3);
+        let before = a.params[0] as f64;
+        a.step(&[0.004, 0.0]).unwrap();
+        assert!((a.params[0] as f64 - (before + step)).abs() < 1e-6);
+        // A checkpoint restores the moments and the step count (bias correction).
+        let st = a.state(serde_json::json!({}));
+        assert_eq!(st.tensors.len(), 6);
+        let mut b = ServerOptimizer::with_rule(vec![0.0; 2], 0.01, rule);
+        b.restore(&st).unwrap();
+        assert_eq!(b.steps, 2);
+        a.step(&[0.1, 0.1]).unwrap();
+        b.step(&[0.1, 0.1]).unwrap();
+        assert_eq!(a.params, b.params);
+        // An SGD checkpoint (no second moment, no count) is refused with a message.
+        let sgd = ServerOptimizer::new(vec![0.0; 2], 1.0, 0.0).state(serde_json::Value::Null);
+        let err = b.restore(&sgd).unwrap_err().to_string();
+        assert!(err.contains("expected 6"), "{err}");
     }
 
     #[test]

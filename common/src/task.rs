@@ -164,9 +164,24 @@ pub struct DppgTask {
     /// Server learning rate applied to the released noisy mean update. Default 1.
     #[serde(default = "d_one_f")]
     pub server_lr: f64,
-    /// Server momentum in [0, 1). Default 0.
+    /// Server momentum in [0, 1) of the `sgd` server optimizer. Default 0.
     #[serde(default)]
     pub server_momentum: f64,
+    /// How the server applies each released noisy mean update: `sgd` (default; `theta +=
+    /// server_lr * velocity`, with `server_momentum`) or `adam` (DP-FedAdam: Adam with
+    /// `server_adam_beta1`, `server_adam_beta2` and `server_adam_eps`, step size `server_lr`
+    /// in parameter units per round). Post-processing of released updates: no privacy cost.
+    #[serde(default)]
+    pub server_optimizer: ServerOptimizerKind,
+    /// Adam's first-moment decay. Default 0.9.
+    #[serde(default = "d_server_adam_beta1")]
+    pub server_adam_beta1: f64,
+    /// Adam's second-moment decay. Default 0.99.
+    #[serde(default = "d_server_adam_beta2")]
+    pub server_adam_beta2: f64,
+    /// Adam's denominator floor (update units; Reddi et al.'s adaptivity tau). Default 1e-3.
+    #[serde(default = "d_server_adam_eps")]
+    pub server_adam_eps: f64,
     /// Evaluate on held-out users every K released rounds (and at the end). Default 5.
     #[serde(default = "d_eval_every")]
     pub eval_every: u64,
@@ -205,6 +220,29 @@ impl DppgTask {
                 "task.server_momentum must be in [0, 1), got {}",
                 self.server_momentum
             ));
+        }
+        if self.server_optimizer == ServerOptimizerKind::Adam {
+            if self.server_momentum != 0.0 {
+                return bad(
+                    "task.server_momentum applies to the sgd server optimizer; Adam's is \
+                     task.server_adam_beta1"
+                        .into(),
+                );
+            }
+            for (name, b) in [
+                ("server_adam_beta1", self.server_adam_beta1),
+                ("server_adam_beta2", self.server_adam_beta2),
+            ] {
+                if !(0.0..1.0).contains(&b) {
+                    return bad(format!("task.{name} must be in [0, 1), got {b}"));
+                }
+            }
+            if !(self.server_adam_eps.is_finite() && self.server_adam_eps > 0.0) {
+                return bad(format!(
+                    "task.server_adam_eps must be > 0, got {}",
+                    self.server_adam_eps
+                ));
+            }
         }
         if self.eval_every == 0 || self.eval_users == 0 || self.final_eval_users == 0 {
             return bad(
@@ -576,6 +614,29 @@ impl MeanEstimationTask {
         }
         Ok(())
     }
+}
+
+/// The server optimizer of [`DppgTask`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerOptimizerKind {
+    /// SGD with momentum (FedAvg at momentum 0).
+    #[default]
+    Sgd,
+    /// Adam on the released updates (DP-FedAdam).
+    Adam,
+}
+
+fn d_server_adam_beta1() -> f64 {
+    0.9
+}
+
+fn d_server_adam_beta2() -> f64 {
+    0.99
+}
+
+fn d_server_adam_eps() -> f64 {
+    1e-3
 }
 
 fn d_one_f() -> f64 {

@@ -19,7 +19,10 @@ use fedrl_common::device::DeviceSpec;
 use fedrl_common::privacy::fixed_point::{noisy_mean, non_private_mean};
 use fedrl_common::privacy::gaussian;
 use fedrl_common::privacy::noise::DiscreteGaussianNoise;
-use fedrl_rl::{EvalConfig, LocalUpdateConfig, ModelSpec, device, evaluate, io, local_updates};
+use fedrl_rl::{
+    EvalConfig, LocalUpdateConfig, LocalUpdateExt, ModelSpec, collect_rollouts, device, evaluate,
+    io, local_updates, local_updates_from_batches,
+};
 use fedrl_sim::Env;
 
 struct Args {
@@ -30,6 +33,16 @@ struct Args {
     rounds: usize,
     server_lr: f64,
     server_momentum: f64,
+    /// `sgd` (with momentum) or `adam` (DP-FedAdam: Adam on the released noisy mean update).
+    server_opt: String,
+    server_beta2: f64,
+    server_eps: f64,
+    /// Linear server learning-rate decay: `lr * max(lr_floor, 1 - round / decay_rounds)`
+    /// (0: constant).
+    decay_rounds: usize,
+    lr_floor: f64,
+    /// Time the rollouts and the local PPO updates separately (same results as together).
+    split: bool,
     eval_every: usize,
     eval_users: usize,
     target: f64,
@@ -48,6 +61,12 @@ fn parse() -> Result<Args, String> {
         rounds: 80,
         server_lr: 1.5,
         server_momentum: 0.0,
+        server_opt: "sgd".into(),
+        server_beta2: 0.99,
+        server_eps: 1e-3,
+        decay_rounds: 0,
+        lr_floor: 0.1,
+        split: false,
         eval_every: 2,
         eval_users: 100,
         target: 475.0,
@@ -75,6 +94,12 @@ fn parse() -> Result<Args, String> {
             "rounds" => a.rounds = u()?,
             "server-lr" => a.server_lr = f()?,
             "server-momentum" => a.server_momentum = f()?,
+            "server-opt" => a.server_opt = val.clone(),
+            "server-beta2" => a.server_beta2 = f()?,
+            "server-eps" => a.server_eps = f()?,
+            "decay-rounds" => a.decay_rounds = u()?,
+            "lr-floor" => a.lr_floor = f()?,
+            "split" => a.split = val == "1" || val == "true",
             "eval-every" => a.eval_every = u()?,
             "eval-users" => a.eval_users = u()?,
             "target" => a.target = f()?,
@@ -114,6 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // one candle thread per worker; parallelism comes from our own threads.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
     }
+    fedrl_rl::alloc::tune_for_training();
     let a = parse()?;
     let dev = device::open(a.device)?;
     let make = |n: usize| -> Result<Vec<Box<dyn Env>>, fedrl_sim::SimError> {
@@ -156,16 +182,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let eval_seeds: Vec<u64> = (0..a.eval_users as u64).map(|i| (1 << 62) + i).collect();
     let eval_cfg = EvalConfig::default();
     let mut momentum = vec![0.0f32; layout.len()];
+    let mut second = vec![0.0f32; layout.len()];
+    let adam = a.server_opt == "adam";
     let start = Instant::now();
     let mut users = 0usize;
     let mut steps = 0usize;
     let mut solved = None;
+    let (mut t_rollout, mut t_train, mut t_noise, mut t_eval) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for round in 0..a.rounds {
         let seeds: Vec<u64> = (0..a.cohort as u64)
             .map(|i| a.seed.wrapping_mul(1 << 40) + (round * a.cohort) as u64 + i)
             .collect();
         let t0 = Instant::now();
-        let ups = local_updates(&spec, &global, &mut envs, &seeds, &a.cfg, &dev)?;
+        let ups = if a.split {
+            // The same work as `local_updates`, in two timed phases: rollouts on the worker
+            // threads, then the batched local PPO updates.
+            let per = envs.len().div_ceil(a.cfg.threads.max(1)).max(1);
+            let rollout = a.cfg.rollout();
+            let parts: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = envs
+                    .chunks_mut(per)
+                    .zip(seeds.chunks(per))
+                    .map(|(e, sd)| {
+                        let (spec, global, rollout, dev) = (&spec, &global, &rollout, &dev);
+                        s.spawn(move || collect_rollouts(spec, global, e, sd, rollout, dev))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("rollout thread"))
+                    .collect()
+            });
+            let mut batches = Vec::new();
+            for p in parts {
+                batches.extend(p?);
+            }
+            let t_roll = t0.elapsed().as_secs_f64();
+            let ups = local_updates_from_batches(&spec, &global, &batches, &seeds, &a.cfg, &dev)?;
+            t_rollout += t_roll;
+            t_train += t0.elapsed().as_secs_f64() - t_roll;
+            ups
+        } else {
+            local_updates(&spec, &global, &mut envs, &seeds, &a.cfg, &dev)?
+        };
         let t_local = t0.elapsed().as_secs_f64();
         users += ups.len();
         let round_steps: usize = ups.iter().map(|u| u.steps).sum();
@@ -183,6 +241,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The project's one noisy aggregation (fixed point, exact discrete Gaussian noise over
         // the fixed cohort size), or the plain mean without noise. `local_updates` clipped the
         // deltas already; `noisy_mean` re-clips, as the aggregator does.
+        let t_agg = Instant::now();
         let deltas = ups.iter().map(|u| u.delta.as_slice());
         let mean = if z > 0.0 {
             noisy_mean(
@@ -198,10 +257,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             non_private_mean(deltas, layout.len(), a.cohort as f64)?
         };
         let mut mean_norm = 0.0;
+        t_noise += t_agg.elapsed().as_secs_f64();
+        let t = (round + 1) as i32;
+        let lr = if a.decay_rounds > 0 {
+            a.server_lr * (1.0 - round as f64 / a.decay_rounds as f64).max(a.lr_floor)
+        } else {
+            a.server_lr
+        };
         for (i, upd) in mean.iter().enumerate() {
             mean_norm += (*upd as f64).powi(2);
-            momentum[i] = a.server_momentum as f32 * momentum[i] + upd;
-            global[i] += a.server_lr as f32 * momentum[i];
+            if adam {
+                let (b1, b2) = (a.server_momentum, a.server_beta2);
+                momentum[i] = (b1 * momentum[i] as f64 + (1.0 - b1) * *upd as f64) as f32;
+                second[i] = (b2 * second[i] as f64 + (1.0 - b2) * (*upd as f64).powi(2)) as f32;
+                let mh = momentum[i] as f64 / (1.0 - b1.powi(t));
+                let vh = second[i] as f64 / (1.0 - b2.powi(t));
+                global[i] += (lr * mh / (vh.sqrt() + a.server_eps)) as f32;
+            } else {
+                momentum[i] = a.server_momentum as f32 * momentum[i] + upd;
+                global[i] += lr as f32 * momentum[i];
+            }
         }
         let mut line = format!(
             "round {round:3} users {users:7} steps {steps:9} train-return {train_ret:7.1} \
@@ -211,7 +286,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start.elapsed().as_secs_f64()
         );
         if (round + 1) % a.eval_every.max(1) == 0 || round + 1 == a.rounds {
+            let t_e = Instant::now();
             let r = evaluate(&spec, &global, &mut eval_envs, &eval_seeds, &eval_cfg, &dev)?;
+            t_eval += t_e.elapsed().as_secs_f64();
             line += &format!(" | eval {:.1} +- {:.1}", r.mean, r.std);
             if r.mean >= a.target && solved.is_none() {
                 solved = Some((round + 1, users, steps, start.elapsed().as_secs_f64()));
@@ -222,6 +299,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
     }
+    // One machine-readable line for the variant sweep (bench/run_dppg_variants.sh).
+    let (r, u, s, t) = solved.unwrap_or((a.rounds, users, steps, start.elapsed().as_secs_f64()));
+    println!(
+        "TIMES rollouts {t_rollout:.2} s, local PPO {t_train:.2} s (with --split 1), noisy \
+         aggregation {t_noise:.2} s, evaluation {t_eval:.2} s"
+    );
+    println!(
+        "RESULT {{\"solved\":{},\"rounds\":{r},\"users\":{u},\"env_steps\":{s},\"seconds\":{t:.2}}}",
+        solved.is_some()
+    );
     match solved {
         Some((r, u, s, t)) => println!(
             "SOLVED: eval >= {} after {r} rounds, {u} users, {s} env steps, {t:.1} s, \

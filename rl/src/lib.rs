@@ -10,6 +10,8 @@
 //! The pieces of the DPPG client step (seed 004, Algorithms 2 and 3):
 //! - [`mlp`]: the model description ([`ModelSpec`]), the flat parameter layout ([`ParamLayout`]),
 //!   seeded orthogonal initialisation and the batched tanh-MLP forward pass;
+//! - [`alloc`]: glibc allocator settings for training processes (call once in `main`);
+//! - [`activation`]: the tanh of the MLPs (a fast rational approximation on the CPU);
 //! - [`policy`] / [`value`]: categorical and diagonal-Gaussian policy heads, the value network;
 //! - [`io`]: safetensors save/load with PyTorch-compatible names (`policy.0.weight`, ...);
 //! - [`ppo`]: GAE and the PPO loss over many users' stacked parameter copies;
@@ -23,6 +25,8 @@
 //! PyTorch's row-major layout (`weight` is `[out, in]`). Internally the stacked copies keep
 //! weights as `[users, in, out]` so that the batched matmul needs no transpose.
 
+pub mod activation;
+pub mod alloc;
 pub mod device;
 pub mod evaluate;
 pub mod io;

@@ -556,7 +556,7 @@ pub fn forward(x: &Tensor, layers: &[(&Tensor, &Tensor)]) -> Result<Tensor> {
     for (i, (w, b)) in layers.iter().enumerate() {
         h = h.matmul(w)?.broadcast_add(&b.unsqueeze(1)?)?;
         if i + 1 < layers.len() {
-            h = h.tanh()?;
+            h = crate::activation::tanh(&h)?;
         }
     }
     Ok(h)
@@ -634,9 +634,7 @@ impl RowMlp {
                 }
             }
             if l + 1 < n {
-                for v in s.b.iter_mut() {
-                    *v = v.tanh();
-                }
+                crate::activation::tanh_in_place(&mut s.b);
             }
             std::mem::swap(&mut s.a, &mut s.b);
         }

@@ -50,6 +50,8 @@ fn main() -> ExitCode {
         // SAFETY: the process is still single-threaded here.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
     }
+    // Client agents and the aggregator train with candle: keep its buffers out of mmap/trim.
+    fedrl_rl::alloc::tune_for_training();
     // Logs go to stderr (the per-process log files under `fedrl run`); RUST_LOG overrides.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
