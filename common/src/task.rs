@@ -669,6 +669,11 @@ pub struct LocalUpdateConfig {
     pub minibatches: usize,
     /// Adam learning rate.
     pub lr: f64,
+    /// Normalise each user's advantages to zero mean and unit variance (over the user's own
+    /// steps). Default true. With one short episode per user and a policy that no longer
+    /// fails, a user's advantages are mostly value-estimate noise, and normalising blows that
+    /// noise up to full-size updates; false keeps advantages in (scaled) reward units.
+    pub normalize_advantages: bool,
     /// Adam beta1.
     pub adam_beta1: f64,
     /// Adam beta2.
@@ -720,6 +725,7 @@ impl Default for LocalUpdateConfig {
             epochs: 4,
             minibatches: 2,
             lr: 2.5e-3,
+            normalize_advantages: true,
             adam_beta1: 0.9,
             adam_beta2: 0.999,
             adam_eps: 1e-5,

@@ -118,6 +118,7 @@ fn parse() -> Result<Args, String> {
             "lambda" => c.gae_lambda = f()?,
             "reward-scale" => c.reward_scale = f()?,
             "max-grad-norm" => c.max_grad_norm = f()?,
+            "norm-adv" => c.normalize_advantages = val == "1" || val == "true",
             "hidden" => {
                 c.hidden = val
                     .split(',')

@@ -271,7 +271,9 @@ pub(crate) fn train_users(
         .zip(seeds)
         .map(|(b, &seed)| {
             let (mut adv, ret) = gae(b, cfg.gamma, cfg.gae_lambda, cfg.reward_scale);
-            normalize(&mut adv);
+            if cfg.normalize_advantages {
+                normalize(&mut adv);
+            }
             Prepared { b, adv, ret, seed }
         })
         .collect();

@@ -156,7 +156,10 @@ fn measure(fedrl: &Path, text: &str, rounds: u64) -> anyhow::Result<(f64, f64)> 
 
 fn main() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the bench crate's folder has no parent")?
+        .to_path_buf();
     let fedrl = arg(&argv, "--fedrl")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target/release/fedrl"));
@@ -247,7 +250,7 @@ fn draw(path: &Path, rows: &[serde_json::Value]) -> anyhow::Result<()> {
             continue;
         }
         let x0 = pts[0].0.log2() - 0.3;
-        let x1 = pts[pts.len() - 1].0.log2() + 0.3;
+        let x1 = pts[pts.len() - 1].0.log2() + 0.6;
         let y1 = pts.iter().map(|p| p.1).fold(0.0, f64::max) * 1.25;
         let mut chart = ChartBuilder::on(area)
             .caption(format!("time per round vs {factor}"), ("sans-serif", 20))
@@ -260,7 +263,15 @@ fn draw(path: &Path, rows: &[serde_json::Value]) -> anyhow::Result<()> {
             .configure_mesh()
             .x_desc(label)
             .y_desc("seconds per round")
-            .x_label_formatter(&|v| format!("{:.0}", v.exp2()))
+            // Ticks at powers of two only (the axis is log2 of the factor).
+            .x_labels(((x1 - x0).ceil() as usize * 4).max(2))
+            .x_label_formatter(&|v| {
+                if (v - v.round()).abs() < 0.02 {
+                    format!("{:.0}", v.round().exp2())
+                } else {
+                    String::new()
+                }
+            })
             .label_style(("sans-serif", 13))
             .draw()
             .map_err(|e| err(&e))?;
