@@ -30,7 +30,8 @@ use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};
 use fedrl_sim::population::Population;
 
 use crate::model::{
-    BestModel, ModelError, ModelState, ServerModel, ServerOptimizer, ServerRule,
+    BestModel, EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel,
+    ServerOptimizer, ServerRule,
     final_evaluation_json, keep_best, restore_with_best, state_with_best,
 };
 
@@ -64,16 +65,53 @@ fn eval_seed(user: u64) -> u64 {
 
 pub struct DppgModel {
     task: DppgTask,
-    spec: ModelSpec,
     sgd: ServerOptimizer,
-    population: Population,
+    /// The network, the users and the device of evaluations.
+    held: HeldOut,
     /// First held-out user id (the scenario's number of training users).
     first_eval_user: u64,
     /// The best periodically evaluated parameters and their return.
     best: BestModel,
     reached_target: bool,
+}
+
+/// What an evaluation on held-out users needs. Cheap to clone: a pipelined evaluation takes a
+/// copy to its own thread.
+#[derive(Clone)]
+struct HeldOut {
+    spec: ModelSpec,
+    population: Population,
+    episodes_per_env: usize,
     /// Where evaluations run.
     device: Device,
+}
+
+impl HeldOut {
+    /// Environments, reset seeds and settings of an evaluation on users `first..first + n`.
+    fn setup(&self, first: u64, n: u64) -> anyhow::Result<EvalSetup> {
+        let envs: Vec<Box<dyn Env>> = (0..n)
+            .map(|j| self.population.user_env(first + j))
+            .collect::<Result<_, _>>()?;
+        // Resets of evaluation episodes are seeded by the user id: the same users, the same
+        // episodes, whichever model is evaluated.
+        let seeds: Vec<u64> = (0..n).map(|j| eval_seed(first + j)).collect();
+        let cfg = EvalConfig {
+            episodes_per_env: self.episodes_per_env,
+            ..EvalConfig::default()
+        };
+        Ok((envs, seeds, cfg))
+    }
+
+    /// Mean return of `params` over held-out users `first..first + n`, one batched rollout.
+    fn evaluate_on(&self, params: &[f32], first: u64, n: u64) -> anyhow::Result<Evaluation> {
+        let (mut envs, seeds, cfg) = self.setup(first, n)?;
+        let r = evaluate(&self.spec, params, &mut envs, &seeds, &cfg, &self.device)?;
+        Ok(Evaluation {
+            mean: r.mean,
+            std: r.std,
+            episodes: r.returns.len(),
+        })
+    }
 }
 
 /// What an evaluation measured.
@@ -104,43 +142,25 @@ impl DppgModel {
         Ok(Self {
             task: task.clone(),
             sgd: ServerOptimizer::with_rule(params, task.server_lr, server_rule(task)),
-            spec,
-            population: Population::new(&task.population, task.population_seed)?,
+            held: HeldOut {
+                spec,
+                population: Population::new(&task.population, task.population_seed)?,
+                episodes_per_env: task.eval_episodes.max(1),
+                device,
+            },
             first_eval_user: training_users,
             best: None,
             reached_target: false,
-            device,
         })
     }
 
     pub fn spec(&self) -> &ModelSpec {
-        &self.spec
-    }
-
-    /// Environments, reset seeds and settings of an evaluation on users `first..first + n`.
-    fn eval_setup(&self, first: u64, n: u64) -> anyhow::Result<EvalSetup> {
-        let envs: Vec<Box<dyn Env>> = (0..n)
-            .map(|j| self.population.user_env(first + j))
-            .collect::<Result<_, _>>()?;
-        // Resets of evaluation episodes are seeded by the user id: the same users, the same
-        // episodes, whichever model is evaluated.
-        let seeds: Vec<u64> = (0..n).map(|j| eval_seed(first + j)).collect();
-        let cfg = EvalConfig {
-            episodes_per_env: self.task.eval_episodes.max(1),
-            ..EvalConfig::default()
-        };
-        Ok((envs, seeds, cfg))
+        &self.held.spec
     }
 
     /// Mean return of `params` over held-out users `first..first + n`, one batched rollout.
     pub fn evaluate_on(&self, params: &[f32], first: u64, n: u64) -> anyhow::Result<Evaluation> {
-        let (mut envs, seeds, cfg) = self.eval_setup(first, n)?;
-        let r = evaluate(&self.spec, params, &mut envs, &seeds, &cfg, &self.device)?;
-        Ok(Evaluation {
-            mean: r.mean,
-            std: r.std,
-            episodes: r.returns.len(),
-        })
+        self.held.evaluate_on(params, first, n)
     }
 
     /// [`Self::evaluate_on`], and for glucose simulators the clinical report of every
@@ -152,8 +172,9 @@ impl DppgModel {
         first: u64,
         n: u64,
     ) -> anyhow::Result<(Evaluation, Option<Result<ClinicalReport, String>>)> {
-        let (mut envs, seeds, cfg) = self.eval_setup(first, n)?;
-        let (r, logs) = evaluate_logged(&self.spec, params, &mut envs, &seeds, &cfg, &self.device)?;
+        let (mut envs, seeds, cfg) = self.held.setup(first, n)?;
+        let h = &self.held;
+        let (r, logs) = evaluate_logged(&h.spec, params, &mut envs, &seeds, &cfg, &h.device)?;
         let eval = Evaluation {
             mean: r.mean,
             std: r.std,
@@ -162,7 +183,7 @@ impl DppgModel {
         let mut days = Vec::new();
         for ep in &logs {
             let user = first + ep.env as u64;
-            let label = patient_label(&self.population, user);
+            let label = patient_label(&self.held.population, user);
             match summarize_episode(&label, Some(user), &ep.samples) {
                 Ok(d) => days.extend(d),
                 Err(e) => return Ok((eval, Some(Err(format!("{label} (user {user}): {e}"))))),
@@ -180,7 +201,7 @@ impl DppgModel {
         };
         use fedrl_sim::population::UserParams;
         if !matches!(
-            self.population.user_params(first)?,
+            self.held.population.user_params(first)?,
             UserParams::Patient { .. }
         ) {
             return Ok(None);
@@ -188,7 +209,7 @@ impl DppgModel {
         let tuning_users = first + n..first + n + PID_TUNING_USERS;
         let started = std::time::Instant::now();
         let tuning = tune_pid(
-            &self.population,
+            &self.held.population,
             tuning_users.clone(),
             &PidGrid::default(),
             0,
@@ -199,7 +220,7 @@ impl DppgModel {
             let mut days = Vec::new();
             for j in 0..n {
                 let user = first + j;
-                let mut env = controllers::user_env(&self.population, user)?;
+                let mut env = controllers::user_env(&self.held.population, user)?;
                 let params = env.patient().params().clone();
                 let group = fedrl_sim::clinical::group_of(&params.name);
                 let mut ctl: Box<dyn Controller> = match kind {
@@ -265,20 +286,34 @@ impl ServerModel for DppgModel {
     }
 
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
+        let job = self.evaluation_job(round)?;
+        Some(self.evaluated(job.run()))
+    }
+
+    fn evaluation_job(&self, round: u64) -> Option<EvaluationJob> {
         if !(round + 1).is_multiple_of(self.task.eval_every.max(1)) {
             return None;
         }
+        let (held, first) = (self.held.clone(), self.first_eval_user);
         let n = self.task.eval_users.max(1);
-        match self.evaluate_on(&self.sgd.params, self.first_eval_user, n) {
-            Ok(e) => {
-                keep_best(&mut self.best, e.mean, &self.sgd.params);
-                if self.task.stop_at_return.is_some_and(|t| e.mean >= t) {
-                    self.reached_target = true;
-                }
-                Some(e.to_json())
+        Some(EvaluationJob::new(
+            round,
+            self.sgd.params.clone(),
+            move |params| match held.evaluate_on(params, first, n) {
+                Ok(e) => e.to_json(),
+                Err(e) => serde_json::json!({ "eval_error": e.to_string() }),
+            },
+        ))
+    }
+
+    fn evaluated(&mut self, done: EvaluationDone) -> serde_json::Value {
+        if let Some(mean) = done.value.get("eval_return").and_then(|v| v.as_f64()) {
+            keep_best(&mut self.best, mean, &done.params);
+            if self.task.stop_at_return.is_some_and(|t| mean >= t) {
+                self.reached_target = true;
             }
-            Err(e) => Some(serde_json::json!({ "eval_error": e.to_string() })),
         }
+        done.value
     }
 
     fn finished(&self) -> bool {
@@ -315,7 +350,7 @@ impl ServerModel for DppgModel {
     }
 
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
-        io::save(&dir.join(POLICY_FILE), &self.spec, self.chosen())?;
+        io::save(&dir.join(POLICY_FILE), &self.held.spec, self.chosen())?;
         Ok(())
     }
 }
@@ -477,6 +512,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("server_adam_beta1"), "{err}");
+    }
+
+    /// A pipelined evaluation (its job run on another thread, the result handed back later)
+    /// measures, selects and stops exactly as the synchronous one.
+    #[test]
+    fn a_pipelined_evaluation_equals_the_synchronous_one() {
+        let target = |t: f64| {
+            let mut m = model();
+            m.task.stop_at_return = Some(t);
+            m
+        };
+        for t in [1.0, 1e9] {
+            let (mut sync, mut piped) = (target(t), target(t));
+            let want = sync.evaluate(0).unwrap();
+            let job = piped.evaluation_job(0).unwrap();
+            assert_eq!(job.round(), 0);
+            let done = std::thread::spawn(move || job.run()).join().unwrap();
+            assert_eq!(done.params, piped.params());
+            assert!(!piped.finished(), "nothing is decided before the result is in");
+            assert_eq!(piped.evaluated(done), want);
+            assert_eq!(piped.finished(), sync.finished());
+            assert_eq!(piped.finished(), t == 1.0);
+            assert_eq!(piped.state().meta, sync.state().meta);
+            assert_eq!(piped.state().tensors, sync.state().tensors);
+        }
+        // Rounds without an evaluation have no job.
+        let mut m = model();
+        m.task.eval_every = 2;
+        assert!(m.evaluation_job(0).is_none());
+        assert!(m.evaluation_job(1).is_some());
     }
 
     #[test]

@@ -22,6 +22,12 @@
 //!    finishes). Only then are the next round's offers emitted: no model leaves the aggregator
 //!    before its ledger record is durable.
 //!
+//! A model whose evaluation runs off the driver's thread (the round pipeline) makes the driver
+//! feed `Released` with `target_reached: false` at once, so the next round trains while the
+//! released model is evaluated. A verdict that the target was reached comes back as
+//! [`Event::TargetReached`]; the driver waits for the verdict before it commits anything of the
+//! next round, so such a run stops at the round a synchronous evaluation would have stopped it.
+//!
 //! A non-private twin ([`EngineConfig::non_private`]) skips steps 1 and 2: no noise, no record.
 //!
 //! # Privacy rules enforced here (DESIGN §3)
@@ -241,6 +247,13 @@ pub enum Event {
     /// The driver could not apply the release of `round` (a model error): the run stops with
     /// `reason`. Its ledger record stays: the ledger may over-report, never under-report.
     ReleaseFailed { round: u64, reason: String },
+    /// A pipelined evaluation (one that ran while the next round trained) found that the model
+    /// released in `round` reached its target: the engine finishes. A round opened since is
+    /// dropped unreleased: its units stay unused, and if the driver was asked for its ledger
+    /// record or its release, it answers with this event instead (the driver commits nothing
+    /// of a later round before the evaluation is in, so the run stops where a synchronous
+    /// evaluation would have stopped it).
+    TargetReached { round: u64 },
 }
 
 /// A round's release: what the driver applies to the model after its ledger record is durable.
@@ -399,6 +412,11 @@ impl Phase {
     }
 }
 
+/// Why a run ends when its model reached its target after `round`.
+fn target_reason(round: u64) -> String {
+    format!("the model reached its target after round {round}")
+}
+
 /// The round engine. See the module documentation.
 pub struct Engine {
     cfg: EngineConfig,
@@ -536,6 +554,11 @@ impl Engine {
                 round,
                 target_reached,
             } => self.on_released(now, round, target_reached, &mut out),
+            Event::TargetReached { round } => {
+                if !matches!(self.phase, Phase::Finished) {
+                    self.finish(target_reason(round), &mut out);
+                }
+            }
             Event::ReleaseFailed { round, reason } => {
                 if matches!(self.phase, Phase::Releasing { round: r, .. } if r == round) {
                     self.finish(
@@ -909,10 +932,7 @@ impl Engine {
         }
         self.rounds_completed += 1;
         if target_reached {
-            self.finish(
-                format!("the model reached its target after round {round}"),
-                out,
-            );
+            self.finish(target_reason(round), out);
             return;
         }
         self.try_open(now, out);

@@ -48,6 +48,20 @@ pub trait ServerModel: Send {
         let _ = round;
         None
     }
+    /// The evaluation of the model as released in `round`, as a job that may run on another
+    /// thread while the next round trains (issue 16's round pipeline); `None` when the model
+    /// evaluates synchronously in [`ServerModel::evaluate`] or not after this round. The driver
+    /// hands the job's result back through [`ServerModel::evaluated`] before it commits anything
+    /// of a later round, so the run stops at the same round as a synchronous evaluation would.
+    fn evaluation_job(&self, round: u64) -> Option<EvaluationJob> {
+        let _ = round;
+        None
+    }
+    /// Takes the result of a job from [`ServerModel::evaluation_job`] (model selection, the
+    /// stop at a target) and returns what goes into the round's metrics line.
+    fn evaluated(&mut self, done: EvaluationDone) -> serde_json::Value {
+        done.value
+    }
     /// True once the model wants training to stop (e.g. an evaluation reached its target).
     fn finished(&self) -> bool {
         false
@@ -72,6 +86,54 @@ pub trait ServerModel: Send {
     fn export(&self, dir: &std::path::Path) -> anyhow::Result<()> {
         let _ = dir;
         Ok(())
+    }
+}
+
+/// An evaluation of released parameters that can run off the engine thread: a copy of the
+/// parameters and a closure over what the evaluation needs (held-out users, device).
+pub struct EvaluationJob {
+    round: u64,
+    params: Vec<f32>,
+    #[allow(clippy::type_complexity)]
+    run: Box<dyn FnOnce(&[f32]) -> serde_json::Value + Send>,
+}
+
+/// What an [`EvaluationJob`] measured, with the parameters it evaluated.
+pub struct EvaluationDone {
+    /// The released round whose model was evaluated.
+    pub round: u64,
+    pub params: Vec<f32>,
+    /// The metrics fields (e.g. `eval_return`), or `eval_error`.
+    pub value: serde_json::Value,
+}
+
+impl EvaluationJob {
+    /// A job evaluating `params` (the model as released in `round`) with `run`.
+    pub fn new(
+        round: u64,
+        params: Vec<f32>,
+        run: impl FnOnce(&[f32]) -> serde_json::Value + Send + 'static,
+    ) -> Self {
+        Self {
+            round,
+            params,
+            run: Box::new(run),
+        }
+    }
+
+    /// The released round this job evaluates.
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// Runs the evaluation (on whichever thread calls it).
+    pub fn run(self) -> EvaluationDone {
+        let value = (self.run)(&self.params);
+        EvaluationDone {
+            round: self.round,
+            params: self.params,
+            value,
+        }
     }
 }
 

@@ -203,3 +203,88 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
         "{state_guide}"
     );
 }
+
+/// A small private DPPG run on CartPole whose target (a greedy return of 1) any policy reaches.
+const DPPG_TARGET: &str = r#"
+name = "e2e-dppg-target"
+seed = 4
+rounds = 6
+users = 200
+client_agents = 1
+participation = { kind = "fresh" }
+cohort_size = 16
+quorum = 12
+round_deadline_s = 60.0
+clip_norm = 0.3
+noise_multiplier = 1.0
+target_epsilon = 50.0
+checkpoint_every = 1
+
+[task]
+kind = "dppg"
+population = "CartPole-v1"
+eval_every = 1
+eval_users = 4
+final_eval_users = 4
+stop_at_return = 1.0
+
+[task.local]
+hidden = [8]
+max_episode_steps = 32
+threads = 1
+"#;
+
+/// Issue 16's round pipeline: the evaluation of a released model runs while the next round
+/// trains, and a target it reaches stops the run at that round: the round opened meanwhile is
+/// neither recorded nor released, and the metrics line and the report carry the evaluation.
+#[test]
+fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = write(dir.path(), "s.toml", DPPG_TARGET);
+    let out = dir.path().join("out");
+    let o = Command::new(exe())
+        .arg("run")
+        .arg(&scenario)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "fedrl run failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["rounds_completed"], 1, "{report}");
+    assert_eq!(report["outcome"], "finished", "{report}");
+    assert!(
+        report["finished"]
+            .as_str()
+            .unwrap()
+            .contains("reached its target after round 1"),
+        "{report}"
+    );
+    assert!(report["final_eval"]["eval_return"].as_f64().unwrap() >= 1.0);
+    let (_, records, _) = PrivacyLedger::read(
+        out.join("operator")
+            .join(fedrl_aggregator::state::LEDGER_FILE),
+    )
+    .unwrap();
+    assert_eq!(records.len(), 1, "round 2 is not recorded");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["round"], 1);
+    assert!(lines[0]["eval"]["eval_return"].as_f64().unwrap() >= 1.0);
+    assert!(lines[0]["epsilon"].as_f64().unwrap() > 0.0);
+    let operator: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("operator").join("report.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(operator["timings"]["evaluation_s"].as_f64().unwrap() > 0.0);
+}

@@ -1323,3 +1323,65 @@ fn join_without_units_hosts_every_unhosted_unit() {
         }
     ));
 }
+
+/// Answers every offer in `o` with a small update; the actions of the last answer.
+fn answer(e: &mut Engine, now: f64, o: &[(ClientId, u64, Vec<UnitId>)]) -> Vec<Action> {
+    let mut last = Vec::new();
+    for (client, round, units) in o {
+        for u in units {
+            last = e.handle(now, update(*client, *round, *u, &[0.1; 3]));
+        }
+    }
+    last
+}
+
+#[test]
+fn a_pipelined_target_drops_the_round_opened_since_unrecorded_and_unreleased() {
+    // The open round: round 2 trains while round 1's release is evaluated.
+    let (mut e, o1) = started(cfg(Participation::Fresh));
+    let a = answer(&mut e, 1.0, &o1);
+    assert!(record(&a).is_some());
+    let a = e.handle(1.1, Event::LedgerAppended { round: 1 });
+    assert!(release(&a).is_some());
+    let a = e.handle(
+        1.2,
+        Event::Released {
+            round: 1,
+            target_reached: false,
+        },
+    );
+    let o2 = offers(&a);
+    assert_eq!(o2.iter().map(|o| o.1).max(), Some(2));
+    let a = e.handle(1.3, Event::TargetReached { round: 1 });
+    assert!(
+        matches!(a.as_slice(), [Action::Finished { reason }] if reason.contains("reached its target after round 1")),
+        "{a:?}"
+    );
+    assert_eq!(e.rounds_completed(), 1);
+    for (_, _, units) in &o2 {
+        for u in units {
+            assert!(!e.used.contains(u), "unit {u} of the dropped round stays unused");
+        }
+    }
+    // Updates of the dropped round arriving afterwards change nothing.
+    assert!(record(&answer(&mut e, 1.4, &o2)).is_none());
+
+    // The driver was asked for round 2's record when the verdict came in: it answers with the
+    // verdict instead, and nothing of round 2 is released.
+    let (mut e, o1) = started(cfg(Participation::Fresh));
+    answer(&mut e, 1.0, &o1);
+    e.handle(1.1, Event::LedgerAppended { round: 1 });
+    let o2 = offers(&e.handle(
+        1.2,
+        Event::Released {
+            round: 1,
+            target_reached: false,
+        },
+    ));
+    let a = answer(&mut e, 2.0, &o2);
+    assert!(record(&a).is_some_and(|r| r.round == 2));
+    let a = e.handle(2.1, Event::TargetReached { round: 1 });
+    assert!(matches!(a.as_slice(), [Action::Finished { .. }]), "{a:?}");
+    assert!(release(&e.handle(2.2, Event::LedgerAppended { round: 2 })).is_none());
+    assert_eq!(e.rounds_completed(), 1);
+}

@@ -30,7 +30,7 @@ use super::report::{OperatorCounts, Outcome, PublicReport, RunReport, Timings};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, Event};
 use crate::journal::JournalWriter;
-use crate::model::ServerModel;
+use crate::model::{EvaluationDone, EvaluationJob, ServerModel};
 
 /// Inputs of the engine thread.
 pub(super) enum Input {
@@ -120,6 +120,19 @@ pub(super) struct EngineThread {
     /// every further append fails as a write error would.
     pub(super) ledger_fault: Option<u64>,
     pub(super) timings: Timings,
+    /// The pipelined evaluation of the last released model, while it runs.
+    pub(super) pending_eval: Option<PendingEval>,
+    /// A checkpoint fell due while an evaluation was running: it is written once the
+    /// evaluation is in, so it holds the model selection an uninterrupted run would make.
+    pub(super) checkpoint_due: bool,
+}
+
+/// An evaluation running on its own thread (the round pipeline): the next round trains
+/// meanwhile.
+pub(super) struct PendingEval {
+    round: u64,
+    /// The result and the seconds the evaluation ran.
+    done: std::sync::mpsc::Receiver<(EvaluationDone, f64)>,
 }
 
 /// Test only (not a user setting): `FEDRL_TEST_FAIL_LEDGER_AFTER=N` makes the aggregator's ledger
@@ -217,6 +230,8 @@ impl EngineThread {
         reason: String,
         metrics: &mut RoundMetrics,
     ) -> anyhow::Result<RunReport> {
+        // The last released model's evaluation belongs in its metrics line and the report.
+        self.settle_evaluation(metrics, true)?;
         self.flush_metrics_line(metrics)?;
         if self.ended_by_engine {
             // What the model scheduled after its last round (a selective schedule's last free
@@ -252,6 +267,10 @@ impl EngineThread {
                 eprintln!("after the error, {what} failed too: {e:#}");
             }
         };
+        also(
+            "waiting for the evaluation",
+            self.settle_evaluation(metrics, true).map(|_| ()),
+        );
         also("writing the metrics", self.flush_metrics_line(metrics));
         also("saving the checkpoint", self.save_checkpoint());
         also(
@@ -487,6 +506,9 @@ impl EngineThread {
                     outcome = Outcome::Interrupted;
                     break;
                 }
+            }
+            if let Some(round) = self.settle_evaluation(metrics, false)? {
+                queue.push_back(Event::TargetReached { round });
             }
             let stop = self.drain(now, &mut queue, metrics)?;
             self.flush_metrics_line(metrics)?;
@@ -768,6 +790,10 @@ impl EngineThread {
     /// with an evaluation and on the last round, and null in between; the end-of-run report
     /// always has it.
     fn flush_metrics_line(&mut self, metrics: &mut RoundMetrics) -> anyhow::Result<()> {
+        if self.pending_eval.is_some() {
+            // The pending line waits for its round's evaluation.
+            return Ok(());
+        }
         let (non_private, ledger) = (self.engine.config().non_private, &self.ledger);
         let rounds = self.scenario.rounds;
         let every = (rounds / 100).max(1);
@@ -783,6 +809,86 @@ impl EngineThread {
         });
         self.timings.metrics_epsilon_s += t.elapsed().as_secs_f64();
         r
+    }
+
+    /// Runs a pipelined evaluation on its own thread; the next round goes on meanwhile.
+    fn start_evaluation(
+        &mut self,
+        job: EvaluationJob,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<()> {
+        // One at a time: every commit waits for the previous one, so none is pending here.
+        self.settle_evaluation(metrics, true)?;
+        let round = job.round();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("fedrl-evaluation".into())
+            .spawn(move || {
+                let t = Instant::now();
+                let done = job.run();
+                let _ = tx.send((done, t.elapsed().as_secs_f64()));
+            })
+            .context("starting an evaluation thread")?;
+        self.pending_eval = Some(PendingEval { round, done: rx });
+        Ok(())
+    }
+
+    /// Takes the pipelined evaluation's result if it is in (`wait`: waits for it), hands it to
+    /// the model and to its round's metrics line, and writes a checkpoint that fell due
+    /// meanwhile. `Some(round)`: the model released in `round` reached its target.
+    fn settle_evaluation(
+        &mut self,
+        metrics: &mut RoundMetrics,
+        wait: bool,
+    ) -> anyhow::Result<Option<u64>> {
+        let Some(pending) = &self.pending_eval else {
+            return Ok(None);
+        };
+        let got = if wait {
+            let t = Instant::now();
+            let got = pending.done.recv().ok();
+            self.timings.evaluation_wait_s += t.elapsed().as_secs_f64();
+            got
+        } else {
+            match pending.done.try_recv() {
+                Ok(got) => Some(got),
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(None),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => None,
+            }
+        };
+        let round = pending.round;
+        self.pending_eval = None;
+        let value = match got {
+            Some((done, seconds)) => {
+                self.timings.evaluation_s += seconds;
+                self.model.evaluated(done)
+            }
+            // The evaluation thread panicked: its round's line says so, and training goes on.
+            None => serde_json::json!({ "eval_error": "the evaluation thread stopped without a result" }),
+        };
+        metrics.evaluated(round, value.clone());
+        self.last_eval = Some(value);
+        if std::mem::take(&mut self.checkpoint_due) {
+            self.save_checkpoint()?;
+        }
+        Ok(self.model.finished().then_some(round))
+    }
+
+    /// Before anything of a later round is committed (its ledger record, its release, or an
+    /// abandonment's line), the running evaluation must be in: when it reached the target, the
+    /// engine is told instead and the run stops there, as with a synchronous evaluation.
+    fn evaluation_before_commit(
+        &mut self,
+        metrics: &mut RoundMetrics,
+        queue: &mut VecDeque<Event>,
+    ) -> anyhow::Result<bool> {
+        match self.settle_evaluation(metrics, true)? {
+            Some(round) => {
+                queue.push_back(Event::TargetReached { round });
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn send(&self, client: ClientId, out: Outbound) {
@@ -862,6 +968,10 @@ impl EngineThread {
                     }
                 }
                 Action::AppendLedger { round, record } => {
+                    if self.evaluation_before_commit(metrics, queue)? {
+                        // Not appended: nothing of this round is recorded or released.
+                        continue;
+                    }
                     self.flush_metrics_line(metrics)?;
                     let mut record = *record;
                     record.unix_time_s = SystemTime::now()
@@ -900,6 +1010,10 @@ impl EngineThread {
                     }
                 }
                 Action::Release(release) => {
+                    // A twin's round comes here without a ledger record: its evaluation check.
+                    if self.evaluation_before_commit(metrics, queue)? {
+                        continue;
+                    }
                     let round = release.round;
                     self.last_round = self.last_round.max(round);
                     self.flush_metrics_line(metrics)?;
@@ -914,9 +1028,18 @@ impl EngineThread {
                     }
                     self.snapshot = Bytes::from(encode_payload(self.model.params()));
                     self.timings.apply_s += t.elapsed().as_secs_f64();
-                    let t = Instant::now();
-                    self.last_eval = self.model.evaluate(round);
-                    self.timings.evaluation_s += t.elapsed().as_secs_f64();
+                    match self.model.evaluation_job(round) {
+                        // Pipelined: the next round's offers go out while it runs.
+                        Some(job) => {
+                            self.last_eval = None;
+                            self.start_evaluation(job, metrics)?;
+                        }
+                        None => {
+                            let t = Instant::now();
+                            self.last_eval = self.model.evaluate(round);
+                            self.timings.evaluation_s += t.elapsed().as_secs_f64();
+                        }
+                    }
                     self.users_released += release.accepted;
                     // The epsilon is filled in by `flush_metrics_line`.
                     metrics.released(Released {
@@ -934,7 +1057,11 @@ impl EngineThread {
                     if (self.engine.rounds_completed() + 1)
                         .is_multiple_of(self.scenario.checkpoint_every)
                     {
-                        self.save_checkpoint()?;
+                        if self.pending_eval.is_some() {
+                            self.checkpoint_due = true;
+                        } else {
+                            self.save_checkpoint()?;
+                        }
                     }
                     // The engine decides whether reaching the target ends the run.
                     queue.push_back(Event::Released {
@@ -951,6 +1078,10 @@ impl EngineThread {
                 } => {
                     eprintln!("round {round} abandoned: {reason}");
                     self.last_round = self.last_round.max(round);
+                    // Lines stay in round order: the released round's line, with its
+                    // evaluation, goes first (the engine may already have opened the next
+                    // round; a target reached stops it).
+                    self.evaluation_before_commit(metrics, queue)?;
                     self.flush_metrics_line(metrics)?;
                     metrics.abandoned(Abandoned {
                         round,

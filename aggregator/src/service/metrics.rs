@@ -90,6 +90,18 @@ impl RoundMetrics {
         self.pending = Some(r);
     }
 
+    /// Gives the pending line of `round` its evaluation (a pipelined one arrives after the
+    /// release); false when no line of that round is pending.
+    pub fn evaluated(&mut self, round: u64, eval: Value) -> bool {
+        match self.pending.as_mut() {
+            Some(r) if r.round == round => {
+                r.eval = Some(eval);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The pending released round, if any, and whether it carries an evaluation.
     pub fn pending(&self) -> Option<(u64, bool)> {
         self.pending.as_ref().map(|r| (r.round, r.eval.is_some()))

@@ -109,8 +109,13 @@ pub struct Timings {
     pub release_s: f64,
     /// Applying releases to the model (the server optimizer) and encoding the next offer.
     pub apply_s: f64,
-    /// Evaluations of released models.
+    /// Evaluations of released models (a pipelined evaluation's own running time, on its
+    /// thread).
     pub evaluation_s: f64,
+    /// The engine thread's waits for pipelined evaluations (before committing the next round,
+    /// or at the end): the part of `evaluation_s` the pipeline did not hide.
+    #[serde(default)]
+    pub evaluation_wait_s: f64,
     /// Accounting the epsilon printed on metrics lines (a full PLD composition each time; see
     /// the driver's `flush_metrics_line` for how often).
     pub metrics_epsilon_s: f64,

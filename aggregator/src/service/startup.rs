@@ -206,6 +206,8 @@ pub async fn run(
         failure: None,
         ledger_fault: super::driver::ledger_fault_from_env(),
         timings: Default::default(),
+        pending_eval: None,
+        checkpoint_due: false,
     };
     std::thread::Builder::new()
         .name("fedrl-engine".into())
