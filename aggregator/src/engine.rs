@@ -1114,7 +1114,12 @@ impl Engine {
             Participation::Sampled { rate } => {
                 let hosted = self.hosted_units();
                 let ready = hosted >= self.cfg.population || timed_out || self.opened_any;
-                if !ready {
+                // With no client connected every sampled unit would be a dropout and the round
+                // would close at once and be released: noise alone, charged to the sample,
+                // round after round in a tight loop until the run ends (a network outage, or
+                // clients stopping before the aggregator, would burn the rest of the run).
+                // Waiting for a host is a decision on connectivity, not on anyone's data.
+                if !ready || hosted == 0 {
                     return;
                 }
                 let Some(mut rng) = self.cohort_rng(round, out) else {

@@ -1385,3 +1385,43 @@ fn a_pipelined_target_drops_the_round_opened_since_unrecorded_and_unreleased() {
     assert!(release(&e.handle(2.2, Event::LedgerAppended { round: 2 })).is_none());
     assert_eq!(e.rounds_completed(), 1);
 }
+
+/// Under sampling, a round whose hosts all left is still released (finding 6), but no further
+/// round opens while no client is connected: otherwise every later round would close at once
+/// with an all-dropout sample and release noise alone, burning the rest of the run (seen as a
+/// `fedrl run` stopped by SIGTERM that reported "finished": its clients left first).
+#[test]
+fn sampled_rounds_wait_while_no_client_is_connected() {
+    let mut c = cfg(Participation::sampled(0.5).unwrap());
+    c.rounds = 50;
+    let (mut e, _) = started(c);
+    e.handle(1.0, Event::ClientLeft { client: 1 });
+    let a = e.handle(1.1, Event::ClientLeft { client: 2 });
+    assert!(record(&a).is_some_and(|r| r.round == 1), "{a:?}");
+    let a = e.handle(1.2, Event::LedgerAppended { round: 1 });
+    assert!(release(&a).is_some());
+    let mut a = e.handle(
+        1.3,
+        Event::Released {
+            round: 1,
+            target_reached: false,
+        },
+    );
+    for k in 0..100 {
+        a.extend(e.handle(2.0 + k as f64, Event::Tick));
+    }
+    assert!(a.is_empty(), "nothing happens without clients: {a:?}");
+    assert_eq!(e.rounds_completed(), 1);
+    assert!(!e.is_finished());
+    // A client comes back: the next round is round 2, drawn from the whole population.
+    let a = e.handle(
+        200.0,
+        Event::ClientJoined {
+            client: 3,
+            units: vec![r(0, 10)],
+        },
+    );
+    let o = offers(&a);
+    assert!(o.iter().all(|(c, round, _)| *c == 3 && *round == 2), "{a:?}");
+    assert_eq!(e.open_round(), Some(2));
+}
