@@ -25,6 +25,8 @@ variants=(
   "sgd-mom0.7-lr0.8-steps128-rawadv|--server-lr 0.8 --server-momentum 0.7 --max-steps 128 --norm-adv 0"
   "sgd-mom0.7-lr0.5-steps128-rawadv-cohort512|--server-lr 0.5 --server-momentum 0.7 --max-steps 128 --norm-adv 0 --cohort 512"
   "sgd-mom0.7-lr0.8-steps128-rawadv-cohort512|--server-lr 0.8 --server-momentum 0.7 --max-steps 128 --norm-adv 0 --cohort 512"
+  "sgd-mom0.7-lr0.8-steps128-rawadv-cohort512-adaminit1|--server-lr 0.8 --server-momentum 0.7 --max-steps 128 --norm-adv 0 --cohort 512 --adam-init 1"
+  "sgd-mom0.7-lr0.8-steps128-rawadv-cohort512-adaminit50|--server-lr 0.8 --server-momentum 0.7 --max-steps 128 --norm-adv 0 --cohort 512 --adam-init 50"
   "sgd-mom0.7-lr0.5-cohort2048|--server-lr 0.5 --server-momentum 0.7 --cohort 2048"
   "adam-lr0.01-decay30|--server-opt adam --server-lr 0.01 --server-momentum 0.9 --decay-rounds 30"
   "sgd-mom0.9-lr0.2|--server-lr 0.2 --server-momentum 0.9"

@@ -30,9 +30,8 @@ use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};
 use fedrl_sim::population::Population;
 
 use crate::model::{
-    BestModel, EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel,
-    ServerOptimizer, ServerRule,
-    final_evaluation_json, keep_best, restore_with_best, state_with_best,
+    BestModel, EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel, ServerOptimizer,
+    ServerRule, final_evaluation_json, keep_best, restore_with_best, state_with_best,
 };
 
 /// Simulated users the baseline PID is tuned on (about 10 per age group).
@@ -530,7 +529,10 @@ mod tests {
             assert_eq!(job.round(), 0);
             let done = std::thread::spawn(move || job.run()).join().unwrap();
             assert_eq!(done.params, piped.params());
-            assert!(!piped.finished(), "nothing is decided before the result is in");
+            assert!(
+                !piped.finished(),
+                "nothing is decided before the result is in"
+            );
             assert_eq!(piped.evaluated(done), want);
             assert_eq!(piped.finished(), sync.finished());
             assert_eq!(piped.finished(), t == 1.0);

@@ -21,7 +21,7 @@ use fedrl_common::privacy::gaussian;
 use fedrl_common::privacy::noise::DiscreteGaussianNoise;
 use fedrl_rl::{
     EvalConfig, LocalUpdateConfig, LocalUpdateExt, ModelSpec, collect_rollouts, device, evaluate,
-    io, local_updates, local_updates_from_batches,
+    io, local_updates, local_updates_from_batches_adam_init,
 };
 use fedrl_sim::Env;
 
@@ -43,6 +43,10 @@ struct Args {
     lr_floor: f64,
     /// Time the rollouts and the local PPO updates separately (same results as together).
     split: bool,
+    /// Seed 004's appendix C.2.3: every user's local Adam starts from the last released noisy
+    /// mean update `u` as the gradient estimate `g0 = -S u` (first moment `g0`, second `g0^2`, no
+    /// bias correction); `S` is this scale, 0 turns it off. Implies the split path.
+    adam_init: f64,
     eval_every: usize,
     eval_users: usize,
     target: f64,
@@ -67,6 +71,7 @@ fn parse() -> Result<Args, String> {
         decay_rounds: 0,
         lr_floor: 0.1,
         split: false,
+        adam_init: 0.0,
         eval_every: 2,
         eval_users: 100,
         target: 475.0,
@@ -100,6 +105,7 @@ fn parse() -> Result<Args, String> {
             "decay-rounds" => a.decay_rounds = u()?,
             "lr-floor" => a.lr_floor = f()?,
             "split" => a.split = val == "1" || val == "true",
+            "adam-init" => a.adam_init = f()?,
             "eval-every" => a.eval_every = u()?,
             "eval-users" => a.eval_users = u()?,
             "target" => a.target = f()?,
@@ -189,13 +195,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut users = 0usize;
     let mut steps = 0usize;
     let mut solved = None;
+    // The last released noisy mean update (public), for --adam-init.
+    let mut last_mean: Option<Vec<f32>> = None;
     let (mut t_rollout, mut t_train, mut t_noise, mut t_eval) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for round in 0..a.rounds {
         let seeds: Vec<u64> = (0..a.cohort as u64)
             .map(|i| a.seed.wrapping_mul(1 << 40) + (round * a.cohort) as u64 + i)
             .collect();
         let t0 = Instant::now();
-        let ups = if a.split {
+        let ups = if a.split || a.adam_init > 0.0 {
             // The same work as `local_updates`, in two timed phases: rollouts on the worker
             // threads, then the batched local PPO updates.
             let per = envs.len().div_ceil(a.cfg.threads.max(1)).max(1);
@@ -218,7 +226,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 batches.extend(p?);
             }
             let t_roll = t0.elapsed().as_secs_f64();
-            let ups = local_updates_from_batches(&spec, &global, &batches, &seeds, &a.cfg, &dev)?;
+            let g0: Option<Vec<f32>> = last_mean
+                .as_ref()
+                .filter(|_| a.adam_init > 0.0)
+                .map(|m| m.iter().map(|x| -x * a.adam_init as f32).collect());
+            let ups = local_updates_from_batches_adam_init(
+                &spec,
+                &global,
+                &batches,
+                &seeds,
+                &a.cfg,
+                &dev,
+                g0.as_deref(),
+            )?;
             t_rollout += t_roll;
             t_train += t0.elapsed().as_secs_f64() - t_roll;
             ups
@@ -259,6 +279,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let mut mean_norm = 0.0;
         t_noise += t_agg.elapsed().as_secs_f64();
+        last_mean = Some(mean.clone());
         let t = (round + 1) as i32;
         let lr = if a.decay_rounds > 0 {
             a.server_lr * (1.0 - round as f64 / a.decay_rounds as f64).max(a.lr_floor)

@@ -44,7 +44,7 @@ pub use device::DeviceError;
 pub use evaluate::{EvalConfig, EvalResult, evaluate};
 pub use local_update::{
     LocalUpdate, LocalUpdateConfig, LocalUpdateExt, local_updates, local_updates_from_batches,
-    local_updates_own,
+    local_updates_from_batches_adam_init, local_updates_own,
 };
 pub use mlp::{ActionKind, ModelSpec, ParamLayout, ParamSpec, RowMlp, RowScratch};
 pub use rollout::{RolloutConfig, UserBatch, collect_rollouts, collect_rollouts_own};

@@ -205,8 +205,28 @@ pub fn local_updates_from_batches(
     cfg: &LocalUpdateConfig,
     device: &Device,
 ) -> Result<Vec<LocalUpdate>> {
+    local_updates_from_batches_adam_init(spec, global, batches, seeds, cfg, device, None)
+}
+
+/// [`local_updates_from_batches`] with every user's Adam started from a public gradient
+/// estimate instead of zeros (seed 004, appendix C.2.3): first moment `g0`, second moment
+/// `g0^2`, no bias correction (as a long-running optimizer whose statistics are replaced). `g0`
+/// must be public, e.g. derived from the last released noisy mean update: anything one user's
+/// data put there would reach every later user. Measured in `bench/README.md` (not adopted).
+pub fn local_updates_from_batches_adam_init(
+    spec: &ModelSpec,
+    global: &[f32],
+    batches: &[UserBatch],
+    seeds: &[u64],
+    cfg: &LocalUpdateConfig,
+    device: &Device,
+    adam_init: Option<&[f32]>,
+) -> Result<Vec<LocalUpdate>> {
     let layout = spec.layout();
     layout.check(global)?;
+    if let Some(g0) = adam_init {
+        layout.check(g0)?;
+    }
     if batches.len() != seeds.len() {
         return Err(NnError::Invalid(format!(
             "{} batches but {} seeds",
@@ -217,7 +237,9 @@ pub fn local_updates_from_batches(
     let threads = cfg.threads.max(1).min(batches.len().max(1));
     if threads == 1 {
         let starts = vec![global; batches.len()];
-        return train_users(spec, &layout, &starts, batches, seeds, cfg, device);
+        return train_users_init(
+            spec, &layout, &starts, batches, seeds, cfg, device, adam_init,
+        );
     }
     let per = batches.len().div_ceil(threads);
     let results: Vec<Result<Vec<LocalUpdate>>> = std::thread::scope(|s| {
@@ -228,7 +250,7 @@ pub fn local_updates_from_batches(
                 let layout = &layout;
                 s.spawn(move || {
                     let starts = vec![global; b.len()];
-                    train_users(spec, layout, &starts, b, sd, cfg, device)
+                    train_users_init(spec, layout, &starts, b, sd, cfg, device, adam_init)
                 })
             })
             .collect();
@@ -266,6 +288,22 @@ pub(crate) fn train_users(
     cfg: &LocalUpdateConfig,
     device: &Device,
 ) -> Result<Vec<LocalUpdate>> {
+    train_users_init(spec, layout, starts, batches, seeds, cfg, device, None)
+}
+
+/// [`train_users`] with an optional public Adam initialisation (see
+/// [`local_updates_from_batches_adam_init`]).
+#[allow(clippy::too_many_arguments)] // internal
+fn train_users_init(
+    spec: &ModelSpec,
+    layout: &ParamLayout,
+    starts: &[&[f32]],
+    batches: &[UserBatch],
+    seeds: &[u64],
+    cfg: &LocalUpdateConfig,
+    device: &Device,
+    adam_init: Option<&[f32]>,
+) -> Result<Vec<LocalUpdate>> {
     let prepared: Vec<Prepared> = batches
         .iter()
         .zip(seeds)
@@ -283,7 +321,7 @@ pub(crate) fn train_users(
     for group in order.chunks(cfg.group_size.max(1)) {
         let users: Vec<&Prepared> = group.iter().map(|&u| &prepared[u]).collect();
         let group_starts: Vec<&[f32]> = group.iter().map(|&u| starts[u]).collect();
-        let deltas = train_group(spec, layout, &group_starts, &users, cfg, device)?;
+        let deltas = train_group(spec, layout, &group_starts, &users, cfg, device, adam_init)?;
         for (&u, mut delta) in group.iter().zip(deltas) {
             let norm = clip_l2(&mut delta, cfg.clip_norm).norm;
             out[u] = Some(LocalUpdate {
@@ -308,13 +346,24 @@ fn train_group(
     users: &[&Prepared],
     cfg: &LocalUpdateConfig,
     device: &Device,
+    adam_init: Option<&[f32]>,
 ) -> Result<Vec<Vec<f32>>> {
     let copies = starts;
     // All of a user's parameters in one row: Adam and the gradient clip are a few whole-tensor
     // operations instead of a dozen per parameter tensor.
     let theta = Var::from_tensor(&layout.stack_flat(copies, device)?)?;
-    let mut m = theta.as_tensor().zeros_like()?;
-    let mut v = m.clone();
+    let (mut m, mut v, bias_correct) = match adam_init {
+        Some(g0) => {
+            let row = Tensor::from_slice(g0, (1, g0.len()), device)?;
+            let m = row.broadcast_as(theta.as_tensor().shape())?.contiguous()?;
+            let v = m.sqr()?;
+            (m, v, false)
+        }
+        None => {
+            let m = theta.as_tensor().zeros_like()?;
+            (m.clone(), m, true)
+        }
+    };
     let obs_dim = spec.obs_dim;
     let a_dim = action_dim(&spec.action);
     let coefs = ppo_coefs(cfg);
@@ -357,8 +406,14 @@ fn train_group(
                 g = g.broadcast_mul(&scale)?;
             }
             step += 1;
-            let bc1 = 1.0 - cfg.adam_beta1.powi(step);
-            let bc2 = 1.0 - cfg.adam_beta2.powi(step);
+            let (bc1, bc2) = if bias_correct {
+                (
+                    1.0 - cfg.adam_beta1.powi(step),
+                    1.0 - cfg.adam_beta2.powi(step),
+                )
+            } else {
+                (1.0, 1.0)
+            };
             m = ((&m * cfg.adam_beta1)? + (&g * (1.0 - cfg.adam_beta1))?)?;
             v = ((&v * cfg.adam_beta2)? + (g.sqr()? * (1.0 - cfg.adam_beta2))?)?;
             let denom = ((&v * (1.0 / bc2))?.sqrt()? + cfg.adam_eps)?;

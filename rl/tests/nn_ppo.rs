@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Tensor};
 use fedrl_rl::ppo::{Minibatch, PpoCoefs, gae, ppo_loss};
 use fedrl_rl::{
     ActionKind, LocalUpdateConfig, LocalUpdateExt, ModelSpec, UserBatch, collect_rollouts,
-    local_updates, local_updates_from_batches,
+    local_updates, local_updates_from_batches, local_updates_from_batches_adam_init,
 };
 use fedrl_sim::{Action, Env, SimError, Space, Step};
 use rand::rngs::Xoshiro256PlusPlus;
@@ -522,4 +522,86 @@ fn action_repeat_holds_actions_and_sums_rewards() {
             assert!((r - ub.episode_returns[0]).abs() < 1e-4);
         }
     }
+}
+
+/// Seed 004's public Adam initialisation (appendix C.2.3): without it the same numbers as the
+/// plain entry point; with a large `g0` the first moment decays from `g0` (0.9 per step) while
+/// the second stays near `g0^2`, so step k moves each parameter by about `lr * 0.9^k` against
+/// `g0`'s sign; users stay independent of each other's data.
+#[test]
+fn adam_initialised_from_a_public_gradient() {
+    let cfg = LocalUpdateConfig {
+        clip_norm: 1e9,
+        ..small_cfg()
+    };
+    let spec = spec_for(&cfg);
+    let global = spec.init(3);
+    let seeds: Vec<u64> = vec![20, 21, 22];
+    let batches = collect_rollouts(
+        &spec,
+        &global,
+        &mut cartpoles(3),
+        &seeds,
+        &cfg.rollout(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let dev = Device::Cpu;
+    let plain = local_updates_from_batches(&spec, &global, &batches, &seeds, &cfg, &dev).unwrap();
+    let none =
+        local_updates_from_batches_adam_init(&spec, &global, &batches, &seeds, &cfg, &dev, None)
+            .unwrap();
+    for (a, b) in plain.iter().zip(&none) {
+        assert_eq!(a.delta, b.delta);
+    }
+    let g0 = vec![1e3f32; global.len()];
+    let init = local_updates_from_batches_adam_init(
+        &spec,
+        &global,
+        &batches,
+        &seeds,
+        &cfg,
+        &dev,
+        Some(&g0),
+    )
+    .unwrap();
+    let steps = (cfg.epochs * cfg.minibatches) as i32;
+    let want: f64 = (1..=steps)
+        .map(|k| cfg.adam_beta1.powi(k) / cfg.adam_beta2.powi(k).sqrt())
+        .sum::<f64>()
+        * cfg.lr;
+    for u in &init {
+        for d in &u.delta {
+            let moved = -(*d as f64);
+            assert!((moved - want).abs() < 0.02 * want, "{moved} against {want}");
+        }
+    }
+    // User 0 does not see the others' data through its (public) initialisation.
+    let alone = local_updates_from_batches_adam_init(
+        &spec,
+        &global,
+        &batches[..1],
+        &seeds[..1],
+        &cfg,
+        &dev,
+        Some(&g0),
+    )
+    .unwrap();
+    let scale = init[0].delta.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
+    for (x, y) in init[0].delta.iter().zip(&alone[0].delta) {
+        assert!((x - y).abs() <= 1e-4 * scale);
+    }
+    // A wrong length is refused.
+    assert!(
+        local_updates_from_batches_adam_init(
+            &spec,
+            &global,
+            &batches,
+            &seeds,
+            &cfg,
+            &dev,
+            Some(&g0[1..]),
+        )
+        .is_err()
+    );
 }

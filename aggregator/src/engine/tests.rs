@@ -1360,7 +1360,10 @@ fn a_pipelined_target_drops_the_round_opened_since_unrecorded_and_unreleased() {
     assert_eq!(e.rounds_completed(), 1);
     for (_, _, units) in &o2 {
         for u in units {
-            assert!(!e.used.contains(u), "unit {u} of the dropped round stays unused");
+            assert!(
+                !e.used.contains(u),
+                "unit {u} of the dropped round stays unused"
+            );
         }
     }
     // Updates of the dropped round arriving afterwards change nothing.
@@ -1422,6 +1425,9 @@ fn sampled_rounds_wait_while_no_client_is_connected() {
         },
     );
     let o = offers(&a);
-    assert!(o.iter().all(|(c, round, _)| *c == 3 && *round == 2), "{a:?}");
+    assert!(
+        o.iter().all(|(c, round, _)| *c == 3 && *round == 2),
+        "{a:?}"
+    );
     assert_eq!(e.open_round(), Some(2));
 }

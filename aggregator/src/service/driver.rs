@@ -864,7 +864,9 @@ impl EngineThread {
                 self.model.evaluated(done)
             }
             // The evaluation thread panicked: its round's line says so, and training goes on.
-            None => serde_json::json!({ "eval_error": "the evaluation thread stopped without a result" }),
+            None => {
+                serde_json::json!({ "eval_error": "the evaluation thread stopped without a result" })
+            }
         };
         metrics.evaluated(round, value.clone());
         self.last_eval = Some(value);
