@@ -47,6 +47,11 @@ struct Args {
     /// mean update `u` as the gradient estimate `g0 = -S u` (first moment `g0`, second `g0^2`, no
     /// bias correction); `S` is this scale, 0 turns it off. Implies the split path.
     adam_init: f64,
+    /// Clip schedule: the clip norm moves linearly from `clip` to `clip_final` over
+    /// `clip_rounds` rounds (0: constant). Each user is in one round only (fresh), and the
+    /// noise is z times that round's clip norm, so every user's epsilon stays the same.
+    clip_final: f64,
+    clip_rounds: usize,
     eval_every: usize,
     eval_users: usize,
     target: f64,
@@ -72,6 +77,8 @@ fn parse() -> Result<Args, String> {
         lr_floor: 0.1,
         split: false,
         adam_init: 0.0,
+        clip_final: 0.0,
+        clip_rounds: 0,
         eval_every: 2,
         eval_users: 100,
         target: 475.0,
@@ -106,6 +113,8 @@ fn parse() -> Result<Args, String> {
             "lr-floor" => a.lr_floor = f()?,
             "split" => a.split = val == "1" || val == "true",
             "adam-init" => a.adam_init = f()?,
+            "clip-final" => a.clip_final = f()?,
+            "clip-rounds" => a.clip_rounds = u()?,
             "eval-every" => a.eval_every = u()?,
             "eval-users" => a.eval_users = u()?,
             "target" => a.target = f()?,
@@ -198,7 +207,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The last released noisy mean update (public), for --adam-init.
     let mut last_mean: Option<Vec<f32>> = None;
     let (mut t_rollout, mut t_train, mut t_noise, mut t_eval) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let clip0 = a.cfg.clip_norm;
     for round in 0..a.rounds {
+        let mut cfg = a.cfg.clone();
+        if a.clip_rounds > 0 {
+            let f = (round as f64 / a.clip_rounds as f64).min(1.0);
+            cfg.clip_norm = clip0 + (a.clip_final - clip0) * f;
+        }
         let seeds: Vec<u64> = (0..a.cohort as u64)
             .map(|i| a.seed.wrapping_mul(1 << 40) + (round * a.cohort) as u64 + i)
             .collect();
@@ -235,7 +250,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &global,
                 &batches,
                 &seeds,
-                &a.cfg,
+                &cfg,
                 &dev,
                 g0.as_deref(),
             )?;
@@ -243,7 +258,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t_train += t0.elapsed().as_secs_f64() - t_roll;
             ups
         } else {
-            local_updates(&spec, &global, &mut envs, &seeds, &a.cfg, &dev)?
+            local_updates(&spec, &global, &mut envs, &seeds, &cfg, &dev)?
         };
         let t_local = t0.elapsed().as_secs_f64();
         users += ups.len();
@@ -257,7 +272,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .max(1) as f64;
         let clipped = ups
             .iter()
-            .filter(|u| u.norm_before_clip > a.cfg.clip_norm)
+            .filter(|u| u.norm_before_clip > cfg.clip_norm)
             .count();
         // The project's one noisy aggregation (fixed point, exact discrete Gaussian noise over
         // the fixed cohort size), or the plain mean without noise. `local_updates` clipped the
@@ -268,7 +283,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             noisy_mean(
                 deltas,
                 layout.len(),
-                a.cfg.clip_norm,
+                cfg.clip_norm,
                 z,
                 a.cohort as f64,
                 &mut noise,
