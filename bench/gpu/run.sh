@@ -2,6 +2,7 @@
 # GPU smoke test and figures of a `--features fedrl-scenarios/cuda` build of fedrl, built
 # elsewhere by bench/gpu/build_cuda.sh into .gpu/ (no CUDA toolkit needed here). Run from the
 # repository root on the GPU machine, with .gpu/ beside it:   bash bench/gpu/run.sh
+# (`bash bench/gpu/run.sh --hidden-sweep`: only hidden [64, 64] and [128, 128], or $HIDDEN).
 #
 # Built with: nvcc 13.0.88 (pip wheels), CUDA_COMPUTE_CAP=90 (kernels: PTX ISA 9.0, .target sm_90a;
 # candle's MoE/GGUF kernels as sm_90a cubins), cudarc 0.19.10 `dynamic-linking` against CUDA 13.0.
@@ -75,6 +76,21 @@ for b in "$FEDRL" "$EXAMPLE"; do [ -x "$b" ] && { echo "ldd $(basename "$b"):"; 
 step "nvidia-smi"
 timeout 30 nvidia-smi
 timeout 30 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.used,memory.total --format=csv
+
+if [ "${1:-}" = "--hidden-sweep" ]; then
+  # Only the model-size sweep: bench/gpu/h256.toml with hidden [H, H], cuda:0 against cpu.
+  for h in ${HIDDEN:-64 128}; do
+    sed "s/^hidden = .*/hidden = [$h, $h]/; s/^name = .*/name = \"cartpole-dppg-h$h\"/" bench/gpu/h256.toml > "$OUT/h$h.toml"
+    for d in cuda:0 cpu; do
+      step "hidden [$h, $h], cohort 1024, 3 rounds on $d"
+      rm -rf "$OUT/h$h-${d%%:*}"
+      timed "h$h run $d" timeout 150 "$FEDRL" run "$OUT/h$h.toml" --out "$OUT/h$h-${d%%:*}" --device $d --timeout 140
+      grep -h -o '"round":[0-9]*,"rounds_abandoned":[0-9]*,"rounds_completed":[0-9]*,"status":"released","t_s":[0-9.]*' "$OUT/h$h-${d%%:*}/operator/metrics.jsonl"
+    done
+  done
+  grep '^>>>' "$OUT/log.txt"
+  exit 0
+fi
 
 step "fedrl --version (start-up: all DT_NEEDED libraries resolve)"
 timed "fedrl --version" "$FEDRL" --version
