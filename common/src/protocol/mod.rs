@@ -34,7 +34,10 @@ pub use messages::*;
 /// `PrefixQuery`, `PrefixCounts`, `StableReleased`).
 /// Version 4: `Join` carries the agent's `instance` (one token on two agent processes is refused
 /// instead of the two replacing each other); `ErrorCode::AlreadyConnected`.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Version 5: the DPPG task in `Welcome` may carry `normalize_advantages` (local update) and the
+/// server optimizer's fields (`server_optimizer`, `server_adam_*`). A version-4 agent would
+/// refuse such a task as unknown fields; the version says why instead.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).
