@@ -137,18 +137,9 @@ impl EvaluationJob {
     }
 }
 
-/// The server optimizer's rule (post-processing of released updates: any rule costs no privacy).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ServerRule {
-    /// SGD with momentum: `v = momentum * v + u; theta += lr * v`.
-    Sgd { momentum: f64 },
-    /// Adam on the released update (DP-FedAdam, Reddi et al. 2021, "Adaptive Federated
-    /// Optimization"): `m = b1 m + (1 - b1) u`, `v = b2 v + (1 - b2) u^2`, `theta += lr *
-    /// m_hat / (sqrt(v_hat) + eps)` with bias-corrected `m_hat`, `v_hat`. With noisy updates
-    /// `v` tracks the noise variance, so each coordinate moves about `lr` per round in the
-    /// direction the signal keeps; `eps` is the adaptivity floor (update units).
-    Adam { beta1: f64, beta2: f64, eps: f64 },
-}
+/// The server optimizer's rule (post-processing of released updates: any rule costs no privacy);
+/// its arithmetic lives in `fedrl-rl`, shared with the in-process example.
+pub use fedrl_rl::server_rule::ServerRule;
 
 /// The server optimizer: applies each released noisy mean update `u` (client updates point in
 /// the direction to move, so the server adds) by the [`ServerRule`].
@@ -177,9 +168,10 @@ impl ServerOptimizer {
 
     pub fn with_rule(params: Vec<f32>, lr: f64, rule: ServerRule) -> Self {
         let n = params.len();
-        let second = match rule {
-            ServerRule::Adam { .. } => vec![0.0; n],
-            ServerRule::Sgd { .. } => Vec::new(),
+        let second = if rule.has_second_moment() {
+            vec![0.0; n]
+        } else {
+            Vec::new()
         };
         ServerOptimizer {
             params,
@@ -204,38 +196,14 @@ impl ServerOptimizer {
             });
         }
         self.steps += 1;
-        match self.rule {
-            ServerRule::Sgd { momentum } => {
-                for ((p, v), u) in self
-                    .params
-                    .iter_mut()
-                    .zip(self.velocity.iter_mut())
-                    .zip(update)
-                {
-                    *v = (momentum * *v as f64 + *u as f64) as f32;
-                    *p = (*p as f64 + self.lr * *v as f64) as f32;
-                }
-            }
-            ServerRule::Adam { beta1, beta2, eps } => {
-                let t = self.steps.min(i32::MAX as u64) as i32;
-                let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
-                for (((p, m), v), u) in self
-                    .params
-                    .iter_mut()
-                    .zip(self.velocity.iter_mut())
-                    .zip(self.second.iter_mut())
-                    .zip(update)
-                {
-                    let u = *u as f64;
-                    let m_new = beta1 * *m as f64 + (1.0 - beta1) * u;
-                    let v_new = beta2 * *v as f64 + (1.0 - beta2) * u * u;
-                    *m = m_new as f32;
-                    *v = v_new as f32;
-                    let step = self.lr * (m_new / bc1) / ((v_new / bc2).sqrt() + eps);
-                    *p = (*p as f64 + step) as f32;
-                }
-            }
-        }
+        self.rule.apply(
+            self.lr,
+            self.steps,
+            &mut self.params,
+            &mut self.velocity,
+            &mut self.second,
+            update,
+        );
         Ok(())
     }
 

@@ -19,6 +19,7 @@ use fedrl_common::device::DeviceSpec;
 use fedrl_common::privacy::fixed_point::{noisy_mean, non_private_mean};
 use fedrl_common::privacy::gaussian;
 use fedrl_common::privacy::noise::DiscreteGaussianNoise;
+use fedrl_rl::server_rule::ServerRule;
 use fedrl_rl::{
     EvalConfig, LocalUpdateConfig, LocalUpdateExt, ModelSpec, collect_rollouts, device, evaluate,
     io, local_updates, local_updates_from_batches_adam_init,
@@ -199,7 +200,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let eval_cfg = EvalConfig::default();
     let mut momentum = vec![0.0f32; layout.len()];
     let mut second = vec![0.0f32; layout.len()];
-    let adam = a.server_opt == "adam";
+    let rule = if a.server_opt == "adam" {
+        ServerRule::Adam {
+            beta1: a.server_momentum,
+            beta2: a.server_beta2,
+            eps: a.server_eps,
+        }
+    } else {
+        ServerRule::Sgd {
+            momentum: a.server_momentum,
+        }
+    };
     let start = Instant::now();
     let mut users = 0usize;
     let mut steps = 0usize;
@@ -292,29 +303,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             non_private_mean(deltas, layout.len(), a.cohort as f64)?
         };
-        let mut mean_norm = 0.0;
         t_noise += t_agg.elapsed().as_secs_f64();
         last_mean = Some(mean.clone());
-        let t = (round + 1) as i32;
         let lr = if a.decay_rounds > 0 {
             a.server_lr * (1.0 - round as f64 / a.decay_rounds as f64).max(a.lr_floor)
         } else {
             a.server_lr
         };
-        for (i, upd) in mean.iter().enumerate() {
-            mean_norm += (*upd as f64).powi(2);
-            if adam {
-                let (b1, b2) = (a.server_momentum, a.server_beta2);
-                momentum[i] = (b1 * momentum[i] as f64 + (1.0 - b1) * *upd as f64) as f32;
-                second[i] = (b2 * second[i] as f64 + (1.0 - b2) * (*upd as f64).powi(2)) as f32;
-                let mh = momentum[i] as f64 / (1.0 - b1.powi(t));
-                let vh = second[i] as f64 / (1.0 - b2.powi(t));
-                global[i] += (lr * mh / (vh.sqrt() + a.server_eps)) as f32;
-            } else {
-                momentum[i] = a.server_momentum as f32 * momentum[i] + upd;
-                global[i] += lr as f32 * momentum[i];
-            }
-        }
+        // The aggregator's rule (`fedrl_rl::server_rule`), with this example's decay of lr.
+        rule.apply(
+            lr,
+            round as u64 + 1,
+            &mut global,
+            &mut momentum,
+            &mut second,
+            &mean,
+        );
+        let mean_norm: f64 = mean.iter().map(|u| (*u as f64).powi(2)).sum();
         let mut line = format!(
             "round {round:3} users {users:7} steps {steps:9} train-return {train_ret:7.1} \
              clipped {clipped:4}/{} noisy-mean-norm {:.4} local {t_local:6.2}s elapsed {:6.1}s",
