@@ -96,6 +96,10 @@ pub struct AgentSummary {
     pub dropped_by_churn: u64,
     pub disconnects_by_churn: u64,
     pub sessions: u64,
+    /// Updates that were at the clip norm when uploaded (clipped by the trainer or here):
+    /// whether C binds, for tuning it. Operator-only like every count here; the aggregator
+    /// cannot see it, since it only re-clips what arrives already clipped.
+    pub clipped: u64,
     /// Why the agent stopped.
     pub finished: String,
 }
@@ -676,14 +680,24 @@ impl Agent {
         let updates = tokio::task::spawn_blocking(move || {
             let mut t = trainer.lock().unwrap_or_else(|p| p.into_inner());
             let mut ups = t.local_updates(&spec2, &global, &units);
+            let mut clipped = 0u64;
             for (_, v) in ups.iter_mut() {
-                clip_l2(v, spec2.clip_norm);
+                let c = clip_l2(v, spec2.clip_norm);
+                // A trainer's clip leaves the update on the bound (just inside it, by the
+                // rounding margin); an unclipped update almost never lands within 1e-4 of it.
+                if c.was_clipped() || c.norm >= spec2.clip_norm * (1.0 - 1e-4) {
+                    clipped += 1;
+                }
             }
-            ups
+            (ups, clipped)
         })
         .await;
         let updates = match updates {
-            Ok(u) => u,
+            Ok((u, clipped)) => {
+                self.summary.clipped += clipped;
+                tracing::info!(round = spec.round, clipped, "updates at the clip norm");
+                u
+            }
             Err(e) => {
                 tracing::error!(round = spec.round, error = %e, "the local trainer failed");
                 return None;

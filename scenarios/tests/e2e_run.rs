@@ -287,4 +287,11 @@ fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
     )
     .unwrap();
     assert!(operator["timings"]["evaluation_s"].as_f64().unwrap() > 0.0);
+    // The client agent counts the updates it uploaded at the clip norm (operator-only).
+    let agent = &operator["client_agents"][0]["summary"];
+    let clipped = agent["clipped"].as_u64().expect("a clipped count");
+    assert!(
+        clipped <= agent["updates_sent"].as_u64().unwrap(),
+        "{agent}"
+    );
 }
