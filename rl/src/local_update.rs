@@ -114,7 +114,7 @@ pub fn local_updates(
                         spec, layout, global, envs, seeds, rollout, false, true, device,
                     )?;
                     let starts = vec![global; batches.len()];
-                    train_users(spec, layout, &starts, &batches, seeds, one, device)
+                    train_users(spec, layout, &starts, &batches, seeds, one, device, None)
                 })
             })
             .collect();
@@ -175,7 +175,7 @@ pub fn local_updates_own(
                     let batches = crate::rollout::run_users_own(
                         spec, layout, params, envs, seeds, rollout, false, true,
                     )?;
-                    train_users(spec, layout, params, &batches, seeds, one, device)
+                    train_users(spec, layout, params, &batches, seeds, one, device, None)
                 })
             })
             .collect();
@@ -237,7 +237,7 @@ pub fn local_updates_from_batches_adam_init(
     let threads = cfg.threads.max(1).min(batches.len().max(1));
     if threads == 1 {
         let starts = vec![global; batches.len()];
-        return train_users_init(
+        return train_users(
             spec, &layout, &starts, batches, seeds, cfg, device, adam_init,
         );
     }
@@ -250,7 +250,7 @@ pub fn local_updates_from_batches_adam_init(
                 let layout = &layout;
                 s.spawn(move || {
                     let starts = vec![global; b.len()];
-                    train_users_init(spec, layout, &starts, b, sd, cfg, device, adam_init)
+                    train_users(spec, layout, &starts, b, sd, cfg, device, adam_init)
                 })
             })
             .collect();
@@ -278,23 +278,10 @@ struct Prepared<'a> {
 }
 
 /// Trains users on the current thread, grouping users of similar length to limit padding; user
-/// `u` starts from `starts[u]` and its delta is relative to it.
-pub(crate) fn train_users(
-    spec: &ModelSpec,
-    layout: &ParamLayout,
-    starts: &[&[f32]],
-    batches: &[UserBatch],
-    seeds: &[u64],
-    cfg: &LocalUpdateConfig,
-    device: &Device,
-) -> Result<Vec<LocalUpdate>> {
-    train_users_init(spec, layout, starts, batches, seeds, cfg, device, None)
-}
-
-/// [`train_users`] with an optional public Adam initialisation (see
-/// [`local_updates_from_batches_adam_init`]).
+/// `u` starts from `starts[u]` and its delta is relative to it. `adam_init`: an optional public
+/// Adam initialisation (see [`local_updates_from_batches_adam_init`]).
 #[allow(clippy::too_many_arguments)] // internal
-fn train_users_init(
+pub(crate) fn train_users(
     spec: &ModelSpec,
     layout: &ParamLayout,
     starts: &[&[f32]],

@@ -370,7 +370,16 @@ pub fn train_experts(
                 let starts: Vec<&[f32]> = group.iter().map(|&u| params[u].as_slice()).collect();
                 let bs: Vec<UserBatch> = group.iter().map(|&u| batches[u].clone()).collect();
                 let sd: Vec<u64> = group.iter().map(|&u| seeds[u]).collect();
-                let ups = train_users(&plan.model, &layout, &starts, &bs, &sd, &plan.ppo, &device)?;
+                let ups = train_users(
+                    &plan.model,
+                    &layout,
+                    &starts,
+                    &bs,
+                    &sd,
+                    &plan.ppo,
+                    &device,
+                    None,
+                )?;
                 Ok(ups.into_iter().map(|u| u.delta).collect())
             },
             &mut |_| {},
