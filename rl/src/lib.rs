@@ -28,6 +28,7 @@
 pub mod activation;
 pub mod alloc;
 pub mod device;
+pub mod ensemble;
 pub mod evaluate;
 pub mod io;
 pub mod local_update;
