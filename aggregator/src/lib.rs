@@ -17,6 +17,7 @@ pub mod engine;
 pub mod journal;
 pub mod loglinear;
 pub mod model;
+pub mod primorl;
 pub mod service;
 pub mod state;
 pub mod tasks;

@@ -25,5 +25,9 @@ pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>>
         // The server model only applies released gradients (flat vectors) and evaluates on the
         // CPU; the central mode's gradients run on the scenario's device (service::central).
         Task::OfflineCql(t) => Ok(Box::new(crate::cql::CqlModel::new(t)?)),
+        Task::Primorl(t) => {
+            let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
+            Ok(Box::new(crate::primorl::PrimorlModel::new(t, device)?))
+        }
     }
 }

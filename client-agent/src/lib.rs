@@ -11,6 +11,7 @@ pub mod agent;
 pub mod cql;
 pub mod dppg;
 pub mod loglinear;
+pub mod primorl;
 pub mod tls;
 pub mod trainer;
 

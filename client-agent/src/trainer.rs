@@ -86,6 +86,11 @@ pub fn default_factory(device: Device) -> TrainerFactory {
                 units,
                 device.clone(),
             )?) as Box<dyn LocalTrainer>),
+            Task::Primorl(t) => Ok(Box::new(crate::primorl::PrimorlTrainer::new(
+                &t,
+                units,
+                device.clone(),
+            )?) as Box<dyn LocalTrainer>),
         }
     })
 }

@@ -9,6 +9,7 @@
 
 pub mod device;
 pub mod offline;
+pub mod primorl;
 pub mod privacy;
 pub mod protocol;
 pub mod scenario;

@@ -658,6 +658,22 @@ impl Scenario {
             }
         }
         self.task.validate()?;
+        if let Task::Primorl(t) = &self.task {
+            // DP-FedAvg over trajectories: the aggregator Poisson-samples them (seed 001,
+            // Algorithm 1), one unit per episode of the dataset.
+            if !matches!(self.participation, Participation::Sampled { .. }) {
+                return bad(
+                    "task `primorl` samples trajectories: set participation = { kind = \"sampled\", rate = q }"
+                        .into(),
+                );
+            }
+            if self.users != t.dataset.units {
+                return bad(format!(
+                    "users ({}) must equal task.dataset.units ({}): every episode of the dataset is a privacy unit",
+                    self.users, t.dataset.units
+                ));
+            }
+        }
         if let Task::OfflineCql(t) = &self.task {
             // DP-SGD: the batch is a Poisson sample the aggregator draws, one unit per dataset
             // unit.

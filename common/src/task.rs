@@ -83,6 +83,10 @@ pub enum Task {
     /// §2.3-2.5): one round is one DP-SGD step over a Poisson sample of units drawn by the
     /// aggregator.
     OfflineCql(OfflineCqlTask),
+    /// PriMORL (seed 001): a dynamics-model ensemble trained by DP-FedAvg over trajectories of a
+    /// continuous-action dataset (each round: a Poisson sample of trajectories drawn by the
+    /// aggregator), then SAC inside the pessimistic private model on the aggregator.
+    Primorl(crate::primorl::PrimorlTask),
 }
 
 impl Task {
@@ -93,6 +97,7 @@ impl Task {
             Task::Dppg(_) => "dppg",
             Task::LogLinearPg(_) => "loglinear_pg",
             Task::OfflineCql(_) => "offline_cql",
+            Task::Primorl(_) => "primorl",
         }
     }
 
@@ -108,6 +113,8 @@ impl Task {
             Task::MeanEstimation(_) | Task::Dppg(_) | Task::LogLinearPg(_) => UnitKind::User,
             Task::OfflineCql(t) if t.dataset.episodes_per_unit == 1 => UnitKind::Trajectory,
             Task::OfflineCql(_) => UnitKind::Expert,
+            // One episode per unit.
+            Task::Primorl(_) => UnitKind::Trajectory,
         }
     }
 
@@ -137,6 +144,7 @@ impl Task {
             Task::LogLinearPg(t) => t.validate(),
             Task::MeanEstimation(t) => t.validate(),
             Task::OfflineCql(t) => t.validate(),
+            Task::Primorl(t) => t.validate().map_err(TaskError::Invalid),
         }
     }
 }

@@ -49,15 +49,7 @@ pub struct EnsembleSpec {
     pub input_scale: Vec<f32>,
 }
 
-/// How a trajectory's ensemble delta is bounded (seed 001, Algorithm 3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EnsembleClipping {
-    /// Each member's delta to C / sqrt(N).
-    Flat,
-    /// Each of the N x L layer deltas (a layer is its weight and bias) to C / sqrt(N L).
-    PerLayer,
-}
+pub use fedrl_common::primorl::{EnsembleClipping, Uncertainty};
 
 impl EnsembleSpec {
     /// An ensemble with identity input normalisation.
@@ -747,18 +739,6 @@ fn segment_bound(spec: &EnsembleSpec, cfg: &LocalModelConfig) -> f64 {
     cfg.clip_norm / (segs as f64).sqrt()
 }
 
-/// Which model uncertainty penalises the reward of the pessimistic model (seed 001, 4.3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Uncertainty {
-    /// u_MA(s, a) = max_i |sigma_i(s, a)|_2: the largest norm over members of the predicted
-    /// standard deviations of `(s' - s, r)` (MOPO's reference implementation; the Frobenius norm
-    /// of the diagonal matrix of standard deviations).
-    MaxAleatoric,
-    /// u_MPD(s, a) = max_{i, j} |mu_i(s, a) - mu_j(s, a)|_2 over pairs of members.
-    MaxPairwiseDiff,
-}
-
 /// An ensemble's predictions for a batch of rows: `mean` and `logvar` are laid out
 /// `[member][row][out_dim]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -951,4 +931,88 @@ impl Ensemble {
             uncertainty: u,
         })
     }
+}
+
+/// Metadata key holding the ensemble's spec as JSON in its safetensors file.
+pub const ENSEMBLE_SPEC_KEY: &str = "fedrl.ensemble_spec";
+
+/// Writes `params` of `spec` as safetensors (`member.{i}.{l}.weight` `[out, in]` and
+/// `member.{i}.{l}.bias`), the spec as JSON metadata.
+pub fn save(spec: &EnsembleSpec, params: &[f32], path: &std::path::Path) -> Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    spec.check()?;
+    check_params(spec, params)?;
+    let widths = spec.widths();
+    let mut names = Vec::new();
+    let mut bytes: Vec<Vec<u8>> = Vec::new();
+    let mut shapes = Vec::new();
+    let mut off = 0;
+    for i in 0..spec.members {
+        for (l, p) in widths.windows(2).enumerate() {
+            for (kind, n, shape) in [
+                ("weight", p[0] * p[1], vec![p[1], p[0]]),
+                ("bias", p[1], vec![p[1]]),
+            ] {
+                names.push(format!("member.{i}.{l}.{kind}"));
+                bytes.push(
+                    params[off..off + n]
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect(),
+                );
+                shapes.push(shape);
+                off += n;
+            }
+        }
+    }
+    let mut views = Vec::with_capacity(names.len());
+    for ((name, b), shape) in names.iter().zip(&bytes).zip(shapes) {
+        views.push((name.as_str(), TensorView::new(Dtype::F32, shape, b)?));
+    }
+    let json =
+        serde_json::to_string(spec).map_err(|e| NnError::Invalid(format!("ensemble spec: {e}")))?;
+    let meta = std::collections::HashMap::from([(ENSEMBLE_SPEC_KEY.to_string(), json)]);
+    let out = safetensors::serialize(views, Some(meta))?;
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+/// Reads an ensemble written by [`save`]: its spec and flat parameters.
+pub fn load(path: &std::path::Path) -> Result<(EnsembleSpec, Vec<f32>)> {
+    use safetensors::tensor::SafeTensors;
+    let bytes = std::fs::read(path)?;
+    let (_, header) = SafeTensors::read_metadata(&bytes)?;
+    let json = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(ENSEMBLE_SPEC_KEY))
+        .ok_or_else(|| {
+            NnError::Invalid(format!(
+                "{}: no {ENSEMBLE_SPEC_KEY} metadata",
+                path.display()
+            ))
+        })?;
+    let spec: EnsembleSpec =
+        serde_json::from_str(json).map_err(|e| NnError::Invalid(format!("ensemble spec: {e}")))?;
+    spec.check()?;
+    let st = SafeTensors::deserialize(&bytes)?;
+    let widths = spec.widths();
+    let mut params = Vec::with_capacity(spec.len());
+    for i in 0..spec.members {
+        for l in 0..widths.len() - 1 {
+            for kind in ["weight", "bias"] {
+                let t = st.tensor(&format!("member.{i}.{l}.{kind}"))?;
+                if t.dtype() != safetensors::tensor::Dtype::F32 {
+                    return Err(NnError::Invalid(format!("member.{i}.{l}.{kind}: not F32")));
+                }
+                params.extend(
+                    t.data()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+        }
+    }
+    check_params(&spec, &params)?;
+    Ok((spec, params))
 }

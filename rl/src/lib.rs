@@ -37,6 +37,7 @@ pub mod mlp;
 pub mod offline;
 pub mod policy;
 pub mod ppo;
+pub mod primorl;
 pub mod rollout;
 pub mod server_rule;
 pub mod task;

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use fedrl_common::primorl::PrimorlTask;
 use fedrl_common::scenario::{Scenario, ScenarioError};
 use fedrl_common::task::{DppgTask, LogLinearTask, OfflineCqlTask, Task, TaskError, TaskModels};
 use fedrl_sim::population::Population;
@@ -29,6 +30,7 @@ impl TaskModels for Models {
             Task::Dppg(t) => Ok(t.model_spec()?.layout().len()),
             Task::LogLinearPg(t) => Ok(t.spec()?.dim()),
             Task::OfflineCql(t) => Ok(t.qnet_spec()?.dim()),
+            Task::Primorl(t) => Ok(t.ensemble_shape()?.len()),
         }
     }
 }
@@ -88,6 +90,40 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
             hidden: self.cql.hidden.clone(),
             n_actions,
         })
+    }
+}
+
+/// The dynamics ensemble a [`PrimorlTask`] trains.
+pub trait PrimorlTaskExt {
+    /// The ensemble for the dataset's environment (box observations and actions), with identity
+    /// input normalisation: the shape only. The normalisation comes from the public split once
+    /// the dataset is loaded.
+    fn ensemble_shape(&self) -> Result<crate::ensemble::EnsembleSpec, TaskError>;
+}
+
+impl PrimorlTaskExt for PrimorlTask {
+    fn ensemble_shape(&self) -> Result<crate::ensemble::EnsembleSpec, TaskError> {
+        let env =
+            fedrl_sim::make(&self.dataset.env).map_err(|e| model_error("task.dataset.env", e))?;
+        let (obs_dim, act_dim) = match (env.observation_space(), env.action_space()) {
+            (fedrl_sim::Space::Box { low: o, .. }, fedrl_sim::Space::Box { low: a, .. }) => {
+                (o.len(), a.len())
+            }
+            (o, a) => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: PriMORL needs box observations and actions, `{}` has {o:?} and {a:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        let spec = crate::ensemble::EnsembleSpec::new(
+            obs_dim,
+            act_dim,
+            self.ensemble.hidden.clone(),
+            self.ensemble.members,
+        );
+        spec.check().map_err(|e| model_error("task.ensemble", e))?;
+        Ok(spec)
     }
 }
 

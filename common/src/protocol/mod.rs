@@ -37,7 +37,8 @@ pub use messages::*;
 /// Version 5: the DPPG task in `Welcome` may carry `normalize_advantages` (local update) and the
 /// server optimizer's fields (`server_optimizer`, `server_adam_*`). A version-4 agent would
 /// refuse such a task as unknown fields; the version says why instead.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// Version 6: the `primorl` task (seed 001) in `Welcome`.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).

@@ -14,6 +14,7 @@
 pub mod adam;
 pub mod batch;
 pub mod cache;
+pub mod continuous;
 pub mod cql;
 pub mod dataset;
 pub mod dpsgd;

@@ -301,6 +301,30 @@ pub(crate) fn show_generation(bar: &ProgressBar, p: &Progress) {
     }
 }
 
+/// Shows a continuous dataset's generation (the behaviour's learning run, then recording).
+pub(crate) fn show_continuous_generation(
+    bar: &ProgressBar,
+    p: &fedrl_rl::offline::continuous::ContinuousProgress,
+) {
+    use fedrl_rl::offline::continuous::ContinuousProgress as P;
+    match p {
+        P::Learning {
+            step,
+            total,
+            recent_return,
+        } => {
+            bar.set_length(*total);
+            bar.set_position(*step);
+            bar.set_message(format!("SAC {recent_return:8.1}"));
+        }
+        P::Recording { done, total } => {
+            bar.set_length(*total);
+            bar.set_position(*done);
+            bar.set_message("recording");
+        }
+    }
+}
+
 fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
     let spec = spec_of(&a)?;
     let root = root(&a.root)?;

@@ -103,12 +103,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let exe = std::env::current_exe()?;
+    let kind = run.scenario.unit_kind.to_string();
+    // "trajectory" -> "trajectories"; "user" and "expert" take an s.
+    let plural = match kind.strip_suffix('y') {
+        Some(stem) => format!("{stem}ies"),
+        None => format!("{kind}s"),
+    };
     eprintln!(
-        "{}: {} rounds, {} {}s, results in {}",
+        "{}: {} rounds, {} {plural}, results in {}",
         run.scenario.name,
         run.scenario.rounds,
         run.scenario.users,
-        run.scenario.unit_kind,
         run.out_dir.display()
     );
     if let Some(sel) = run.scenario.selective() {
@@ -259,6 +264,22 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
             d.id,
             d.episodes.len(),
             t.dataset.units
+        );
+    }
+    if let fedrl_common::scenario::Task::Primorl(t) = &scenario.task {
+        let root = fedrl_rl::offline::data_root(None)?;
+        let bar = crate::cmd::data::generation_bar()?;
+        let d = fedrl_rl::offline::continuous::load_or_generate(&t.dataset, &root, &mut |p| {
+            crate::cmd::data::show_continuous_generation(&bar, &p)
+        })
+        .with_context(|| format!("preparing the dataset under {}", root.display()))?;
+        bar.finish_and_clear();
+        let steps: usize = d.episodes.iter().map(|e| e.len()).sum();
+        eprintln!(
+            "dataset {} ({}): {} episodes, {steps} steps",
+            t.dataset.file_name(),
+            d.meta.env_id,
+            d.episodes.len()
         );
     }
     Ok(())

@@ -1,0 +1,168 @@
+//! PriMORL (seed 001), server side: the dynamics ensemble, updated by each released noisy mean
+//! of the trajectories' clipped ensemble deltas (Algorithm 1 line 9: `theta += mean + noise`,
+//! server learning rate 1), early stopping on the public split's MSE, and at the end the policy
+//! phase: SAC inside the pessimistic released model, which reads no dataset (post-processing).
+//!
+//! The public split: in this simulation every party generates the dataset from its public,
+//! seeded procedure; the aggregator keeps only the public episodes (ids from `dataset.units` on,
+//! owned by no unit) and drops the rest at once. In a deployment the public split is data
+//! published as such.
+
+use std::path::Path;
+
+use anyhow::Context;
+use fedrl_common::primorl::PrimorlTask;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
+use fedrl_rl::primorl::{ensemble_spec, public_rows};
+
+use crate::model::{ModelError, ModelState, ServerModel};
+
+/// File name of the exported (early-stopping selected) ensemble in the output directory.
+pub const ENSEMBLE_FILE: &str = "ensemble.safetensors";
+
+pub struct PrimorlModel {
+    task: PrimorlTask,
+    spec: EnsembleSpec,
+    params: Vec<f32>,
+    /// The public split's rows (early stopping).
+    public: ModelRows,
+    /// Best public MSE so far, the parameters that reached it, the round, and evaluations since.
+    best_mse: f64,
+    best: Vec<f32>,
+    best_round: Option<u64>,
+    since_best: u64,
+    device: Device,
+}
+
+impl PrimorlModel {
+    pub fn new(task: &PrimorlTask, device: Device) -> anyhow::Result<Self> {
+        let root = fedrl_rl::offline::data_root(None)?;
+        let dataset =
+            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})
+                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        let spec = ensemble_spec(task, &dataset)?;
+        let public = public_rows(task, &dataset, &spec)?;
+        drop(dataset);
+        let params = spec.init(task.model_seed);
+        Ok(PrimorlModel {
+            task: task.clone(),
+            best: params.clone(),
+            spec,
+            params,
+            public,
+            best_mse: f64::INFINITY,
+            best_round: None,
+            since_best: 0,
+            device,
+        })
+    }
+
+    /// The ensemble selected by early stopping (the latest before any evaluation).
+    pub fn selected(&self) -> &[f32] {
+        if self.best_round.is_some() {
+            &self.best
+        } else {
+            &self.params
+        }
+    }
+
+    fn public_mse(&self, params: &[f32]) -> anyhow::Result<f64> {
+        let ens = Ensemble::new(&self.spec, params, &self.device)?;
+        Ok(ens.mse(&self.public)?)
+    }
+}
+
+impl ServerModel for PrimorlModel {
+    fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    fn apply(&mut self, noisy_mean_update: &[f32]) -> Result<(), ModelError> {
+        if noisy_mean_update.len() != self.params.len() {
+            return Err(ModelError::Length {
+                expected: self.params.len(),
+                got: noisy_mean_update.len(),
+            });
+        }
+        for (p, u) in self.params.iter_mut().zip(noisy_mean_update) {
+            *p += u;
+        }
+        Ok(())
+    }
+
+    /// Parameters, then the selected (best) parameters.
+    fn state(&self) -> ModelState {
+        let mut tensors = self.params.clone();
+        tensors.extend_from_slice(&self.best);
+        ModelState {
+            meta: serde_json::json!({
+                "model": "primorl",
+                "best_mse": if self.best_mse.is_finite() { Some(self.best_mse) } else { None },
+                "best_round": self.best_round,
+                "since_best": self.since_best,
+            }),
+            tensors,
+        }
+    }
+
+    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
+        let n = self.params.len();
+        if state.tensors.len() != 2 * n {
+            return Err(ModelError::Restore(format!(
+                "the checkpoint has {} values, the ensemble and its selected copy need {}",
+                state.tensors.len(),
+                2 * n
+            )));
+        }
+        self.params.copy_from_slice(&state.tensors[..n]);
+        self.best.copy_from_slice(&state.tensors[n..]);
+        self.best_mse = state.meta["best_mse"].as_f64().unwrap_or(f64::INFINITY);
+        self.best_round = state.meta["best_round"].as_u64();
+        self.since_best = state.meta["since_best"].as_u64().unwrap_or(0);
+        Ok(())
+    }
+
+    /// Every `eval_every` rounds: the public split's MSE; the best ensemble is kept, and after
+    /// `patience` evaluations without improvement training stops.
+    fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
+        if !(round + 1).is_multiple_of(self.task.eval_every) {
+            return None;
+        }
+        Some(match self.public_mse(&self.params) {
+            Ok(mse) => {
+                if mse < self.best_mse {
+                    self.best_mse = mse;
+                    self.best.copy_from_slice(&self.params);
+                    self.best_round = Some(round);
+                    self.since_best = 0;
+                } else {
+                    self.since_best += 1;
+                }
+                serde_json::json!({
+                    "public_mse": mse,
+                    "best_public_mse": self.best_mse,
+                    "evaluations_since_best": self.since_best,
+                })
+            }
+            Err(e) => serde_json::json!({ "eval_error": e.to_string() }),
+        })
+    }
+
+    fn finished(&self) -> bool {
+        self.since_best >= self.task.patience
+    }
+
+    fn final_evaluation(&mut self) -> Option<serde_json::Value> {
+        let mse = self.public_mse(self.selected()).ok();
+        Some(serde_json::json!({
+            "public_mse": mse,
+            "selected_round": self.best_round,
+        }))
+    }
+
+    fn export(&self, dir: &Path) -> anyhow::Result<()> {
+        ensemble::save(&self.spec, self.selected(), &dir.join(ENSEMBLE_FILE))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,83 @@
+//! PriMORL (seed 001), client side: the agent holds its trajectories (generated into, or loaded
+//! from, the dataset cache) and, for each offer, trains the global dynamics ensemble on every
+//! offered trajectory alone (`EnsClipGD`: E epochs of minibatch SGD, the ensemble delta projected
+//! onto the clip ball after every step), batched across the offered trajectories. Public-split
+//! units hold no private data and never contribute.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use fedrl_common::primorl::PrimorlTask;
+use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::ensemble::{EnsembleSpec, ModelRows, local_updates};
+use fedrl_rl::primorl::{ensemble_spec, local_config, private_rows, trajectory_seed};
+
+use crate::trainer::LocalTrainer;
+
+/// Trajectories trained in one batched call (bounds the stacked tensors' memory).
+const GROUP: usize = 64;
+
+/// The PriMORL trainer of one client agent.
+pub struct PrimorlTrainer {
+    task: PrimorlTask,
+    spec: EnsembleSpec,
+    units: BTreeMap<UnitId, ModelRows>,
+    device: Device,
+}
+
+impl PrimorlTrainer {
+    /// Loads (or generates) the task's dataset and keeps the rows of the hosted private units.
+    pub fn new(task: &PrimorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
+        let root = fedrl_rl::offline::data_root(None)?;
+        let dataset =
+            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})
+                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        let spec = ensemble_spec(task, &dataset)?;
+        let held = |u: u64| hosted.iter().any(|r| r.start <= u && u < r.end);
+        let units = private_rows(
+            task,
+            &spec,
+            dataset.episodes.iter().filter(|e| held(e.unit)),
+        )?;
+        tracing::info!(trajectories = units.len(), "PriMORL trajectories hosted");
+        Ok(PrimorlTrainer {
+            task: task.clone(),
+            spec,
+            units,
+            device,
+        })
+    }
+}
+
+impl LocalTrainer for PrimorlTrainer {
+    fn local_updates(
+        &mut self,
+        round: &RoundSpec,
+        global: &[f32],
+        units: &[UnitId],
+    ) -> Vec<(UnitId, Vec<f32>)> {
+        let cfg = local_config(&self.task, round.clip_norm);
+        let chosen: Vec<(UnitId, &ModelRows)> = units
+            .iter()
+            .filter_map(|u| self.units.get(u).map(|d| (*u, d)))
+            .collect();
+        let mut out = Vec::with_capacity(chosen.len());
+        for group in chosen.chunks(GROUP) {
+            let rows: Vec<&ModelRows> = group.iter().map(|(_, d)| *d).collect();
+            let seeds: Vec<u64> = group
+                .iter()
+                .map(|(u, _)| trajectory_seed(self.task.data_seed, round.round, *u))
+                .collect();
+            match local_updates(&self.spec, &cfg, global, &rows, &seeds, &self.device, false) {
+                Ok((updates, _)) => {
+                    out.extend(group.iter().zip(updates).map(|((u, _), up)| (*u, up.delta)));
+                }
+                Err(e) => {
+                    tracing::error!(round = round.round, error = %e, "ensemble local updates failed");
+                }
+            }
+        }
+        out
+    }
+}

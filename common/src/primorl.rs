@@ -1,0 +1,329 @@
+//! Plain-data description of PriMORL (seed 001): the continuous-action dataset its trajectories
+//! hold, the dynamics ensemble trained by DP-FedAvg over trajectories (Algorithms 1-3), and the
+//! policy phase, SAC inside the pessimistic private model (Algorithm 4). The ensemble, the SAC
+//! learner and the dataset generation live in `fedrl_rl`; this crate stays free of candle.
+
+use serde::{Deserialize, Serialize};
+
+/// How a trajectory's ensemble delta is bounded (seed 001, Algorithm 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EnsembleClipping {
+    /// Each member's delta to C / sqrt(N).
+    Flat,
+    /// Each of the N x L layer deltas (a layer is its weight and bias) to C / sqrt(N L).
+    PerLayer,
+}
+
+/// Which model uncertainty penalises the reward of the pessimistic model (seed 001, 4.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Uncertainty {
+    /// u_MA(s, a) = max_i |sigma_i(s, a)|_2: the largest norm over members of the predicted
+    /// standard deviations of `(s' - s, r)` (MOPO's reference implementation; the Frobenius norm
+    /// of the diagonal matrix of standard deviations).
+    MaxAleatoric,
+    /// u_MPD(s, a) = max_{i, j} |mu_i(s, a) - mu_j(s, a)|_2 over pairs of members.
+    MaxPairwiseDiff,
+}
+
+/// Who acts while a continuous-action dataset is recorded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ContinuousBehaviour {
+    /// Uniformly random actions in the action box.
+    Random,
+    /// A replay-style mixture (seed 001, appendix D) from one SAC learning run on the simulator
+    /// (nobody's data): `checkpoints` actors snapshotted evenly over `steps` environment steps,
+    /// the first being the untrained actor; unit `u` plays one episode with checkpoint
+    /// `u % checkpoints`, its deterministic action plus Gaussian noise of standard deviation
+    /// `noise_std` (as a fraction of the action range's half-width), clipped to the box.
+    /// The paper keeps every training episode of 6-600 DDPG runs (6-30 M learner steps); one
+    /// learning run's checkpoints with exploration noise give the same random-to-expert mix
+    /// on 2 cores.
+    SacCheckpoints {
+        /// Environment steps of the learning run.
+        steps: u64,
+        /// Snapshots, >= 2 (the untrained actor and the final one at least).
+        checkpoints: u32,
+        /// Exploration noise, in [0, 2].
+        noise_std: f64,
+    },
+}
+
+/// A named, seeded procedure that makes a continuous-action dataset: `units` private episodes of
+/// `env`, one per privacy unit (unit `u` owns episode `u`), and `public` more (ids from `units`
+/// on) that form the public split (seed 001 keeps 1% of the episodes public for early
+/// stopping). Equal specs give equal datasets bit for bit, so a dataset is cached under a key
+/// derived from its spec.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContinuousDatasetSpec {
+    /// Environment id with a Box action space (`Pendulum-v1`, `cartpole-balance`, ...).
+    pub env: String,
+    /// Private episodes K (one per unit).
+    pub units: u64,
+    /// Public episodes (ids `units..units + public`; no unit owns them). Default 0.
+    #[serde(default)]
+    pub public: u64,
+    /// Seed of the behaviour's learning run and of the episodes.
+    #[serde(default)]
+    pub seed: u64,
+    pub behaviour: ContinuousBehaviour,
+}
+
+/// Version of the continuous generation procedure and file layout (part of every cache key).
+pub const CONTINUOUS_FORMAT_VERSION: u32 = 1;
+
+impl ContinuousDatasetSpec {
+    /// The stable key of this spec: FNV-1a (64 bits) of its canonical JSON and
+    /// [`CONTINUOUS_FORMAT_VERSION`], as 16 lowercase hex digits.
+    pub fn cache_key(&self) -> String {
+        let canonical = serde_json::to_value(self)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|e| unreachable!("a ContinuousDatasetSpec always serialises: {e}"));
+        let text = format!("{canonical}#continuous{CONTINUOUS_FORMAT_VERSION}");
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+
+    /// Whether episode `id` is in the public split.
+    pub fn is_public(&self, id: u64) -> bool {
+        id >= self.units
+    }
+
+    /// The cache file name: `<env, lower-cased>-<key>.safetensors`.
+    pub fn file_name(&self) -> String {
+        let env: String = self
+            .env
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{env}-{}.safetensors", self.cache_key())
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.units == 0 {
+            return Err("task.dataset.units must be >= 1".into());
+        }
+        if let ContinuousBehaviour::SacCheckpoints {
+            steps,
+            checkpoints,
+            noise_std,
+        } = &self.behaviour
+            && (*steps == 0 || *checkpoints < 2 || !(0.0..=2.0).contains(noise_std))
+        {
+            return Err(format!(
+                "task.dataset.behaviour: sac_checkpoints needs steps >= 1, checkpoints >= 2 and noise_std in [0, 2], got {steps}, {checkpoints} and {noise_std}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The dynamics ensemble and its per-trajectory local update (seed 001, Tables 4-5).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnsembleConfig {
+    /// Hidden widths of every member (swish). CartPole: [128, 128]; Pendulum: [64, 64].
+    pub hidden: Vec<usize>,
+    /// Members N. CartPole 5, Pendulum 3.
+    pub members: usize,
+    /// Flat (CartPole) or per-layer (Pendulum).
+    pub clipping: EnsembleClipping,
+    /// Local epochs E over the trajectory. Default 1.
+    #[serde(default = "d_one_usize")]
+    pub epochs: usize,
+    /// Minibatch rows B. Default 16.
+    #[serde(default = "d_batch")]
+    pub batch_size: usize,
+    /// Local SGD step size. Default 1e-3.
+    #[serde(default = "d_model_lr")]
+    pub lr: f64,
+    /// L2 weight decay (`weight_decay / 2 |W|^2` per weight matrix). Default 5e-5.
+    #[serde(default = "d_weight_decay")]
+    pub weight_decay: f64,
+}
+
+/// The policy phase: SAC on rollouts of the pessimistic private model only (seed 001, Algorithm
+/// 4 and Table 5), then evaluation in the real environment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyPhaseConfig {
+    /// u_MA or u_MPD.
+    pub uncertainty: Uncertainty,
+    /// Reward penalty lambda (Pendulum and CartPole: 2).
+    pub lambda: f64,
+    /// Rollout length H (Pendulum 30, CartPole 20).
+    pub rollout_length: usize,
+    /// SAC epochs; the policy is evaluated in the real environment after each.
+    pub epochs: usize,
+    /// SAC updates per epoch.
+    pub updates_per_epoch: usize,
+    /// Model rollouts started per `rollout_every` updates (batched). Default 400.
+    #[serde(default = "d_rollouts")]
+    pub rollout_batch: usize,
+    /// Updates between two batches of rollouts. Default 250.
+    #[serde(default = "d_rollout_every")]
+    pub rollout_every: usize,
+    /// Fraction of rollouts that start from a state the model itself generated earlier instead
+    /// of the environment's public initial distribution (model states are post-processing of
+    /// the released model, never data). Default 0.5.
+    #[serde(default = "d_half")]
+    pub model_start_fraction: f64,
+    /// SAC hidden widths (actor and critics). Default [256, 256].
+    #[serde(default = "d_sac_hidden")]
+    pub hidden: Vec<usize>,
+    /// Actor, critic and temperature learning rate. Default 3e-4.
+    #[serde(default = "d_sac_lr")]
+    pub lr: f64,
+    /// Discount. Default 0.99.
+    #[serde(default = "d_gamma")]
+    pub gamma: f64,
+    /// SAC minibatch. Default 256.
+    #[serde(default = "d_sac_batch")]
+    pub batch_size: usize,
+    /// Target entropy of the automatic temperature. Default -3 (seed 001, Table 5).
+    #[serde(default = "d_target_entropy")]
+    pub target_entropy: f64,
+    /// Real-environment episodes per evaluation. Default 10 (the paper's).
+    #[serde(default = "d_eval_episodes")]
+    pub eval_episodes: usize,
+    /// Seed of the policy phase (SAC, rollouts; not privacy noise). Default 0.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// Parameters of [`crate::task::Task::Primorl`]. Each of the dataset's K trajectories is one
+/// privacy unit (trajectory-level DP); the scenario's `users` is K and its participation is a
+/// Poisson sample at rate q drawn by the aggregator; the dataset's public episodes belong to no
+/// unit. Each round, every sampled trajectory's host
+/// trains the global ensemble on that trajectory alone (`ensemble`), projects onto the ensemble
+/// clip ball of the scenario's `clip_norm` after every step and sends the delta; the engine
+/// re-clips, sums, adds noise z C and divides by the expected count q K; the model adds the
+/// result. Training stops at `rounds` or when the public split's MSE has not improved for
+/// `patience` evaluations; the policy phase then runs on the aggregator without the data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrimorlTask {
+    pub dataset: ContinuousDatasetSpec,
+    pub ensemble: EnsembleConfig,
+    /// Seed of the ensemble's initial weights. Default 0.
+    #[serde(default)]
+    pub model_seed: u64,
+    /// Seed of the trajectories' minibatch order (not privacy noise). Default 0.
+    #[serde(default)]
+    pub data_seed: u64,
+    /// Public-split evaluation every this many rounds. Default 10.
+    #[serde(default = "d_eval_every")]
+    pub eval_every: u64,
+    /// Evaluations without a better public MSE before training stops (seed 001: 10). Default 10.
+    #[serde(default = "d_patience")]
+    pub patience: u64,
+    pub policy: PolicyPhaseConfig,
+}
+
+impl PrimorlTask {
+    pub fn validate(&self) -> Result<(), String> {
+        self.dataset.validate()?;
+        if self.dataset.public == 0 {
+            return Err(
+                "task.dataset.public must be >= 1: early stopping and the model's input normalisation use the public split (seed 001: 1% of the episodes)"
+                    .into(),
+            );
+        }
+        let e = &self.ensemble;
+        if e.hidden.is_empty() || e.hidden.contains(&0) || e.members == 0 {
+            return Err("task.ensemble: hidden widths and members must be >= 1".into());
+        }
+        if e.epochs == 0 || e.batch_size == 0 || !(e.lr.is_finite() && e.lr > 0.0) {
+            return Err("task.ensemble: epochs, batch_size and lr must be positive".into());
+        }
+        if !(e.weight_decay.is_finite() && e.weight_decay >= 0.0) {
+            return Err("task.ensemble.weight_decay must be >= 0".into());
+        }
+        if self.eval_every == 0 || self.patience == 0 {
+            return Err("task.eval_every and task.patience must be >= 1".into());
+        }
+        let p = &self.policy;
+        if !(p.lambda.is_finite() && p.lambda >= 0.0) {
+            return Err(format!("task.policy.lambda must be >= 0, got {}", p.lambda));
+        }
+        if p.rollout_length == 0
+            || p.epochs == 0
+            || p.updates_per_epoch == 0
+            || p.rollout_batch == 0
+            || p.rollout_every == 0
+            || p.batch_size == 0
+            || p.eval_episodes == 0
+        {
+            return Err("task.policy: rollout_length, epochs, updates_per_epoch, rollout_batch, rollout_every, batch_size and eval_episodes must be >= 1".into());
+        }
+        if p.hidden.is_empty() || p.hidden.contains(&0) {
+            return Err("task.policy.hidden must be non-empty widths >= 1".into());
+        }
+        if !(0.0..=1.0).contains(&p.model_start_fraction) || !(0.0..1.0).contains(&p.gamma) {
+            return Err("task.policy: model_start_fraction in [0, 1] and gamma in [0, 1)".into());
+        }
+        if !(p.lr.is_finite() && p.lr > 0.0 && p.target_entropy.is_finite()) {
+            return Err("task.policy: lr must be > 0 and target_entropy finite".into());
+        }
+        Ok(())
+    }
+}
+
+fn d_one_usize() -> usize {
+    1
+}
+fn d_batch() -> usize {
+    16
+}
+fn d_model_lr() -> f64 {
+    1e-3
+}
+fn d_weight_decay() -> f64 {
+    5e-5
+}
+fn d_rollouts() -> usize {
+    400
+}
+fn d_rollout_every() -> usize {
+    250
+}
+fn d_half() -> f64 {
+    0.5
+}
+fn d_sac_hidden() -> Vec<usize> {
+    vec![256, 256]
+}
+fn d_sac_lr() -> f64 {
+    3e-4
+}
+fn d_gamma() -> f64 {
+    0.99
+}
+fn d_sac_batch() -> usize {
+    256
+}
+fn d_target_entropy() -> f64 {
+    -3.0
+}
+fn d_eval_episodes() -> usize {
+    10
+}
+fn d_eval_every() -> u64 {
+    10
+}
+fn d_patience() -> u64 {
+    10
+}

@@ -1,0 +1,550 @@
+//! Continuous-action offline datasets (PriMORL, seed 001, appendix D and F.1): episodes of a
+//! Box-action environment, each owned by one privacy unit (a trajectory), with the split into the
+//! private training part and the small public part used for early stopping and for the model's
+//! input normalisation (the paper: 1% of the episodes, "considered public").
+//!
+//! A dataset is stored as one safetensors file: `observations` (`[rows, obs_dim]`, every
+//! episode's `len + 1` observations in turn), `actions` (`[steps, act_dim]`), `rewards`
+//! (`[steps]`), and per episode `units`, `lengths` (I64) and `terminated` (U8); the environment
+//! id, the dimensions and the generating procedure are JSON metadata. The discrete datasets of
+//! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own (Minari's
+//! Box-action layout is HDF5-based and nothing here reads it).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+
+use crate::ensemble::{EnsembleSpec, ModelRows};
+use crate::{NnError, Result};
+use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+
+/// Metadata key of the dataset's description (JSON of [`ContinuousMeta`]).
+pub const META_KEY: &str = "fedrl.continuous_dataset";
+
+/// One episode: `observations` holds `len + 1` rows (the last is the state after the final
+/// step), `actions` `len` rows of `act_dim`, `rewards` `len` values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContinuousEpisode {
+    /// The privacy unit owning the episode (one trajectory per unit in PriMORL's datasets).
+    pub unit: u64,
+    pub observations: Vec<f32>,
+    pub actions: Vec<f32>,
+    pub rewards: Vec<f32>,
+    /// Whether the episode ended in a terminal state (else a time limit cut it).
+    pub terminated: bool,
+}
+
+impl ContinuousEpisode {
+    /// Number of steps.
+    pub fn len(&self) -> usize {
+        self.rewards.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rewards.is_empty()
+    }
+
+    /// Undiscounted return.
+    pub fn total_return(&self) -> f64 {
+        self.rewards.iter().map(|&r| f64::from(r)).sum()
+    }
+
+    /// The episode's model-training rows `(s, a) -> (s' - s, r)` under `spec`'s normalisation.
+    pub fn model_rows(&self, spec: &EnsembleSpec) -> Result<ModelRows> {
+        let d = spec.obs_dim;
+        let n = self.len();
+        if self.observations.len() != (n + 1) * d {
+            return Err(NnError::Invalid(format!(
+                "episode of unit {}: {} observation values for {n} steps of {d}",
+                self.unit,
+                self.observations.len()
+            )));
+        }
+        ModelRows::from_transitions(
+            spec,
+            &self.observations[..n * d],
+            &self.actions,
+            &self.rewards,
+            &self.observations[d..],
+        )
+    }
+}
+
+/// What a dataset file says about itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContinuousMeta {
+    /// The fedrl-sim environment id the episodes were recorded in.
+    pub env_id: String,
+    pub obs_dim: usize,
+    pub act_dim: usize,
+    /// How the episodes were made (free-form JSON: the generating procedure and its settings).
+    pub procedure: serde_json::Value,
+}
+
+/// A continuous-action dataset held by privacy units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContinuousDataset {
+    pub meta: ContinuousMeta,
+    pub episodes: Vec<ContinuousEpisode>,
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn invalid(m: impl Into<String>) -> NnError {
+    NnError::Invalid(m.into())
+}
+
+impl ContinuousDataset {
+    /// Checks every episode's array lengths against the dimensions and that values are finite.
+    pub fn check(&self) -> Result<()> {
+        let (d, a) = (self.meta.obs_dim, self.meta.act_dim);
+        if d == 0 || a == 0 {
+            return Err(invalid(
+                "a continuous dataset needs positive observation and action lengths",
+            ));
+        }
+        for (k, e) in self.episodes.iter().enumerate() {
+            let n = e.len();
+            if e.observations.len() != (n + 1) * d || e.actions.len() != n * a {
+                return Err(invalid(format!(
+                    "episode {k}: {} observation and {} action values for {n} steps ({d} and {a} per step)",
+                    e.observations.len(),
+                    e.actions.len()
+                )));
+            }
+            let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+            if !(finite(&e.observations) && finite(&e.actions) && finite(&e.rewards)) {
+                return Err(invalid(format!("episode {k}: non-finite values")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Serialises the dataset to safetensors bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        self.check()?;
+        let (d, a) = (self.meta.obs_dim, self.meta.act_dim);
+        let steps: usize = self.episodes.iter().map(ContinuousEpisode::len).sum();
+        let rows = steps + self.episodes.len();
+        let mut obs = Vec::with_capacity(rows * d);
+        let mut act = Vec::with_capacity(steps * a);
+        let mut rew = Vec::with_capacity(steps);
+        let mut units = Vec::with_capacity(self.episodes.len() * 8);
+        let mut lengths = Vec::with_capacity(self.episodes.len() * 8);
+        let mut term = Vec::with_capacity(self.episodes.len());
+        for e in &self.episodes {
+            obs.extend_from_slice(&e.observations);
+            act.extend_from_slice(&e.actions);
+            rew.extend_from_slice(&e.rewards);
+            units.extend_from_slice(&(e.unit as i64).to_le_bytes());
+            lengths.extend_from_slice(&(e.len() as i64).to_le_bytes());
+            term.push(u8::from(e.terminated));
+        }
+        let (obs, act, rew) = (f32_bytes(&obs), f32_bytes(&act), f32_bytes(&rew));
+        let k = self.episodes.len();
+        let views = vec![
+            (
+                "observations",
+                TensorView::new(Dtype::F32, vec![rows, d], &obs)?,
+            ),
+            (
+                "actions",
+                TensorView::new(Dtype::F32, vec![steps, a], &act)?,
+            ),
+            ("rewards", TensorView::new(Dtype::F32, vec![steps], &rew)?),
+            ("units", TensorView::new(Dtype::I64, vec![k], &units)?),
+            ("lengths", TensorView::new(Dtype::I64, vec![k], &lengths)?),
+            ("terminated", TensorView::new(Dtype::U8, vec![k], &term)?),
+        ];
+        let meta = serde_json::to_string(&self.meta)
+            .map_err(|e| invalid(format!("dataset metadata: {e}")))?;
+        Ok(safetensors::serialize(
+            views,
+            Some(HashMap::from([(META_KEY.to_string(), meta)])),
+        )?)
+    }
+
+    /// Parses bytes written by [`ContinuousDataset::to_bytes`], checking every length.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let (_, header) = SafeTensors::read_metadata(bytes)?;
+        let json = header
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(META_KEY))
+            .ok_or_else(|| invalid(format!("not a continuous dataset: no {META_KEY} metadata")))?;
+        let meta: ContinuousMeta =
+            serde_json::from_str(json).map_err(|e| invalid(format!("dataset metadata: {e}")))?;
+        let st = SafeTensors::deserialize(bytes)?;
+        let get = |name: &str, dtype: Dtype| -> Result<Vec<u8>> {
+            let t = st.tensor(name)?;
+            if t.dtype() != dtype {
+                return Err(invalid(format!(
+                    "{name}: {:?}, expected {dtype:?}",
+                    t.dtype()
+                )));
+            }
+            Ok(t.data().to_vec())
+        };
+        let f32s = |b: Vec<u8>| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let i64s = |b: Vec<u8>| -> Vec<i64> {
+            b.chunks_exact(8)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect()
+        };
+        let obs = f32s(get("observations", Dtype::F32)?);
+        let act = f32s(get("actions", Dtype::F32)?);
+        let rew = f32s(get("rewards", Dtype::F32)?);
+        let units = i64s(get("units", Dtype::I64)?);
+        let lengths = i64s(get("lengths", Dtype::I64)?);
+        let term = get("terminated", Dtype::U8)?;
+        let (d, a) = (meta.obs_dim, meta.act_dim);
+        if units.len() != lengths.len() || term.len() != units.len() {
+            return Err(invalid("dataset: per-episode arrays differ in length"));
+        }
+        let (mut o, mut s) = (0usize, 0usize);
+        let mut episodes = Vec::with_capacity(units.len());
+        for ((&u, &n), &t) in units.iter().zip(&lengths).zip(&term) {
+            let (Ok(u), Ok(n)) = (u64::try_from(u), usize::try_from(n)) else {
+                return Err(invalid("dataset: negative unit id or episode length"));
+            };
+            let (o2, s2) = (o + (n + 1) * d, s + n);
+            if o2 > obs.len() || s2 > rew.len() || s2 * a > act.len() {
+                return Err(invalid("dataset: episode lengths exceed the stored arrays"));
+            }
+            episodes.push(ContinuousEpisode {
+                unit: u,
+                observations: obs[o..o2].to_vec(),
+                actions: act[s * a..s2 * a].to_vec(),
+                rewards: rew[s..s2].to_vec(),
+                terminated: t != 0,
+            });
+            (o, s) = (o2, s2);
+        }
+        if o != obs.len() || s != rew.len() || s * a != act.len() {
+            return Err(invalid(
+                "dataset: stored arrays are longer than the episodes",
+            ));
+        }
+        let ds = ContinuousDataset { meta, episodes };
+        ds.check()?;
+        Ok(ds)
+    }
+
+    /// Writes the dataset to `path` atomically (a temporary file renamed into place, fsynced).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let bytes = self.to_bytes()?;
+        let tmp = path.with_extension("tmp");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    }
+
+    /// Reads a dataset written by [`ContinuousDataset::save`].
+    pub fn load(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path)?;
+        Self::from_bytes(&bytes).map_err(|e| invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// The episodes of the public split (ids `>= private_units`) and of the private part, in
+    /// dataset order.
+    pub fn split(&self, private_units: u64) -> (Vec<&ContinuousEpisode>, Vec<&ContinuousEpisode>) {
+        self.episodes.iter().partition(|e| e.unit >= private_units)
+    }
+
+    /// Mean and standard deviation (floored at 1e-6) of every model input component (`obs ++
+    /// action`) over `episodes`' steps: the public normalisation of [`EnsembleSpec`].
+    pub fn input_stats(&self, episodes: &[&ContinuousEpisode]) -> (Vec<f32>, Vec<f32>) {
+        let (d, a) = (self.meta.obs_dim, self.meta.act_dim);
+        let mut sum = vec![0.0f64; d + a];
+        let mut sq = vec![0.0f64; d + a];
+        let mut n = 0.0f64;
+        for e in episodes {
+            for t in 0..e.len() {
+                let row = e.observations[t * d..(t + 1) * d]
+                    .iter()
+                    .chain(&e.actions[t * a..(t + 1) * a]);
+                for (k, &x) in row.enumerate() {
+                    sum[k] += f64::from(x);
+                    sq[k] += f64::from(x) * f64::from(x);
+                }
+                n += 1.0;
+            }
+        }
+        let n = n.max(1.0);
+        let mean: Vec<f32> = sum.iter().map(|s| (s / n) as f32).collect();
+        let std: Vec<f32> = sum
+            .iter()
+            .zip(&sq)
+            .map(|(s, q)| ((q / n - (s / n).powi(2)).max(0.0).sqrt().max(1e-6)) as f32)
+            .collect();
+        (mean, std)
+    }
+}
+
+/// What [`record`] reports while it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ContinuousProgress {
+    /// The behaviour's learning run: `step` of `total` environment steps, with the mean return of
+    /// the last finished training episodes.
+    Learning {
+        step: u64,
+        total: u64,
+        recent_return: f64,
+    },
+    /// Episodes recorded so far.
+    Recording { done: u64, total: u64 },
+}
+
+/// The behaviour's actors, and how to act with them on a batch of observations.
+pub trait BehaviourPolicy {
+    /// Number of actors (checkpoints); unit `u` plays with actor `u % count`.
+    fn count(&self) -> usize;
+    /// Actions (`rows.len() x act_dim`, inside the action box) of actor `index` for `obs`
+    /// (`rows.len() x obs_dim`); row `k` draws its exploration from `rngs[k]` only, so an
+    /// episode does not depend on which others share its batch.
+    fn act(
+        &mut self,
+        index: usize,
+        obs: &[f32],
+        rngs: &mut [Xoshiro256PlusPlus],
+    ) -> Result<Vec<f32>>;
+}
+
+/// Uniformly random actions in the box `[low, high]`.
+pub struct RandomPolicy {
+    pub low: Vec<f32>,
+    pub high: Vec<f32>,
+}
+
+impl BehaviourPolicy for RandomPolicy {
+    fn count(&self) -> usize {
+        1
+    }
+
+    fn act(
+        &mut self,
+        _index: usize,
+        _obs: &[f32],
+        rngs: &mut [Xoshiro256PlusPlus],
+    ) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(rngs.len() * self.low.len());
+        for rng in rngs.iter_mut() {
+            for (lo, hi) in self.low.iter().zip(&self.high) {
+                out.push(lo + (hi - lo) * rng.random::<f32>());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Episodes recorded per batch (one policy forward per step for all of them).
+const RECORD_BATCH: usize = 256;
+
+/// A 64-bit mix of several words (SplitMix64's finaliser, chained).
+fn mix(words: &[u64]) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for &w in words {
+        let mut z = h ^ w.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h = z ^ (z >> 31);
+    }
+    h
+}
+
+/// Records `units` episodes of `env_id` (ids `0..units`), unit `u` playing one episode with actor `u % count`,
+/// reset with seed `mix(seed, u)` and exploring with a generator seeded by `mix(seed, u, 1)`:
+/// the same dataset whatever the batching. Episodes end when the environment terminates or
+/// truncates them.
+pub fn record(
+    env_id: &str,
+    units: u64,
+    seed: u64,
+    policy: &mut dyn BehaviourPolicy,
+    procedure: serde_json::Value,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<ContinuousDataset> {
+    let probe = fedrl_sim::make(env_id)?;
+    let (obs_dim, act_dim) = match (probe.observation_space(), probe.action_space()) {
+        (fedrl_sim::Space::Box { low: o, .. }, fedrl_sim::Space::Box { low: a, .. }) => {
+            (o.len(), a.len())
+        }
+        (o, a) => {
+            return Err(invalid(format!(
+                "{env_id}: a continuous dataset needs box observations and actions, got {o:?} and {a:?}"
+            )));
+        }
+    };
+    let count = policy.count().max(1) as u64;
+    let mut episodes = Vec::with_capacity(units as usize);
+    // Units of one actor are recorded together so each batch needs one actor.
+    let mut done = 0u64;
+    for actor in 0..count {
+        let mine: Vec<u64> = (actor..units).step_by(count as usize).collect();
+        for chunk in mine.chunks(RECORD_BATCH) {
+            episodes.extend(record_batch(
+                env_id,
+                chunk,
+                seed,
+                actor as usize,
+                obs_dim,
+                act_dim,
+                policy,
+            )?);
+            done += chunk.len() as u64;
+            progress(ContinuousProgress::Recording { done, total: units });
+        }
+    }
+    episodes.sort_by_key(|e| e.unit);
+    let ds = ContinuousDataset {
+        meta: ContinuousMeta {
+            env_id: env_id.to_string(),
+            obs_dim,
+            act_dim,
+            procedure,
+        },
+        episodes,
+    };
+    ds.check()?;
+    Ok(ds)
+}
+
+/// Plays one episode for each unit of `units` (all with actor `actor`) in lockstep.
+fn record_batch(
+    env_id: &str,
+    units: &[u64],
+    seed: u64,
+    actor: usize,
+    obs_dim: usize,
+    act_dim: usize,
+    policy: &mut dyn BehaviourPolicy,
+) -> Result<Vec<ContinuousEpisode>> {
+    let n = units.len();
+    let mut envs = Vec::with_capacity(n);
+    let mut eps = Vec::with_capacity(n);
+    let mut rngs = Vec::with_capacity(n);
+    let mut obs = vec![0.0f32; obs_dim];
+    for &u in units {
+        let mut env = fedrl_sim::make(env_id)?;
+        env.reset(mix(&[seed, u]), &mut obs);
+        envs.push(env);
+        rngs.push(Xoshiro256PlusPlus::seed_from_u64(mix(&[seed, u, 1])));
+        eps.push(ContinuousEpisode {
+            unit: u,
+            observations: obs.clone(),
+            actions: Vec::new(),
+            rewards: Vec::new(),
+            terminated: false,
+        });
+    }
+    let mut live: Vec<usize> = (0..n).collect();
+    while !live.is_empty() {
+        let mut batch_obs = Vec::with_capacity(live.len() * obs_dim);
+        for &k in &live {
+            let o = &eps[k].observations;
+            batch_obs.extend_from_slice(&o[o.len() - obs_dim..]);
+        }
+        let mut batch_rngs: Vec<Xoshiro256PlusPlus> =
+            live.iter().map(|&k| rngs[k].clone()).collect();
+        let actions = policy.act(actor, &batch_obs, &mut batch_rngs)?;
+        if actions.len() != live.len() * act_dim {
+            return Err(invalid(format!(
+                "behaviour policy returned {} action values for {} rows of {act_dim}",
+                actions.len(),
+                live.len()
+            )));
+        }
+        let mut still = Vec::with_capacity(live.len());
+        for (j, &k) in live.iter().enumerate() {
+            rngs[k] = batch_rngs[j].clone();
+            let a = &actions[j * act_dim..(j + 1) * act_dim];
+            let step = envs[k].step(fedrl_sim::Action::Continuous(a), &mut obs)?;
+            let e = &mut eps[k];
+            e.actions.extend_from_slice(a);
+            e.rewards.push(step.reward as f32);
+            e.observations.extend_from_slice(&obs);
+            if step.terminated {
+                e.terminated = true;
+            } else if !step.truncated {
+                still.push(k);
+            }
+        }
+        live = still;
+    }
+    Ok(eps)
+}
+
+/// Generates the dataset `spec` names (see [`ContinuousBehaviour`]).
+pub fn generate(
+    spec: &ContinuousDatasetSpec,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<ContinuousDataset> {
+    spec.validate().map_err(invalid)?;
+    let procedure =
+        serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
+    match &spec.behaviour {
+        ContinuousBehaviour::Random => {
+            let env = fedrl_sim::make(&spec.env)?;
+            let fedrl_sim::Space::Box { low, high } = env.action_space() else {
+                return Err(invalid(format!("{}: actions are not a box", spec.env)));
+            };
+            let mut policy = RandomPolicy {
+                low: low.clone(),
+                high: high.clone(),
+            };
+            record(
+                &spec.env,
+                spec.units + spec.public,
+                spec.seed,
+                &mut policy,
+                procedure,
+                progress,
+            )
+        }
+        ContinuousBehaviour::SacCheckpoints { .. } => Err(invalid(
+            "sac_checkpoints datasets need the SAC learner (not built yet)",
+        )),
+    }
+}
+
+/// Loads the dataset of `spec` from `root/continuous/`, or generates and stores it atomically.
+/// A stored file whose recorded procedure differs from `spec` is an error, never reused.
+pub fn load_or_generate(
+    spec: &ContinuousDatasetSpec,
+    root: &Path,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<ContinuousDataset> {
+    let dir = root.join("continuous");
+    let path = dir.join(spec.file_name());
+    let want = serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
+    if path.is_file() {
+        let ds = ContinuousDataset::load(&path)?;
+        if ds.meta.procedure != want {
+            return Err(invalid(format!(
+                "{}: made by {}, expected {want}",
+                path.display(),
+                ds.meta.procedure
+            )));
+        }
+        return Ok(ds);
+    }
+    let ds = generate(spec, progress)?;
+    std::fs::create_dir_all(&dir)?;
+    ds.save(&path)?;
+    Ok(ds)
+}

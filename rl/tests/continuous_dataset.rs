@@ -1,0 +1,63 @@
+//! Continuous-action datasets (PriMORL): generation is deterministic and independent of
+//! batching, the file round-trips exactly, corrupt files are refused, and the public split is
+//! the episodes past the private units.
+
+use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+use fedrl_rl::offline::continuous::{ContinuousDataset, generate, load_or_generate};
+
+fn spec(units: u64, public: u64) -> ContinuousDatasetSpec {
+    ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units,
+        public,
+        seed: 3,
+        behaviour: ContinuousBehaviour::Random,
+    }
+}
+
+#[test]
+fn random_pendulum_dataset_is_deterministic_and_round_trips() {
+    let a = generate(&spec(300, 4), &mut |_| {}).expect("generate");
+    let b = generate(&spec(300, 4), &mut |_| {}).expect("generate");
+    assert_eq!(a, b);
+    assert_eq!(a.episodes.len(), 304);
+    for (k, e) in a.episodes.iter().enumerate() {
+        assert_eq!(e.unit, k as u64);
+        // Pendulum-v1 truncates at 200 steps and never terminates.
+        assert_eq!(e.len(), 200);
+        assert!(!e.terminated);
+        assert!(e.actions.iter().all(|x| (-2.0..=2.0).contains(x)));
+    }
+    // Episode 7 is the same in a smaller dataset: unit u's episode depends on (seed, u) only.
+    let small = generate(&spec(10, 0), &mut |_| {}).expect("generate");
+    assert_eq!(small.episodes[7].observations, a.episodes[7].observations);
+    assert_eq!(small.episodes[7].actions, a.episodes[7].actions);
+
+    let bytes = a.to_bytes().expect("bytes");
+    let back = ContinuousDataset::from_bytes(&bytes).expect("parse");
+    assert_eq!(back, a);
+    let (public, private) = a.split(300);
+    assert_eq!(public.len(), 4);
+    assert_eq!(private.len(), 300);
+    assert!(public.iter().all(|e| e.unit >= 300));
+}
+
+#[test]
+fn a_truncated_or_mismatched_file_is_refused() {
+    let a = generate(&spec(5, 1), &mut |_| {}).expect("generate");
+    let bytes = a.to_bytes().expect("bytes");
+    assert!(ContinuousDataset::from_bytes(&bytes[..bytes.len() - 10]).is_err());
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = spec(5, 1);
+    let first = load_or_generate(&s, dir.path(), &mut |_| {}).expect("generate");
+    let again = load_or_generate(&s, dir.path(), &mut |_| {}).expect("cache");
+    assert_eq!(first, again);
+    // A file under this spec's name made by another procedure is an error, not a reuse.
+    let other = generate(&spec(6, 1), &mut |_| {}).expect("generate");
+    other
+        .save(&dir.path().join("continuous").join(s.file_name()))
+        .expect("save");
+    let err = load_or_generate(&s, dir.path(), &mut |_| {}).expect_err("mismatch");
+    assert!(err.to_string().contains("expected"), "{err}");
+}
