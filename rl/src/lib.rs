@@ -21,6 +21,10 @@
 //! - [`loglinear`]: the log-linear policy, linear baseline and REINFORCE of seed 004's Riverswim
 //!   experiments (plain f64, no candle).
 //!
+//! [`sac`] is Soft Actor-Critic (twin critics, learned temperature), its replay buffer and an
+//! online trainer over continuous-action environments: the learning agent behind the offline
+//! datasets and the policy optimiser of seed 001.
+//!
 //! Parameters travel as one `Vec<f32>`: every tensor of [`ParamLayout`] in order, each in
 //! PyTorch's row-major layout (`weight` is `[out, in]`). Internally the stacked copies keep
 //! weights as `[users, in, out]` so that the batched matmul needs no transpose.
@@ -39,6 +43,7 @@ pub mod policy;
 pub mod ppo;
 pub mod primorl;
 pub mod rollout;
+pub mod sac;
 pub mod server_rule;
 pub mod task;
 pub mod value;
@@ -51,6 +56,10 @@ pub use local_update::{
 };
 pub use mlp::{ActionKind, ModelSpec, ParamLayout, ParamSpec, RowMlp, RowScratch};
 pub use rollout::{RolloutConfig, UserBatch, collect_rollouts, collect_rollouts_own};
+pub use sac::{
+    EpisodeLog, OnlineOptions, ReplayBuffer, SacAgent, SacBatch, SacConfig, SacStats, td_target,
+    train_online,
+};
 
 // Callers name the device type through this crate, so they need no candle dependency of their own.
 pub use candle_core;
