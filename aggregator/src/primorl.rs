@@ -14,12 +14,15 @@ use anyhow::Context;
 use fedrl_common::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
-use fedrl_rl::primorl::{ensemble_spec, public_rows};
+use fedrl_rl::primorl::{PolicyEpoch, ensemble_spec, policy_phase, public_rows};
+use fedrl_rl::sac::SacAgent;
 
 use crate::model::{ModelError, ModelState, ServerModel};
 
 /// File name of the exported (early-stopping selected) ensemble in the output directory.
 pub const ENSEMBLE_FILE: &str = "ensemble.safetensors";
+/// File name of the SAC agent of the policy phase (actor, critics, temperature).
+pub const POLICY_FILE: &str = "sac_policy.safetensors";
 
 pub struct PrimorlModel {
     task: PrimorlTask,
@@ -33,6 +36,8 @@ pub struct PrimorlModel {
     best_round: Option<u64>,
     since_best: u64,
     device: Device,
+    /// The policy phase's agent, once it ran.
+    policy: Option<SacAgent>,
 }
 
 impl PrimorlModel {
@@ -55,6 +60,7 @@ impl PrimorlModel {
             best_round: None,
             since_best: 0,
             device,
+            policy: None,
         })
     }
 
@@ -65,6 +71,38 @@ impl PrimorlModel {
         } else {
             &self.params
         }
+    }
+
+    /// SAC in the selected ensemble (seed 001, Algorithm 4), with progress on stderr.
+    fn run_policy_phase(&mut self) -> anyhow::Result<Vec<PolicyEpoch>> {
+        let ens = Ensemble::new(&self.spec, self.selected(), &self.device)?;
+        let p = &self.task.policy;
+        eprintln!(
+            "policy phase: SAC in the private model ({} epochs of {} updates, rollouts of {} steps, {:?} penalty x {})",
+            p.epochs, p.updates_per_epoch, p.rollout_length, p.uncertainty, p.lambda
+        );
+        let (agent, curve) = policy_phase(
+            &ens,
+            &self.task.dataset.env,
+            p,
+            &self.device,
+            &mut |e| {
+                eprintln!(
+                    "  SAC epoch {:>3}/{}: return {:9.2} (normalised {:7.1}), model reward {:7.3}, penalty {:6.3}, alpha {:.3}, {:.0} s",
+                    e.epoch,
+                    p.epochs,
+                    e.eval_return,
+                    e.normalized_return,
+                    e.model_reward,
+                    e.penalty,
+                    e.alpha,
+                    e.seconds
+                );
+                tracing::info!(epoch = e.epoch, eval_return = e.eval_return, "policy epoch");
+            },
+        )?;
+        self.policy = Some(agent);
+        Ok(curve)
     }
 
     fn public_mse(&self, params: &[f32]) -> anyhow::Result<f64> {
@@ -153,16 +191,33 @@ impl ServerModel for PrimorlModel {
         self.since_best >= self.task.patience
     }
 
+    /// The policy phase: SAC in the pessimistic selected ensemble (no dataset is read), each
+    /// epoch evaluated in the real environment.
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         let mse = self.public_mse(self.selected()).ok();
-        Some(serde_json::json!({
+        let mut out = serde_json::json!({
             "public_mse": mse,
             "selected_round": self.best_round,
-        }))
+        });
+        match self.run_policy_phase() {
+            Ok(curve) => {
+                let last = curve.last();
+                out["policy_curve"] = serde_json::to_value(&curve).unwrap_or_default();
+                out["final_eval_return"] = last.map(|e| e.eval_return).into();
+                out["final_eval_return_std"] = last.map(|e| e.eval_return_std).into();
+                out["final_normalized_return"] = last.map(|e| e.normalized_return).into();
+                out["final_eval_episodes"] = self.task.policy.eval_episodes.into();
+            }
+            Err(e) => out["policy_error"] = format!("{e:#}").into(),
+        }
+        Some(out)
     }
 
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
         ensemble::save(&self.spec, self.selected(), &dir.join(ENSEMBLE_FILE))?;
+        if let Some(agent) = &self.policy {
+            agent.save(&dir.join(POLICY_FILE))?;
+        }
         Ok(())
     }
 }

@@ -153,6 +153,12 @@ pub struct EnsembleConfig {
     /// L2 weight decay (`weight_decay / 2 |W|^2` per weight matrix). Default 5e-5.
     #[serde(default = "d_weight_decay")]
     pub weight_decay: f64,
+    /// Non-private twins only (`non_private = true`, where the scenario clips nothing): the
+    /// ensemble clip norm the local steps still project onto, as seed 001's "No Privacy"
+    /// variant (clipping, no noise). Absent: no clipping ("No Clip"). Ignored by private runs,
+    /// whose clip norm is the scenario's `clip_norm`.
+    #[serde(default)]
+    pub nonprivate_clip_norm: Option<f64>,
 }
 
 /// The policy phase: SAC on rollouts of the pessimistic private model only (seed 001, Algorithm
@@ -251,6 +257,11 @@ impl PrimorlTask {
         }
         if !(e.weight_decay.is_finite() && e.weight_decay >= 0.0) {
             return Err("task.ensemble.weight_decay must be >= 0".into());
+        }
+        if e.nonprivate_clip_norm
+            .is_some_and(|c| !(c.is_finite() && c > 0.0))
+        {
+            return Err("task.ensemble.nonprivate_clip_norm must be finite and > 0".into());
         }
         if self.eval_every == 0 || self.patience == 0 {
             return Err("task.eval_every and task.patience must be >= 1".into());

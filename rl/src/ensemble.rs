@@ -538,11 +538,13 @@ pub fn local_updates(
             "ensemble: epochs, batch size and learning rate must be positive".into(),
         ));
     }
-    if !(cfg.clip_norm.is_finite() && cfg.clip_norm > 0.0) {
+    // +inf: no projection (seed 001's "No Clip" variant, or a non-private twin).
+    if cfg.clip_norm.is_nan() || cfg.clip_norm <= 0.0 {
         return Err(NnError::Invalid(
             "ensemble: the clip norm must be positive".into(),
         ));
     }
+    let clipped = cfg.clip_norm.is_finite();
     let groups = trajectories.len();
     if groups == 0 {
         return Ok((Vec::new(), ClipTrace::default()));
@@ -653,6 +655,13 @@ pub fn local_updates(
             new_w.push(w1);
             new_b.push(b1);
         }
+        if !clipped {
+            for l in 0..n_layers {
+                stack.w[l].set(&new_w[l])?;
+                stack.b[l].set(&new_b[l])?;
+            }
+            continue;
+        }
         let dw: Vec<Tensor> = new_w
             .iter()
             .zip(&w0)
@@ -714,13 +723,15 @@ pub fn local_updates(
     let mut out = Vec::with_capacity(groups);
     for (g, flat) in flats.into_iter().enumerate() {
         let mut delta: Vec<f32> = flat.iter().zip(global).map(|(a, b)| a - b).collect();
-        match cfg.clipping {
-            EnsembleClipping::Flat => clip_ensemble_flat(&mut delta, n, cfg.clip_norm),
-            EnsembleClipping::PerLayer => {
-                clip_ensemble_per_layer(&mut delta, n, &spec.layer_sizes(), cfg.clip_norm)
+        if clipped {
+            match cfg.clipping {
+                EnsembleClipping::Flat => clip_ensemble_flat(&mut delta, n, cfg.clip_norm),
+                EnsembleClipping::PerLayer => {
+                    clip_ensemble_per_layer(&mut delta, n, &spec.layer_sizes(), cfg.clip_norm)
+                }
             }
+            .map_err(|e| NnError::Invalid(format!("ensemble clip: {e}")))?;
         }
-        .map_err(|e| NnError::Invalid(format!("ensemble clip: {e}")))?;
         out.push(LocalModelUpdate {
             delta,
             steps: plans[g].len(),

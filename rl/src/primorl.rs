@@ -64,9 +64,15 @@ pub fn is_private_unit(task: &PrimorlTask, unit: u64) -> bool {
     !task.dataset.is_public(unit)
 }
 
-/// The local update of a trajectory under the scenario's clip norm C.
+/// The local update of a trajectory under the round's clip norm C (+inf in a non-private twin,
+/// which then projects onto `nonprivate_clip_norm` if the task sets one).
 pub fn local_config(task: &PrimorlTask, clip_norm: f64) -> LocalModelConfig {
     let e = &task.ensemble;
+    let clip_norm = if clip_norm.is_finite() {
+        clip_norm
+    } else {
+        e.nonprivate_clip_norm.unwrap_or(f64::INFINITY)
+    };
     LocalModelConfig {
         epochs: e.epochs,
         batch_size: e.batch_size,
@@ -102,4 +108,268 @@ pub fn private_rows<'a>(
         }
     }
     Ok(out)
+}
+
+/// Seed 001's normalised score: Pendulum-v1's return mapped from [-1500, 0] to [0, 1000]
+/// (appendix C); dm_control tasks already score in [0, 1000] and are returned unchanged.
+pub fn normalized_return(env_id: &str, ret: f64) -> f64 {
+    if env_id == "Pendulum-v1" {
+        (ret + 1500.0) / 1500.0 * 1000.0
+    } else {
+        ret
+    }
+}
+
+/// How far, in public-split standard deviations, a model state may leave the public mean
+/// before its rollout is cut.
+const ROLLOUT_STD_BOUND: f32 = 10.0;
+
+/// Per observation coordinate, the box model rollouts must stay in: the environment's
+/// observation space where it is finite (with 5% slack), otherwise the public split's mean plus or minus
+/// [`ROLLOUT_STD_BOUND`] standard deviations (public information only: the ensemble's input
+/// normalisation comes from the public split).
+fn rollout_bounds(space: &fedrl_sim::Space, spec: &EnsembleSpec) -> Vec<(f32, f32)> {
+    (0..spec.obs_dim)
+        .map(|i| {
+            let wide = (
+                spec.input_offset[i] - ROLLOUT_STD_BOUND * spec.input_scale[i],
+                spec.input_offset[i] + ROLLOUT_STD_BOUND * spec.input_scale[i],
+            );
+            match space {
+                fedrl_sim::Space::Box { low, high }
+                    if low[i].is_finite() && high[i].is_finite() =>
+                {
+                    // A little slack: a model's cos(theta) of 1.001 is noise, not divergence.
+                    let slack = 0.05 * (high[i] - low[i]);
+                    (low[i] - slack, high[i] + slack)
+                }
+                fedrl_sim::Space::Box { .. } => wide,
+                fedrl_sim::Space::Discrete { .. } => wide,
+            }
+        })
+        .collect()
+}
+
+/// Rollout batches tried in a row before a model whose every state leaves the box is refused.
+const MAX_EMPTY_REFRESHES: usize = 20;
+
+/// What one epoch of the policy phase measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyEpoch {
+    /// 1-based epoch.
+    pub epoch: usize,
+    /// SAC updates so far.
+    pub updates: u64,
+    /// Mean undiscounted return of the deterministic policy in the real environment (reward
+    /// units) over the evaluation episodes, and its standard deviation.
+    pub eval_return: f64,
+    pub eval_return_std: f64,
+    /// [`normalized_return`] of `eval_return`.
+    pub normalized_return: f64,
+    /// Mean model reward before the penalty, and mean penalty `lambda u`, over this epoch's
+    /// rollout steps.
+    pub model_reward: f64,
+    pub penalty: f64,
+    /// Temperature, critic loss and entropy of the epoch's last update.
+    pub alpha: f64,
+    pub q_loss: f64,
+    pub entropy: f64,
+    /// Seconds since the phase started.
+    pub seconds: f64,
+}
+
+/// First reset seed of the policy phase's real-environment evaluations; far from the dataset's
+/// mixed 64-bit episode seeds and the start-state seeds drawn below.
+const EVAL_SEED_BASE: u64 = 3_000_000_000;
+
+/// The policy phase of PriMORL (seed 001, Algorithm 4): SAC trained only on rollouts of the
+/// pessimistic model `ensemble` (reward `r - lambda u`), `rollout_length` steps long, started
+/// from the environment's public initial distribution or, for a fraction
+/// `model_start_fraction`, from states the model generated earlier. No dataset is read: the
+/// policy is post-processing of the released ensemble. After every epoch the deterministic
+/// policy is evaluated in the real environment `env_id` (a diagnostic; it reads no data either)
+/// and `on_epoch` sees the result.
+pub fn policy_phase(
+    ensemble: &crate::ensemble::Ensemble,
+    env_id: &str,
+    cfg: &fedrl_common::primorl::PolicyPhaseConfig,
+    device: &candle_core::Device,
+    on_epoch: &mut dyn FnMut(&PolicyEpoch),
+) -> Result<(crate::sac::SacAgent, Vec<PolicyEpoch>)> {
+    use rand::RngExt;
+    use rand::SeedableRng;
+    use rand::rngs::Xoshiro256PlusPlus;
+
+    use crate::sac::{ReplayBuffer, SacAgent, SacConfig};
+
+    let started = std::time::Instant::now();
+    let mut env = fedrl_sim::make(env_id)?;
+    let obs_dim = env.observation_space().dim();
+    let fedrl_sim::Space::Box { low, high } = env.action_space().clone() else {
+        return Err(NnError::Invalid(format!(
+            "{env_id}: the policy phase needs box actions"
+        )));
+    };
+    let spec = ensemble.spec();
+    let bounds = rollout_bounds(env.observation_space(), spec);
+    if spec.obs_dim != obs_dim || spec.act_dim != low.len() {
+        return Err(NnError::Invalid(format!(
+            "{env_id} has observations of {obs_dim} and actions of {}; the ensemble models {} and {}",
+            low.len(),
+            spec.obs_dim,
+            spec.act_dim
+        )));
+    }
+    let sac_cfg = SacConfig {
+        hidden: cfg.hidden.clone(),
+        actor_lr: cfg.lr,
+        critic_lr: cfg.lr,
+        alpha_lr: cfg.lr,
+        gamma: cfg.gamma,
+        batch_size: cfg.batch_size,
+        target_entropy: Some(cfg.target_entropy),
+        ..SacConfig::default()
+    };
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(cfg.seed);
+    let mut agent = SacAgent::new(obs_dim, &low, &high, &sac_cfg, rng.random(), device)?;
+    // Enough room for the rollouts of about 50 refreshes (MOPO keeps several epochs of them).
+    let capacity = (cfg.rollout_batch * cfg.rollout_length * 50).max(cfg.batch_size);
+    let mut buffer = ReplayBuffer::new(obs_dim, low.len(), capacity)?;
+    let mut curve = Vec::with_capacity(cfg.epochs);
+    let (mut reward_sum, mut penalty_sum, mut steps) = (0.0f64, 0.0f64, 0u64);
+
+    let rollouts = |agent: &mut SacAgent,
+                    buffer: &mut ReplayBuffer,
+                    rng: &mut Xoshiro256PlusPlus,
+                    env: &mut Box<dyn fedrl_sim::Env>|
+     -> Result<(f64, f64, u64)> {
+        let n = cfg.rollout_batch;
+        let mut starts = Vec::with_capacity(n * obs_dim);
+        let from_model = if buffer.is_empty() {
+            0
+        } else {
+            (0..n)
+                .filter(|_| rng.random::<f64>() < cfg.model_start_fraction)
+                .count()
+        };
+        if from_model > 0 {
+            starts.extend(buffer.sample(from_model, rng)?.next_obs);
+        }
+        let mut o = vec![0.0f32; obs_dim];
+        for _ in from_model..n {
+            env.reset(rng.random_range(0..EVAL_SEED_BASE), &mut o);
+            starts.extend_from_slice(&o);
+        }
+        let (mut r_sum, mut p_sum, mut count) = (0.0, 0.0, 0u64);
+        let mut cur = starts;
+        for _ in 0..cfg.rollout_length {
+            if cur.is_empty() {
+                break;
+            }
+            let act = agent.act(&cur, false)?;
+            let step = ensemble.step(&cur, &act, cfg.uncertainty, cfg.lambda, rng)?;
+            let a = low.len();
+            let mut next = Vec::with_capacity(cur.len());
+            for (k, r) in step.reward.iter().enumerate() {
+                let s2 = &step.next_obs[k * obs_dim..(k + 1) * obs_dim];
+                // A model state outside the public plausible box ends that rollout (no terminal
+                // states in these tasks): an undertrained or noisy model otherwise compounds
+                // its error into states no real trajectory reaches, and SAC's targets explode.
+                let inside = s2
+                    .iter()
+                    .zip(&bounds)
+                    .all(|(x, (lo, hi))| x.is_finite() && x >= lo && x <= hi);
+                if !(r.is_finite() && inside) {
+                    continue;
+                }
+                let pen = cfg.lambda * step.uncertainty[k];
+                buffer.push(
+                    &cur[k * obs_dim..(k + 1) * obs_dim],
+                    &act[k * a..(k + 1) * a],
+                    *r,
+                    s2,
+                    false,
+                )?;
+                r_sum += f64::from(*r) + pen;
+                p_sum += pen;
+                count += 1;
+                next.extend_from_slice(s2);
+            }
+            cur = next;
+        }
+        Ok((r_sum, p_sum, count))
+    };
+
+    let evaluate =
+        |agent: &mut SacAgent, env: &mut Box<dyn fedrl_sim::Env>| -> Result<(f64, f64)> {
+            let mut returns = Vec::with_capacity(cfg.eval_episodes);
+            let mut obs = vec![0.0f32; obs_dim];
+            for k in 0..cfg.eval_episodes {
+                env.reset(EVAL_SEED_BASE + cfg.seed * 10_000 + k as u64, &mut obs);
+                let mut ret = 0.0;
+                loop {
+                    let a = agent.act(&obs, true)?;
+                    let mut next = vec![0.0f32; obs_dim];
+                    let s = env.step(fedrl_sim::Action::Continuous(&a), &mut next)?;
+                    obs = next;
+                    ret += s.reward;
+                    if s.terminated || s.truncated {
+                        break;
+                    }
+                }
+                returns.push(ret);
+            }
+            let m = returns.iter().sum::<f64>() / returns.len() as f64;
+            let var = returns.iter().map(|r| (r - m).powi(2)).sum::<f64>() / returns.len() as f64;
+            Ok((m, var.sqrt()))
+        };
+
+    let mut last = Default::default();
+    let mut updates = 0u64;
+    for epoch in 1..=cfg.epochs {
+        for u in 0..cfg.updates_per_epoch {
+            if u % cfg.rollout_every == 0 || buffer.len() < cfg.batch_size {
+                let mut tries = 0;
+                loop {
+                    let (r, p, c) = rollouts(&mut agent, &mut buffer, &mut rng, &mut env)?;
+                    reward_sum += r;
+                    penalty_sum += p;
+                    steps += c;
+                    tries += 1;
+                    if buffer.len() >= cfg.batch_size {
+                        break;
+                    }
+                    if tries >= MAX_EMPTY_REFRESHES {
+                        return Err(NnError::Invalid(format!(
+                            "policy phase: after {tries} batches of {} rollouts the model gave only {} transitions inside the plausible state box (fewer than a minibatch of {}); the ensemble is too poor to plan in",
+                            cfg.rollout_batch,
+                            buffer.len(),
+                            cfg.batch_size
+                        )));
+                    }
+                }
+            }
+            let batch = buffer.sample(cfg.batch_size, &mut rng)?;
+            last = agent.update(&batch)?;
+            updates += 1;
+        }
+        let (m, sd) = evaluate(&mut agent, &mut env)?;
+        let e = PolicyEpoch {
+            epoch,
+            updates,
+            eval_return: m,
+            eval_return_std: sd,
+            normalized_return: normalized_return(env_id, m),
+            model_reward: reward_sum / steps.max(1) as f64,
+            penalty: penalty_sum / steps.max(1) as f64,
+            alpha: last.alpha,
+            q_loss: last.q_loss,
+            entropy: last.entropy,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        (reward_sum, penalty_sum, steps) = (0.0, 0.0, 0);
+        on_epoch(&e);
+        curve.push(e);
+    }
+    Ok((agent, curve))
 }

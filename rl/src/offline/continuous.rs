@@ -15,6 +15,7 @@ use std::path::Path;
 
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
+use rand_distr::Distribution;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
@@ -352,6 +353,108 @@ impl BehaviourPolicy for RandomPolicy {
     }
 }
 
+/// The actors of [`ContinuousBehaviour::SacCheckpoints`]: actor 0 is the uniform random policy
+/// the learning run starts with (its `start_steps`); actors `1..checkpoints` are SAC's actor
+/// snapshotted evenly over the run, the last being the final one. Each plays its deterministic
+/// action plus Gaussian noise of `noise_std` half-widths, clipped to the box.
+pub struct SacCheckpoints {
+    agent: crate::sac::SacAgent,
+    actors: Vec<Vec<f32>>,
+    loaded: Option<usize>,
+    noise_std: f64,
+    low: Vec<f32>,
+    high: Vec<f32>,
+}
+
+impl SacCheckpoints {
+    /// Runs SAC on `env_id` (the simulator: nobody's data) for `steps` environment steps.
+    pub fn learn(
+        env_id: &str,
+        steps: u64,
+        checkpoints: u32,
+        noise_std: f64,
+        seed: u64,
+        progress: &mut dyn FnMut(ContinuousProgress),
+    ) -> Result<Self> {
+        use crate::sac::{OnlineOptions, SacConfig, train_online};
+        let mut env = fedrl_sim::make(env_id)?;
+        let fedrl_sim::Space::Box { low, high } = env.action_space().clone() else {
+            return Err(invalid(format!("{env_id}: actions are not a box")));
+        };
+        let snapshots = u64::from(checkpoints.max(2) - 1);
+        let every = (steps / snapshots).max(1);
+        let opts = OnlineOptions {
+            start_steps: (steps / 10).clamp(1, 5_000),
+            update_after: (steps / 20).clamp(1, 1_000),
+            checkpoint_every: every,
+            replay_capacity: steps.min(1_000_000) as usize,
+            ..OnlineOptions::default()
+        };
+        let mut actors = Vec::new();
+        let (agent, _) = train_online(
+            env.as_mut(),
+            every * snapshots,
+            &SacConfig::default(),
+            &opts,
+            mix(&[seed, 0x5AC]),
+            &candle_core::Device::Cpu,
+            |step, agent, log| {
+                actors.push(agent.actor_params()?);
+                progress(ContinuousProgress::Learning {
+                    step,
+                    total: every * snapshots,
+                    recent_return: log.mean_last(10).unwrap_or(f64::NAN),
+                });
+                Ok(())
+            },
+        )?;
+        Ok(SacCheckpoints {
+            agent,
+            actors,
+            loaded: None,
+            noise_std,
+            low,
+            high,
+        })
+    }
+}
+
+impl BehaviourPolicy for SacCheckpoints {
+    fn count(&self) -> usize {
+        self.actors.len() + 1
+    }
+
+    fn act(
+        &mut self,
+        index: usize,
+        obs: &[f32],
+        rngs: &mut [Xoshiro256PlusPlus],
+    ) -> Result<Vec<f32>> {
+        if index == 0 {
+            return RandomPolicy {
+                low: self.low.clone(),
+                high: self.high.clone(),
+            }
+            .act(0, obs, rngs);
+        }
+        if self.loaded != Some(index) {
+            self.agent.set_actor_params(&self.actors[index - 1])?;
+            self.loaded = Some(index);
+        }
+        let mut a = self.agent.act(obs, true)?;
+        let k = self.low.len();
+        for (row, rng) in rngs.iter_mut().enumerate() {
+            for j in 0..k {
+                let half = f64::from(self.high[j] - self.low[j]) / 2.0;
+                let z: f64 = rand_distr::StandardNormal.sample(rng);
+                let x = f64::from(a[row * k + j]) + self.noise_std * half * z;
+                a[row * k + j] = (x as f32).clamp(self.low[j], self.high[j]);
+            }
+        }
+        Ok(a)
+    }
+}
+
 /// Episodes recorded per batch (one policy forward per step for all of them).
 const RECORD_BATCH: usize = 256;
 
@@ -516,9 +619,28 @@ pub fn generate(
                 progress,
             )
         }
-        ContinuousBehaviour::SacCheckpoints { .. } => Err(invalid(
-            "sac_checkpoints datasets need the SAC learner (not built yet)",
-        )),
+        ContinuousBehaviour::SacCheckpoints {
+            steps,
+            checkpoints,
+            noise_std,
+        } => {
+            let mut policy = SacCheckpoints::learn(
+                &spec.env,
+                *steps,
+                *checkpoints,
+                *noise_std,
+                spec.seed,
+                progress,
+            )?;
+            record(
+                &spec.env,
+                spec.units + spec.public,
+                spec.seed,
+                &mut policy,
+                procedure,
+                progress,
+            )
+        }
     }
 }
 

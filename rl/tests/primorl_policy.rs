@@ -1,0 +1,149 @@
+//! PriMORL's policy phase (seed 001, Algorithm 4) is post-processing of the released ensemble:
+//! it must complete after the dataset is gone, and its rollouts must stay in the public
+//! plausible box even when the model is poor.
+
+use fedrl_common::primorl::{
+    ContinuousBehaviour, ContinuousDatasetSpec, EnsembleClipping, PolicyPhaseConfig, Uncertainty,
+};
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, LocalModelConfig, local_updates};
+use fedrl_rl::offline::continuous::load_or_generate;
+use fedrl_rl::primorl::{normalized_return, policy_phase};
+
+fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
+    PolicyPhaseConfig {
+        uncertainty: Uncertainty::MaxPairwiseDiff,
+        lambda: 1.0,
+        rollout_length: 5,
+        epochs: 2,
+        updates_per_epoch: 20,
+        rollout_batch: 32,
+        rollout_every: 10,
+        model_start_fraction: 0.5,
+        hidden: vec![32, 32],
+        lr: 3e-4,
+        gamma: 0.99,
+        batch_size: 32,
+        target_entropy: -1.0,
+        eval_episodes: 1,
+        seed,
+    }
+}
+
+#[test]
+fn the_policy_phase_completes_with_the_dataset_deleted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data_root = dir.path().join("data");
+    let spec_d = ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units: 24,
+        public: 4,
+        seed: 11,
+        behaviour: ContinuousBehaviour::Random,
+    };
+    let model_file = dir.path().join("ensemble.safetensors");
+    {
+        let data = load_or_generate(&spec_d, &data_root, &mut |_| {}).expect("dataset");
+        let (public, private) = data.split(spec_d.units);
+
+        // Model phase, in process and without noise: a few averaged rounds over every trajectory.
+        let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 2);
+        let (mean, std) = data.input_stats(&public);
+        spec.input_offset = mean;
+        spec.input_scale = std;
+        let rows: Vec<_> = private
+            .iter()
+            .map(|e| e.model_rows(&spec).expect("rows"))
+            .collect();
+        let refs: Vec<_> = rows.iter().collect();
+        let cfg = LocalModelConfig {
+            clip_norm: 1.0,
+            clipping: EnsembleClipping::PerLayer,
+            ..LocalModelConfig::default()
+        };
+        let mut params = spec.init(5);
+        for round in 0..3u64 {
+            let seeds: Vec<u64> = (0..refs.len() as u64).map(|u| round * 1000 + u).collect();
+            let (updates, _) =
+                local_updates(&spec, &cfg, &params, &refs, &seeds, &Device::Cpu, false)
+                    .expect("local updates");
+            for u in &updates {
+                for (p, d) in params.iter_mut().zip(&u.delta) {
+                    *p += d / updates.len() as f32;
+                }
+            }
+        }
+        ensemble::save(&spec, &params, &model_file).expect("save");
+    }
+
+    // The data is gone: nothing below may need it.
+    std::fs::remove_dir_all(&data_root).expect("delete dataset");
+    assert!(!data_root.exists());
+
+    let (spec2, params2) = ensemble::load(&model_file).expect("load");
+    let ens = Ensemble::new(&spec2, &params2, &Device::Cpu).expect("ensemble");
+    let mut seen = Vec::new();
+    let (agent, curve) = policy_phase(
+        &ens,
+        "Pendulum-v1",
+        &tiny_policy(3),
+        &Device::Cpu,
+        &mut |e| seen.push(e.epoch),
+    )
+    .expect("policy phase");
+    assert_eq!(seen, vec![1, 2]);
+    assert_eq!(curve.len(), 2);
+    assert_eq!(curve[1].updates, 40);
+    assert_eq!(agent.updates(), 40);
+    for e in &curve {
+        // Pendulum-v1 returns lie in [-16.27 * 200, 0].
+        assert!(e.eval_return <= 0.0 && e.eval_return > -3300.0, "{e:?}");
+        assert!(e.model_reward.is_finite() && e.penalty >= 0.0, "{e:?}");
+        assert!(
+            (e.normalized_return - normalized_return("Pendulum-v1", e.eval_return)).abs() < 1e-9
+        );
+    }
+}
+
+#[test]
+fn rollouts_stay_in_the_plausible_box_or_the_model_is_refused() {
+    // An untrained ensemble predicts poor steps; rollouts leaving the observation box are cut,
+    // so SAC never trains on exploding states.
+    let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 3);
+    spec.input_scale = vec![1.0, 1.0, 8.0, 2.0];
+    let params = spec.init(9);
+    let ens = Ensemble::new(&spec, &params, &Device::Cpu).expect("ensemble");
+    let (_, curve) = policy_phase(
+        &ens,
+        "Pendulum-v1",
+        &tiny_policy(4),
+        &Device::Cpu,
+        &mut |_| {},
+    )
+    .expect("policy phase");
+    for e in &curve {
+        assert!(e.q_loss.is_finite(), "{e:?}");
+    }
+    // A wildly wrong one sends every rollout out of the box at once: a clear error, not a
+    // policy trained on garbage.
+    let wild: Vec<f32> = params.iter().map(|w| w * 1000.0).collect();
+    let ens = Ensemble::new(&spec, &wild, &Device::Cpu).expect("ensemble");
+    let Err(err) = policy_phase(
+        &ens,
+        "Pendulum-v1",
+        &tiny_policy(4),
+        &Device::Cpu,
+        &mut |_| {},
+    ) else {
+        panic!("a model whose rollouts all diverge must be refused");
+    };
+    assert!(err.to_string().contains("too poor to plan in"), "{err}");
+}
+
+#[test]
+fn normalised_pendulum_scores_follow_appendix_c() {
+    assert_eq!(normalized_return("Pendulum-v1", -1500.0), 0.0);
+    assert_eq!(normalized_return("Pendulum-v1", 0.0), 1000.0);
+    assert!((normalized_return("Pendulum-v1", -150.0) - 900.0).abs() < 1e-9);
+    assert_eq!(normalized_return("cartpole-balance", 812.5), 812.5);
+}
