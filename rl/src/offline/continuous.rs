@@ -362,8 +362,8 @@ pub struct SacCheckpoints {
     actors: Vec<Vec<f32>>,
     loaded: Option<usize>,
     noise_std: f64,
-    low: Vec<f32>,
-    high: Vec<f32>,
+    /// Actor 0, which also holds the action box.
+    random: RandomPolicy,
 }
 
 impl SacCheckpoints {
@@ -413,8 +413,7 @@ impl SacCheckpoints {
             actors,
             loaded: None,
             noise_std,
-            low,
-            high,
+            random: RandomPolicy { low, high },
         })
     }
 }
@@ -431,24 +430,21 @@ impl BehaviourPolicy for SacCheckpoints {
         rngs: &mut [Xoshiro256PlusPlus],
     ) -> Result<Vec<f32>> {
         if index == 0 {
-            return RandomPolicy {
-                low: self.low.clone(),
-                high: self.high.clone(),
-            }
-            .act(0, obs, rngs);
+            return self.random.act(0, obs, rngs);
         }
         if self.loaded != Some(index) {
             self.agent.set_actor_params(&self.actors[index - 1])?;
             self.loaded = Some(index);
         }
         let mut a = self.agent.act(obs, true)?;
-        let k = self.low.len();
+        let (low, high) = (&self.random.low, &self.random.high);
+        let k = low.len();
         for (row, rng) in rngs.iter_mut().enumerate() {
             for j in 0..k {
-                let half = f64::from(self.high[j] - self.low[j]) / 2.0;
+                let half = f64::from(high[j] - low[j]) / 2.0;
                 let z: f64 = rand_distr::StandardNormal.sample(rng);
                 let x = f64::from(a[row * k + j]) + self.noise_std * half * z;
-                a[row * k + j] = (x as f32).clamp(self.low[j], self.high[j]);
+                a[row * k + j] = (x as f32).clamp(low[j], high[j]);
             }
         }
         Ok(a)
@@ -600,48 +596,38 @@ pub fn generate(
     spec.validate().map_err(invalid)?;
     let procedure =
         serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
-    match &spec.behaviour {
+    let mut policy: Box<dyn BehaviourPolicy> = match &spec.behaviour {
         ContinuousBehaviour::Random => {
             let env = fedrl_sim::make(&spec.env)?;
             let fedrl_sim::Space::Box { low, high } = env.action_space() else {
                 return Err(invalid(format!("{}: actions are not a box", spec.env)));
             };
-            let mut policy = RandomPolicy {
+            Box::new(RandomPolicy {
                 low: low.clone(),
                 high: high.clone(),
-            };
-            record(
-                &spec.env,
-                spec.units + spec.public,
-                spec.seed,
-                &mut policy,
-                procedure,
-                progress,
-            )
+            })
         }
         ContinuousBehaviour::SacCheckpoints {
             steps,
             checkpoints,
             noise_std,
-        } => {
-            let mut policy = SacCheckpoints::learn(
-                &spec.env,
-                *steps,
-                *checkpoints,
-                *noise_std,
-                spec.seed,
-                progress,
-            )?;
-            record(
-                &spec.env,
-                spec.units + spec.public,
-                spec.seed,
-                &mut policy,
-                procedure,
-                progress,
-            )
-        }
-    }
+        } => Box::new(SacCheckpoints::learn(
+            &spec.env,
+            *steps,
+            *checkpoints,
+            *noise_std,
+            spec.seed,
+            progress,
+        )?),
+    };
+    record(
+        &spec.env,
+        spec.units + spec.public,
+        spec.seed,
+        policy.as_mut(),
+        procedure,
+        progress,
+    )
 }
 
 /// Loads the dataset of `spec` from `root/continuous/`, or generates and stores it atomically.
