@@ -14,8 +14,8 @@ use anyhow::Context;
 use fedrl_common::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
-use fedrl_rl::primorl::{PolicyEpoch, ensemble_spec, policy_phase, public_rows};
-use fedrl_rl::sac::SacAgent;
+use fedrl_rl::primorl::{PolicyEpoch, ensemble_spec, policy_phase, public_rows, real_transitions};
+use fedrl_rl::sac::{ReplayBuffer, SacAgent};
 
 use crate::model::{ModelError, ModelState, ServerModel};
 
@@ -38,6 +38,9 @@ pub struct PrimorlModel {
     device: Device,
     /// The policy phase's agent, once it ran.
     policy: Option<SacAgent>,
+    /// The MOPO baseline's real transitions (every episode of the dataset); only a non-private
+    /// scenario with `task.policy.real_ratio > 0` keeps them (the scenario refuses it otherwise).
+    real: Option<ReplayBuffer>,
 }
 
 impl PrimorlModel {
@@ -48,6 +51,15 @@ impl PrimorlModel {
                 .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         let spec = ensemble_spec(task, &dataset)?;
         let public = public_rows(task, &dataset, &spec)?;
+        let real = if task.policy.real_ratio > 0.0 {
+            Some(real_transitions(
+                spec.obs_dim,
+                spec.act_dim,
+                &dataset.episodes,
+            )?)
+        } else {
+            None
+        };
         drop(dataset);
         let params = spec.init(task.model_seed);
         Ok(PrimorlModel {
@@ -61,6 +73,7 @@ impl PrimorlModel {
             since_best: 0,
             device,
             policy: None,
+            real,
         })
     }
 
@@ -78,13 +91,31 @@ impl PrimorlModel {
         let ens = Ensemble::new(&self.spec, self.selected(), &self.device)?;
         let p = &self.task.policy;
         eprintln!(
-            "policy phase: SAC in the private model ({} epochs of {} updates, rollouts of {} steps, {:?} penalty x {})",
-            p.epochs, p.updates_per_epoch, p.rollout_length, p.uncertainty, p.lambda
+            "policy phase: SAC in the {} model ({} epochs of {} updates, rollouts of {} steps, {:?} penalty x {}{})",
+            if self.real.is_some() {
+                "non-private"
+            } else {
+                "private"
+            },
+            p.epochs,
+            p.updates_per_epoch,
+            p.rollout_length,
+            p.uncertainty,
+            p.lambda,
+            match &self.real {
+                Some(r) => format!(
+                    "; MOPO: {:.0}% of each minibatch from {} real transitions",
+                    100.0 * p.real_ratio,
+                    r.len()
+                ),
+                None => String::new(),
+            }
         );
         let (agent, curve) = policy_phase(
             &ens,
             &self.task.dataset.env,
             p,
+            self.real.as_ref(),
             &self.device,
             &mut |e| {
                 eprintln!(

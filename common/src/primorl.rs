@@ -208,6 +208,12 @@ pub struct PolicyPhaseConfig {
     /// Seed of the policy phase (SAC, rollouts; not privacy noise). Default 0.
     #[serde(default)]
     pub seed: u64,
+    /// Fraction of each SAC minibatch drawn from the real dataset instead of model rollouts:
+    /// MOPO's `real_ratio` (0.05 in its paper). Reading the data makes the policy no longer
+    /// post-processing of the released model, so only a non-private baseline may set it.
+    /// Default 0 (PriMORL: model data only).
+    #[serde(default)]
+    pub real_ratio: f64,
 }
 
 /// Parameters of [`crate::task::Task::Primorl`]. Each of the dataset's K trajectories is one
@@ -285,6 +291,12 @@ impl PrimorlTask {
         }
         if !(0.0..=1.0).contains(&p.model_start_fraction) || !(0.0..1.0).contains(&p.gamma) {
             return Err("task.policy: model_start_fraction in [0, 1] and gamma in [0, 1)".into());
+        }
+        if !(0.0..1.0).contains(&p.real_ratio) {
+            return Err(format!(
+                "task.policy.real_ratio must be in [0, 1), got {}",
+                p.real_ratio
+            ));
         }
         if !(p.lr.is_finite() && p.lr > 0.0 && p.target_entropy.is_finite()) {
             return Err("task.policy: lr must be > 0 and target_entropy finite".into());

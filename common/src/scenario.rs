@@ -673,6 +673,12 @@ impl Scenario {
                     self.users, t.dataset.units
                 ));
             }
+            if t.policy.real_ratio > 0.0 && !self.non_private {
+                return bad(format!(
+                    "task.policy.real_ratio = {} trains the policy on the real dataset (the MOPO baseline), which no privacy accounting covers: only a `non_private = true` scenario may set it",
+                    t.policy.real_ratio
+                ));
+            }
         }
         if let Task::OfflineCql(t) = &self.task {
             // DP-SGD: the batch is a Poisson sample the aggregator draws, one unit per dataset

@@ -120,6 +120,40 @@ pub fn normalized_return(env_id: &str, ret: f64) -> f64 {
     }
 }
 
+/// Every transition of `episodes` in a replay buffer (the MOPO baseline's real data; a time
+/// limit is not a terminal state).
+pub fn real_transitions<'a>(
+    obs_dim: usize,
+    act_dim: usize,
+    episodes: impl IntoIterator<Item = &'a ContinuousEpisode>,
+) -> Result<crate::sac::ReplayBuffer> {
+    let episodes: Vec<&ContinuousEpisode> = episodes.into_iter().collect();
+    let steps: usize = episodes.iter().map(|e| e.len()).sum();
+    let mut buffer = crate::sac::ReplayBuffer::new(obs_dim, act_dim, steps.max(1))?;
+    for e in episodes {
+        let n = e.len();
+        if e.observations.len() != (n + 1) * obs_dim || e.actions.len() != n * act_dim {
+            return Err(NnError::Invalid(format!(
+                "episode of unit {}: {} observation and {} action values for {n} steps",
+                e.unit,
+                e.observations.len(),
+                e.actions.len()
+            )));
+        }
+        for t in 0..n {
+            let last = t + 1 == n;
+            buffer.push(
+                &e.observations[t * obs_dim..(t + 1) * obs_dim],
+                &e.actions[t * act_dim..(t + 1) * act_dim],
+                e.rewards[t],
+                &e.observations[(t + 1) * obs_dim..(t + 2) * obs_dim],
+                last && e.terminated,
+            )?;
+        }
+    }
+    Ok(buffer)
+}
+
 /// How far, in public-split standard deviations, a model state may leave the public mean
 /// before its rollout is cut.
 const ROLLOUT_STD_BOUND: f32 = 10.0;
@@ -185,14 +219,16 @@ const EVAL_SEED_BASE: u64 = 3_000_000_000;
 /// The policy phase of PriMORL (seed 001, Algorithm 4): SAC trained only on rollouts of the
 /// pessimistic model `ensemble` (reward `r - lambda u`), `rollout_length` steps long, started
 /// from the environment's public initial distribution or, for a fraction
-/// `model_start_fraction`, from states the model generated earlier. No dataset is read: the
-/// policy is post-processing of the released ensemble. After every epoch the deterministic
-/// policy is evaluated in the real environment `env_id` (a diagnostic; it reads no data either)
-/// and `on_epoch` sees the result.
+/// `model_start_fraction`, from states the model generated earlier. With `real = None` no
+/// dataset is read: the policy is post-processing of the released ensemble. The MOPO baseline
+/// passes the real transitions (see [`real_transitions`]) and draws `cfg.real_ratio` of each
+/// minibatch from them. After every epoch the deterministic policy is evaluated in the real
+/// environment `env_id` (a diagnostic; it reads no data either) and `on_epoch` sees the result.
 pub fn policy_phase(
     ensemble: &crate::ensemble::Ensemble,
     env_id: &str,
     cfg: &fedrl_common::primorl::PolicyPhaseConfig,
+    real: Option<&crate::sac::ReplayBuffer>,
     device: &candle_core::Device,
     on_epoch: &mut dyn FnMut(&PolicyEpoch),
 ) -> Result<(crate::sac::SacAgent, Vec<PolicyEpoch>)> {
@@ -237,6 +273,26 @@ pub fn policy_phase(
     let mut buffer = ReplayBuffer::new(obs_dim, low.len(), capacity)?;
     let mut curve = Vec::with_capacity(cfg.epochs);
     let (mut reward_sum, mut penalty_sum, mut steps) = (0.0f64, 0.0f64, 0u64);
+
+    // MOPO's split of each minibatch; without real data every row is a model row.
+    let n_real = match real {
+        Some(r) if !r.is_empty() => {
+            ((cfg.real_ratio * cfg.batch_size as f64).round() as usize).min(cfg.batch_size)
+        }
+        Some(_) => {
+            return Err(NnError::Invalid(
+                "policy phase: the real-data buffer is empty".into(),
+            ));
+        }
+        None if cfg.real_ratio > 0.0 => {
+            return Err(NnError::Invalid(format!(
+                "policy phase: real_ratio = {} needs the real transitions",
+                cfg.real_ratio
+            )));
+        }
+        None => 0,
+    };
+    let n_model = cfg.batch_size - n_real;
 
     let rollouts = |agent: &mut SacAgent,
                     buffer: &mut ReplayBuffer,
@@ -328,7 +384,7 @@ pub fn policy_phase(
     let mut updates = 0u64;
     for epoch in 1..=cfg.epochs {
         for u in 0..cfg.updates_per_epoch {
-            if u % cfg.rollout_every == 0 || buffer.len() < cfg.batch_size {
+            if u % cfg.rollout_every == 0 || buffer.len() < n_model.max(1) {
                 let mut tries = 0;
                 loop {
                     let (r, p, c) = rollouts(&mut agent, &mut buffer, &mut rng, &mut env)?;
@@ -336,7 +392,7 @@ pub fn policy_phase(
                     penalty_sum += p;
                     steps += c;
                     tries += 1;
-                    if buffer.len() >= cfg.batch_size {
+                    if buffer.len() >= n_model.max(1) {
                         break;
                     }
                     if tries >= MAX_EMPTY_REFRESHES {
@@ -349,7 +405,10 @@ pub fn policy_phase(
                     }
                 }
             }
-            let batch = buffer.sample(cfg.batch_size, &mut rng)?;
+            let mut batch = buffer.sample(n_model, &mut rng)?;
+            if let (Some(r), true) = (real, n_real > 0) {
+                batch.append(r.sample(n_real, &mut rng)?);
+            }
             last = agent.update(&batch)?;
             updates += 1;
         }

@@ -195,6 +195,15 @@ impl SacBatch {
         self.reward.len()
     }
 
+    /// Appends `other`'s transitions (same dimensions) after this batch's.
+    pub fn append(&mut self, other: SacBatch) {
+        self.obs.extend(other.obs);
+        self.act.extend(other.act);
+        self.reward.extend(other.reward);
+        self.next_obs.extend(other.next_obs);
+        self.done.extend(other.done);
+    }
+
     /// No transitions.
     pub fn is_empty(&self) -> bool {
         self.reward.is_empty()

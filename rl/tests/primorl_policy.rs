@@ -8,7 +8,7 @@ use fedrl_common::primorl::{
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, LocalModelConfig, local_updates};
 use fedrl_rl::offline::continuous::load_or_generate;
-use fedrl_rl::primorl::{normalized_return, policy_phase};
+use fedrl_rl::primorl::{normalized_return, policy_phase, real_transitions};
 
 fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
     PolicyPhaseConfig {
@@ -27,6 +27,7 @@ fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
         target_entropy: -1.0,
         eval_episodes: 1,
         seed,
+        real_ratio: 0.0,
     }
 }
 
@@ -87,6 +88,7 @@ fn the_policy_phase_completes_with_the_dataset_deleted() {
         &ens,
         "Pendulum-v1",
         &tiny_policy(3),
+        None,
         &Device::Cpu,
         &mut |e| seen.push(e.epoch),
     )
@@ -117,6 +119,7 @@ fn rollouts_stay_in_the_plausible_box_or_the_model_is_refused() {
         &ens,
         "Pendulum-v1",
         &tiny_policy(4),
+        None,
         &Device::Cpu,
         &mut |_| {},
     )
@@ -132,12 +135,61 @@ fn rollouts_stay_in_the_plausible_box_or_the_model_is_refused() {
         &ens,
         "Pendulum-v1",
         &tiny_policy(4),
+        None,
         &Device::Cpu,
         &mut |_| {},
     ) else {
         panic!("a model whose rollouts all diverge must be refused");
     };
     assert!(err.to_string().contains("too poor to plan in"), "{err}");
+}
+
+/// The MOPO baseline draws `real_ratio` of each minibatch from the real transitions; asking
+/// for real data without passing it is an error, not a silent model-only run.
+#[test]
+fn mopo_mixes_real_transitions_into_each_minibatch() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let spec_d = ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units: 6,
+        public: 2,
+        seed: 3,
+        behaviour: ContinuousBehaviour::Random,
+    };
+    let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
+    let steps: usize = data.episodes.iter().map(|e| e.len()).sum();
+    let real = real_transitions(3, 1, &data.episodes).expect("real buffer");
+    assert_eq!(real.len(), steps);
+    // Pendulum only truncates: no transition is terminal.
+    let mut rng = <rand::rngs::Xoshiro256PlusPlus as rand::SeedableRng>::seed_from_u64(1);
+    let b = real.sample(64, &mut rng).expect("sample");
+    assert!(b.done.iter().all(|&d| d == 0.0));
+
+    let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 3);
+    spec.input_scale = vec![1.0, 1.0, 8.0, 2.0];
+    let ens = Ensemble::new(&spec, &spec.init(9), &Device::Cpu).expect("ensemble");
+    let cfg = PolicyPhaseConfig {
+        real_ratio: 0.25,
+        ..tiny_policy(5)
+    };
+    let (agent, curve) = policy_phase(
+        &ens,
+        "Pendulum-v1",
+        &cfg,
+        Some(&real),
+        &Device::Cpu,
+        &mut |_| {},
+    )
+    .expect("MOPO policy phase");
+    assert_eq!(agent.updates(), 40);
+    assert!(curve.iter().all(|e| e.q_loss.is_finite()));
+    let Err(err) = policy_phase(&ens, "Pendulum-v1", &cfg, None, &Device::Cpu, &mut |_| {}) else {
+        panic!("real_ratio without real data must be refused");
+    };
+    assert!(
+        err.to_string().contains("needs the real transitions"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -108,3 +108,66 @@ fn an_expert_plan_over_the_budget_is_refused_up_front() {
         "{e}"
     );
 }
+
+/// PriMORL (seed 001): each task has the high-privacy scenario at the paper's epsilon (delta
+/// 1e-5), a low-privacy twin, the No Privacy twin and the MOPO baseline, all on the same
+/// 30,000-episode dataset with 1% public, q = 1e-3, and the same ensemble and policy phase; only
+/// the MOPO baseline reads real data in the policy phase, and a private scenario may not.
+#[test]
+fn primorl_scenarios_plan_within_the_papers_budgets_and_have_their_twins() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for (env, high, low) in [
+        ("pendulum", 5.1, 22.3),
+        ("balance", 8.2, 85.0),
+        ("swingup", 17.0, 94.2),
+    ] {
+        let load = |suffix: &str| {
+            scenario_from_file(dir.join(format!("{env}-primorl{suffix}.toml")))
+                .unwrap_or_else(|e| panic!("{env}-primorl{suffix}: {e}"))
+        };
+        let (h, l, np, mopo) = (load(""), load("-low"), load("-nonprivate"), load("-mopo"));
+        let task = |s: &fedrl_common::scenario::Scenario| match &s.task {
+            Task::Primorl(t) => t.clone(),
+            other => panic!("{}: not primorl: {other:?}", s.name),
+        };
+        for (s, target) in [(&h, high), (&l, low)] {
+            assert!(!s.non_private, "{}", s.name);
+            assert_eq!(s.target_epsilon, target, "{}", s.name);
+            assert_eq!(s.delta, 1e-5);
+            let eps = s.planned_epsilon(s.noise_multiplier).unwrap();
+            assert!(eps <= target, "{}: the plan costs {eps}", s.name);
+            assert_eq!(task(s).policy.real_ratio, 0.0);
+        }
+        assert!(l.noise_multiplier < h.noise_multiplier, "{env}");
+        assert!(np.non_private && mopo.non_private, "{env}");
+        assert_eq!(task(&mopo).policy.real_ratio, 0.05, "{env}");
+        let base = task(&h);
+        assert_eq!(base.dataset.units + base.dataset.public, 30_000, "{env}");
+        assert_eq!(base.dataset.public, 300, "{env}: 1% public");
+        for s in [&l, &np, &mopo] {
+            let t = task(s);
+            assert_eq!(t.dataset, base.dataset, "{}: same dataset", s.name);
+            assert_eq!(t.ensemble.hidden, base.ensemble.hidden, "{}", s.name);
+            assert_eq!(t.ensemble.clipping, base.ensemble.clipping, "{}", s.name);
+            assert_eq!(
+                t.policy.rollout_length, base.policy.rollout_length,
+                "{}",
+                s.name
+            );
+            assert_eq!(s.rounds, h.rounds, "{}", s.name);
+        }
+        // The No Privacy twins clip at the private scenarios' norm.
+        for s in [&np, &mopo] {
+            assert_eq!(task(s).ensemble.nonprivate_clip_norm, Some(h.clip_norm));
+        }
+        // A private scenario reading real data in its policy phase is refused at load.
+        let text = std::fs::read_to_string(dir.join(format!("{env}-primorl.toml")))
+            .unwrap()
+            .replace(
+                "updates_per_epoch = 1000",
+                "updates_per_epoch = 1000\nreal_ratio = 0.05",
+            );
+        let e = scenario_from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("real_ratio") && e.contains("non_private"), "{e}");
+    }
+}

@@ -18,10 +18,20 @@ use crate::plot::{CvgaSeries, Series, cvga_plot, line_plot};
 
 /// File name of the learning curve in the output directory.
 const CURVE_FILE: &str = "learning_curve.png";
+/// File name of the policy-phase curves (normalised return against SAC epochs; PriMORL).
+const POLICY_CURVE_FILE: &str = "policy_curve.png";
 /// File name of the control variability grid (glucose simulators only).
 const CVGA_FILE: &str = "cvga.png";
 /// File name of the exported policy (written by the aggregator's model).
 const POLICY_FILE: &str = fedrl_aggregator::dppg::POLICY_FILE;
+/// What a task's model exports and the run copies next to report.json: the DPPG policy, the
+/// CQL Q-network, PriMORL's ensemble and its SAC policy.
+const MODEL_FILES: [&str; 4] = [
+    POLICY_FILE,
+    fedrl_aggregator::cql::QNET_FILE,
+    fedrl_aggregator::primorl::ENSEMBLE_FILE,
+    fedrl_aggregator::primorl::POLICY_FILE,
+];
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,10 +48,12 @@ pub struct Args {
     /// report.json is replaced only when the resumed run ends.
     #[arg(long, requires = "out")]
     pub resume: bool,
-    /// Also run this non-private twin scenario afterwards (into OUT/twin) and plot both curves.
-    /// With no value for the built-in scenario, its twin `cartpole-dppg-nonprivate.toml`.
-    #[arg(long, num_args = 0..=1, default_missing_value = "")]
-    pub twin: Option<PathBuf>,
+    /// Also run this twin scenario afterwards (the first into OUT/twin, further ones into
+    /// OUT/twin-2, OUT/twin-3...) and plot every curve together: the non-private twin, other
+    /// privacy levels, baselines such as MOPO. Repeatable. With no value for the built-in
+    /// scenario, its twin `cartpole-dppg-nonprivate.toml`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    pub twin: Vec<PathBuf>,
     /// Give up (and stop every process) after this many seconds.
     #[arg(long, default_value_t = 3600.0)]
     pub timeout: f64,
@@ -67,9 +79,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     )
     .map_err(|e| UsageError(format!("{e:#}")))?;
     run.allow_budget_increase = args.allow_budget_increase;
-    let twin = match &args.twin {
-        None => None,
-        Some(p) if p.as_os_str().is_empty() => {
+    let mut twins = Vec::with_capacity(args.twin.len());
+    for (i, t) in args.twin.iter().enumerate() {
+        let file = if t.as_os_str().is_empty() {
             if args.scenario.is_some() {
                 return Err(UsageError(
                     "--twin needs the twin's scenario file when a scenario is given".into(),
@@ -81,27 +93,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if !twin_file.exists() {
                 std::fs::write(&twin_file, DEFAULT_TWIN)?;
             }
-            Some(twin_file)
-        }
-        Some(p) => Some(p.clone()),
-    };
-    let twin_run = match &twin {
-        Some(p) => {
-            // A resumed run resumes its twin too, if the twin had started.
-            let twin_dir = run.out_dir.join("twin");
-            let twin_started = std::fs::read_dir(&twin_dir).is_ok_and(|mut d| d.next().is_some());
-            Some(
-                LocalRun::prepare(
-                    Some(p),
-                    Some(&twin_dir),
-                    args.device,
-                    args.resume && twin_started,
-                )
-                .map_err(|e| UsageError(format!("{e:#}")))?,
+            twin_file
+        } else {
+            t.clone()
+        };
+        // The first twin runs in OUT/twin, further ones (baselines) in OUT/twin-2, OUT/twin-3...
+        let twin_dir = run.out_dir.join(twin_dir_name(i));
+        // A resumed run resumes its twins too, if they had started.
+        let twin_started = std::fs::read_dir(&twin_dir).is_ok_and(|mut d| d.next().is_some());
+        twins.push(
+            LocalRun::prepare(
+                Some(&file),
+                Some(&twin_dir),
+                args.device,
+                args.resume && twin_started,
             )
-        }
-        None => None,
-    };
+            .map_err(|e| UsageError(format!("{e:#}")))?,
+        );
+    }
     let exe = std::env::current_exe()?;
     let kind = run.scenario.unit_kind.to_string();
     // "trajectory" -> "trajectories"; "user" and "expert" take an s.
@@ -138,20 +147,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => return interrupted(e),
     };
     let mut curves = vec![curve(&run, "private")?];
-    let mut twin_report = None;
-    if let Some(t) = &twin_run {
+    let mut twin_reports = Vec::with_capacity(twins.len());
+    for t in &twins {
         eprintln!(
-            "non-private twin {}: results in {}",
+            "twin {}: results in {}",
             t.scenario.name,
             t.out_dir.display()
         );
+        prepare_dataset(&t.scenario)?;
         let mut tr = match deploy::run_local(t, &exe, args.timeout, true) {
             Ok(r) => r,
             Err(e) => return interrupted(e),
         };
         finish(t, &mut tr)?;
-        curves.push(curve(t, "non-private twin")?);
-        twin_report = Some(tr.report);
+        curves.push(curve(t, &twin_label(&t.scenario))?);
+        twin_reports.push((twin_label(&t.scenario), tr.report));
     }
     if curves.iter().any(|c| !c.points.is_empty()) {
         line_plot(
@@ -162,15 +172,83 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             &curves,
         )?;
     }
+    write_policy_curves(
+        &run.out_dir.join(POLICY_CURVE_FILE),
+        &run.scenario.name,
+        &result.report,
+        &twin_reports,
+    )?;
     finish(&run, &mut result)?;
     write_cvga(
         &run.out_dir.join(CVGA_FILE),
         &run.scenario.name,
         &result.report,
-        twin_report.as_ref(),
+        twin_reports.first().map(|(_, r)| r),
     )?;
     print_summary(&run, &result.report, &result.operator);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The output folder of the `i`-th (0-based) twin.
+fn twin_dir_name(i: usize) -> String {
+    if i == 0 {
+        "twin".into()
+    } else {
+        format!("twin-{}", i + 1)
+    }
+}
+
+/// How a twin's curves are labelled: its scenario name, marked when it is non-private.
+fn twin_label(s: &fedrl_common::scenario::Scenario) -> String {
+    if s.non_private {
+        format!("{} (non-private)", s.name)
+    } else {
+        s.name.clone()
+    }
+}
+
+/// (SAC epoch, normalised return) of a report's policy phase (PriMORL); empty otherwise.
+fn policy_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
+    report["final_evaluation"]["policy_curve"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|e| Some((e["epoch"].as_f64()?, e["normalized_return"].as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Draws the policy phase's normalised return against SAC epochs for the run and each twin
+/// (the baselines) at `path`; nothing when no report has a policy phase. Returns whether it
+/// drew.
+fn write_policy_curves(
+    path: &Path,
+    name: &str,
+    report: &serde_json::Value,
+    twins: &[(String, serde_json::Value)],
+) -> anyhow::Result<bool> {
+    let mut series = vec![Series {
+        name: "private".into(),
+        points: policy_points(report),
+    }];
+    for (label, r) in twins {
+        series.push(Series {
+            name: label.clone(),
+            points: policy_points(r),
+        });
+    }
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Ok(false);
+    }
+    line_plot(
+        path,
+        &format!("{name}: policy in the model, evaluated in the real environment"),
+        "SAC epoch",
+        "normalised return",
+        &series,
+    )?;
+    Ok(true)
 }
 
 /// The (low, high) BG CVGA coordinates of a report's held-out patient-days (mg/dL); empty when
@@ -307,7 +385,7 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()
 
 fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
     let state_dir = run.out_dir.join("state");
-    for file in [POLICY_FILE, fedrl_aggregator::cql::QNET_FILE] {
+    for file in MODEL_FILES {
         let model = state_dir.join(file);
         if model.exists() {
             std::fs::copy(&model, run.out_dir.join(file))
@@ -345,8 +423,8 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
             obj.get("rounds_completed").cloned().unwrap_or_default(),
         );
         obj.insert("noise_source".into(), serde_json::json!(noise_source));
-        for file in [POLICY_FILE, fedrl_aggregator::cql::QNET_FILE] {
-            if state_dir.join(file).exists() {
+        for file in MODEL_FILES {
+            if file != fedrl_aggregator::primorl::ENSEMBLE_FILE && state_dir.join(file).exists() {
                 obj.insert("policy".into(), serde_json::json!(file));
             }
         }
@@ -445,6 +523,15 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
             r["final_evaluation"]["final_eval_episodes"]
         );
     }
+    if let Some(n) = r["final_evaluation"]["final_normalized_return"].as_f64() {
+        println!(
+            "policy phase: normalised return {n:.1} (of 1000); curve in {}",
+            run.out_dir.join(POLICY_CURVE_FILE).display()
+        );
+    }
+    if let Some(e) = r["final_evaluation"]["policy_error"].as_str() {
+        println!("policy phase failed: {e}");
+    }
     let clinical = &r["final_evaluation"]["clinical"];
     if let Some(line) = clinical_line("clinical (BG, held-out)", &clinical["pooled"]) {
         println!("{line}");
@@ -512,6 +599,30 @@ mod tests {
         let no_clinical = serde_json::json!({ "final_evaluation": { "final_eval_return": 1.0 } });
         assert!(!write_cvga(&other, "cartpole", &no_clinical, None).unwrap());
         assert!(!other.exists());
+    }
+
+    #[test]
+    fn policy_curves_are_drawn_for_policy_phase_reports_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let curve = |v: f64| {
+            serde_json::json!({ "final_evaluation": { "policy_curve": [
+                { "epoch": 1, "normalized_return": v },
+                { "epoch": 2, "normalized_return": v + 100.0 },
+            ] } })
+        };
+        assert_eq!(
+            policy_points(&curve(300.0)),
+            vec![(1.0, 300.0), (2.0, 400.0)]
+        );
+        let path = dir.path().join(POLICY_CURVE_FILE);
+        let twins = vec![("mopo (non-private)".to_string(), curve(500.0))];
+        assert!(write_policy_curves(&path, "pendulum-primorl", &curve(300.0), &twins).unwrap());
+        assert_eq!(&std::fs::read(&path).unwrap()[1..4], b"PNG");
+        let other = dir.path().join("none.png");
+        assert!(!write_policy_curves(&other, "cartpole", &report(), &[]).unwrap());
+        assert!(!other.exists());
+        assert_eq!(twin_dir_name(0), "twin");
+        assert_eq!(twin_dir_name(2), "twin-3");
     }
 
     #[test]
