@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# PriMORL (seed 001) result table: each task's four variants (high privacy, low privacy, No
+# Privacy, MOPO) run as whole `fedrl run` deployments, one per seed (the ensemble's initial
+# weights, the trajectories' minibatch order and the policy phase's seed; the dataset is the
+# same). One JSON line per finished run is appended to bench/results/primorl.jsonl as it arrives;
+# a rerun skips (scenario, seed) pairs already there and resumes an interrupted run from its
+# output directory (runs/primorl/...), so a stopped session loses nothing. The table at the end
+# gives mean +- 95% interval (Student t, n - 1 degrees of freedom) of the final normalised
+# return and the mean wall-clock of each phase.
+#
+# Usage: [TASKS="pendulum balance swingup"] [SEEDS="0 1 2 3 4"] \
+#        [VARIANTS="primorl primorl-low primorl-nonprivate primorl-mopo"] [TIMEOUT=14400] \
+#        [FEDRL_BIN=path/to/fedrl (skips the release build)] bench/run_primorl.sh
+# Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+if [ -z "${FEDRL_BIN:-}" ]; then
+  cargo build --release -q -p fedrl-scenarios
+fi
+fedrl="${FEDRL_BIN:-$root/target/release/fedrl}"
+export FEDRL_DATA_DIR="${FEDRL_DATA_DIR:-$root/bench/results/datasets}"
+results="$root/bench/results/primorl.jsonl"
+touch "$results"
+uptime
+for task in ${TASKS:-pendulum}; do
+  for seed in ${SEEDS:-0 1 2 3 4}; do
+    for variant in ${VARIANTS:-primorl primorl-low primorl-nonprivate primorl-mopo}; do
+      name="$task-$variant"
+      if python3 - "$results" "$name" "$seed" <<'PY'
+import json, sys
+path, name, seed = sys.argv[1:4]
+for line in open(path):
+    r = json.loads(line)
+    if (r["scenario"], str(r["seed"])) == (name, seed):
+        sys.exit(0)
+sys.exit(1)
+PY
+      then continue; fi
+      out="$root/runs/primorl/$name-s$seed"
+      mkdir -p "$root/runs/primorl"
+      # The seed goes into the model's and the policy phase's seeds; nothing else changes.
+      scen="$root/runs/primorl/$name-s$seed.toml"
+      sed -e "s/^kind = \"primorl\"/kind = \"primorl\"\nmodel_seed = $seed\ndata_seed = $seed/" \
+          -e "s/^updates_per_epoch = \(.*\)/updates_per_epoch = \1\nseed = $seed/" \
+          "scenarios/$name.toml" > "$scen"
+      echo "== $name seed $seed ($(date -u +%H:%M:%S))"
+      start=$(date +%s)
+      if [ -s "$out/scenario.toml" ]; then
+        "$fedrl" run --out "$out" --resume --timeout "${TIMEOUT:-14400}" || true
+      else
+        rm -rf "$out"
+        "$fedrl" run "$scen" --out "$out" --timeout "${TIMEOUT:-14400}" || true
+      fi
+      end=$(date +%s)
+      python3 - "$out/report.json" "$name" "$seed" "$((end - start))" >> "$results" <<'PY'
+import json, sys
+path, name, seed, secs = sys.argv[1:5]
+r = json.load(open(path))
+fe = r.get("final_evaluation") or {}
+curve = fe.get("policy_curve") or []
+policy_s = curve[-1]["seconds"] if curve else None
+wall = r.get("wall_seconds")
+print(json.dumps({
+    "scenario": name, "seed": int(seed),
+    "epsilon": r.get("epsilon"), "delta": r.get("delta"),
+    "rounds": r.get("rounds_completed"), "selected_round": fe.get("selected_round"),
+    "public_mse": fe.get("public_mse"),
+    "final_normalized_return": fe.get("final_normalized_return"),
+    "final_eval_return": fe.get("final_eval_return"),
+    "final_eval_return_std": fe.get("final_eval_return_std"),
+    "policy_error": fe.get("policy_error"),
+    "curve": [[e["epoch"], e["normalized_return"]] for e in curve],
+    "command_seconds": int(secs), "wall_seconds": wall,
+    "policy_seconds": policy_s,
+    "model_seconds": (wall - policy_s) if (wall is not None and policy_s is not None) else None,
+}))
+PY
+      tail -1 "$results" | cut -c1-300
+    done
+  done
+done
+python3 - "$results" <<'PY'
+import json, math, sys
+from collections import defaultdict
+rows = defaultdict(list)
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows[r["scenario"]].append(r)
+# Student t 97.5% quantiles for n - 1 = 1..9 degrees of freedom.
+T = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262]
+print(f"{'scenario':32} {'n':>2} {'epsilon':>8} {'normalised return':>22} {'model s':>8} {'policy s':>8}")
+for name, rs in sorted(rows.items()):
+    v = [r["final_normalized_return"] for r in rs if r["final_normalized_return"] is not None]
+    if not v:
+        print(f"{name:32} {len(rs):>2} no policy ({rs[-1].get('policy_error')})")
+        continue
+    m = sum(v) / len(v)
+    half = float("nan")
+    if len(v) > 1:
+        sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+        half = T[min(len(v) - 2, len(T) - 1)] * sd / math.sqrt(len(v))
+    eps = rs[-1]["epsilon"]
+    eps = f"{eps:.2f}" if isinstance(eps, (int, float)) else str(eps)
+    ms = [r["model_seconds"] for r in rs if r["model_seconds"] is not None]
+    ps = [r["policy_seconds"] for r in rs if r["policy_seconds"] is not None]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    print(f"{name:32} {len(v):>2} {eps:>8} {m:10.1f} +- {half:8.1f} {mean(ms):8.0f} {mean(ps):8.0f}")
+PY
