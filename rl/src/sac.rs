@@ -890,7 +890,10 @@ impl SacAgent {
             .chain(self.target_b.iter_mut())
             .zip(self.critic_w.iter().chain(self.critic_b.iter()))
         {
-            *t = ((&*t * (1.0 - tau))? + (v.as_tensor() * tau)?)?;
+            // Detached: otherwise each new target records the op that made it, keeping every
+            // earlier target (and critic snapshot) alive: memory grew by the critics' size
+            // per update.
+            *t = ((&*t * (1.0 - tau))? + (v.as_tensor().detach() * tau)?)?.detach();
         }
         Ok(())
     }
@@ -1265,6 +1268,32 @@ mod tests {
             agent.target_critic_params().unwrap()
         );
         assert!(agent.set_actor_params(&q[1..]).is_err());
+    }
+
+    /// The target critics are plain values after updates: a target that recorded the op that
+    /// made it would keep every earlier target alive (memory grew by the critics' size per
+    /// update, 11 GB after 20,000 updates of 256-wide critics).
+    #[test]
+    fn targets_hold_no_graph_after_updates() {
+        let cfg = SacConfig {
+            hidden: vec![8, 8],
+            batch_size: 4,
+            ..SacConfig::default()
+        };
+        let mut agent = SacAgent::new(2, &[-1.0], &[1.0], &cfg, 3, &Device::Cpu).unwrap();
+        let batch = SacBatch {
+            obs: vec![0.1, 0.2, 0.3, 0.4, -0.1, 0.0, 0.5, 0.5],
+            act: vec![0.5, -0.5, 0.0, 0.9],
+            reward: vec![1.0, 0.0, -1.0, 0.5],
+            next_obs: vec![0.2, 0.2, 0.3, 0.5, 0.0, 0.0, 0.4, 0.5],
+            done: vec![0.0; 4],
+        };
+        for _ in 0..3 {
+            agent.update(&batch).unwrap();
+        }
+        for t in agent.target_w.iter().chain(&agent.target_b) {
+            assert!(!t.track_op(), "a target critic tensor still tracks its op");
+        }
     }
 
     #[test]
