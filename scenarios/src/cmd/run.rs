@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use clap::builder::TypedValueParser;
 use fedrl_aggregator::state;
 use fedrl_common::device::DeviceSpec;
 
@@ -52,7 +53,14 @@ pub struct Args {
     /// OUT/twin-2, OUT/twin-3...) and plot every curve together: the non-private twin, other
     /// privacy levels, baselines such as MOPO. Repeatable. With no value for the built-in
     /// scenario, its twin `cartpole-dppg-nonprivate.toml`.
-    #[arg(long, num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    // Parsed as an OsString: clap's PathBuf parser refuses the empty "no file given" marker.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_missing_value = "",
+        action = clap::ArgAction::Append,
+        value_parser = clap::builder::OsStringValueParser::new().map(PathBuf::from)
+    )]
     pub twin: Vec<PathBuf>,
     /// Give up (and stop every process) after this many seconds.
     #[arg(long, default_value_t = 3600.0)]
@@ -599,6 +607,26 @@ mod tests {
         let no_clinical = serde_json::json!({ "final_evaluation": { "final_eval_return": 1.0 } });
         assert!(!write_cvga(&other, "cartpole", &no_clinical, None).unwrap());
         assert!(!other.exists());
+    }
+
+    #[test]
+    fn twin_repeats_and_takes_an_optional_file() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: Args,
+        }
+        use clap::Parser;
+        let c = Cli::try_parse_from(["fedrl", "a.toml", "--twin", "b.toml", "--twin", "c.toml"])
+            .unwrap();
+        assert_eq!(
+            c.run.twin,
+            vec![PathBuf::from("b.toml"), PathBuf::from("c.toml")]
+        );
+        let c = Cli::try_parse_from(["fedrl", "--twin"]).unwrap();
+        assert_eq!(c.run.twin, vec![PathBuf::new()]);
+        let c = Cli::try_parse_from(["fedrl"]).unwrap();
+        assert!(c.run.twin.is_empty());
     }
 
     #[test]
