@@ -10,6 +10,7 @@
 #
 # Usage: [TASKS="pendulum balance swingup"] [SEEDS="0 1 2 3 4"] \
 #        [VARIANTS="primorl primorl-low primorl-nonprivate primorl-mopo"] [TIMEOUT=14400] \
+#        [POLICY_EPOCHS=N (fewer SAC epochs than the scenario's; each is 1,000 updates)] \
 #        [FEDRL_BIN=path/to/fedrl (skips the release build)] bench/run_primorl.sh
 # Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
 set -euo pipefail
@@ -43,6 +44,7 @@ PY
       scen="$root/runs/primorl/$name-s$seed.toml"
       sed -e "s/^kind = \"primorl\"/kind = \"primorl\"\nmodel_seed = $seed\ndata_seed = $seed/" \
           -e "s/^updates_per_epoch = \(.*\)/updates_per_epoch = \1\nseed = $seed/" \
+          -e "s/^epochs = \(.*\)/epochs = ${POLICY_EPOCHS:-\1}/" \
           "scenarios/$name.toml" > "$scen"
       echo "== $name seed $seed ($(date -u +%H:%M:%S))"
       start=$(date +%s)
@@ -63,6 +65,7 @@ policy_s = curve[-1]["seconds"] if curve else None
 wall = r.get("wall_seconds")
 print(json.dumps({
     "scenario": name, "seed": int(seed),
+    "policy_epochs": len(curve),
     "epsilon": r.get("epsilon"), "delta": r.get("delta"),
     "rounds": r.get("rounds_completed"), "selected_round": fe.get("selected_round"),
     "public_mse": fe.get("public_mse"),
