@@ -391,6 +391,23 @@ fn failure_reason(state_dir: &Path, since: std::time::SystemTime) -> Option<Stri
     (report.outcome == Outcome::Failed).then_some(report.finished)
 }
 
+/// The aggregator's latest policy-phase line (PriMORL's SAC in the released model runs after
+/// the rounds and prints one line per epoch to its log), from the log's last 8 KiB; `None`
+/// before that phase.
+fn policy_phase_status(log: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = fs::File::open(log).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(8192))).ok()?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    text.lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with("SAC epoch") || l.starts_with("policy phase:"))
+        .map(|l| l.trim().to_string())
+}
+
 fn tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
@@ -548,6 +565,7 @@ pub fn run_local(
     let mut client_failed: Option<(String, ExitStatus, Instant)> = None;
     const CLIENT_FAILED_GRACE: Duration = Duration::from_secs(5);
     let mut released = 0u64;
+    let (mut polls, mut phase) = (0u64, None::<String>);
     let agg_status = loop {
         if let Ok(text) = fs::read_to_string(&op_metrics_path) {
             let (mut rel, mut ab) = (0u64, 0u64);
@@ -567,12 +585,20 @@ pub fn run_local(
             }
             bar.set_position(rel + ab);
             released = rel;
+            polls += 1;
+            // About once a second: the policy phase, once the rounds are over.
+            if polls % 10 == 0 {
+                phase = policy_phase_status(&agg_log).or(phase);
+            }
             let mut msg = format!("{rel} released, {ab} abandoned, {users} users");
             if let Some(e) = epsilon {
                 msg += &format!(", epsilon {e:.4}");
             }
             if let Some(r) = eval {
                 msg += &format!(", eval return {r:.1}");
+            }
+            if let Some(p) = &phase {
+                msg = format!("{rel} rounds released; {p}");
             }
             bar.set_message(msg);
         }
@@ -729,4 +755,33 @@ pub fn run_local(
         serde_json::to_vec_pretty(&operator)?,
     )?;
     Ok(RunResult { report, operator })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_progress_line_follows_the_policy_phase() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("aggregator.log");
+        assert_eq!(policy_phase_status(&log), None);
+        fs::write(&log, "WARN something\n").unwrap();
+        assert_eq!(policy_phase_status(&log), None);
+        let mut text = "x".repeat(20_000);
+        text += "\npolicy phase: SAC in the private model (15 epochs of 1000 updates)\n";
+        fs::write(&log, &text).unwrap();
+        assert!(
+            policy_phase_status(&log)
+                .unwrap()
+                .starts_with("policy phase:")
+        );
+        text += "  SAC epoch   2/15: return  -1248.58 (normalised   167.6), 56 s\n";
+        fs::write(&log, &text).unwrap();
+        assert!(
+            policy_phase_status(&log)
+                .unwrap()
+                .starts_with("SAC epoch   2/15")
+        );
+    }
 }
