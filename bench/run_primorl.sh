@@ -28,20 +28,24 @@ for task in ${TASKS:-pendulum}; do
   for seed in ${SEEDS:-0 1 2 3 4}; do
     for variant in ${VARIANTS:-primorl primorl-low primorl-nonprivate primorl-mopo}; do
       name="$task-$variant"
-      if python3 - "$results" "$name" "$seed" <<'PY'
+      # A run counts as done for the same scenario, seed, clip norm and SAC epochs.
+      clip="$(sed -n 's/^clip_norm = //p' "scenarios/$name.toml")"
+      epochs="${POLICY_EPOCHS:-$(sed -n 's/^epochs = //p' "scenarios/$name.toml")}"
+      if python3 - "$results" "$name" "$seed" "$clip" "$epochs" <<'PY'
 import json, sys
-path, name, seed = sys.argv[1:4]
+path, name, seed, clip, epochs = sys.argv[1:6]
 for line in open(path):
     r = json.loads(line)
-    if (r["scenario"], str(r["seed"])) == (name, seed):
+    if (r["scenario"], str(r["seed"])) == (name, seed) and float(r["clip_norm"]) == float(clip) \
+            and int(r["policy_epochs"]) == int(epochs):
         sys.exit(0)
 sys.exit(1)
 PY
       then continue; fi
-      out="$root/runs/primorl/$name-s$seed"
+      out="$root/runs/primorl/$name-c$clip-e$epochs-s$seed"
       mkdir -p "$root/runs/primorl"
       # The seed goes into the model's and the policy phase's seeds; nothing else changes.
-      scen="$root/runs/primorl/$name-s$seed.toml"
+      scen="$root/runs/primorl/$name-c$clip-e$epochs-s$seed.toml"
       sed -e "s/^kind = \"primorl\"/kind = \"primorl\"\nmodel_seed = $seed\ndata_seed = $seed/" \
           -e "s/^updates_per_epoch = \(.*\)/updates_per_epoch = \1\nseed = $seed/" \
           -e "s/^epochs = \(.*\)/epochs = ${POLICY_EPOCHS:-\1}/" \
@@ -55,16 +59,16 @@ PY
         "$fedrl" run "$scen" --out "$out" --timeout "${TIMEOUT:-14400}" || true
       fi
       end=$(date +%s)
-      python3 - "$out/report.json" "$name" "$seed" "$((end - start))" >> "$results" <<'PY'
+      python3 - "$out/report.json" "$name" "$seed" "$((end - start))" "$clip" >> "$results" <<'PY'
 import json, sys
-path, name, seed, secs = sys.argv[1:5]
+path, name, seed, secs, clip = sys.argv[1:6]
 r = json.load(open(path))
 fe = r.get("final_evaluation") or {}
 curve = fe.get("policy_curve") or []
 policy_s = curve[-1]["seconds"] if curve else None
 wall = r.get("wall_seconds")
 print(json.dumps({
-    "scenario": name, "seed": int(seed),
+    "scenario": name, "seed": int(seed), "clip_norm": float(clip),
     "policy_epochs": len(curve),
     "epsilon": r.get("epsilon"), "delta": r.get("delta"),
     "rounds": r.get("rounds_completed"), "selected_round": fe.get("selected_round"),
@@ -89,14 +93,14 @@ from collections import defaultdict
 rows = defaultdict(list)
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    rows[r["scenario"]].append(r)
+    rows[f'{r["scenario"]} C={r["clip_norm"]:g}'].append(r)
 # Student t 97.5% quantiles for n - 1 = 1..9 degrees of freedom.
 T = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262]
-print(f"{'scenario':32} {'n':>2} {'epsilon':>8} {'normalised return':>22} {'model s':>8} {'policy s':>8}")
+print(f"{'scenario, clip norm':38} {'n':>2} {'epsilon':>8} {'normalised return':>22} {'model s':>8} {'policy s':>8}")
 for name, rs in sorted(rows.items()):
     v = [r["final_normalized_return"] for r in rs if r["final_normalized_return"] is not None]
     if not v:
-        print(f"{name:32} {len(rs):>2} no policy ({rs[-1].get('policy_error')})")
+        print(f"{name:38} {len(rs):>2} no policy ({rs[-1].get('policy_error')})")
         continue
     m = sum(v) / len(v)
     half = float("nan")
@@ -108,5 +112,5 @@ for name, rs in sorted(rows.items()):
     ms = [r["model_seconds"] for r in rs if r["model_seconds"] is not None]
     ps = [r["policy_seconds"] for r in rs if r["policy_seconds"] is not None]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    print(f"{name:32} {len(v):>2} {eps:>8} {m:10.1f} +- {half:8.1f} {mean(ms):8.0f} {mean(ps):8.0f}")
+    print(f"{name:38} {len(v):>2} {eps:>8} {m:10.1f} +- {half:8.1f} {mean(ms):8.0f} {mean(ps):8.0f}")
 PY
