@@ -115,18 +115,22 @@ fn main() -> anyhow::Result<()> {
         .create(true)
         .append(true)
         .open(&args.results)?;
+    // The unclipped local updates of the units at `picks` from `params`.
+    let updates = |picks: &[usize], round: u64, params: &[f32]| {
+        let rows: Vec<&ModelRows> = picks.iter().map(|&i| &units[i].1).collect();
+        let seeds: Vec<u64> = picks
+            .iter()
+            .map(|&i| trajectory_seed(task.data_seed, round, units[i].0))
+            .collect();
+        local_updates(&spec, &cfg, params, &rows, &seeds, &device, false).map(|(ups, _)| ups)
+    };
     let started = std::time::Instant::now();
     for round in 0..=args.rounds {
         if round % args.every == 0 {
             let picks: Vec<usize> = (0..args.sample)
                 .map(|_| (next() % units.len() as u64) as usize)
                 .collect();
-            let rows: Vec<&ModelRows> = picks.iter().map(|&i| &units[i].1).collect();
-            let seeds: Vec<u64> = picks
-                .iter()
-                .map(|&i| trajectory_seed(task.data_seed, round, units[i].0))
-                .collect();
-            let (ups, _) = local_updates(&spec, &cfg, &params, &rows, &seeds, &device, false)?;
+            let ups = updates(&picks, round, &params)?;
             let mut c: Vec<f64> = ups
                 .iter()
                 .map(|u| needed_c(&spec, task.ensemble.clipping, &u.delta))
@@ -156,12 +160,7 @@ fn main() -> anyhow::Result<()> {
         if picks.is_empty() {
             continue;
         }
-        let rows: Vec<&ModelRows> = picks.iter().map(|&i| &units[i].1).collect();
-        let seeds: Vec<u64> = picks
-            .iter()
-            .map(|&i| trajectory_seed(task.data_seed, round, units[i].0))
-            .collect();
-        let (ups, _) = local_updates(&spec, &cfg, &params, &rows, &seeds, &device, false)?;
+        let ups = updates(&picks, round, &params)?;
         for u in &ups {
             for (p, d) in params.iter_mut().zip(&u.delta) {
                 *p += d / expected as f32;
