@@ -19,7 +19,8 @@
 //!   the day's summed risk index (`UvaReward::DayRisk`, not simglucose's telescoping risk_diff).
 //! - `uva-padova-pump`, `uva-padova-pump-meals`: the same 30 patients behind a closed-loop pump
 //!   (`UvaPadovaOptions::pump`): a decision every 30 minutes on an hour of noisy CGM, insulin on
-//!   board and the time of day, acting relative to the programmed therapy; the second also sees
+//!   board and the time of day, acting relative to the programmed therapy; the first also sees
+//!   that therapy (correction factor, carbohydrate ratio, age), the second instead sees
 //!   announced meals and sets a pre-meal bolus.
 //! - `dosing-fixed-meals`: each user eats the same personal day every day, drawn once from
 //!   Dosing-v1's meal generator (seed 004: "each patient has a different meal pattern").
@@ -102,7 +103,7 @@ pub fn list() -> Vec<PopulationInfo> {
             name: "uva-padova-pump",
             env_id: "UvaPadova-v0",
             settings: 30,
-            summary: "the 30 patients behind a closed-loop pump (CGM hour, insulin on board, time of day)",
+            summary: "the 30 patients behind a closed-loop pump (CGM hour, insulin on board, time of day, therapy)",
         },
         PopulationInfo {
             name: "uva-padova-pump-meals",

@@ -308,6 +308,42 @@ fn pump_observation_and_action() {
 
 const IOB: usize = uva_padova::IOB_DURATION_MIN;
 
+/// Without meal announcements the pump shows its programmed therapy after the time of day:
+/// CF x basal per hour, CR x basal per hour (from the Quest table and the patient's steady-state
+/// basal) and the age, the same at every step of the day.
+#[test]
+fn pump_without_meals_sees_the_programmed_therapy() {
+    let opts = UvaPadovaOptions::pump(false);
+    assert!(opts.observation.therapy && !opts.observation.meal_announcement);
+    assert!(!UvaPadovaOptions::pump(true).observation.therapy);
+    for name in ["adolescent#008", "adult#004", "child#005"] {
+        let basal_h = uva_padova::patient(name).unwrap().basal_u_per_min() * 60.0;
+        let t = uva_padova::therapy(name).unwrap();
+        let want = [t.cf_mg_dl_per_u * basal_h, t.cr_g_per_u * basal_h, t.age_years];
+        let mut env = UvaPadovaEnv::new(name, opts.clone()).unwrap();
+        assert_eq!(env.observation_space().dim(), 20 + 1 + 2 + 3);
+        assert_eq!(env.action_space().dim(), 1);
+        let mut o = vec![0.0f32; 26];
+        env.reset(7, &mut o);
+        for step in 0..48 {
+            for (k, w) in want.iter().enumerate() {
+                let got = f64::from(o[23 + k]);
+                assert!((got - w).abs() <= 1e-5 * w, "{name} step {step} [{k}]: {got} vs {w}");
+            }
+            if env.step(Action::Continuous(&[1.0]), &mut o).unwrap().terminated {
+                break;
+            }
+        }
+    }
+    // Fivefold spread of how far one basal hour lowers glucose: the reason the policy needs it.
+    let cf_h = |n: &str| {
+        uva_padova::therapy(n).unwrap().cf_mg_dl_per_u
+            * uva_padova::patient(n).unwrap().basal_u_per_min()
+            * 60.0
+    };
+    assert!(cf_h("adult#004") > 5.0 * cf_h("adolescent#008"));
+}
+
 /// The pump's reward is minus the day's risk with the low branch weighted
 /// (`PUMP_LOW_RISK_WEIGHT`): every step's reward equals the weighted risk of its CGM samples in
 /// the glucose log, and an overdose that drives glucose low costs that weight times more than
@@ -320,7 +356,7 @@ fn pump_reward_weighs_low_glucose_risk() {
     opts.sensor.noise = false;
     assert_eq!(opts.low_risk_weight, w);
     let mut env = UvaPadovaEnv::new("adult#001", opts).unwrap();
-    let mut o = vec![0.0f32; 23];
+    let mut o = vec![0.0f32; 26];
     env.reset(3, &mut o);
     let (mut total, mut weighted_low, mut high) = (0.0, 0.0, 0.0);
     for _ in 0..16 {
