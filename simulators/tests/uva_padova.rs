@@ -319,7 +319,11 @@ fn pump_without_meals_sees_the_programmed_therapy() {
     for name in ["adolescent#008", "adult#004", "child#005"] {
         let basal_h = uva_padova::patient(name).unwrap().basal_u_per_min() * 60.0;
         let t = uva_padova::therapy(name).unwrap();
-        let want = [t.cf_mg_dl_per_u * basal_h, t.cr_g_per_u * basal_h, t.age_years];
+        let want = [
+            t.cf_mg_dl_per_u * basal_h,
+            t.cr_g_per_u * basal_h,
+            t.age_years,
+        ];
         let mut env = UvaPadovaEnv::new(name, opts.clone()).unwrap();
         assert_eq!(env.observation_space().dim(), 20 + 1 + 2 + 3);
         assert_eq!(env.action_space().dim(), 1);
@@ -328,9 +332,16 @@ fn pump_without_meals_sees_the_programmed_therapy() {
         for step in 0..48 {
             for (k, w) in want.iter().enumerate() {
                 let got = f64::from(o[23 + k]);
-                assert!((got - w).abs() <= 1e-5 * w, "{name} step {step} [{k}]: {got} vs {w}");
+                assert!(
+                    (got - w).abs() <= 1e-5 * w,
+                    "{name} step {step} [{k}]: {got} vs {w}"
+                );
             }
-            if env.step(Action::Continuous(&[1.0]), &mut o).unwrap().terminated {
+            if env
+                .step(Action::Continuous(&[1.0]), &mut o)
+                .unwrap()
+                .terminated
+            {
                 break;
             }
         }
