@@ -3,19 +3,21 @@
 
 For each environment (cartpole, acrobot, hiv) it runs, with `fedrl run`, variants of the shipped
 scenarios `scenarios/<env>-expert*.toml`:
-  - `selective`   the shipped scenario (CartPole p = 0.9; Acrobot and HIV p = 0, Table 1);
+  - `selective`   the shipped scenario (CartPole p = 0.5; Acrobot and HIV p = 0, Table 1);
   - `p=<x>`       the sweep of the probability p of a DP step, x in P_SWEEP, with the release
                   budget of appendix B.3's 3/4 split (epsilon_1 = 7.5, delta_1 = 0.9 delta);
   - `dpsgd`       the expert-level DP-SGD twin (Algorithm 4: no release, p = 1);
   - `nonprivate`  the non-private CQL twin;
-  - `<variant>@lr<x>` any of them with learning rate x (e.g. `nonprivate@lr1e-4`).
+  - `<variant>@lr<x>` any of them with learning rate x (e.g. `nonprivate@lr1e-4`);
+  - `<variant>@cal=<c>` with the release's epsilon' calibrated by c (`theorem`, `accountant`).
 Seeds vary the Q-network's initialisation, the transitions drawn and the step schedule
 (`model_seed`, `data_seed`, `schedule_seed`); the experts' dataset is the same (generated once and
 cached). Runs use the central update mode (the same accounting and gradients as federated, one
 process fewer on the critical path: the bench measures learning, not transport). Noise comes from
 the OS (no `seed`), as in a private deployment.
 
-Results are appended to bench/results/expert.jsonl as each run ends; a rerun skips the runs
+Results are appended to bench/results/expert.jsonl ($EXPERT_RESULTS if set; the rows of the
+20-iteration experts of 2026-11-23 are in expert_iter20.jsonl) as each run ends; a rerun skips the runs
 already there, so a stopped session resumes. The summary at the end prints mean +- 95% interval
 (Student t) of the normalised final return, |D_stable| and the wall-clock of each phase.
 
@@ -33,7 +35,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "expert.jsonl"
+RESULTS = Path(os.environ.get("EXPERT_RESULTS", ROOT / "bench" / "results" / "expert.jsonl"))
 OUT = ROOT / "bench" / "results" / "expert"
 P_SWEEP = ["0.0", "0.5", "0.8", "0.9"]
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
@@ -50,7 +52,9 @@ def normalise(env, ret):
 
 def variant_text(env, variant, seed, steps):
     """The scenario text of one run."""
-    kind, _, lr = variant.partition("@lr")
+    kind, *mods = variant.split("@")
+    lr = next((m[2:] for m in mods if m.startswith("lr")), "")
+    cal = next((m[4:] for m in mods if m.startswith("cal=")), "")
     base = {
         "selective": f"{env}-expert.toml",
         "dpsgd": f"{env}-expert-dpsgd.toml",
@@ -72,6 +76,11 @@ def variant_text(env, variant, seed, steps):
     if lr:
         # `<variant>@lr<x>`: the same run with another learning rate (the twins' tuning).
         text = re.sub(r"(?m)^learning_rate = .*$", f"learning_rate = {lr}", text)
+    if cal:
+        # `<variant>@cal=<theorem|accountant>`: how the release's epsilon' is calibrated.
+        text = re.sub(
+            r"(?m)^(release = \{.*?)\s*\}$", rf'\1, calibration = "{cal}" }}', text
+        )
     if kind.startswith("p="):
         p = kind[2:]
         text = re.sub(
@@ -134,8 +143,10 @@ def run(fedrl, env, variant, seed, steps):
     print(json.dumps(row), flush=True)
 
 
-def summary():
+def summary(seeds):
+    """The table over the runs of `seeds`."""
     rows = [json.loads(l) for l in RESULTS.read_text().splitlines() if l.strip()]
+    rows = [r for r in rows if r["seed"] in seeds]
     print(
         f"\n{'env':<9} {'variant':<11} {'steps':>5} {'n':>2} {'normalised +- 95%':>20} "
         f"{'return':>10} {'eps':>6} {'DP steps':>8} {'|D_st|':>6} {'release s':>9} {'wall s':>7}"
@@ -190,7 +201,7 @@ def main():
                     print(f"== {env} {variant} seed {seed}", flush=True)
                     run(fedrl, env, variant, seed, a.steps)
     if RESULTS.exists():
-        summary()
+        summary([int(s) for s in a.seeds.split(",")])
 
 
 if __name__ == "__main__":

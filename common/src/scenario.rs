@@ -394,20 +394,27 @@ impl Scenario {
     }
 
     /// The DataRelease budget of a selective task, if it has one.
-    pub fn release_budget(&self) -> Option<crate::privacy::expert_plan::ReleaseBudget> {
-        self.selective().and_then(|s| s.release.as_ref()).map(|r| {
-            crate::privacy::expert_plan::ReleaseBudget {
-                epsilon_1: r.epsilon,
-                delta_1: r.delta,
-                trajectories: r.trajectories,
-            }
-        })
+    pub fn release_budget(
+        &self,
+    ) -> Result<Option<crate::privacy::expert_plan::ReleaseBudget>, ScenarioError> {
+        self.selective()
+            .and_then(|s| s.release.as_ref())
+            .map(|r| {
+                crate::privacy::expert_plan::ReleaseBudget::new(
+                    r.epsilon,
+                    r.delta,
+                    r.trajectories,
+                    r.calibration,
+                )
+            })
+            .transpose()
+            .map_err(|e| ScenarioError::Invalid(format!("task.selective.release: {e}")))
     }
 
     /// The DataRelease event every unit is charged with before training, if the task has one
-    /// (seed 002, Theorem 5.5: T passes, each (2 epsilon', delta_1 / 2T)-DP).
+    /// (seed 002, Theorem 5.3: T passes, each (2 epsilon', delta_1 / 2T)-DP).
     pub fn release_event(&self) -> Result<Option<DpEvent>, ScenarioError> {
-        self.release_budget()
+        self.release_budget()?
             .map(|r| r.event())
             .transpose()
             .map_err(|e| ScenarioError::Invalid(format!("task.selective.release: {e}")))
@@ -470,7 +477,7 @@ impl Scenario {
         };
         // A selective run: the DataRelease shares the budget, and a plan without DP steps
         // needs no noise at all.
-        let release = self.release_budget();
+        let release = self.release_budget()?;
         if self.selective().is_some() && self.rounds == 0 {
             self.noise_multiplier = d_noise();
             return Ok(());
@@ -723,7 +730,7 @@ impl Scenario {
                 if eps > self.target_epsilon {
                     let q = self.participation.sampling_rate().map_or(1.0, |q| q.get());
                     let fit = crate::privacy::expert_plan::max_dp_steps(
-                        self.release_budget(),
+                        self.release_budget()?,
                         q,
                         self.noise_multiplier,
                         self.target_epsilon,

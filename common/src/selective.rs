@@ -36,6 +36,13 @@ pub struct ReleaseConfig {
     /// this long. Default 200 (the demonstrations' cap for CartPole and Acrobot).
     #[serde(default = "d_horizon")]
     pub horizon: u64,
+    /// How the per-query budget epsilon' follows from (epsilon, delta, trajectories):
+    /// `"theorem"` (default), Algorithm 2's formula by advanced composition; `"accountant"`,
+    /// the largest epsilon' whose T passes the ledger's PLD accountant composes to at most
+    /// `epsilon` at `delta` (the same guarantee, measured tightly: a lower threshold, longer
+    /// stable prefixes). See `privacy::expert_release`.
+    #[serde(default)]
+    pub calibration: crate::privacy::expert_release::Calibration,
 }
 
 /// Selective DP-SGD (Algorithm 3); with `release` absent and `unstable_probability = 1` it is
@@ -183,6 +190,7 @@ mod tests {
                 delta: 3e-4,
                 trajectories: 25,
                 horizon: 200,
+                calibration: Default::default(),
             }),
         }
     }

@@ -5,7 +5,7 @@
 use fedrl_common::privacy::accountant::{self, AccountantKind};
 use fedrl_common::privacy::expert_plan::{ExpertPlan, ReleaseBudget, max_dp_steps, noise_for_plan};
 use fedrl_common::privacy::expert_release::{
-    ReleaseParameters, max_stable_prefix, prefix_query, stable_prefix, theta_hat,
+    Calibration, ReleaseParameters, max_stable_prefix, prefix_query, stable_prefix, theta_hat,
 };
 use fedrl_common::privacy::ledger::{
     LedgerConfig, LedgerError, Participation, PrivacyLedger, RoundRecord, UnitKind,
@@ -33,11 +33,7 @@ fn delta() -> f64 {
 }
 
 fn cartpole_release() -> ReleaseBudget {
-    ReleaseBudget {
-        epsilon_1: 0.75 * EPSILON,
-        delta_1: 0.9 * delta(),
-        trajectories: T,
-    }
+    ReleaseBudget::new(0.75 * EPSILON, 0.9 * delta(), T, Calibration::Theorem).expect("budget")
 }
 
 fn cartpole_parameters() -> ReleaseParameters {
@@ -268,11 +264,7 @@ fn release_only_plan_matches_the_optimal_composition() {
     for (budget, delta) in [
         (cartpole_release(), delta()),
         (
-            ReleaseBudget {
-                epsilon_1: 1.0,
-                delta_1: 1e-5,
-                trajectories: 5,
-            },
+            ReleaseBudget::new(1.0, 1e-5, 5, Calibration::Theorem).expect("budget"),
             2e-5,
         ),
     ] {
@@ -495,4 +487,45 @@ fn a_ledger_of_the_plan_reports_its_epsilon_and_stops_at_max_dp_steps() {
         }
         other => panic!("step {} should be refused: {other:?}", k + 1),
     }
+}
+
+/// `calibration = "accountant"`: epsilon' is the largest whose T passes the PLD accountant
+/// composes to epsilon_1 at delta_1; it is above the formula's (advanced composition is
+/// loose), fits, is tight, and lowers the threshold the release walks against.
+#[test]
+fn accountant_calibration_spends_the_release_budget_tightly() {
+    let (eps1, delta1) = (0.75 * EPSILON, 0.9 * delta());
+    let theorem = ReleaseBudget::new(eps1, delta1, T, Calibration::Theorem).expect("budget");
+    let tight = ReleaseBudget::new(eps1, delta1, T, Calibration::Accountant).expect("budget");
+    assert!(
+        tight.epsilon_prime > 1.5 * theorem.epsilon_prime,
+        "{} vs {}",
+        tight.epsilon_prime,
+        theorem.epsilon_prime
+    );
+    let composed = |b: &ReleaseBudget| {
+        accountant::epsilon(&b.event().expect("event"), delta1, AccountantKind::Pld)
+            .expect("epsilon")
+    };
+    // The formula's release composes to well under epsilon_1; the calibrated one to epsilon_1.
+    assert!(composed(&theorem) < 0.7 * eps1, "{}", composed(&theorem));
+    let e = composed(&tight);
+    assert!(e <= eps1 && e > eps1 * (1.0 - 1e-4), "{e} vs {eps1}");
+    // A slightly larger epsilon' no longer fits.
+    let over = ReleaseBudget {
+        epsilon_prime: tight.epsilon_prime * (1.0 + 1e-4),
+        ..tight
+    };
+    assert!(composed(&over) > eps1);
+    let (pt, pc) = (
+        theorem.parameters(P_MIN, L).expect("parameters"),
+        tight.parameters(P_MIN, L).expect("parameters"),
+    );
+    assert!(pc.theta_hat_offset < pt.theta_hat_offset);
+    assert_eq!(pc.delta_prime, pt.delta_prime);
+    // The same parameters as Algorithm 2's formulas evaluated at the calibrated epsilon'.
+    assert_eq!(
+        ReleaseParameters::with_epsilon_prime(tight.epsilon_prime, delta1, P_MIN, T, L).ok(),
+        Some(pc)
+    );
 }

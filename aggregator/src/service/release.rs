@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use fedrl_common::privacy::expert_plan::ReleaseBudget;
 use fedrl_common::privacy::expert_release::{self, ReleaseParameters};
 use fedrl_common::protocol::{
     PrefixCounts, PrefixQuery, ReleasedPrefix, TrajectoryData, TrajectoryRequest, UnitId, UnitRange,
@@ -97,8 +98,9 @@ impl Release {
         episodes_per_unit: u64,
         seed: Option<u64>,
     ) -> anyhow::Result<Self> {
-        let params =
-            ReleaseParameters::new(cfg.epsilon, cfg.delta, p_min, cfg.trajectories, cfg.horizon)?;
+        // The same budget (and epsilon') the ledger charges: Scenario::release_event.
+        let params = ReleaseBudget::new(cfg.epsilon, cfg.delta, cfg.trajectories, cfg.calibration)?
+            .parameters(p_min, cfg.horizon)?;
         if cfg.trajectories > experts.saturating_mul(episodes_per_unit) {
             anyhow::bail!(
                 "task.selective.release.trajectories ({}) exceeds the {} demonstrations of the dataset",
@@ -608,6 +610,7 @@ mod tests {
             delta: 0.1,
             trajectories,
             horizon: 4,
+            calibration: Default::default(),
         };
         let spec = QNetSpec {
             obs_dim: 2,

@@ -21,7 +21,9 @@
 //! coordinator queries every expert and draws the Poisson sample itself).
 
 use super::accountant::{self, AccountantKind};
-use super::expert_release::{ReleaseParameters, release_event};
+use super::expert_release::{
+    Calibration, ReleaseParameters, calibrated_epsilon_prime, epsilon_prime, passes_event,
+};
 use super::ledger::training_event;
 use super::params::{Delta, SamplingRate};
 use super::{DpEvent, PrivacyError};
@@ -35,14 +37,37 @@ pub struct ReleaseBudget {
     pub delta_1: f64,
     /// T: trajectories examined.
     pub trajectories: u64,
+    /// epsilon' (nats), the per-query budget of PrefixQuery, resolved from the three above by
+    /// the budget's [`Calibration`] when it was made ([`Self::new`]).
+    pub epsilon_prime: f64,
 }
 
 impl ReleaseBudget {
+    /// The budget (`epsilon_1`, `delta_1`) over T = `trajectories` passes, epsilon' by
+    /// `calibration` (the accountant's search runs here, once).
+    pub fn new(
+        epsilon_1: f64,
+        delta_1: f64,
+        trajectories: u64,
+        calibration: Calibration,
+    ) -> Result<Self, PrivacyError> {
+        let epsilon_prime = match calibration {
+            Calibration::Theorem => epsilon_prime(epsilon_1, delta_1, trajectories)?,
+            Calibration::Accountant => calibrated_epsilon_prime(epsilon_1, delta_1, trajectories)?,
+        };
+        Ok(Self {
+            epsilon_1,
+            delta_1,
+            trajectories,
+            epsilon_prime,
+        })
+    }
+
     /// The parameters of Algorithm 2 for this budget, experts' minimum action probability
     /// `p_min` and horizon L = `horizon` (steps).
     pub fn parameters(&self, p_min: f64, horizon: u64) -> Result<ReleaseParameters, PrivacyError> {
-        ReleaseParameters::new(
-            self.epsilon_1,
+        ReleaseParameters::with_epsilon_prime(
+            self.epsilon_prime,
             self.delta_1,
             p_min,
             self.trajectories,
@@ -54,7 +79,7 @@ impl ReleaseBudget {
     /// (Theorem 5.3), composed by the accountant (tighter than Theorem 5.5's advanced
     /// composition).
     pub fn event(&self) -> Result<DpEvent, PrivacyError> {
-        release_event(self.epsilon_1, self.delta_1, self.trajectories)
+        passes_event(self.epsilon_prime, self.delta_1, self.trajectories)
     }
 }
 

@@ -20,10 +20,32 @@
 //! delta_1)-DP. That corollary assumes epsilon_1 <= 1: [`release_guarantee`] evaluates the
 //! advanced-composition bound exactly, and [`release_event`] lets the PLD accountant compose the
 //! T passes tightly instead.
+//!
+//! Advanced composition is loose: at epsilon_1 = 10, T = 25 the PLD accountant composes the T
+//! passes of the formula's epsilon' to about 4.3, not 10. [`Calibration::Accountant`] instead
+//! takes the largest epsilon' whose T passes the accountant composes to at most epsilon_1 at
+//! delta_1 ([`calibrated_epsilon_prime`]): the same guarantee, as the ledger measures it, with a
+//! lower threshold theta^ and so longer stable prefixes. Theorem 5.3 (one pass is
+//! (2 epsilon', delta_1/(2T))-DP) holds for any epsilon' > 0; only the composition changes.
 
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 
+use super::accountant::{self, AccountantKind};
 use super::{DpEvent, PrivacyError, composition, laplace};
+
+/// How DataRelease's per-query budget epsilon' follows from its budget (epsilon_1, delta_1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Calibration {
+    /// Algorithm 2's formula, epsilon' = epsilon_1 / sqrt(32 T ln(2/delta_1)) (Theorem 5.5's
+    /// advanced composition). The default: the paper's parameters.
+    #[default]
+    Theorem,
+    /// The largest epsilon' whose T passes, each (2 epsilon', delta_1/(2T))-DP, the ledger's
+    /// PLD accountant composes to at most epsilon_1 at delta_1 ([`calibrated_epsilon_prime`]).
+    Accountant,
+}
 
 fn check(eps1: f64, delta1: f64, trajectories: u64) -> Result<(), PrivacyError> {
     let valid = eps1.is_finite() && eps1 > 0.0 && delta1 > 0.0 && delta1 < 1.0 && trajectories > 0;
@@ -39,6 +61,47 @@ fn check(eps1: f64, delta1: f64, trajectories: u64) -> Result<(), PrivacyError> 
 pub fn epsilon_prime(epsilon_1: f64, delta_1: f64, trajectories: u64) -> Result<f64, PrivacyError> {
     check(epsilon_1, delta_1, trajectories)?;
     Ok(epsilon_1 / (32.0 * trajectories as f64 * (2.0 / delta_1).ln()).sqrt())
+}
+
+/// The largest epsilon' (nats, to a relative 1e-6, rounded down) such that T passes, each
+/// (2 epsilon', delta_1/(2T))-DP ([`passes_event`]), compose under the PLD accountant to at most
+/// `epsilon_1` at `delta_1`. At least the formula's [`epsilon_prime`] whenever the accountant
+/// confirms that one (it always has: PLD composition is tighter than advanced composition).
+pub fn calibrated_epsilon_prime(
+    epsilon_1: f64,
+    delta_1: f64,
+    trajectories: u64,
+) -> Result<f64, PrivacyError> {
+    check(epsilon_1, delta_1, trajectories)?;
+    let fits = |e: f64| -> Result<bool, PrivacyError> {
+        let event = passes_event(e, delta_1, trajectories)?;
+        Ok(accountant::epsilon(&event, delta_1, AccountantKind::Pld)? <= epsilon_1)
+    };
+    // One pass alone is (2 epsilon')-DP: epsilon' above epsilon_1 / 2 cannot fit.
+    let mut hi = epsilon_1 / 2.0;
+    if fits(hi)? {
+        return Ok(hi);
+    }
+    let mut lo = epsilon_prime(epsilon_1, delta_1, trajectories)?;
+    if !fits(lo)? {
+        lo = 0.0;
+    }
+    // Invariant: lo fits (or is 0), hi does not.
+    while hi - lo > 1e-6 * hi {
+        let mid = 0.5 * (lo + hi);
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo <= 0.0 {
+        return Err(PrivacyError::NoSolution(format!(
+            "no epsilon' fits T = {trajectories} passes into epsilon_1 = {epsilon_1} at delta_1 = \
+             {delta_1}"
+        )));
+    }
+    Ok(lo)
 }
 
 /// delta' = delta_1 / (2 T L): the chance budget of one unstable prefix passing the test.
@@ -153,6 +216,18 @@ impl ReleaseParameters {
         horizon: u64,
     ) -> Result<Self, PrivacyError> {
         let epsilon_prime = epsilon_prime(epsilon_1, delta_1, trajectories)?;
+        Self::with_epsilon_prime(epsilon_prime, delta_1, p_min, trajectories, horizon)
+    }
+
+    /// The parameters for a given per-query budget `epsilon_prime` (e.g. from
+    /// [`calibrated_epsilon_prime`]) and delta_1, `p_min`, T and L as in [`Self::new`].
+    pub fn with_epsilon_prime(
+        epsilon_prime: f64,
+        delta_1: f64,
+        p_min: f64,
+        trajectories: u64,
+        horizon: u64,
+    ) -> Result<Self, PrivacyError> {
         let delta_prime = delta_prime(delta_1, trajectories, horizon)?;
         let c_min = c_min(epsilon_prime)?;
         let theta = theta(c_min, p_min)?;
@@ -283,9 +358,36 @@ pub fn release_event(
     delta_1: f64,
     trajectories: u64,
 ) -> Result<DpEvent, PrivacyError> {
-    let (epsilon, delta) = per_trajectory_guarantee(epsilon_1, delta_1, trajectories)?;
+    passes_event(
+        epsilon_prime(epsilon_1, delta_1, trajectories)?,
+        delta_1,
+        trajectories,
+    )
+}
+
+/// The release of per-query budget `epsilon_prime` as an accounting event: T passes, each
+/// (2 epsilon', delta_1/(2T))-DP (Theorem 5.3).
+pub fn passes_event(
+    epsilon_prime: f64,
+    delta_1: f64,
+    trajectories: u64,
+) -> Result<DpEvent, PrivacyError> {
+    let valid = epsilon_prime.is_finite()
+        && epsilon_prime > 0.0
+        && delta_1 > 0.0
+        && delta_1 < 1.0
+        && trajectories > 0;
+    if !valid {
+        return Err(PrivacyError::InvalidParameter(format!(
+            "need epsilon' > 0, delta_1 in (0, 1) and T >= 1, got ({epsilon_prime}, {delta_1}, \
+             {trajectories})"
+        )));
+    }
     Ok(DpEvent::SelfComposed {
-        event: Box::new(DpEvent::EpsilonDelta { epsilon, delta }),
+        event: Box::new(DpEvent::EpsilonDelta {
+            epsilon: 2.0 * epsilon_prime,
+            delta: delta_1 / (2.0 * trajectories as f64),
+        }),
         count: trajectories,
     })
 }
