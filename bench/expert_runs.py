@@ -9,7 +9,8 @@ scenarios `scenarios/<env>-expert*.toml`:
   - `dpsgd`       the expert-level DP-SGD twin (Algorithm 4: no release, p = 1);
   - `nonprivate`  the non-private CQL twin;
   - `<variant>@lr<x>` any of them with learning rate x (e.g. `nonprivate@lr1e-4`);
-  - `<variant>@cal=<c>` with the release's epsilon' calibrated by c (`theorem`, `accountant`).
+  - `<variant>@cal=<c>` with the release's epsilon' calibrated by c (`theorem`, `accountant`);
+  - `<variant>@rs<x>` with CQL reward scale x (e.g. `nonprivate@rs1e-6`).
 Seeds vary the Q-network's initialisation, the transitions drawn and the step schedule
 (`model_seed`, `data_seed`, `schedule_seed`); the experts' dataset is the same (generated once and
 cached). Runs use the central update mode (the same accounting and gradients as federated, one
@@ -55,6 +56,7 @@ def variant_text(env, variant, seed, steps):
     kind, *mods = variant.split("@")
     lr = next((m[2:] for m in mods if m.startswith("lr")), "")
     cal = next((m[4:] for m in mods if m.startswith("cal=")), "")
+    rs = next((m[2:] for m in mods if m.startswith("rs")), "")
     base = {
         "selective": f"{env}-expert.toml",
         "dpsgd": f"{env}-expert-dpsgd.toml",
@@ -76,6 +78,12 @@ def variant_text(env, variant, seed, steps):
     if lr:
         # `<variant>@lr<x>`: the same run with another learning rate (the twins' tuning).
         text = re.sub(r"(?m)^learning_rate = .*$", f"learning_rate = {lr}", text)
+    if rs:
+        # `<variant>@rs<x>`: CQL reward scale x (HIV's rewards reach 1e6 per step).
+        if re.search(r"(?m)^reward_scale = ", text):
+            text = re.sub(r"(?m)^reward_scale = .*$", f"reward_scale = {rs}", text)
+        else:
+            text = text.replace("[task.cql]\n", f"[task.cql]\nreward_scale = {rs}\n", 1)
     if cal:
         # `<variant>@cal=<theorem|accountant>`: how the release's epsilon' is calibrated.
         text = re.sub(
