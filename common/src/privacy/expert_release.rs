@@ -47,11 +47,14 @@ pub enum Calibration {
     Accountant,
 }
 
-fn check(eps1: f64, delta1: f64, trajectories: u64) -> Result<(), PrivacyError> {
-    let valid = eps1.is_finite() && eps1 > 0.0 && delta1 > 0.0 && delta1 < 1.0 && trajectories > 0;
+/// Checks a budget `epsilon` > 0 (epsilon_1, or epsilon' as `name` says), delta_1 in (0, 1)
+/// and T >= 1.
+fn check(name: &str, epsilon: f64, delta1: f64, trajectories: u64) -> Result<(), PrivacyError> {
+    let valid =
+        epsilon.is_finite() && epsilon > 0.0 && delta1 > 0.0 && delta1 < 1.0 && trajectories > 0;
     if !valid {
         return Err(PrivacyError::InvalidParameter(format!(
-            "need epsilon_1 > 0, delta_1 in (0, 1) and T >= 1, got ({eps1}, {delta1}, {trajectories})"
+            "need {name} > 0, delta_1 in (0, 1) and T >= 1, got ({epsilon}, {delta1}, {trajectories})"
         )));
     }
     Ok(())
@@ -59,7 +62,7 @@ fn check(eps1: f64, delta1: f64, trajectories: u64) -> Result<(), PrivacyError> 
 
 /// epsilon' = epsilon_1 / sqrt(32 T ln(2/delta_1)) (nats): the per-query budget of PrefixQuery.
 pub fn epsilon_prime(epsilon_1: f64, delta_1: f64, trajectories: u64) -> Result<f64, PrivacyError> {
-    check(epsilon_1, delta_1, trajectories)?;
+    check("epsilon_1", epsilon_1, delta_1, trajectories)?;
     Ok(epsilon_1 / (32.0 * trajectories as f64 * (2.0 / delta_1).ln()).sqrt())
 }
 
@@ -72,7 +75,7 @@ pub fn calibrated_epsilon_prime(
     delta_1: f64,
     trajectories: u64,
 ) -> Result<f64, PrivacyError> {
-    check(epsilon_1, delta_1, trajectories)?;
+    check("epsilon_1", epsilon_1, delta_1, trajectories)?;
     let fits = |e: f64| -> Result<bool, PrivacyError> {
         let event = passes_event(e, delta_1, trajectories)?;
         Ok(accountant::epsilon(&event, delta_1, AccountantKind::Pld)? <= epsilon_1)
@@ -335,8 +338,16 @@ pub fn per_trajectory_guarantee(
     delta_1: f64,
     trajectories: u64,
 ) -> Result<(f64, f64), PrivacyError> {
-    let e = epsilon_prime(epsilon_1, delta_1, trajectories)?;
-    Ok((2.0 * e, delta_1 / (2.0 * trajectories as f64)))
+    Ok(pass_guarantee(
+        epsilon_prime(epsilon_1, delta_1, trajectories)?,
+        delta_1,
+        trajectories,
+    ))
+}
+
+/// Theorem 5.3 at per-query budget `epsilon_prime`: one pass is (2 epsilon', delta_1/(2T))-DP.
+fn pass_guarantee(epsilon_prime: f64, delta_1: f64, trajectories: u64) -> (f64, f64) {
+    (2.0 * epsilon_prime, delta_1 / (2.0 * trajectories as f64))
 }
 
 /// The guarantee of the whole release by advanced composition of the T passes with slack
@@ -372,22 +383,10 @@ pub fn passes_event(
     delta_1: f64,
     trajectories: u64,
 ) -> Result<DpEvent, PrivacyError> {
-    let valid = epsilon_prime.is_finite()
-        && epsilon_prime > 0.0
-        && delta_1 > 0.0
-        && delta_1 < 1.0
-        && trajectories > 0;
-    if !valid {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "need epsilon' > 0, delta_1 in (0, 1) and T >= 1, got ({epsilon_prime}, {delta_1}, \
-             {trajectories})"
-        )));
-    }
+    check("epsilon'", epsilon_prime, delta_1, trajectories)?;
+    let (epsilon, delta) = pass_guarantee(epsilon_prime, delta_1, trajectories);
     Ok(DpEvent::SelfComposed {
-        event: Box::new(DpEvent::EpsilonDelta {
-            epsilon: 2.0 * epsilon_prime,
-            delta: delta_1 / (2.0 * trajectories as f64),
-        }),
+        event: Box::new(DpEvent::EpsilonDelta { epsilon, delta }),
         count: trajectories,
     })
 }
