@@ -7,30 +7,40 @@
 #
 #   bash bench/run_dosing.sh                 # everything (about 4-8 min per run on 2 cores)
 #   RUNS="pump-meals:2 pump:2" bash bench/run_dosing.sh   # a subset, "<setting>:<seed>[:twin]"
+#
+# Probes (validation seeds, other task options) keep their rows apart from the table's:
+#   TAG=w4 TASK_EXTRA="low_risk_weight = 4.0" CLINICAL=bench/results/dosing_validation.jsonl \
+#     RUNS="pump:4" bash bench/run_dosing.sh
+# TASK_EXTRA (lines separated by \n) goes into the scenario's [task] table; TAG suffixes the
+# run's name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p fedrl-scenarios >&2
 FEDRL=target/release/fedrl
 OUT=bench/results/dosing
 mkdir -p "$OUT"
+CLINICAL=${CLINICAL:-bench/results/dosing_clinical.jsonl}
+TASK_EXTRA=${TASK_EXTRA:-}
+TAG=${TAG:+-$TAG}
 RUNS=${RUNS:-"pump-meals:1 pump:1 pump-meals:2 pump:2 pump-meals:3 pump:3 pump-meals:1:twin pump:1:twin pump-meals:2:twin pump:2:twin pump-meals:3:twin pump:3:twin"}
 for spec in $RUNS; do
   IFS=: read -r setting seed twin <<<"$spec"
   base="scenarios/uva-padova-$setting-dppg"
   toml="$base.toml"; [[ "${twin:-}" == twin ]] && toml="$base-nonprivate.toml"
-  name="$(basename "$toml" .toml)-s$seed"
+  name="$(basename "$toml" .toml)$TAG-s$seed"
   dir="$OUT/$name"
   if [[ -f "$dir/report.json" ]]; then echo "skip $name (done)" >&2; continue; fi
   rm -rf "$dir"
   # Seed s: its own initial model, episodes and user population (held-out users included).
-  sed -e "s/^\[task\]$/[task]\nmodel_seed = $seed\nepisode_seed = $seed\npopulation_seed = $seed/" \
-      "$toml" > "/tmp/$name.toml"
+  awk -v seed="$seed" -v extra="$TASK_EXTRA" '{ print }
+    $0 == "[task]" { printf "model_seed = %s\nepisode_seed = %s\npopulation_seed = %s\n", seed, seed, seed
+                     if (extra != "") print extra }' "$toml" > "/tmp/$name.toml"
   echo "run $name" >&2
   start=$(date +%s)
   "$FEDRL" run "/tmp/$name.toml" --out "$dir" > "$OUT/$name.log" 2>&1
   wall=$(( $(date +%s) - start ))
   python3 - "$dir/report.json" "$name" "$setting" "$seed" "${twin:-private}" "$wall" \
-    >> bench/results/dosing_clinical.jsonl <<'PY'
+    >> "$CLINICAL" <<'PY'
 import json, sys
 path, name, setting, seed, kind, wall = sys.argv[1:]
 r = json.load(open(path))

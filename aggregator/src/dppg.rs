@@ -143,7 +143,7 @@ impl DppgModel {
             sgd: ServerOptimizer::with_rule(params, task.server_lr, server_rule(task)),
             held: HeldOut {
                 spec,
-                population: Population::new(&task.population, task.population_seed)?,
+                population: task.population()?,
                 episodes_per_env: task.eval_episodes.max(1),
                 device,
             },

@@ -27,7 +27,7 @@ pub struct DppgTrainer {
 impl DppgTrainer {
     /// The trainer for `task`, computing on `device`.
     pub fn new(task: &DppgTask, device: Device) -> anyhow::Result<Self> {
-        let population = Population::new(&task.population, task.population_seed)?;
+        let population = task.population()?;
         let spec = task.model_spec()?;
         Ok(Self {
             population,

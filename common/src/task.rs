@@ -163,6 +163,15 @@ pub struct DppgTask {
     /// Seed of the population's per-user parameters. Default 0.
     #[serde(default)]
     pub population_seed: u64,
+    /// `uva-padova-pump*` populations only: weight of the low (hypoglycaemic) branch of the
+    /// risk index in the reward, 1 being Kovatchev's symmetric index. Default: the pump
+    /// setting's own (3).
+    #[serde(default)]
+    pub low_risk_weight: Option<f64>,
+    /// `uva-padova-pump*` populations only: minutes per decision, a multiple of the 3-minute
+    /// CGM sample. Default: the pump setting's own (30).
+    #[serde(default)]
+    pub decision_min: Option<u32>,
     /// Seed of the initial global parameters. Default 0.
     #[serde(default)]
     pub model_seed: u64,

@@ -10,7 +10,6 @@ use fedrl_common::task::Task;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::local_updates;
 use fedrl_rl::task::{DppgTaskExt, scenario_from_toml_str};
-use fedrl_sim::population::Population;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -31,7 +30,7 @@ fn main() -> Result<(), Error> {
     };
     let spec = task.model_spec()?;
     let global = spec.init(task.model_seed);
-    let population = Population::new(&task.population, task.population_seed)?;
+    let population = task.population()?;
     let mut envs = (first..first + users)
         .map(|u| population.user_env(u))
         .collect::<Result<Vec<_>, _>>()?;

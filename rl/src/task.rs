@@ -12,7 +12,7 @@ use std::path::Path;
 use fedrl_common::primorl::PrimorlTask;
 use fedrl_common::scenario::{Scenario, ScenarioError};
 use fedrl_common::task::{DppgTask, LogLinearTask, OfflineCqlTask, Task, TaskError, TaskModels};
-use fedrl_sim::population::Population;
+use fedrl_sim::population::{Population, PumpOverrides};
 
 use crate::local_update::LocalUpdateExt;
 use crate::loglinear::LogLinearSpec;
@@ -129,14 +129,28 @@ impl PrimorlTaskExt for PrimorlTask {
 
 /// The MLP a [`DppgTask`] trains.
 pub trait DppgTaskExt {
+    /// The task's population with its pump overrides (`low_risk_weight`, `decision_min`).
+    fn population(&self) -> Result<Population, TaskError>;
     /// The policy/value model for the population's environment.
     fn model_spec(&self) -> Result<ModelSpec, TaskError>;
 }
 
 impl DppgTaskExt for DppgTask {
+    fn population(&self) -> Result<Population, TaskError> {
+        Population::new(&self.population, self.population_seed)
+            .and_then(|p| {
+                p.with_pump_overrides(PumpOverrides {
+                    low_risk_weight: self.low_risk_weight,
+                    decision_min: self.decision_min,
+                })
+            })
+            .map_err(|e| model_error("task.population", e))
+    }
+
     fn model_spec(&self) -> Result<ModelSpec, TaskError> {
-        let env = Population::new(&self.population, self.population_seed)
-            .and_then(|p| p.user_env(0))
+        let env = self
+            .population()?
+            .user_env(0)
             .map_err(|e| model_error("task.population", e))?;
         self.local
             .model_spec(env.observation_space(), env.action_space())

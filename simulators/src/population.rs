@@ -143,6 +143,21 @@ pub struct Population {
     name: String,
     seed: u64,
     kind: Kind,
+    pump: PumpOverrides,
+}
+
+/// A scenario's changes to the pump setting of the `uva-padova-pump*` populations
+/// ([`crate::uva_padova::UvaPadovaOptions::pump`]); `None` keeps the setting's own value.
+/// They change what the policy is rewarded for and how often it decides, not the patients, so
+/// the baseline controllers (which decide every CGM sample and are scored on blood glucose) do
+/// not see them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PumpOverrides {
+    /// Weight of the low branch of the risk index in the reward (1 = Kovatchev's symmetric
+    /// index; the setting's own is [`crate::uva_padova::PUMP_LOW_RISK_WEIGHT`]).
+    pub low_risk_weight: Option<f64>,
+    /// Minutes per decision, a multiple of the 3-minute CGM sample (the setting's own: 30).
+    pub decision_min: Option<u32>,
 }
 
 /// One user's parameters.
@@ -256,7 +271,38 @@ impl Population {
             name: name.to_string(),
             seed,
             kind,
+            pump: PumpOverrides::default(),
         })
+    }
+
+    /// This population with the pump setting changed as `pump` says. Only the
+    /// `uva-padova-pump*` populations have a pump setting to change: anything else asking for
+    /// an override is an error (a scenario would otherwise silently train something else).
+    pub fn with_pump_overrides(mut self, pump: PumpOverrides) -> Result<Self, SimError> {
+        if pump == PumpOverrides::default() {
+            return Ok(self);
+        }
+        if !matches!(
+            self.kind,
+            Kind::UvaPadova(_, PumpSetting::Pump | PumpSetting::PumpMeals)
+        ) {
+            return Err(SimError::Invalid(format!(
+                "population {:?} has no pump setting: low_risk_weight and decision_min apply to \
+                 uva-padova-pump and uva-padova-pump-meals",
+                self.name
+            )));
+        }
+        if let Some(w) = pump.low_risk_weight
+            && !(w.is_finite() && w > 0.0)
+        {
+            return Err(SimError::Invalid(format!(
+                "low_risk_weight must be a positive number, got {w}"
+            )));
+        }
+        self.pump = pump;
+        // Builds one user's environment so a bad decision_min fails here, not on a client.
+        self.user_env(0)?;
+        Ok(self)
     }
 
     /// Every user gets `env_id` with default parameters.
@@ -266,6 +312,7 @@ impl Population {
             name: env_id.to_string(),
             seed: 0,
             kind: Kind::Homogeneous(env_id.to_string()),
+            pump: PumpOverrides::default(),
         })
     }
 
@@ -378,7 +425,7 @@ impl Population {
 
     /// The environment of grid setting `setting` (see [`Population::setting_params`]).
     pub fn setting_env(&self, setting: u64) -> Result<Box<dyn Env>, SimError> {
-        Self::params_env(self.setting_params(setting)?)
+        self.params_env(self.setting_params(setting)?)
     }
 
     /// User `user`'s parameters.
@@ -429,11 +476,11 @@ impl Population {
 
     /// User `user`'s environment, built with that user's parameters.
     pub fn user_env(&self, user: u64) -> Result<Box<dyn Env>, SimError> {
-        Self::params_env(self.user_params(user)?)
+        self.params_env(self.user_params(user)?)
     }
 
     /// The environment of one set of parameters.
-    fn params_env(params: UserParams) -> Result<Box<dyn Env>, SimError> {
+    fn params_env(&self, params: UserParams) -> Result<Box<dyn Env>, SimError> {
         Ok(match params {
             UserParams::Default { env_id } => crate::make(&env_id)?,
             UserParams::CartPole {
@@ -490,7 +537,7 @@ impl Population {
             // Users are scored on the whole day's risk (see `UvaReward::DayRisk`).
             UserParams::Patient { name, pump } => {
                 use crate::uva_padova::{UvaPadovaEnv, UvaPadovaOptions, UvaReward};
-                let opts = match pump {
+                let mut opts = match pump {
                     PumpSetting::Basal => UvaPadovaOptions {
                         reward: UvaReward::DayRisk,
                         ..Default::default()
@@ -498,6 +545,12 @@ impl Population {
                     PumpSetting::Pump => UvaPadovaOptions::pump(false),
                     PumpSetting::PumpMeals => UvaPadovaOptions::pump(true),
                 };
+                if let Some(w) = self.pump.low_risk_weight {
+                    opts.low_risk_weight = w;
+                }
+                if let Some(d) = self.pump.decision_min {
+                    opts.decision_min = d;
+                }
                 Box::new(UvaPadovaEnv::new(&name, opts)?)
             }
         })
@@ -519,6 +572,7 @@ impl Population {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::env::GlucoseSample;
 
     #[test]
     fn settings_follow_the_grid_order() {
@@ -562,5 +616,78 @@ mod tests {
             let c = u64::from(cell[0]) * 100 + u64::from(cell[1]) * 10 + u64::from(cell[2]);
             assert_eq!(p.setting_params(c).unwrap(), p.user_params(u).unwrap());
         }
+    }
+    /// Runs user 0 of `pop` for `steps` decisions at `action` (multiples of the programmed
+    /// basal): the rewards and the glucose log.
+    fn pump_day(pop: &Population, action: f32, steps: usize) -> (Vec<f64>, Vec<GlucoseSample>) {
+        let mut env = pop.user_env(0).unwrap();
+        let mut obs = vec![0.0; env.observation_space().dim()];
+        env.reset(3, &mut obs);
+        let rewards = (0..steps)
+            .map(|_| {
+                env.step(crate::Action::Continuous(&[action]), &mut obs)
+                    .unwrap()
+                    .reward
+            })
+            .collect();
+        (rewards, env.glucose_log().unwrap().to_vec())
+    }
+
+    #[test]
+    fn pump_overrides_change_the_reward_and_the_decision_interval_only() {
+        let base = Population::new("uva-padova-pump", 1).unwrap();
+        let heavy = base
+            .clone()
+            .with_pump_overrides(PumpOverrides {
+                low_risk_weight: Some(6.0),
+                decision_min: None,
+            })
+            .unwrap();
+        // Five times the programmed basal for 8 hours drives glucose low.
+        let (r3, log3) = pump_day(&base, 5.0, 16);
+        let (r6, log6) = pump_day(&heavy, 5.0, 16);
+        assert_eq!(log3, log6, "the weight must not change the patient");
+        assert!(
+            log3.iter().any(|s| s.cgm_mg_dl < 112.5),
+            "no low risk to weigh"
+        );
+        let mut heavier = false;
+        for (a, b) in r3.iter().zip(&r6) {
+            assert!(b <= a, "weight 6 rewards {b} > weight 3 rewards {a}");
+            heavier |= b < a;
+        }
+        assert!(heavier);
+
+        let fast = base
+            .clone()
+            .with_pump_overrides(PumpOverrides {
+                low_risk_weight: None,
+                decision_min: Some(15),
+            })
+            .unwrap();
+        // One decision: 15 minutes of 3-minute CGM samples after the reading at reset.
+        assert_eq!(pump_day(&fast, 1.0, 1).1.len(), 1 + 5);
+        assert_eq!(pump_day(&base, 1.0, 1).1.len(), 1 + 10);
+
+        for bad in [
+            PumpOverrides {
+                low_risk_weight: Some(0.0),
+                decision_min: None,
+            },
+            PumpOverrides {
+                low_risk_weight: None,
+                decision_min: Some(10),
+            },
+        ] {
+            assert!(base.clone().with_pump_overrides(bad).is_err(), "{bad:?}");
+        }
+        let err = Population::new("uva-padova", 0)
+            .unwrap()
+            .with_pump_overrides(PumpOverrides {
+                low_risk_weight: Some(2.0),
+                decision_min: None,
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("no pump setting"), "{err}");
     }
 }

@@ -14,7 +14,7 @@ use fedrl_sim::Env;
 use fedrl_sim::clinical::{
     ClinicalReport, GlucoseMetrics, PoolSummary, patient_label, summarize_episode,
 };
-use fedrl_sim::population::Population;
+use fedrl_sim::population::{Population, PumpOverrides};
 
 use super::UsageError;
 
@@ -36,6 +36,13 @@ pub struct Args {
     /// Population seed (only for population names).
     #[arg(long, default_value_t = 0)]
     pub population_seed: u64,
+    /// `uva-padova-pump*` populations: the scenario's `task.low_risk_weight`, if it set one.
+    #[arg(long)]
+    pub low_risk_weight: Option<f64>,
+    /// `uva-padova-pump*` populations: the scenario's `task.decision_min` (minutes), if it set
+    /// one; the policy must be evaluated at the decision interval it was trained at.
+    #[arg(long)]
+    pub decision_min: Option<u32>,
     /// First user id for populations (choose ids outside the training users).
     #[arg(long, default_value_t = 1_000_000)]
     pub first_user: u64,
@@ -60,8 +67,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let bytes = std::fs::read(&args.policy)
         .with_context(|| format!("reading the policy {}", args.policy.display()))?;
-    let population =
-        Population::new(&args.env, args.population_seed).map_err(|e| UsageError(e.to_string()))?;
+    let population = Population::new(&args.env, args.population_seed)
+        .and_then(|p| {
+            p.with_pump_overrides(PumpOverrides {
+                low_risk_weight: args.low_risk_weight,
+                decision_min: args.decision_min,
+            })
+        })
+        .map_err(|e| UsageError(e.to_string()))?;
     let mut envs: Vec<Box<dyn Env>> = (0..args.episodes)
         .map(|i| population.user_env(args.first_user + i))
         .collect::<Result<_, _>>()?;
