@@ -172,6 +172,11 @@ pub struct DppgTask {
     /// CGM sample. Default: the pump setting's own (30).
     #[serde(default)]
     pub decision_min: Option<u32>,
+    /// `uva-padova-pump*` populations only: the pump's predictive low-glucose suspend (basal
+    /// stops while a low is predicted; the baseline controllers run behind it too). Default:
+    /// the pump setting's own (off).
+    #[serde(default)]
+    pub low_glucose_suspend: Option<bool>,
     /// Seed of the initial global parameters. Default 0.
     #[serde(default)]
     pub model_seed: u64,

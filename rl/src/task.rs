@@ -142,6 +142,7 @@ impl DppgTaskExt for DppgTask {
                 p.with_pump_overrides(PumpOverrides {
                     low_risk_weight: self.low_risk_weight,
                     decision_min: self.decision_min,
+                    low_glucose_suspend: self.low_glucose_suspend,
                 })
             })
             .map_err(|e| model_error("task.population", e))

@@ -334,10 +334,17 @@ pub fn controller_options(pump: PumpSetting) -> UvaPadovaOptions {
 }
 
 /// User `user` of a `uva-padova*` population as a controller's environment (see
-/// [`controller_options`]).
+/// [`controller_options`]), behind the population's low-glucose suspend if it has one.
 pub fn user_env(population: &Population, user: u64) -> Result<UvaPadovaEnv, SimError> {
     match population.user_params(user)? {
-        UserParams::Patient { name, pump } => UvaPadovaEnv::new(&name, controller_options(pump)),
+        UserParams::Patient { name, pump } => {
+            let mut opts = controller_options(pump);
+            // The suspend is the pump's: a controller behind it gets it too.
+            if let Some(on) = population.pump_overrides().low_glucose_suspend {
+                opts.low_glucose_suspend = on;
+            }
+            UvaPadovaEnv::new(&name, opts)
+        }
         _ => Err(SimError::Invalid(format!(
             "population {:?} is not a UVA/Padova population",
             population.name()

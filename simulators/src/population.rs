@@ -148,9 +148,10 @@ pub struct Population {
 
 /// A scenario's changes to the pump setting of the `uva-padova-pump*` populations
 /// ([`crate::uva_padova::UvaPadovaOptions::pump`]); `None` keeps the setting's own value.
-/// They change what the policy is rewarded for and how often it decides, not the patients, so
-/// the baseline controllers (which decide every CGM sample and are scored on blood glucose) do
-/// not see them.
+/// The reward weight and the decision interval concern the policy only (the baseline
+/// controllers decide every CGM sample and are scored on blood glucose); the low-glucose
+/// suspend is the pump's, so the baselines run behind it too
+/// ([`crate::controllers::user_env`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PumpOverrides {
     /// Weight of the low branch of the risk index in the reward (1 = Kovatchev's symmetric
@@ -158,6 +159,9 @@ pub struct PumpOverrides {
     pub low_risk_weight: Option<f64>,
     /// Minutes per decision, a multiple of the 3-minute CGM sample (the setting's own: 30).
     pub decision_min: Option<u32>,
+    /// The pump's predictive low-glucose suspend
+    /// ([`crate::uva_padova::LowGlucoseSuspend`]; the setting's own: off).
+    pub low_glucose_suspend: Option<bool>,
 }
 
 /// One user's parameters.
@@ -287,7 +291,7 @@ impl Population {
             Kind::UvaPadova(_, PumpSetting::Pump | PumpSetting::PumpMeals)
         ) {
             return Err(SimError::Invalid(format!(
-                "population {:?} has no pump setting: low_risk_weight and decision_min apply to \
+                "population {:?} has no pump setting: low_risk_weight, decision_min and low_glucose_suspend apply to \
                  uva-padova-pump and uva-padova-pump-meals",
                 self.name
             )));
@@ -318,6 +322,11 @@ impl Population {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The pump overrides [`Self::with_pump_overrides`] set (all `None` by default).
+    pub fn pump_overrides(&self) -> PumpOverrides {
+        self.pump
     }
 
     pub fn seed(&self) -> u64 {
@@ -551,6 +560,9 @@ impl Population {
                 if let Some(d) = self.pump.decision_min {
                     opts.decision_min = d;
                 }
+                if let Some(on) = self.pump.low_glucose_suspend {
+                    opts.low_glucose_suspend = on;
+                }
                 Box::new(UvaPadovaEnv::new(&name, opts)?)
             }
         })
@@ -640,7 +652,7 @@ mod tests {
             .clone()
             .with_pump_overrides(PumpOverrides {
                 low_risk_weight: Some(6.0),
-                decision_min: None,
+                ..PumpOverrides::default()
             })
             .unwrap();
         // Five times the programmed basal for 8 hours drives glucose low.
@@ -661,8 +673,8 @@ mod tests {
         let fast = base
             .clone()
             .with_pump_overrides(PumpOverrides {
-                low_risk_weight: None,
                 decision_min: Some(15),
+                ..PumpOverrides::default()
             })
             .unwrap();
         // One decision: 15 minutes of 3-minute CGM samples after the reading at reset.
@@ -672,11 +684,11 @@ mod tests {
         for bad in [
             PumpOverrides {
                 low_risk_weight: Some(0.0),
-                decision_min: None,
+                ..PumpOverrides::default()
             },
             PumpOverrides {
-                low_risk_weight: None,
                 decision_min: Some(10),
+                ..PumpOverrides::default()
             },
         ] {
             assert!(base.clone().with_pump_overrides(bad).is_err(), "{bad:?}");
@@ -685,9 +697,58 @@ mod tests {
             .unwrap()
             .with_pump_overrides(PumpOverrides {
                 low_risk_weight: Some(2.0),
-                decision_min: None,
+                ..PumpOverrides::default()
             })
             .unwrap_err();
         assert!(err.to_string().contains("no pump setting"), "{err}");
+    }
+    #[test]
+    fn low_glucose_suspend_predicts_lows_from_the_last_15_minutes() {
+        use crate::uva_padova::LowGlucoseSuspend as Lgs;
+        // Readings newest first, 3 minutes apart.
+        let line = |now: f64, per_min: f64| -> Vec<f64> {
+            (0..6).map(|k| now - per_min * 3.0 * k as f64).collect()
+        };
+        assert!(!Lgs::suspends(&line(100.0, 0.0), 3.0));
+        // Falling 1 mg/dL/min from 115: 85 in 30 minutes, no suspend; from 105: 75, suspend.
+        assert!(!Lgs::suspends(&line(115.0, -1.0), 3.0));
+        assert!(Lgs::suspends(&line(105.0, -1.0), 3.0));
+        // Below 70 suspends even when rising; rising from 75 does not.
+        assert!(Lgs::suspends(&line(69.0, 2.0), 3.0));
+        assert!(!Lgs::suspends(&line(75.0, 1.0), 3.0));
+        // The fit, not the last two readings: a reading 10 mg/dL down on a flat trace at 120
+        // (a 3-minute slope of -3.3 mg/dL/min) predicts 100.
+        let mut noisy = line(120.0, 0.0);
+        noisy[0] = 110.0;
+        assert!(!Lgs::suspends(&noisy, 3.0));
+    }
+
+    #[test]
+    fn the_suspend_is_the_pumps_and_the_controllers_run_behind_it() {
+        let base = Population::new("uva-padova-pump", 1).unwrap();
+        let lgs = base
+            .clone()
+            .with_pump_overrides(PumpOverrides {
+                low_glucose_suspend: Some(true),
+                ..PumpOverrides::default()
+            })
+            .unwrap();
+        // Five times the programmed basal for 8 hours: the suspend cuts basal before the low.
+        let (_, plain) = pump_day(&base, 5.0, 16);
+        let (_, guarded) = pump_day(&lgs, 5.0, 16);
+        let min_bg =
+            |log: &[GlucoseSample]| log.iter().map(|s| s.bg_mg_dl).fold(f64::INFINITY, f64::min);
+        assert!(
+            min_bg(&guarded) > min_bg(&plain) + 5.0,
+            "{} vs {}",
+            min_bg(&guarded),
+            min_bg(&plain)
+        );
+        assert!(guarded[1..].iter().any(|s| s.insulin_u == 0.0));
+        assert!(plain[1..].iter().all(|s| s.insulin_u > 0.0));
+        let pid_env = crate::controllers::user_env(&lgs, 0).unwrap();
+        assert!(pid_env.options().low_glucose_suspend);
+        let pid_env = crate::controllers::user_env(&base, 0).unwrap();
+        assert!(!pid_env.options().low_glucose_suspend);
     }
 }

@@ -715,6 +715,55 @@ pub struct UvaPadovaOptions {
     pub terminate_above_mg_dl: f64,
     pub observation: UvaObservation,
     pub action: UvaAction,
+    /// The pump's predictive low-glucose suspend ([`LowGlucoseSuspend`]): basal stops for every
+    /// CGM sample at which it predicts a low; boluses are delivered as asked.
+    pub low_glucose_suspend: bool,
+}
+
+/// Predictive low-glucose suspend, after Tandem's Basal-IQ (a feature of commercial pumps since
+/// 2018): before each CGM sample the pump fits a line to the readings of the last
+/// [`Self::WINDOW_MIN`] minutes and suspends basal when the last reading is below
+/// [`Self::BELOW_MG_DL`] or the line predicts less than [`Self::PREDICTED_BELOW_MG_DL`]
+/// [`Self::HORIZON_MIN`] minutes ahead; it resumes as soon as neither holds. It acts at the
+/// sample's 3 minutes whatever the controller's decision interval, and every controller behind
+/// the same pump gets it (the baselines included).
+pub struct LowGlucoseSuspend;
+
+impl LowGlucoseSuspend {
+    /// Minutes of CGM history the prediction fits (Basal-IQ: the last four 5-minute readings).
+    pub const WINDOW_MIN: u32 = 15;
+    /// How far ahead the fitted line is read (minutes).
+    pub const HORIZON_MIN: f64 = 30.0;
+    /// Suspend when the prediction is below this (mg/dL).
+    pub const PREDICTED_BELOW_MG_DL: f64 = 80.0;
+    /// Suspend when the last reading is below this (mg/dL).
+    pub const BELOW_MG_DL: f64 = 70.0;
+
+    /// Whether to suspend, given the readings newest first, `sample_min` minutes apart.
+    pub fn suspends(readings: &[f64], sample_min: f64) -> bool {
+        let Some(&last) = readings.first() else {
+            return false;
+        };
+        if last < Self::BELOW_MG_DL {
+            return true;
+        }
+        if readings.len() < 2 {
+            return false;
+        }
+        // Least squares over t_k = -k * sample_min (minutes).
+        let n = readings.len() as f64;
+        let t_mean = -(n - 1.0) / 2.0 * sample_min;
+        let y_mean = readings.iter().sum::<f64>() / n;
+        let (mut sxy, mut sxx) = (0.0, 0.0);
+        for (k, &y) in readings.iter().enumerate() {
+            let dt = -(k as f64) * sample_min - t_mean;
+            sxy += dt * (y - y_mean);
+            sxx += dt * dt;
+        }
+        let slope = sxy / sxx;
+        let predicted = y_mean + slope * (Self::HORIZON_MIN - t_mean);
+        predicted < Self::PREDICTED_BELOW_MG_DL
+    }
 }
 
 impl Default for UvaPadovaOptions {
@@ -733,6 +782,7 @@ impl Default for UvaPadovaOptions {
             terminate_above_mg_dl: 600.0,
             observation: UvaObservation::default(),
             action: UvaAction::BasalRate,
+            low_glucose_suspend: false,
         }
     }
 }
@@ -794,6 +844,8 @@ pub struct UvaPadovaEnv {
     steps: u64,
     /// Newest first, `cgm_history` readings (mg/dL).
     cgm_hist: Vec<f64>,
+    /// Newest first, the readings [`LowGlucoseSuspend`] fits (mg/dL).
+    suspend_hist: Vec<f64>,
     /// Insulin delivered in each of the last [`IOB_DURATION_MIN`] minutes (U), a ring indexed
     /// by minute modulo its length.
     doses: Vec<f64>,
@@ -875,6 +927,10 @@ impl UvaPadovaEnv {
             noise_z: 0.0,
             steps: 0,
             cgm_hist: vec![0.0; opts.observation.cgm_history.max(1)],
+            suspend_hist: vec![
+                0.0;
+                (LowGlucoseSuspend::WINDOW_MIN / opts.sample_time_min) as usize + 1
+            ],
             doses: vec![0.0; IOB_DURATION_MIN],
             last_cho_rate: 0.0,
             log: Vec::with_capacity((opts.episode_minutes / opts.sample_time_min) as usize + 1),
@@ -1007,7 +1063,9 @@ impl UvaPadovaEnv {
             } else {
                 0.0
             };
-            let insulin = basal + bolus_rate;
+            let suspended = self.opts.low_glucose_suspend
+                && LowGlucoseSuspend::suspends(&self.suspend_hist, f64::from(sample_min));
+            let insulin = if suspended { 0.0 } else { basal } + bolus_rate;
             let mut cho_sum = 0.0;
             for _ in 0..sample_min {
                 let minute = self.patient.t() as u64;
@@ -1025,6 +1083,8 @@ impl UvaPadovaEnv {
             self.cgm = self.measure();
             self.cgm_hist.rotate_right(1);
             self.cgm_hist[0] = self.cgm;
+            self.suspend_hist.rotate_right(1);
+            self.suspend_hist[0] = self.cgm;
             let bg = self.patient.bg();
             self.log.push(GlucoseSample {
                 minute: self.patient.t(),
@@ -1097,6 +1157,7 @@ impl Env for UvaPadovaEnv {
         };
         self.cgm = self.measure();
         self.cgm_hist.fill(self.cgm);
+        self.suspend_hist.fill(self.cgm);
         // The steady state x0 is the one the programmed basal holds: the patient has been on it.
         let basal = self.patient.params().basal_u_per_min();
         self.doses.fill(basal);
@@ -1175,6 +1236,7 @@ impl Env for UvaPadovaEnv {
         self.steps = state[PATIENT_STATE_LEN + 2].max(0.0) as u64;
         self.day_index = (self.patient.t().max(0.0) as u64) / 1440;
         self.cgm_hist.fill(self.cgm);
+        self.suspend_hist.fill(self.cgm);
         self.doses.fill(self.patient.params().basal_u_per_min());
         self.write_obs(obs);
         Ok(())

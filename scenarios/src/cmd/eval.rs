@@ -43,6 +43,9 @@ pub struct Args {
     /// one; the policy must be evaluated at the decision interval it was trained at.
     #[arg(long)]
     pub decision_min: Option<u32>,
+    /// `uva-padova-pump*` populations: the scenario's `task.low_glucose_suspend`, if it set one.
+    #[arg(long)]
+    pub low_glucose_suspend: Option<bool>,
     /// First user id for populations (choose ids outside the training users).
     #[arg(long, default_value_t = 1_000_000)]
     pub first_user: u64,
@@ -72,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             p.with_pump_overrides(PumpOverrides {
                 low_risk_weight: args.low_risk_weight,
                 decision_min: args.decision_min,
+                low_glucose_suspend: args.low_glucose_suspend,
             })
         })
         .map_err(|e| UsageError(e.to_string()))?;
