@@ -720,13 +720,21 @@ pub struct UvaPadovaOptions {
     pub low_glucose_suspend: bool,
 }
 
-/// Predictive low-glucose suspend, after Tandem's Basal-IQ (a feature of commercial pumps since
-/// 2018): before each CGM sample the pump fits a line to the readings of the last
+/// Predictive low-glucose suspend, after Tandem's Basal-IQ (in commercial pumps since 2018;
+/// Tandem: "predicting glucose levels 30 minutes ahead and suspending insulin if they are
+/// expected to drop below 80 mg/dL, or when the actual sensor glucose value is less than 70"):
+/// before each CGM sample the pump fits a least-squares line to the readings of the last
 /// [`Self::WINDOW_MIN`] minutes and suspends basal when the last reading is below
 /// [`Self::BELOW_MG_DL`] or the line predicts less than [`Self::PREDICTED_BELOW_MG_DL`]
-/// [`Self::HORIZON_MIN`] minutes ahead; it resumes as soon as neither holds. It acts at the
-/// sample's 3 minutes whatever the controller's decision interval, and every controller behind
-/// the same pump gets it (the baselines included).
+/// [`Self::HORIZON_MIN`] minutes ahead. It acts at every 3-minute sample whatever the
+/// controller's decision interval, and every controller behind the same pump gets it (the
+/// baselines included).
+///
+/// Simplified on purpose (no published algorithm to match): it is stateless, so basal resumes
+/// when neither condition holds any more rather than at the first rising reading, and there is
+/// no two-hour cap on a suspension. A suspension therefore lasts at least as long as Basal-IQ's
+/// would while glucose is low and falling, and the cap only matters when a too-high programmed
+/// basal keeps glucose below 80 for hours, which the simulated patients' steady state does not.
 pub struct LowGlucoseSuspend;
 
 impl LowGlucoseSuspend {
