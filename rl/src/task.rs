@@ -129,7 +129,8 @@ impl PrimorlTaskExt for PrimorlTask {
 
 /// The MLP a [`DppgTask`] trains.
 pub trait DppgTaskExt {
-    /// The task's population with its pump overrides (`low_risk_weight`, `decision_min`).
+    /// The task's population with its pump overrides (`low_risk_weight`, `decision_min`,
+    /// `low_glucose_suspend`).
     fn population(&self) -> Result<Population, TaskError>;
     /// The policy/value model for the population's environment.
     fn model_spec(&self) -> Result<ModelSpec, TaskError>;

@@ -291,8 +291,8 @@ impl Population {
             Kind::UvaPadova(_, PumpSetting::Pump | PumpSetting::PumpMeals)
         ) {
             return Err(SimError::Invalid(format!(
-                "population {:?} has no pump setting: low_risk_weight, decision_min and low_glucose_suspend apply to \
-                 uva-padova-pump and uva-padova-pump-meals",
+                "population {:?} has no pump setting: low_risk_weight, decision_min and \
+                 low_glucose_suspend apply to uva-padova-pump and uva-padova-pump-meals",
                 self.name
             )));
         }
@@ -629,6 +629,7 @@ mod tests {
             assert_eq!(p.setting_params(c).unwrap(), p.user_params(u).unwrap());
         }
     }
+
     /// Runs user 0 of `pop` for `steps` decisions at `action` (multiples of the programmed
     /// basal): the rewards and the glucose log.
     fn pump_day(pop: &Population, action: f32, steps: usize) -> (Vec<f64>, Vec<GlucoseSample>) {

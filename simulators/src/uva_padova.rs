@@ -1243,6 +1243,7 @@ impl Env for UvaPadovaEnv {
         self.noise_z = state[PATIENT_STATE_LEN + 1];
         self.steps = state[PATIENT_STATE_LEN + 2].max(0.0) as u64;
         self.day_index = (self.patient.t().max(0.0) as u64) / 1440;
+        // The state holds one reading: the histories restart flat from it (as at reset).
         self.cgm_hist.fill(self.cgm);
         self.suspend_hist.fill(self.cgm);
         self.doses.fill(self.patient.params().basal_u_per_min());
