@@ -77,3 +77,20 @@ for setting in ("pump", "pump-meals"):
                   and q["time_below_54"] <= bb["time_below_54"])
             print(f"- meals announced, seed {seed}: within 5 points of basal-bolus and no worse "
                   f"below 54: {'met' if ok else 'NOT met'} ({fmt(q)} against {fmt(bb)})")
+
+# The same check on the seeds' held-out patient-days pooled (each group's days from every seed,
+# weighted by days): the per-seed lines above are the stricter reading of "3 seeds".
+seeds = sorted({k[1] for k in cell if k[0] == "pump" and (k[2] == "private DPPG")})
+if seeds and all(("pump", s, "pid") in cell for s in seeds):
+    checks = []
+    for grp in ("adult", "adolescent"):
+        def pooled(who, key):
+            rows = [cell[("pump", s, who)][grp] for s in seeds]
+            return sum(r[key] * r["days"] for r in rows) / sum(r["days"] for r in rows)
+        tir, low = pooled("private DPPG", "time_in_range"), pooled("private DPPG", "time_below_70")
+        pid_tir, pid_low = pooled("pid", "time_in_range"), pooled("pid", "time_below_70")
+        ok = tir > pid_tir and low <= pid_low
+        checks.append(f"{grp}s {'met' if ok else 'NOT met'} ({100 * tir:.1f} / {100 * low:.2f} "
+                      f"against {100 * pid_tir:.1f} / {100 * pid_low:.2f})")
+    print(f"- no announcements, seeds {', '.join(map(str, seeds))} pooled: beats PID without more "
+          "time below 70: " + ", ".join(checks))
