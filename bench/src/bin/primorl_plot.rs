@@ -1,7 +1,7 @@
 //! Draws the PriMORL result curves of `bench/results/primorl.jsonl` (written by
 //! `bench/run_primorl.sh`): per task, the normalised return after each SAC epoch, averaged over
-//! the seeds run so far, one line per variant (high and low privacy, No Privacy, MOPO), as the
-//! paper's Figure 2.
+//! the seeds run so far, one line per variant (high and low privacy, No Privacy, MOPO) and clip
+//! norm and SAC length, as the paper's Figure 2.
 //!
 //! ```text
 //! cargo build --release -p fedrl-bench --bin primorl_plot
@@ -48,7 +48,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let text = std::fs::read_to_string(&args.results)
         .with_context(|| format!("reading {}", args.results.display()))?;
-    // task -> scenario -> runs
+    // task -> (scenario, clip norm, SAC epochs) -> runs
     let mut tasks: BTreeMap<String, BTreeMap<String, Vec<Curve>>> = BTreeMap::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let r: serde_json::Value = serde_json::from_str(line)?;
@@ -64,10 +64,15 @@ fn main() -> anyhow::Result<()> {
                     .collect()
             })
             .unwrap_or_default();
+        // Runs of one scenario at another clip norm or SAC length are another line.
+        let label = format!(
+            "{name}, C = {}, {} SAC epochs",
+            r["clip_norm"], r["policy_epochs"]
+        );
         tasks
             .entry(task)
             .or_default()
-            .entry(name.to_string())
+            .entry(label)
             .or_default()
             .push(curve);
     }
@@ -87,8 +92,12 @@ fn main() -> anyhow::Result<()> {
     for (task, scenarios) in &tasks {
         let path = args.out.join(format!("primorl_{task}.png"));
         let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("drawing {}: {e}", path.display());
+        // One-seed probes (other clip norms, shorter runs) stay in the tables: where a
+        // configuration has several seeds, only those are drawn (five colours, one per line).
+        let most = scenarios.values().map(Vec::len).max().unwrap_or(0);
         let curves: Vec<(String, Curve)> = scenarios
             .iter()
+            .filter(|(_, runs)| runs.len() >= 2 || most < 2)
             .map(|(name, runs)| (format!("{name} ({} seeds)", runs.len()), mean_curve(runs)))
             .collect();
         let x1 = curves
