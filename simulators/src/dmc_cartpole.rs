@@ -10,27 +10,28 @@
 //!   produce for this tree; passive joint damping is applied explicitly (as MuJoCo does under
 //!   RK4). Results differ from MuJoCo only by floating-point rounding, except:
 //! - The slider's joint limit (`range=-1.8 1.8`, `solreflimit=.08 1`, default `solimp`) uses
-//!   MuJoCo's soft-constraint model solved in closed form for the single active limit:
-//!   reference acceleration `-b v - k d(r) r`, impedance `d(r)`, regulariser
-//!   `R = (1 - d) / d * dof_invweight0` where `dof_invweight0` is the slider's entry of the
-//!   inverse mass matrix at `qpos0` (MuJoCo's `efc_diagApprox` for a joint limit, computed once
-//!   at model compile time, not at the current pose), and constraint force
-//!   `(a_ref - a_0) / (A + R)`, kept non-negative. MuJoCo solves the same problem iteratively;
-//!   its Newton solver stops once the cost improves by less than its tolerance (1e-8), which
-//!   leaves the pole's angular acceleration (the cheap direction of the cost) off by up to about
-//!   1e-4 rad/s^2 on rare steps at the rail.
+//!   MuJoCo's soft-constraint model: reference acceleration `-b v - k d(r) r`, impedance `d(r)`,
+//!   regulariser `R = (1 - d) / d * dof_invweight0` where `dof_invweight0` is the slider's
+//!   entry of the inverse mass matrix at `qpos0` (MuJoCo's `efc_diagApprox` for a joint limit,
+//!   computed once at model compile time, not at the current pose). The constrained
+//!   acceleration is found the way MuJoCo finds it, by its Newton solver warm-started from the
+//!   previous step's acceleration ([`crate::mujoco_newton`]): MuJoCo stops that solver early,
+//!   which leaves the pole's angular acceleration up to about 1e-3 rad/s^2 from the exact
+//!   minimiser on some steps at the rail, and the port reproduces those stops.
 //! - The pole's inertia is computed from the capsule geometry (radius 0.045 m, cylinder 1 m,
 //!   mass 0.1 kg) with MuJoCo's capsule formula.
 //! - Initial states use this crate's seeded generator, not dm_control's `RandomState` streams;
 //!   the distributions are the same.
 //!
 //! [`replay_traces`] checks the port against dm_control 1.0.50 on MuJoCo 3.17.0
-//! (`testdata/dmc_cartpole_traces.json`): one step from each recorded state agrees to
-//! 1.2e-6 at most (4e-9 in free motion), whole episodes to 1e-5.
+//! (`testdata/dmc_cartpole_traces.json`): one step from each recorded state agrees to 4.2e-9
+//! at most, at the rail as in free motion (the actions pass through `f32`), whole episodes to
+//! 1.1e-5.
 
 use std::f64::consts::PI;
 
 use crate::env::{Action, Env, SimError, Space, Step};
+use crate::mujoco_newton::LimitProblem;
 use crate::np_rng::NpPcg64;
 use crate::replay::ReplayResult;
 use crate::trace_json::{field, num, nums};
@@ -85,6 +86,9 @@ pub struct DmcCartpole {
     pub max_episode_steps: u32,
     /// [x (m), theta (rad), x_dot (m/s), theta_dot (rad/s)].
     state: [f64; 4],
+    /// The constraint solver's warm start (m/s^2, rad/s^2): the last RK4 stage's acceleration
+    /// of the previous step, zero after a reset or `set_state` (see [`crate::mujoco_newton`]).
+    warmstart: [f64; 2],
     elapsed: u32,
     obs_space: Space,
     act_space: Space,
@@ -132,6 +136,7 @@ impl DmcCartpole {
             timestep: 0.01,
             max_episode_steps: 1000,
             state: [0.0; 4],
+            warmstart: [0.0; 2],
             elapsed: 0,
             obs_space: Space::Box {
                 low: vec![f32::NEG_INFINITY; 5],
@@ -196,9 +201,10 @@ impl DmcCartpole {
         dmin + y * (dmax - dmin)
     }
 
-    /// Accelerations (m/s^2, rad/s^2) at `s = [x, theta, x_dot, theta_dot]` under force `f` (N).
+    /// Accelerations (m/s^2, rad/s^2) at `s = [x, theta, x_dot, theta_dot]` under force `f` (N);
+    /// `warm` is the constraint solver's warm start (MuJoCo's `qacc_warmstart`).
     #[inline]
-    fn accel(&self, s: [f64; 4], f: f64, inertia: f64) -> [f64; 2] {
+    fn accel(&self, s: [f64; 4], f: f64, inertia: f64, warm: [f64; 2]) -> [f64; 2] {
         let [x, th, xd, thd] = s;
         let mc = self.cart_mass;
         let mp = self.pole_mass;
@@ -211,8 +217,8 @@ impl DmcCartpole {
         let tau_x = f - self.slider_damping * xd + mp * l * sin * thd * thd;
         let tau_th = mp * self.gravity * l * sin - self.hinge_damping * thd;
         let det = a * c - b * b;
-        let mut xdd = (c * tau_x - b * tau_th) / det;
-        let mut thdd = (a * tau_th - b * tau_x) / det;
+        let xdd = (c * tau_x - b * tau_th) / det;
+        let thdd = (a * tau_th - b * tau_x) / det;
         // Soft joint limit on the slider (see the module docs).
         let (r, j) = if x > self.rail_limit {
             (self.rail_limit - x, -1.0)
@@ -228,14 +234,17 @@ impl DmcCartpole {
         let k = 1.0 / (dmax * dmax * timeconst * timeconst * dampratio * dampratio);
         let bb = 2.0 / (dmax * timeconst);
         let aref = -bb * (j * xd) - k * d * r;
-        let a0 = j * xdd;
-        let minv_xx = c / det;
-        let minv_thx = -b / det;
-        let regulariser = (1.0 - d) / d * self.slider_invweight0(inertia);
-        let force = ((aref - a0) / (minv_xx + regulariser)).max(0.0);
-        xdd += minv_xx * j * force;
-        thdd += minv_thx * j * force;
-        [xdd, thdd]
+        let regulariser = ((1.0 - d) / d * self.slider_invweight0(inertia)).max(1e-15);
+        let problem = LimitProblem {
+            mass: [[a, b], [b, c]],
+            qfrc_smooth: [tau_x, tau_th],
+            jac: [j, 0.0],
+            aref,
+            d: 1.0 / regulariser,
+            // The trace of the mass matrix does not depend on the pole angle.
+            scale: 1.0 / (a + c),
+        };
+        problem.solve(warm)
     }
 
     /// The reward of the current state under control `u` (already clipped to [-1, 1]).
@@ -308,6 +317,7 @@ impl Env for DmcCartpole {
         let xd = 0.01 * rng.standard_normal();
         let thd = 0.01 * rng.standard_normal();
         self.state = [x, th, xd, thd];
+        self.warmstart = [0.0; 2];
         self.elapsed = 0;
         self.write(obs)
             .expect("cartpole: observation buffer shorter than 5");
@@ -328,8 +338,13 @@ impl Env for DmcCartpole {
         let inertia = self.pole_inertia();
         let h = self.timestep;
         let s = self.state;
-        let deriv = |s: [f64; 4]| {
-            let [xdd, thdd] = self.accel(s, f, inertia);
+        // MuJoCo warm-starts all four stages from the acceleration saved at the end of the
+        // previous step, and saves the last stage's acceleration for the next one.
+        let warm = self.warmstart;
+        let mut last = warm;
+        let mut deriv = |s: [f64; 4]| {
+            let [xdd, thdd] = self.accel(s, f, inertia, warm);
+            last = [xdd, thdd];
             [s[2], s[3], xdd, thdd]
         };
         let add = |y: [f64; 4], k: [f64; 4], c: f64| std::array::from_fn(|i| y[i] + c * k[i]);
@@ -337,6 +352,7 @@ impl Env for DmcCartpole {
         let k2 = deriv(add(s, k1, h / 2.0));
         let k3 = deriv(add(s, k2, h / 2.0));
         let k4 = deriv(add(s, k3, h));
+        self.warmstart = last;
         self.state =
             std::array::from_fn(|i| s[i] + h / 6.0 * (k1[i] + 2.0 * k2[i] + 2.0 * k3[i] + k4[i]));
         self.write(obs)?;
@@ -358,15 +374,16 @@ impl Env for DmcCartpole {
     fn set_state(&mut self, state: &[f64], obs: &mut [f32]) -> Result<(), SimError> {
         let (s, elapsed) = crate::classic::split_state::<4>(self.id(), state)?;
         self.state = s;
+        self.warmstart = [0.0; 2];
         self.elapsed = elapsed;
         self.write(obs)
     }
 }
 
 /// Tolerance of one step from a recorded dm_control state (largest absolute error over
-/// position (m, rad) and velocity (m/s, rad/s)). The port reaches 1.2e-6 on one step of the
-/// 6,000 recorded (the solver tolerance noted in the module docs) and 2e-7 on all others.
-pub const ONE_STEP_TOLERANCE: f64 = 2e-6;
+/// position (m, rad) and velocity (m/s, rad/s)). The port reaches 4.2e-9 on the 6,000 recorded
+/// steps; before it followed MuJoCo's solver iterations, 1.2e-6 at the rail.
+pub const ONE_STEP_TOLERANCE: f64 = 1e-6;
 /// Tolerance of a whole episode replayed from the recorded reset state with the recorded
 /// actions (same units as [`ONE_STEP_TOLERANCE`]).
 pub const EPISODE_TOLERANCE: f64 = 1e-4;
@@ -429,7 +446,11 @@ pub fn replay_traces(traces: &serde_json::Value) -> Result<Vec<ReplayResult>, Si
             let u = num(s, "action")? as f32;
             let after = state_of(s, "qpos", "qvel")?;
             let k = k as f64;
+            // MuJoCo's solver memory is not in the trace: carry the port's own, from the step
+            // it took from the previous recorded state (zero at the first step, as after reset).
+            let warm = single.warmstart;
             single.set_state(&[before[0], before[1], before[2], before[3], k], &mut obs)?;
+            single.warmstart = warm;
             let st = single.step(Action::Continuous(&[u]), &mut obs)?;
             one_err = worst(one_err, single.state, after);
             let e = (st.reward - num(s, "reward")?).abs();
