@@ -177,6 +177,11 @@ pub struct DppgTask {
     /// the pump setting's own (off).
     #[serde(default)]
     pub low_glucose_suspend: Option<bool>,
+    /// `uva-padova-pump*` populations only: the pump's insulin-on-board limit (no basal above
+    /// the programmed rate while the insulin on board covers the reading's correction; the
+    /// baseline controllers run behind it too). Default: the pump setting's own (off).
+    #[serde(default)]
+    pub iob_limit: Option<bool>,
     /// Seed of the initial global parameters. Default 0.
     #[serde(default)]
     pub model_seed: u64,

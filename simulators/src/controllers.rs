@@ -340,8 +340,12 @@ pub fn user_env(population: &Population, user: u64) -> Result<UvaPadovaEnv, SimE
         UserParams::Patient { name, pump } => {
             let mut opts = controller_options(pump);
             // The suspend is the pump's: a controller behind it gets it too.
-            if let Some(on) = population.pump_overrides().low_glucose_suspend {
+            let pump = population.pump_overrides();
+            if let Some(on) = pump.low_glucose_suspend {
                 opts.low_glucose_suspend = on;
+            }
+            if let Some(on) = pump.iob_limit {
+                opts.iob_limit = on;
             }
             UvaPadovaEnv::new(&name, opts)
         }

@@ -162,6 +162,9 @@ pub struct PumpOverrides {
     /// The pump's predictive low-glucose suspend
     /// ([`crate::uva_padova::LowGlucoseSuspend`]; the setting's own: off).
     pub low_glucose_suspend: Option<bool>,
+    /// The pump's insulin-on-board limit ([`crate::uva_padova::IobLimit`]; the setting's own:
+    /// off).
+    pub iob_limit: Option<bool>,
 }
 
 /// One user's parameters.
@@ -291,8 +294,8 @@ impl Population {
             Kind::UvaPadova(_, PumpSetting::Pump | PumpSetting::PumpMeals)
         ) {
             return Err(SimError::Invalid(format!(
-                "population {:?} has no pump setting: low_risk_weight, decision_min and \
-                 low_glucose_suspend apply to uva-padova-pump and uva-padova-pump-meals",
+                "population {:?} has no pump setting: low_risk_weight, decision_min, \
+                 low_glucose_suspend and iob_limit apply to uva-padova-pump and uva-padova-pump-meals",
                 self.name
             )));
         }
@@ -563,6 +566,9 @@ impl Population {
                 if let Some(on) = self.pump.low_glucose_suspend {
                     opts.low_glucose_suspend = on;
                 }
+                if let Some(on) = self.pump.iob_limit {
+                    opts.iob_limit = on;
+                }
                 Box::new(UvaPadovaEnv::new(&name, opts)?)
             }
         })
@@ -722,6 +728,62 @@ mod tests {
         let mut noisy = line(120.0, 0.0);
         noisy[0] = 110.0;
         assert!(!Lgs::suspends(&noisy, 3.0));
+    }
+
+    #[test]
+    fn iob_limit_subtracts_insulin_on_board_from_the_correction() {
+        use crate::uva_padova::IobLimit;
+        let (b, cf) = (0.02, 40.0); // 1.2 U/h, 40 mg/dL per U
+        let ss = IobLimit::steady_state_iob(b);
+        assert!((ss - b * 120.5).abs() < 1e-12);
+        // At 192.5 mg/dL the correction is 2 U: 1.9 U above steady state allows 4x, 2.1 U not.
+        assert_eq!(IobLimit::limit(4.0 * b, 192.5, ss + 1.9, b, cf), 4.0 * b);
+        assert_eq!(IobLimit::limit(4.0 * b, 192.5, ss + 2.1, b, cf), b);
+        // At or below target nothing above basal; asking less than basal is never raised.
+        assert_eq!(IobLimit::limit(2.0 * b, 110.0, ss, b, cf), b);
+        assert_eq!(IobLimit::limit(0.5 * b, 300.0, ss, b, cf), 0.5 * b);
+    }
+
+    #[test]
+    fn the_iob_limit_is_the_pumps_and_cuts_stacking() {
+        let base = Population::new("uva-padova-pump", 1).unwrap();
+        let limited = base
+            .clone()
+            .with_pump_overrides(PumpOverrides {
+                iob_limit: Some(true),
+                ..PumpOverrides::default()
+            })
+            .unwrap();
+        // Five times the programmed basal for 8 hours: the limit caps it once insulin stacks.
+        let (_, plain) = pump_day(&base, 5.0, 16);
+        let (_, capped) = pump_day(&limited, 5.0, 16);
+        let total = |log: &[GlucoseSample]| log.iter().map(|s| s.insulin_u).sum::<f64>();
+        let min_bg =
+            |log: &[GlucoseSample]| log.iter().map(|s| s.bg_mg_dl).fold(f64::INFINITY, f64::min);
+        assert!(
+            total(&capped) < 0.8 * total(&plain),
+            "{} vs {}",
+            total(&capped),
+            total(&plain)
+        );
+        assert!(
+            min_bg(&capped) > min_bg(&plain) + 5.0,
+            "{} vs {}",
+            min_bg(&capped),
+            min_bg(&plain)
+        );
+        assert!(
+            crate::controllers::user_env(&limited, 0)
+                .unwrap()
+                .options()
+                .iob_limit
+        );
+        assert!(
+            !crate::controllers::user_env(&base, 0)
+                .unwrap()
+                .options()
+                .iob_limit
+        );
     }
 
     #[test]

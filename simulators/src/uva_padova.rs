@@ -718,6 +718,48 @@ pub struct UvaPadovaOptions {
     /// The pump's predictive low-glucose suspend ([`LowGlucoseSuspend`]): basal stops for every
     /// CGM sample at which it predicts a low; boluses are delivered as asked.
     pub low_glucose_suspend: bool,
+    /// The pump's insulin-on-board limit ([`IobLimit`]): no basal above the programmed rate
+    /// while the insulin already on board covers the current reading's correction.
+    pub iob_limit: bool,
+}
+
+/// Insulin-on-board limit on above-basal delivery, the rule of every bolus calculator and of
+/// OpenAPS's and Loop's temporary basals ("insulin on board is subtracted from the
+/// correction"): at each CGM sample the pump delivers more than the programmed basal only
+/// while the insulin on board above the programmed basal's own steady state is less than the
+/// correction the reading asks for, `(reading - TARGET) / CF` units with the patient's
+/// programmed correction factor CF. Below that the asked rate is cut to the programmed basal
+/// (never below what was asked). It knows nothing of unannounced carbohydrate still to be
+/// absorbed, so it trims late corrections of a meal as well as the stacking that causes lows;
+/// every controller behind the same pump gets it (the baselines included).
+pub struct IobLimit;
+
+impl IobLimit {
+    /// Glucose the correction aims at (mg/dL): Control-IQ's 112.5.
+    pub const TARGET_MG_DL: f64 = 112.5;
+
+    /// Insulin on board (U, as [`UvaPadovaEnv::insulin_on_board`] counts it) that delivery at
+    /// `basal_u_per_min` for the whole insulin action time leaves.
+    pub fn steady_state_iob(basal_u_per_min: f64) -> f64 {
+        let n = IOB_DURATION_MIN as f64;
+        // Sum over k of (1 - k / n) for k in 0..n.
+        basal_u_per_min * (n + 1.0) / 2.0
+    }
+
+    /// The basal rate (U/min) the pump delivers when `asked`, given the reading (mg/dL), the
+    /// insulin on board (U), the programmed basal (U/min) and correction factor (mg/dL per U).
+    pub fn limit(asked: f64, cgm_mg_dl: f64, iob_u: f64, programmed: f64, cf: f64) -> f64 {
+        if asked <= programmed {
+            return asked;
+        }
+        let extra_on_board = iob_u - Self::steady_state_iob(programmed);
+        let correction = (cgm_mg_dl - Self::TARGET_MG_DL) / cf;
+        if extra_on_board >= correction {
+            programmed
+        } else {
+            asked
+        }
+    }
 }
 
 /// Predictive low-glucose suspend, after Tandem's Basal-IQ (in commercial pumps since 2018;
@@ -791,6 +833,7 @@ impl Default for UvaPadovaOptions {
             observation: UvaObservation::default(),
             action: UvaAction::BasalRate,
             low_glucose_suspend: false,
+            iob_limit: false,
         }
     }
 }
@@ -886,7 +929,7 @@ impl UvaPadovaEnv {
         let params = patient(patient_name_or_index)?.clone();
         let therapy = match opts.action {
             UvaAction::Pump { bolus: true } => Some(therapy(&params.name)?),
-            _ if opts.observation.therapy => Some(therapy(&params.name)?),
+            _ if opts.observation.therapy || opts.iob_limit => Some(therapy(&params.name)?),
             _ => None,
         };
         let (act_low, act_high) = match opts.action {
@@ -1073,6 +1116,16 @@ impl UvaPadovaEnv {
             };
             let suspended = self.opts.low_glucose_suspend
                 && LowGlucoseSuspend::suspends(&self.suspend_hist, f64::from(sample_min));
+            let basal = match (self.opts.iob_limit, self.therapy) {
+                (true, Some(t)) => IobLimit::limit(
+                    basal,
+                    self.cgm,
+                    self.insulin_on_board(),
+                    self.patient.params().basal_u_per_min(),
+                    t.cf_mg_dl_per_u,
+                ),
+                _ => basal,
+            };
             let insulin = if suspended { 0.0 } else { basal } + bolus_rate;
             let mut cho_sum = 0.0;
             for _ in 0..sample_min {

@@ -46,6 +46,9 @@ pub struct Args {
     /// `uva-padova-pump*` populations: the scenario's `task.low_glucose_suspend`, if it set one.
     #[arg(long)]
     pub low_glucose_suspend: Option<bool>,
+    /// `uva-padova-pump*` populations: the scenario's `task.iob_limit`, if it set one.
+    #[arg(long)]
+    pub iob_limit: Option<bool>,
     /// First user id for populations (choose ids outside the training users).
     #[arg(long, default_value_t = 1_000_000)]
     pub first_user: u64,
@@ -76,6 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 low_risk_weight: args.low_risk_weight,
                 decision_min: args.decision_min,
                 low_glucose_suspend: args.low_glucose_suspend,
+                iob_limit: args.iob_limit,
             })
         })
         .map_err(|e| UsageError(e.to_string()))?;
