@@ -10,7 +10,8 @@ scenarios `scenarios/<env>-expert*.toml`:
   - `nonprivate`  the non-private CQL twin;
   - `<variant>@lr<x>` any of them with learning rate x (e.g. `nonprivate@lr1e-4`);
   - `<variant>@cal=<c>` with the release's epsilon' calibrated by c (`theorem`, `accountant`);
-  - `<variant>@rs<x>` with CQL reward scale x (e.g. `nonprivate@rs1e-6`).
+  - `<variant>@rs<x>` with CQL reward scale x (e.g. `nonprivate@rs1e-6`);
+  - `<variant>@it<n>` with experts trained n PPO iterations (another cached dataset).
 Seeds vary the Q-network's initialisation, the transitions drawn and the step schedule
 (`model_seed`, `data_seed`, `schedule_seed`); the experts' dataset is the same (generated once and
 cached). Runs use the central update mode (the same accounting and gradients as federated, one
@@ -57,6 +58,7 @@ def variant_text(env, variant, seed, steps):
     lr = next((m[2:] for m in mods if m.startswith("lr")), "")
     cal = next((m[4:] for m in mods if m.startswith("cal=")), "")
     rs = next((m[2:] for m in mods if m.startswith("rs")), "")
+    it = next((m[2:] for m in mods if m.startswith("it")), "")
     base = {
         "selective": f"{env}-expert.toml",
         "dpsgd": f"{env}-expert-dpsgd.toml",
@@ -84,6 +86,9 @@ def variant_text(env, variant, seed, steps):
             text = re.sub(r"(?m)^reward_scale = .*$", f"reward_scale = {rs}", text)
         else:
             text = text.replace("[task.cql]\n", f"[task.cql]\nreward_scale = {rs}\n", 1)
+    if it:
+        # `<variant>@it<n>`: experts trained n PPO iterations each.
+        text = re.sub(r"iterations = \d+ \}", f"iterations = {it} }}", text)
     if cal:
         # `<variant>@cal=<theorem|accountant>`: how the release's epsilon' is calibrated.
         text = re.sub(

@@ -3,10 +3,10 @@
 //! constraint: the slider limit of [`crate::dmc_cartpole`].
 //!
 //! Why by hand, and why so literally: MuJoCo minimises the constraint cost iteratively and stops
-//! once an iteration improves the scaled cost by less than its tolerance (1e-8). Near the optimum
+//! once a step would improve the scaled cost by less than its tolerance (1e-8). Near the optimum
 //! the cost is flat in the pole's direction (its inertia is small), so the stopping point can sit
-//! 1e-4 rad/s^2 away from the exact minimiser, and where it stops depends on the starting point
-//! (the previous step's acceleration) and on every line-search step. The closed-form minimiser
+//! a few 1e-4 rad/s^2 away from the exact minimiser, and where it stops depends on the starting
+//! point (the previous step's acceleration) and on every line-search step. The closed-form minimiser
 //! therefore differs from MuJoCo by up to 1.2e-6 in one step's state at the rail; following the
 //! same iterations from the same warm start reproduces MuJoCo to rounding (with one stopping
 //! rule inferred from the traces, see [`LimitProblem::solve`]). No crate implements
