@@ -339,14 +339,8 @@ pub fn user_env(population: &Population, user: u64) -> Result<UvaPadovaEnv, SimE
     match population.user_params(user)? {
         UserParams::Patient { name, pump } => {
             let mut opts = controller_options(pump);
-            // The suspend is the pump's: a controller behind it gets it too.
-            let pump = population.pump_overrides();
-            if let Some(on) = pump.low_glucose_suspend {
-                opts.low_glucose_suspend = on;
-            }
-            if let Some(on) = pump.iob_limit {
-                opts.iob_limit = on;
-            }
+            // The suspend and the IOB limit are the pump's: a controller behind it gets them.
+            population.pump_overrides().apply_pump_rules(&mut opts);
             UvaPadovaEnv::new(&name, opts)
         }
         _ => Err(SimError::Invalid(format!(

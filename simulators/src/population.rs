@@ -150,8 +150,8 @@ pub struct Population {
 /// ([`crate::uva_padova::UvaPadovaOptions::pump`]); `None` keeps the setting's own value.
 /// The reward weight and the decision interval concern the policy only (the baseline
 /// controllers decide every CGM sample and are scored on blood glucose); the low-glucose
-/// suspend is the pump's, so the baselines run behind it too
-/// ([`crate::controllers::user_env`]).
+/// suspend and the insulin-on-board limit are the pump's, so the baselines run behind them too
+/// ([`Self::apply_pump_rules`], [`crate::controllers::user_env`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PumpOverrides {
     /// Weight of the low branch of the risk index in the reward (1 = Kovatchev's symmetric
@@ -165,6 +165,19 @@ pub struct PumpOverrides {
     /// The pump's insulin-on-board limit ([`crate::uva_padova::IobLimit`]; the setting's own:
     /// off).
     pub iob_limit: Option<bool>,
+}
+
+impl PumpOverrides {
+    /// Sets the pump's own safety rules (low-glucose suspend, insulin-on-board limit) on any
+    /// controller's options; the policy-only fields are left to the caller.
+    pub fn apply_pump_rules(&self, opts: &mut crate::uva_padova::UvaPadovaOptions) {
+        if let Some(on) = self.low_glucose_suspend {
+            opts.low_glucose_suspend = on;
+        }
+        if let Some(on) = self.iob_limit {
+            opts.iob_limit = on;
+        }
+    }
 }
 
 /// One user's parameters.
@@ -563,12 +576,7 @@ impl Population {
                 if let Some(d) = self.pump.decision_min {
                     opts.decision_min = d;
                 }
-                if let Some(on) = self.pump.low_glucose_suspend {
-                    opts.low_glucose_suspend = on;
-                }
-                if let Some(on) = self.pump.iob_limit {
-                    opts.iob_limit = on;
-                }
+                self.pump.apply_pump_rules(&mut opts);
                 Box::new(UvaPadovaEnv::new(&name, opts)?)
             }
         })
@@ -638,6 +646,18 @@ mod tests {
 
     /// Runs user 0 of `pop` for `steps` decisions at `action` (multiples of the programmed
     /// basal): the rewards and the glucose log.
+    /// `uva-padova-pump` (population seed 1) without and with `pump` overrides.
+    fn pump_pair(pump: PumpOverrides) -> (Population, Population) {
+        let base = Population::new("uva-padova-pump", 1).unwrap();
+        let with = base.clone().with_pump_overrides(pump).unwrap();
+        (base, with)
+    }
+
+    /// Lowest blood glucose of a day's log (mg/dL).
+    fn min_bg(log: &[GlucoseSample]) -> f64 {
+        log.iter().map(|s| s.bg_mg_dl).fold(f64::INFINITY, f64::min)
+    }
+
     fn pump_day(pop: &Population, action: f32, steps: usize) -> (Vec<f64>, Vec<GlucoseSample>) {
         let mut env = pop.user_env(0).unwrap();
         let mut obs = vec![0.0; env.observation_space().dim()];
@@ -746,20 +766,14 @@ mod tests {
 
     #[test]
     fn the_iob_limit_is_the_pumps_and_cuts_stacking() {
-        let base = Population::new("uva-padova-pump", 1).unwrap();
-        let limited = base
-            .clone()
-            .with_pump_overrides(PumpOverrides {
-                iob_limit: Some(true),
-                ..PumpOverrides::default()
-            })
-            .unwrap();
+        let (base, limited) = pump_pair(PumpOverrides {
+            iob_limit: Some(true),
+            ..PumpOverrides::default()
+        });
         // Five times the programmed basal for 8 hours: the limit caps it once insulin stacks.
         let (_, plain) = pump_day(&base, 5.0, 16);
         let (_, capped) = pump_day(&limited, 5.0, 16);
         let total = |log: &[GlucoseSample]| log.iter().map(|s| s.insulin_u).sum::<f64>();
-        let min_bg =
-            |log: &[GlucoseSample]| log.iter().map(|s| s.bg_mg_dl).fold(f64::INFINITY, f64::min);
         assert!(
             total(&capped) < 0.8 * total(&plain),
             "{} vs {}",
@@ -788,19 +802,13 @@ mod tests {
 
     #[test]
     fn the_suspend_is_the_pumps_and_the_controllers_run_behind_it() {
-        let base = Population::new("uva-padova-pump", 1).unwrap();
-        let lgs = base
-            .clone()
-            .with_pump_overrides(PumpOverrides {
-                low_glucose_suspend: Some(true),
-                ..PumpOverrides::default()
-            })
-            .unwrap();
+        let (base, lgs) = pump_pair(PumpOverrides {
+            low_glucose_suspend: Some(true),
+            ..PumpOverrides::default()
+        });
         // Five times the programmed basal for 8 hours: the suspend cuts basal before the low.
         let (_, plain) = pump_day(&base, 5.0, 16);
         let (_, guarded) = pump_day(&lgs, 5.0, 16);
-        let min_bg =
-            |log: &[GlucoseSample]| log.iter().map(|s| s.bg_mg_dl).fold(f64::INFINITY, f64::min);
         assert!(
             min_bg(&guarded) > min_bg(&plain) + 5.0,
             "{} vs {}",
