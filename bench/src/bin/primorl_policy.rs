@@ -1,0 +1,99 @@
+//! Re-runs PriMORL's policy phase (seed 001, Algorithm 4) on an ensemble a finished run
+//! released (`<run>/ensemble.safetensors`), with the scenario's policy settings or overrides.
+//! The policy phase is post-processing of the released model: it reads no dataset and costs no
+//! privacy, so a longer SAC run or another penalty can be tried without paying the model phase
+//! (35 minutes for cart-pole balance) again. MOPO's real-data minibatches are not available here
+//! (they need the dataset), so MOPO runs are out of scope.
+//!
+//! ```text
+//! cargo build --release -p fedrl-bench --bin primorl_policy
+//! target/release/primorl_policy runs/primorl/balance-primorl-c1.0-e15-s0 [--epochs 50]
+//!     [--lambda 1.0] [--seed 0] [--results bench/results/primorl_policy.jsonl]
+//! ```
+//!
+//! Appends one JSON line per run: the run directory, the settings, and the normalised return
+//! after every SAC epoch.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use fedrl_common::scenario::Task;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::ensemble::{self, Ensemble};
+use fedrl_rl::primorl::policy_phase;
+
+#[derive(Parser)]
+struct Args {
+    /// Output directory of a finished private `primorl` run (holds `scenario.toml` and
+    /// `ensemble.safetensors`).
+    run: PathBuf,
+    /// SAC epochs (each the scenario's `updates_per_epoch` updates); default the scenario's.
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Weight of the uncertainty penalty in the model reward `r - lambda u`; default the
+    /// scenario's.
+    #[arg(long)]
+    lambda: Option<f64>,
+    /// Seed of SAC and of the rollouts' start states; default the scenario's.
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, default_value = "bench/results/primorl_policy.jsonl")]
+    results: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    fedrl_bench::train_like_fedrl();
+    let args = Args::parse();
+    let scenario_path = args.run.join("scenario.toml");
+    let scenario = fedrl_rl::task::scenario_from_file(&scenario_path)
+        .with_context(|| format!("reading {}", scenario_path.display()))?;
+    let Task::Primorl(task) = &scenario.task else {
+        bail!("{}: not a primorl scenario", scenario_path.display());
+    };
+    let mut cfg = task.policy.clone();
+    if cfg.real_ratio > 0.0 {
+        bail!("{}: MOPO's policy phase needs the dataset", scenario.name);
+    }
+    if let Some(e) = args.epochs {
+        cfg.epochs = e;
+    }
+    if let Some(l) = args.lambda {
+        cfg.lambda = l;
+    }
+    if let Some(s) = args.seed {
+        cfg.seed = s;
+    }
+    let model_path = args.run.join("ensemble.safetensors");
+    let (spec, params) =
+        ensemble::load(&model_path).with_context(|| format!("reading {}", model_path.display()))?;
+    let device = Device::Cpu;
+    let ens = Ensemble::new(&spec, &params, &device)?;
+    if let Some(dir) = args.results.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let (_, curve) = policy_phase(&ens, &task.dataset.env, &cfg, None, &device, &mut |e| {
+        eprintln!(
+            "SAC epoch {:>3}/{}: normalised {:7.1}, penalty {:6.3}, {:.0} s",
+            e.epoch, cfg.epochs, e.normalized_return, e.penalty, e.seconds
+        );
+    })?;
+    let line = serde_json::json!({
+        "run": args.run,
+        "scenario": scenario.name,
+        "epochs": cfg.epochs,
+        "lambda": cfg.lambda,
+        "seed": cfg.seed,
+        "final_normalized_return": curve.last().map(|e| e.normalized_return),
+        "curve": curve.iter().map(|e| (e.epoch, e.normalized_return)).collect::<Vec<_>>(),
+        "seconds": curve.last().map(|e| e.seconds),
+    });
+    println!("{line}");
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args.results)?;
+    writeln!(out, "{line}")?;
+    Ok(())
+}
