@@ -2,13 +2,13 @@
 //! released (`<run>/ensemble.safetensors`), with the scenario's policy settings or overrides.
 //! The policy phase is post-processing of the released model: it reads no dataset and costs no
 //! privacy, so a longer SAC run or another penalty can be tried without paying the model phase
-//! (35 minutes for cart-pole balance) again. MOPO's real-data minibatches are not available here
-//! (they need the dataset), so MOPO runs are out of scope.
+//! (35 minutes for cart-pole balance) again. MOPO's real-data minibatches need the dataset: on a
+//! MOPO run's (non-private) ensemble the re-run is model-only, like the No Privacy variant.
 //!
 //! ```text
 //! cargo build --release -p fedrl-bench --bin primorl_policy
 //! target/release/primorl_policy runs/primorl/balance-primorl-c1.0-e15-s0 [--epochs 50]
-//!     [--lambda 1.0] [--seed 0] [--results bench/results/primorl_policy.jsonl]
+//!     [--lambda 1.0] [--rollout-length 20] [--start-fraction 0.5] [--seed 0] [--results bench/results/primorl_policy.jsonl]
 //! ```
 //!
 //! Appends one JSON line per run: the run directory, the settings, and the normalised return
@@ -36,9 +36,20 @@ struct Args {
     /// scenario's.
     #[arg(long)]
     lambda: Option<f64>,
+    /// Model rollout length H in steps; default the scenario's.
+    #[arg(long)]
+    rollout_length: Option<usize>,
+    /// Fraction of rollouts started from states the model generated earlier; default the
+    /// scenario's.
+    #[arg(long)]
+    start_fraction: Option<f64>,
     /// Seed of SAC and of the rollouts' start states; default the scenario's.
     #[arg(long)]
     seed: Option<u64>,
+    /// After training, print one real episode in blocks of this many steps: the mean reward and
+    /// the last observation of each block (0: no trace).
+    #[arg(long, default_value_t = 0)]
+    trace_block: usize,
     #[arg(long, default_value = "bench/results/primorl_policy.jsonl")]
     results: PathBuf,
 }
@@ -54,13 +65,23 @@ fn main() -> anyhow::Result<()> {
     };
     let mut cfg = task.policy.clone();
     if cfg.real_ratio > 0.0 {
-        bail!("{}: MOPO's policy phase needs the dataset", scenario.name);
+        eprintln!(
+            "{}: MOPO's real-data minibatches need the dataset; this re-run is model-only",
+            scenario.name
+        );
+        cfg.real_ratio = 0.0;
     }
     if let Some(e) = args.epochs {
         cfg.epochs = e;
     }
     if let Some(l) = args.lambda {
         cfg.lambda = l;
+    }
+    if let Some(h) = args.rollout_length {
+        cfg.rollout_length = h;
+    }
+    if let Some(f) = args.start_fraction {
+        cfg.model_start_fraction = f;
     }
     if let Some(s) = args.seed {
         cfg.seed = s;
@@ -73,17 +94,47 @@ fn main() -> anyhow::Result<()> {
     if let Some(dir) = args.results.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let (_, curve) = policy_phase(&ens, &task.dataset.env, &cfg, None, &device, &mut |e| {
-        eprintln!(
-            "SAC epoch {:>3}/{}: normalised {:7.1}, penalty {:6.3}, {:.0} s",
-            e.epoch, cfg.epochs, e.normalized_return, e.penalty, e.seconds
-        );
-    })?;
+    let (mut agent, curve) =
+        policy_phase(&ens, &task.dataset.env, &cfg, None, &device, &mut |e| {
+            eprintln!(
+                "SAC epoch {:>3}/{}: normalised {:7.1}, penalty {:6.3}, {:.0} s",
+                e.epoch, cfg.epochs, e.normalized_return, e.penalty, e.seconds
+            );
+        })?;
+    if args.trace_block > 0 {
+        let mut env = fedrl_sim::make(&task.dataset.env)?;
+        let mut obs = vec![0.0f32; env.observation_space().dim()];
+        env.reset(cfg.seed, &mut obs);
+        let (mut t, mut block) = (0usize, 0.0f64);
+        loop {
+            let a = agent.act(&obs, true)?;
+            let mut next = vec![0.0f32; obs.len()];
+            let step = env.step(fedrl_sim::Action::Continuous(&a), &mut next)?;
+            obs = next;
+            block += step.reward;
+            t += 1;
+            let done = step.terminated || step.truncated;
+            if t % args.trace_block == 0 || done {
+                eprintln!(
+                    "steps {:>5}: mean reward {:.3}, observation {:?}",
+                    t,
+                    block / ((t - 1) % args.trace_block + 1) as f64,
+                    obs
+                );
+                block = 0.0;
+            }
+            if done {
+                break;
+            }
+        }
+    }
     let line = serde_json::json!({
         "run": args.run,
         "scenario": scenario.name,
         "epochs": cfg.epochs,
         "lambda": cfg.lambda,
+        "rollout_length": cfg.rollout_length,
+        "model_start_fraction": cfg.model_start_fraction,
         "seed": cfg.seed,
         "final_normalized_return": curve.last().map(|e| e.normalized_return),
         "curve": curve.iter().map(|e| (e.epoch, e.normalized_return)).collect::<Vec<_>>(),
