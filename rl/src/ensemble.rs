@@ -47,6 +47,12 @@ pub struct EnsembleSpec {
     pub input_offset: Vec<f32>,
     /// See `input_offset`; every scale must be positive.
     pub input_scale: Vec<f32>,
+    /// Target normalisation: the members learn `(s' - s, r) / output_scale` per component
+    /// (length `obs_dim + 1`), and [`Ensemble::predict`] and [`Ensemble::step`] answer in raw
+    /// units. Computed from public data only. Empty (the default, and in files written before
+    /// it existed): raw targets.
+    #[serde(default)]
+    pub output_scale: Vec<f32>,
 }
 
 pub use fedrl_common::primorl::{EnsembleClipping, Uncertainty};
@@ -61,6 +67,7 @@ impl EnsembleSpec {
             members,
             input_offset: vec![0.0; obs_dim + act_dim],
             input_scale: vec![1.0; obs_dim + act_dim],
+            output_scale: Vec::new(),
         }
     }
 
@@ -137,6 +144,20 @@ impl EnsembleSpec {
         {
             return bad("input offsets must be finite and scales finite and positive".into());
         }
+        if !self.output_scale.is_empty() && self.output_scale.len() != self.out_dim() {
+            return bad(format!(
+                "output normalisation needs {} scales, got {}",
+                self.out_dim(),
+                self.output_scale.len()
+            ));
+        }
+        if self
+            .output_scale
+            .iter()
+            .any(|v| !(v.is_finite() && *v > 0.0))
+        {
+            return bad("output scales must be finite and positive".into());
+        }
         Ok(())
     }
 
@@ -172,12 +193,13 @@ impl EnsembleSpec {
     }
 }
 
-/// One trajectory's training rows: normalised inputs `(s, a)` and targets `(s' - s, r)`.
+/// One trajectory's training rows: normalised inputs `(s, a)` and targets `(s' - s, r)`
+/// (divided by the spec's `output_scale` when it has one).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelRows {
     /// `rows x in_dim`, normalised with the spec's public offsets and scales.
     pub inputs: Vec<f32>,
-    /// `rows x out_dim`.
+    /// `rows x out_dim`, in the units the members learn (see `EnsembleSpec::output_scale`).
     pub targets: Vec<f32>,
 }
 
@@ -211,8 +233,12 @@ impl ModelRows {
             let s = &obs[t * d..(t + 1) * d];
             spec.push_input(s, &act[t * a..(t + 1) * a], &mut rows.inputs);
             let s2 = &next_obs[t * d..(t + 1) * d];
+            let start = rows.targets.len();
             rows.targets.extend(s2.iter().zip(s).map(|(x2, x)| x2 - x));
             rows.targets.push(rewards[t]);
+            for (y, sc) in rows.targets[start..].iter_mut().zip(&spec.output_scale) {
+                *y /= sc;
+            }
         }
         Ok(rows)
     }
@@ -864,7 +890,8 @@ impl Ensemble {
         })
     }
 
-    /// Every member's prediction of `(s' - s, r)` for rows of raw observations and actions.
+    /// Every member's prediction of `(s' - s, r)` for rows of raw observations and actions, in
+    /// raw units.
     pub fn predict(&self, obs: &[f32], act: &[f32]) -> Result<Prediction> {
         let (d, a) = (self.spec.obs_dim, self.spec.act_dim);
         let rows = obs.len() / d;
@@ -883,11 +910,29 @@ impl Ensemble {
                 &mut inputs,
             );
         }
-        self.predict_inputs(inputs)
+        let mut p = self.predict_inputs(inputs)?;
+        // Back to raw units: a mean scales with the component, a log-variance shifts by twice
+        // the log of the scale.
+        if !self.spec.output_scale.is_empty() {
+            let shift: Vec<f32> = self
+                .spec
+                .output_scale
+                .iter()
+                .map(|s| 2.0 * s.ln())
+                .collect();
+            for (m, s) in p.mean.iter_mut().zip(self.spec.output_scale.iter().cycle()) {
+                *m *= s;
+            }
+            for (l, s) in p.logvar.iter_mut().zip(shift.iter().cycle()) {
+                *l += s;
+            }
+        }
+        Ok(p)
     }
 
     /// Mean squared error of the members' means on `rows` (averaged over members, rows and
-    /// components): the early-stopping criterion on the public split.
+    /// components, in the units the members learn): the early-stopping criterion on the public
+    /// split.
     pub fn mse(&self, rows: &ModelRows) -> Result<f64> {
         if rows.is_empty() {
             return Ok(0.0);

@@ -39,8 +39,48 @@ pub fn ensemble_spec(task: &PrimorlTask, dataset: &ContinuousDataset) -> Result<
     let (mean, std) = dataset.input_stats(&public);
     spec.input_offset = mean;
     spec.input_scale = std;
+    if task.ensemble.normalize_targets {
+        spec.output_scale = target_scales(&public, spec.obs_dim)?;
+    }
     spec.check()?;
     Ok(spec)
+}
+
+/// Standard deviation of each component of `(s' - s, r)` over `episodes` (the public split),
+/// floored at 1e-6 of the largest so a constant component cannot divide by zero.
+fn target_scales(episodes: &[&ContinuousEpisode], d: usize) -> Result<Vec<f32>> {
+    let mut sum = vec![0.0f64; d + 1];
+    let mut sq = vec![0.0f64; d + 1];
+    let mut n = 0usize;
+    for e in episodes {
+        for t in 0..e.len() {
+            for k in 0..=d {
+                let y = if k < d {
+                    f64::from(e.observations[(t + 1) * d + k] - e.observations[t * d + k])
+                } else {
+                    f64::from(e.rewards[t])
+                };
+                sum[k] += y;
+                sq[k] += y * y;
+            }
+            n += 1;
+        }
+    }
+    if n == 0 {
+        return Err(NnError::Invalid(
+            "target normalisation: the public split has no transitions".into(),
+        ));
+    }
+    let std: Vec<f64> = sum
+        .iter()
+        .zip(&sq)
+        .map(|(s, q)| {
+            let m = s / n as f64;
+            (q / n as f64 - m * m).max(0.0).sqrt()
+        })
+        .collect();
+    let floor = std.iter().cloned().fold(0.0, f64::max).max(1e-12) * 1e-6;
+    Ok(std.iter().map(|s| s.max(floor) as f32).collect())
 }
 
 /// The public split's rows, concatenated (the early-stopping set).

@@ -290,3 +290,52 @@ fn the_model_step_penalises_the_reward_by_lambda_u() {
         assert!(pess.uncertainty[r] > 0.0);
     }
 }
+
+#[test]
+fn normalised_targets_are_learned_scaled_and_answered_in_raw_units() {
+    let raw_spec = spec();
+    let mut scaled = spec();
+    scaled.output_scale = vec![0.5, 4.0, 0.01, 2.0];
+    scaled.check().expect("valid scales");
+    let raw = rows(&raw_spec, 20, 3);
+    let norm = rows(&scaled, 20, 3);
+    assert_eq!(raw.inputs, norm.inputs);
+    for (i, (r, n)) in raw.targets.iter().zip(&norm.targets).enumerate() {
+        let s = scaled.output_scale[i % 4];
+        assert!(
+            (r / s - n).abs() <= 1e-6 * (r / s).abs().max(1.0),
+            "{r} / {s} vs {n}"
+        );
+    }
+    // The same weights answer in raw units: means times the scale, log-variances plus 2 ln s
+    // (before MOPO's soft bounds, which act on what the members output).
+    let params = raw_spec.init(9);
+    let a = Ensemble::new(&raw_spec, &params, &Device::Cpu).expect("ensemble");
+    let b = Ensemble::new(&scaled, &params, &Device::Cpu).expect("ensemble");
+    let obs = [0.3f32, -0.4, 0.8, -0.1, 0.2, 0.5];
+    let act = [1.0f32, -0.5];
+    let (pa, pb) = (
+        a.predict(&obs, &act).expect("a"),
+        b.predict(&obs, &act).expect("b"),
+    );
+    for m in 0..pa.members {
+        for r in 0..pa.rows {
+            for k in 0..4 {
+                let s = scaled.output_scale[k];
+                let (ma, mb) = (pa.mean_of(m, r)[k], pb.mean_of(m, r)[k]);
+                assert!((ma * s - mb).abs() <= 1e-5 * (ma * s).abs().max(1e-3));
+                let (la, lb) = (pa.logvar_of(m, r)[k], pb.logvar_of(m, r)[k]);
+                assert!((la + 2.0 * s.ln() - lb).abs() <= 1e-4);
+            }
+        }
+    }
+    // The early-stopping MSE is measured in the learned (scaled) units.
+    let mse_raw = a.mse(&raw).expect("mse");
+    let mse_norm = b.mse(&norm).expect("mse");
+    assert!(mse_raw.is_finite() && mse_norm.is_finite() && mse_raw != mse_norm);
+    let mut bad = spec();
+    bad.output_scale = vec![1.0, 0.0, 1.0, 1.0];
+    assert!(bad.check().is_err());
+    bad.output_scale = vec![1.0; 3];
+    assert!(bad.check().is_err());
+}
