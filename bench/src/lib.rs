@@ -10,3 +10,33 @@ pub fn train_like_fedrl() {
     }
     fedrl_rl::alloc::tune_for_training();
 }
+
+/// A finished `primorl` run read back from its output directory: its scenario name, its task and
+/// the released ensemble (on the CPU).
+pub struct PrimorlRun {
+    pub name: String,
+    pub task: fedrl_common::primorl::PrimorlTask,
+    pub ensemble: fedrl_rl::ensemble::Ensemble,
+}
+
+/// Reads `<run>/scenario.toml` (which must be a `primorl` scenario) and
+/// `<run>/ensemble.safetensors`.
+pub fn load_primorl_run(run: &std::path::Path) -> anyhow::Result<PrimorlRun> {
+    use anyhow::Context;
+    let scenario_path = run.join("scenario.toml");
+    let scenario = fedrl_rl::task::scenario_from_file(&scenario_path)
+        .with_context(|| format!("reading {}", scenario_path.display()))?;
+    let fedrl_common::scenario::Task::Primorl(task) = scenario.task else {
+        anyhow::bail!("{}: not a primorl scenario", scenario_path.display());
+    };
+    let model_path = run.join("ensemble.safetensors");
+    let (spec, params) = fedrl_rl::ensemble::load(&model_path)
+        .with_context(|| format!("reading {}", model_path.display()))?;
+    let ensemble =
+        fedrl_rl::ensemble::Ensemble::new(&spec, &params, &fedrl_rl::candle_core::Device::Cpu)?;
+    Ok(PrimorlRun {
+        name: scenario.name,
+        task,
+        ensemble,
+    })
+}

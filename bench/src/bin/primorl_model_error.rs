@@ -12,11 +12,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Parser;
-use fedrl_common::scenario::Task;
-use fedrl_rl::candle_core::Device;
-use fedrl_rl::ensemble::{self, Ensemble};
 
 #[derive(Parser)]
 struct Args {
@@ -30,16 +27,9 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     fedrl_bench::train_like_fedrl();
     let args = Args::parse();
-    let scenario_path = args.run.join("scenario.toml");
-    let scenario = fedrl_rl::task::scenario_from_file(&scenario_path)
-        .with_context(|| format!("reading {}", scenario_path.display()))?;
-    let Task::Primorl(task) = &scenario.task else {
-        bail!("{}: not a primorl scenario", scenario_path.display());
-    };
-    let model_path = args.run.join("ensemble.safetensors");
-    let (spec, params) =
-        ensemble::load(&model_path).with_context(|| format!("reading {}", model_path.display()))?;
-    let ens = Ensemble::new(&spec, &params, &Device::Cpu)?;
+    let run = fedrl_bench::load_primorl_run(&args.run)?;
+    let (task, ens) = (&run.task, &run.ensemble);
+    let spec = ens.spec();
     let root = fedrl_rl::offline::data_root(None)?;
     let data = fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
     let (public, _) = data.split(task.dataset.units);
@@ -70,7 +60,7 @@ fn main() -> anyhow::Result<()> {
     if rows == 0 {
         bail!("no public rows");
     }
-    println!("{} public rows of {}", rows, scenario.name);
+    println!("{} public rows of {}", rows, run.name);
     println!("component   rmse         target std   rmse / std");
     for k in 0..dout {
         let rmse = (err[k] / rows as f64).sqrt();

@@ -17,11 +17,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
 use clap::Parser;
-use fedrl_common::scenario::Task;
 use fedrl_rl::candle_core::Device;
-use fedrl_rl::ensemble::{self, Ensemble};
 use fedrl_rl::primorl::policy_phase;
 
 #[derive(Parser)]
@@ -57,17 +54,13 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     fedrl_bench::train_like_fedrl();
     let args = Args::parse();
-    let scenario_path = args.run.join("scenario.toml");
-    let scenario = fedrl_rl::task::scenario_from_file(&scenario_path)
-        .with_context(|| format!("reading {}", scenario_path.display()))?;
-    let Task::Primorl(task) = &scenario.task else {
-        bail!("{}: not a primorl scenario", scenario_path.display());
-    };
+    let run = fedrl_bench::load_primorl_run(&args.run)?;
+    let task = &run.task;
     let mut cfg = task.policy.clone();
     if cfg.real_ratio > 0.0 {
         eprintln!(
             "{}: MOPO's real-data minibatches need the dataset; this re-run is model-only",
-            scenario.name
+            run.name
         );
         cfg.real_ratio = 0.0;
     }
@@ -86,21 +79,23 @@ fn main() -> anyhow::Result<()> {
     if let Some(s) = args.seed {
         cfg.seed = s;
     }
-    let model_path = args.run.join("ensemble.safetensors");
-    let (spec, params) =
-        ensemble::load(&model_path).with_context(|| format!("reading {}", model_path.display()))?;
     let device = Device::Cpu;
-    let ens = Ensemble::new(&spec, &params, &device)?;
     if let Some(dir) = args.results.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let (mut agent, curve) =
-        policy_phase(&ens, &task.dataset.env, &cfg, None, &device, &mut |e| {
+    let (mut agent, curve) = policy_phase(
+        &run.ensemble,
+        &task.dataset.env,
+        &cfg,
+        None,
+        &device,
+        &mut |e| {
             eprintln!(
                 "SAC epoch {:>3}/{}: normalised {:7.1}, penalty {:6.3}, {:.0} s",
                 e.epoch, cfg.epochs, e.normalized_return, e.penalty, e.seconds
             );
-        })?;
+        },
+    )?;
     if args.trace_block > 0 {
         let mut env = fedrl_sim::make(&task.dataset.env)?;
         let mut obs = vec![0.0f32; env.observation_space().dim()];
@@ -130,7 +125,7 @@ fn main() -> anyhow::Result<()> {
     }
     let line = serde_json::json!({
         "run": args.run,
-        "scenario": scenario.name,
+        "scenario": run.name,
         "epochs": cfg.epochs,
         "lambda": cfg.lambda,
         "rollout_length": cfg.rollout_length,
