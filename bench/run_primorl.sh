@@ -11,6 +11,7 @@
 # Usage: [TASKS="pendulum balance swingup"] [SEEDS="0 1 2 3 4"] \
 #        [VARIANTS="primorl primorl-low primorl-nonprivate primorl-mopo"] [TIMEOUT=14400] \
 #        [POLICY_EPOCHS=N (fewer SAC epochs than the scenario's; each is 1,000 updates)] \
+#        [ROUNDS=N (a smaller model-phase round budget than the scenario's)] \
 #        [FEDRL_BIN=path/to/fedrl (skips the release build)] bench/run_primorl.sh
 # Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
 set -euo pipefail
@@ -28,25 +29,36 @@ for task in ${TASKS:-pendulum}; do
   for seed in ${SEEDS:-0 1 2 3 4}; do
     for variant in ${VARIANTS:-primorl primorl-low primorl-nonprivate primorl-mopo}; do
       name="$task-$variant"
-      # A run counts as done for the same scenario, seed, clip norm and SAC epochs.
+      # A run counts as done for the same scenario, seed, clip norm, SAC epochs, target
+      # normalisation and round budget (rows from before the last two were recorded had raw
+      # targets and the scenario's budget).
       clip="$(sed -n 's/^clip_norm = //p' "scenarios/$name.toml")"
       epochs="${POLICY_EPOCHS:-$(sed -n 's/^epochs = //p' "scenarios/$name.toml")}"
-      if python3 - "$results" "$name" "$seed" "$clip" "$epochs" <<'PY'
-import json, sys
-path, name, seed, clip, epochs = sys.argv[1:6]
+      budget="${ROUNDS:-$(sed -n 's/^rounds = //p' "scenarios/$name.toml")}"
+      norm=false
+      if grep -q '^normalize_targets = true' "scenarios/$name.toml"; then norm=true; fi
+      if python3 - "$results" "$name" "$seed" "$clip" "$epochs" "$norm" "$budget" "scenarios/$name.toml" <<'PY'
+import json, re, sys
+path, name, seed, clip, epochs, norm, budget, scen = sys.argv[1:9]
+default_budget = re.search(r"^rounds = (\d+)", open(scen).read(), re.M).group(1)
 for line in open(path):
     r = json.loads(line)
     if (r["scenario"], str(r["seed"])) == (name, seed) and float(r["clip_norm"]) == float(clip) \
-            and int(r["policy_epochs"]) == int(epochs):
+            and int(r["policy_epochs"]) == int(epochs) \
+            and bool(r.get("normalize_targets", False)) == (norm == "true") \
+            and int(r.get("round_budget", default_budget)) == int(budget):
         sys.exit(0)
 sys.exit(1)
 PY
       then continue; fi
-      out="$root/runs/primorl/$name-c$clip-e$epochs-s$seed"
+      tag="$name-c$clip"
+      if [ "$norm" = true ]; then tag="$tag-norm"; fi
+      if [ -n "${ROUNDS:-}" ]; then tag="$tag-r$ROUNDS"; fi
+      out="$root/runs/primorl/$tag-e$epochs-s$seed"
       mkdir -p "$root/runs/primorl"
       # The seed goes into the model's and the policy phase's seeds; nothing else changes.
-      scen="$root/runs/primorl/$name-c$clip-e$epochs-s$seed.toml"
-      sed -e "s/^kind = \"primorl\"/kind = \"primorl\"\nmodel_seed = $seed\ndata_seed = $seed/" \
+      scen="$root/runs/primorl/$tag-e$epochs-s$seed.toml"
+      sed -e "s/^rounds = .*/rounds = $budget/" -e "s/^kind = \"primorl\"/kind = \"primorl\"\nmodel_seed = $seed\ndata_seed = $seed/" \
           -e "s/^updates_per_epoch = \(.*\)/updates_per_epoch = \1\nseed = $seed/" \
           -e "s/^epochs = \(.*\)/epochs = ${POLICY_EPOCHS:-\1}/" \
           "scenarios/$name.toml" > "$scen"
@@ -59,9 +71,10 @@ PY
         "$fedrl" run "$scen" --out "$out" --timeout "${TIMEOUT:-14400}" || true
       fi
       end=$(date +%s)
-      python3 - "$out/report.json" "$name" "$seed" "$((end - start))" "$clip" >> "$results" <<'PY'
+      python3 - "$out/report.json" "$name" "$seed" "$((end - start))" "$clip" "$norm" "$budget" \
+          >> "$results" <<'PY'
 import json, sys
-path, name, seed, secs, clip = sys.argv[1:6]
+path, name, seed, secs, clip, norm, budget = sys.argv[1:8]
 r = json.load(open(path))
 fe = r.get("final_evaluation") or {}
 curve = fe.get("policy_curve") or []
@@ -69,6 +82,7 @@ policy_s = curve[-1]["seconds"] if curve else None
 wall = r.get("wall_seconds")
 print(json.dumps({
     "scenario": name, "seed": int(seed), "clip_norm": float(clip),
+    "normalize_targets": norm == "true", "round_budget": int(budget),
     "policy_epochs": len(curve),
     "epsilon": r.get("epsilon"), "delta": r.get("delta"),
     "rounds": r.get("rounds_completed"), "selected_round": fe.get("selected_round"),
@@ -93,7 +107,12 @@ from collections import defaultdict
 rows = defaultdict(list)
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    rows[f'{r["scenario"]} C={r["clip_norm"]:g}'].append(r)
+    key = f'{r["scenario"]} C={r["clip_norm"]:g}'
+    if r.get("normalize_targets"):
+        key += " norm"
+    if "round_budget" in r:
+        key += f' T={r["round_budget"]}'
+    rows[key].append(r)
 # Student t 97.5% quantiles for n - 1 = 1..9 degrees of freedom.
 T = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262]
 print(f"{'scenario, clip norm':38} {'n':>2} {'epsilon':>8} {'normalised return':>22} {'model s':>8} {'policy s':>8}")

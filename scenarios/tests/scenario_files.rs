@@ -150,6 +150,11 @@ fn primorl_scenarios_plan_within_the_papers_budgets_and_have_their_twins() {
             assert_eq!(t.ensemble.hidden, base.ensemble.hidden, "{}", s.name);
             assert_eq!(t.ensemble.clipping, base.ensemble.clipping, "{}", s.name);
             assert_eq!(
+                t.ensemble.normalize_targets, base.ensemble.normalize_targets,
+                "{}",
+                s.name
+            );
+            assert_eq!(
                 t.policy.rollout_length, base.policy.rollout_length,
                 "{}",
                 s.name
