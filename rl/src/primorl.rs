@@ -48,7 +48,7 @@ pub fn ensemble_spec(task: &PrimorlTask, dataset: &ContinuousDataset) -> Result<
 
 /// Standard deviation of each component of `(s' - s, r)` over `episodes` (the public split),
 /// floored at 1e-6 of the largest so a constant component cannot divide by zero.
-fn target_scales(episodes: &[&ContinuousEpisode], d: usize) -> Result<Vec<f32>> {
+pub fn target_scales(episodes: &[&ContinuousEpisode], d: usize) -> Result<Vec<f32>> {
     let mut sum = vec![0.0f64; d + 1];
     let mut sq = vec![0.0f64; d + 1];
     let mut n = 0usize;

@@ -33,11 +33,12 @@ fn main() -> anyhow::Result<()> {
     let root = fedrl_rl::offline::data_root(None)?;
     let data = fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
     let (public, _) = data.split(task.dataset.units);
+    let public = &public[..args.episodes.min(public.len())];
     let (d, a) = (spec.obs_dim, spec.act_dim);
     let dout = d + 1;
-    let (mut err, mut sum, mut sq) = (vec![0.0f64; dout], vec![0.0f64; dout], vec![0.0f64; dout]);
+    let mut err = vec![0.0f64; dout];
     let mut rows = 0usize;
-    for e in public.iter().take(args.episodes) {
+    for e in public {
         let n = e.len();
         let p = ens.predict(&e.observations[..n * d], &e.actions[..n * a])?;
         for r in 0..n {
@@ -51,8 +52,6 @@ fn main() -> anyhow::Result<()> {
                     .sum::<f64>()
                     / p.members as f64;
                 err[k] += (m - t).powi(2);
-                sum[k] += t;
-                sq[k] += t * t;
             }
             rows += 1;
         }
@@ -60,12 +59,12 @@ fn main() -> anyhow::Result<()> {
     if rows == 0 {
         bail!("no public rows");
     }
+    let stds = fedrl_rl::primorl::target_scales(public, d)?;
     println!("{} public rows of {}", rows, run.name);
     println!("component   rmse         target std   rmse / std");
-    for k in 0..dout {
+    for (k, &std) in stds.iter().enumerate() {
         let rmse = (err[k] / rows as f64).sqrt();
-        let mean = sum[k] / rows as f64;
-        let std = (sq[k] / rows as f64 - mean * mean).max(0.0).sqrt();
+        let std = f64::from(std);
         let name = if k < d {
             format!("ds[{k}]")
         } else {
