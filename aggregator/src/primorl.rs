@@ -39,7 +39,8 @@ pub struct PrimorlModel {
     /// The policy phase's agent, once it ran.
     policy: Option<SacAgent>,
     /// The MOPO baseline's real transitions (every episode of the dataset); only a non-private
-    /// scenario with `task.policy.real_ratio > 0` keeps them (the scenario refuses it otherwise).
+    /// scenario with `task.policy.real_ratio > 0` or `data_start_fraction > 0` keeps them (the
+    /// scenario refuses it otherwise).
     real: Option<ReplayBuffer>,
 }
 
@@ -51,7 +52,7 @@ impl PrimorlModel {
                 .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         let spec = ensemble_spec(task, &dataset)?;
         let public = public_rows(task, &dataset, &spec)?;
-        let real = if task.policy.real_ratio > 0.0 {
+        let real = if task.policy.reads_data() {
             Some(real_transitions(
                 spec.obs_dim,
                 spec.act_dim,
@@ -104,9 +105,10 @@ impl PrimorlModel {
             p.lambda,
             match &self.real {
                 Some(r) => format!(
-                    "; MOPO: {:.0}% of each minibatch from {} real transitions",
+                    "; MOPO: {:.0}% of each minibatch from {} real transitions, {:.0}% of rollouts branched from their states",
                     100.0 * p.real_ratio,
-                    r.len()
+                    r.len(),
+                    100.0 * p.data_start_fraction
                 ),
                 None => String::new(),
             }

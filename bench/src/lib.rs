@@ -15,6 +15,8 @@ pub fn train_like_fedrl() {
 /// the released ensemble (on the CPU).
 pub struct PrimorlRun {
     pub name: String,
+    /// Whether the scenario is `non_private` (only then may a re-run read the dataset).
+    pub non_private: bool,
     pub task: fedrl_common::primorl::PrimorlTask,
     pub ensemble: fedrl_rl::ensemble::Ensemble,
 }
@@ -36,6 +38,7 @@ pub fn load_primorl_run(run: &std::path::Path) -> anyhow::Result<PrimorlRun> {
         fedrl_rl::ensemble::Ensemble::new(&spec, &params, &fedrl_rl::candle_core::Device::Cpu)?;
     Ok(PrimorlRun {
         name: scenario.name,
+        non_private: scenario.non_private,
         task,
         ensemble,
     })

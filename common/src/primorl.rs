@@ -221,6 +221,21 @@ pub struct PolicyPhaseConfig {
     /// Default 0 (PriMORL: model data only).
     #[serde(default)]
     pub real_ratio: f64,
+    /// Fraction of model rollouts branched from states of the real dataset, as MOPO does (its
+    /// rollouts start from dataset states, so the model data covers the states its 5% of real
+    /// transitions come from). Reading the data makes the policy no longer post-processing of
+    /// the released model, so only a non-private baseline may set it. The remaining rollouts
+    /// start as `model_start_fraction` says. Default 0 (PriMORL: the public initial
+    /// distribution and model states only).
+    #[serde(default)]
+    pub data_start_fraction: f64,
+}
+
+impl PolicyPhaseConfig {
+    /// Whether the policy phase reads the real dataset (the MOPO baseline only).
+    pub fn reads_data(&self) -> bool {
+        self.real_ratio > 0.0 || self.data_start_fraction > 0.0
+    }
 }
 
 /// Parameters of [`crate::task::Task::Primorl`]. Each of the dataset's K trajectories is one
@@ -303,6 +318,12 @@ impl PrimorlTask {
             return Err(format!(
                 "task.policy.real_ratio must be in [0, 1), got {}",
                 p.real_ratio
+            ));
+        }
+        if !(0.0..=1.0).contains(&p.data_start_fraction) {
+            return Err(format!(
+                "task.policy.data_start_fraction must be in [0, 1], got {}",
+                p.data_start_fraction
             ));
         }
         if !(p.lr.is_finite() && p.lr > 0.0 && p.target_entropy.is_finite()) {

@@ -680,10 +680,10 @@ impl Scenario {
                     self.users, t.dataset.units
                 ));
             }
-            if t.policy.real_ratio > 0.0 && !self.non_private {
+            if t.policy.reads_data() && !self.non_private {
                 return bad(format!(
-                    "task.policy.real_ratio = {} trains the policy on the real dataset (the MOPO baseline), which no privacy accounting covers: only a `non_private = true` scenario may set it",
-                    t.policy.real_ratio
+                    "task.policy.real_ratio = {} / data_start_fraction = {} train the policy on the real dataset (the MOPO baseline), which no privacy accounting covers: only a `non_private = true` scenario may set them",
+                    t.policy.real_ratio, t.policy.data_start_fraction
                 ));
             }
         }

@@ -256,13 +256,57 @@ pub struct PolicyEpoch {
 /// mixed 64-bit episode seeds and the start-state seeds drawn below.
 const EVAL_SEED_BASE: u64 = 3_000_000_000;
 
+/// Start states of one batch of `cfg.rollout_batch` model rollouts, concatenated: a fraction
+/// `cfg.data_start_fraction` drawn from the real transitions' states (MOPO's branching; only
+/// when `real` is given), then, of the rest, a fraction `cfg.model_start_fraction` from states
+/// the model generated earlier (`model`, once it holds any), and the others from `env`'s
+/// public initial distribution.
+pub fn rollout_starts(
+    cfg: &fedrl_common::primorl::PolicyPhaseConfig,
+    real: Option<&crate::sac::ReplayBuffer>,
+    model: &crate::sac::ReplayBuffer,
+    rng: &mut impl rand::Rng,
+    env: &mut dyn fedrl_sim::Env,
+) -> Result<Vec<f32>> {
+    use rand::RngExt;
+    let n = cfg.rollout_batch;
+    let obs_dim = env.observation_space().dim();
+    let mut starts = Vec::with_capacity(n * obs_dim);
+    let from_data = match real {
+        Some(_) if cfg.data_start_fraction > 0.0 => (0..n)
+            .filter(|_| rng.random::<f64>() < cfg.data_start_fraction)
+            .count(),
+        _ => 0,
+    };
+    let from_model = if model.is_empty() {
+        0
+    } else {
+        (from_data..n)
+            .filter(|_| rng.random::<f64>() < cfg.model_start_fraction)
+            .count()
+    };
+    if let (Some(r), true) = (real, from_data > 0) {
+        starts.extend(r.sample(from_data, rng)?.obs);
+    }
+    if from_model > 0 {
+        starts.extend(model.sample(from_model, rng)?.next_obs);
+    }
+    let mut o = vec![0.0f32; obs_dim];
+    for _ in from_data + from_model..n {
+        env.reset(rng.random_range(0..EVAL_SEED_BASE), &mut o);
+        starts.extend_from_slice(&o);
+    }
+    Ok(starts)
+}
+
 /// The policy phase of PriMORL (seed 001, Algorithm 4): SAC trained only on rollouts of the
 /// pessimistic model `ensemble` (reward `r - lambda u`), `rollout_length` steps long, started
 /// from the environment's public initial distribution or, for a fraction
 /// `model_start_fraction`, from states the model generated earlier. With `real = None` no
 /// dataset is read: the policy is post-processing of the released ensemble. The MOPO baseline
-/// passes the real transitions (see [`real_transitions`]) and draws `cfg.real_ratio` of each
-/// minibatch from them. After every epoch the deterministic policy is evaluated in the real
+/// passes the real transitions (see [`real_transitions`]), draws `cfg.real_ratio` of each
+/// minibatch from them and branches `cfg.data_start_fraction` of the rollouts from their
+/// states. After every epoch the deterministic policy is evaluated in the real
 /// environment `env_id` (a diagnostic; it reads no data either) and `on_epoch` sees the result.
 pub fn policy_phase(
     ensemble: &crate::ensemble::Ensemble,
@@ -324,10 +368,10 @@ pub fn policy_phase(
                 "policy phase: the real-data buffer is empty".into(),
             ));
         }
-        None if cfg.real_ratio > 0.0 => {
+        None if cfg.reads_data() => {
             return Err(NnError::Invalid(format!(
-                "policy phase: real_ratio = {} needs the real transitions",
-                cfg.real_ratio
+                "policy phase: real_ratio = {} and data_start_fraction = {} need the real transitions",
+                cfg.real_ratio, cfg.data_start_fraction
             )));
         }
         None => 0,
@@ -339,23 +383,7 @@ pub fn policy_phase(
                     rng: &mut Xoshiro256PlusPlus,
                     env: &mut Box<dyn fedrl_sim::Env>|
      -> Result<(f64, f64, u64)> {
-        let n = cfg.rollout_batch;
-        let mut starts = Vec::with_capacity(n * obs_dim);
-        let from_model = if buffer.is_empty() {
-            0
-        } else {
-            (0..n)
-                .filter(|_| rng.random::<f64>() < cfg.model_start_fraction)
-                .count()
-        };
-        if from_model > 0 {
-            starts.extend(buffer.sample(from_model, rng)?.next_obs);
-        }
-        let mut o = vec![0.0f32; obs_dim];
-        for _ in from_model..n {
-            env.reset(rng.random_range(0..EVAL_SEED_BASE), &mut o);
-            starts.extend_from_slice(&o);
-        }
+        let starts = rollout_starts(cfg, real, buffer, rng, env.as_mut())?;
         let (mut r_sum, mut p_sum, mut count) = (0.0, 0.0, 0u64);
         let mut cur = starts;
         for _ in 0..cfg.rollout_length {

@@ -8,7 +8,8 @@ use fedrl_common::primorl::{
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, LocalModelConfig, local_updates};
 use fedrl_rl::offline::continuous::load_or_generate;
-use fedrl_rl::primorl::{normalized_return, policy_phase, real_transitions};
+use fedrl_rl::primorl::{normalized_return, policy_phase, real_transitions, rollout_starts};
+use fedrl_rl::sac::ReplayBuffer;
 
 fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
     PolicyPhaseConfig {
@@ -28,6 +29,7 @@ fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
         eval_episodes: 1,
         seed,
         real_ratio: 0.0,
+        data_start_fraction: 0.0,
     }
 }
 
@@ -187,9 +189,67 @@ fn mopo_mixes_real_transitions_into_each_minibatch() {
         panic!("real_ratio without real data must be refused");
     };
     assert!(
-        err.to_string().contains("needs the real transitions"),
+        err.to_string().contains("need the real transitions"),
         "{err}"
     );
+}
+
+/// MOPO branches `data_start_fraction` of its rollouts from dataset states; PriMORL's start
+/// from the public initial distribution (or earlier model states) and never from the data.
+#[test]
+fn rollouts_branch_from_dataset_states_only_when_asked() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let spec_d = ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units: 4,
+        public: 1,
+        seed: 11,
+        behaviour: ContinuousBehaviour::Random,
+    };
+    let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
+    let real = real_transitions(3, 1, &data.episodes).expect("real buffer");
+    // Every state a transition starts from, bit for bit.
+    let data_states: std::collections::HashSet<Vec<u32>> = data
+        .episodes
+        .iter()
+        .flat_map(|e| {
+            e.observations[..e.len() * 3]
+                .chunks(3)
+                .map(|o| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let in_data = |starts: &[f32]| {
+        starts
+            .chunks(3)
+            .filter(|o| data_states.contains(&o.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
+            .count()
+    };
+    let model = ReplayBuffer::new(3, 1, 8).expect("model buffer");
+    let mut env = fedrl_sim::make("Pendulum-v1").expect("env");
+    let mut rng = <rand::rngs::Xoshiro256PlusPlus as rand::SeedableRng>::seed_from_u64(2);
+    let n = 400;
+    let with = |f: f64| PolicyPhaseConfig {
+        rollout_batch: n,
+        data_start_fraction: f,
+        ..tiny_policy(0)
+    };
+    let all =
+        rollout_starts(&with(1.0), Some(&real), &model, &mut rng, env.as_mut()).expect("starts");
+    assert_eq!(all.len(), n * 3);
+    assert_eq!(in_data(&all), n);
+    let half =
+        rollout_starts(&with(0.5), Some(&real), &model, &mut rng, env.as_mut()).expect("starts");
+    let k = in_data(&half);
+    // Binomial(400, 0.5): 5.5 standard deviations either side.
+    assert!((145..=255).contains(&k), "{k} of {n} from the data");
+    let none =
+        rollout_starts(&with(0.0), Some(&real), &model, &mut rng, env.as_mut()).expect("starts");
+    assert_eq!(in_data(&none), 0);
+    // Without the real transitions nothing can come from the data.
+    let private = rollout_starts(&with(1.0), None, &model, &mut rng, env.as_mut()).expect("starts");
+    assert_eq!(private.len(), n * 3);
+    assert_eq!(in_data(&private), 0);
 }
 
 #[test]

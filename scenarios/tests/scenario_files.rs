@@ -174,5 +174,12 @@ fn primorl_scenarios_plan_within_the_papers_budgets_and_have_their_twins() {
             );
         let e = scenario_from_toml_str(&text).unwrap_err().to_string();
         assert!(e.contains("real_ratio") && e.contains("non_private"), "{e}");
+        // So is one branching its rollouts from dataset states.
+        let text = text.replace("\nreal_ratio = 0.05", "\ndata_start_fraction = 1.0");
+        let e = scenario_from_toml_str(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("data_start_fraction") && e.contains("non_private"),
+            "{e}"
+        );
     }
 }

@@ -2,13 +2,15 @@
 //! released (`<run>/ensemble.safetensors`), with the scenario's policy settings or overrides.
 //! The policy phase is post-processing of the released model: it reads no dataset and costs no
 //! privacy, so a longer SAC run or another penalty can be tried without paying the model phase
-//! (35 minutes for cart-pole balance) again. MOPO's real-data minibatches need the dataset: on a
-//! MOPO run's (non-private) ensemble the re-run is model-only, like the No Privacy variant.
+//! (35 minutes for cart-pole balance) again. MOPO's real-data minibatches and data-branched
+//! rollouts need the dataset: on a MOPO run's (non-private) ensemble the re-run is model-only,
+//! like the No Privacy variant, unless `--real` loads the dataset (from `$FEDRL_DATA_DIR`).
 //!
 //! ```text
 //! cargo build --release -p fedrl-bench --bin primorl_policy
 //! target/release/primorl_policy runs/primorl/balance-primorl-c1.0-e15-s0 [--epochs 50]
-//!     [--lambda 1.0] [--rollout-length 20] [--start-fraction 0.5] [--seed 0] [--results bench/results/primorl_policy.jsonl]
+//!     [--lambda 1.0] [--rollout-length 20] [--start-fraction 0.5] [--seed 0]
+//!     [--real [--real-ratio 0.05] [--data-start-fraction 1.0]] [--results bench/results/primorl_policy.jsonl]
 //! ```
 //!
 //! Appends one JSON line per run: the run directory, the settings, and the normalised return
@@ -40,6 +42,17 @@ struct Args {
     /// scenario's.
     #[arg(long)]
     start_fraction: Option<f64>,
+    /// A MOPO run only: load the dataset and keep the scenario's real-data settings (real
+    /// transitions in each minibatch, rollouts branched from dataset states).
+    #[arg(long)]
+    real: bool,
+    /// With `--real`: fraction of each SAC minibatch from the real transitions; default the
+    /// scenario's.
+    #[arg(long, requires = "real")]
+    real_ratio: Option<f64>,
+    /// With `--real`: fraction of rollouts branched from dataset states; default the scenario's.
+    #[arg(long, requires = "real")]
+    data_start_fraction: Option<f64>,
     /// Seed of SAC and of the rollouts' start states; default the scenario's.
     #[arg(long)]
     seed: Option<u64>,
@@ -57,13 +70,38 @@ fn main() -> anyhow::Result<()> {
     let run = fedrl_bench::load_primorl_run(&args.run)?;
     let task = &run.task;
     let mut cfg = task.policy.clone();
-    if cfg.real_ratio > 0.0 {
-        eprintln!(
-            "{}: MOPO's real-data minibatches need the dataset; this re-run is model-only",
+    if let Some(r) = args.real_ratio {
+        cfg.real_ratio = r;
+    }
+    if let Some(f) = args.data_start_fraction {
+        cfg.data_start_fraction = f;
+    }
+    let real = if !args.real {
+        if cfg.reads_data() {
+            eprintln!(
+                "{}: MOPO's real-data minibatches and data-branched rollouts need the dataset (--real); this re-run is model-only",
+                run.name
+            );
+            cfg.real_ratio = 0.0;
+            cfg.data_start_fraction = 0.0;
+        }
+        None
+    } else {
+        anyhow::ensure!(
+            run.non_private,
+            "{}: --real reads the dataset, which only a non-private (MOPO) run may do",
             run.name
         );
-        cfg.real_ratio = 0.0;
-    }
+        let root = fedrl_rl::offline::data_root(None)?;
+        let dataset =
+            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
+        let spec = run.ensemble.spec();
+        Some(fedrl_rl::primorl::real_transitions(
+            spec.obs_dim,
+            spec.act_dim,
+            &dataset.episodes,
+        )?)
+    };
     if let Some(e) = args.epochs {
         cfg.epochs = e;
     }
@@ -87,7 +125,7 @@ fn main() -> anyhow::Result<()> {
         &run.ensemble,
         &task.dataset.env,
         &cfg,
-        None,
+        real.as_ref(),
         &device,
         &mut |e| {
             eprintln!(
@@ -130,6 +168,8 @@ fn main() -> anyhow::Result<()> {
         "lambda": cfg.lambda,
         "rollout_length": cfg.rollout_length,
         "model_start_fraction": cfg.model_start_fraction,
+        "real_ratio": cfg.real_ratio,
+        "data_start_fraction": cfg.data_start_fraction,
         "seed": cfg.seed,
         "final_normalized_return": curve.last().map(|e| e.normalized_return),
         "curve": curve.iter().map(|e| (e.epoch, e.normalized_return)).collect::<Vec<_>>(),
