@@ -112,14 +112,16 @@ for line in open(sys.argv[1]):
         key += " norm"
     if "round_budget" in r:
         key += f' T={r["round_budget"]}'
+    # Runs with different SAC epoch counts are different experiments: never pool them.
+    key += f' E={r.get("policy_epochs", len(r.get("curve") or []))}'
     rows[key].append(r)
 # Student t 97.5% quantiles for n - 1 = 1..9 degrees of freedom.
 T = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262]
-print(f"{'scenario, clip norm':38} {'n':>2} {'epsilon':>8} {'normalised return':>22} {'model s':>8} {'policy s':>8}")
+print(f"{'scenario, clip norm, rounds, epochs':52} {'n':>2} {'epsilon':>8} {'normalised return':>22} {'last-5 mean':>11} {'model s':>8} {'policy s':>8}")
 for name, rs in sorted(rows.items()):
     v = [r["final_normalized_return"] for r in rs if r["final_normalized_return"] is not None]
     if not v:
-        print(f"{name:38} {len(rs):>2} no policy ({rs[-1].get('policy_error')})")
+        print(f"{name:52} {len(rs):>2} no policy ({rs[-1].get('policy_error')})")
         continue
     m = sum(v) / len(v)
     half = float("nan")
@@ -131,5 +133,8 @@ for name, rs in sorted(rows.items()):
     ms = [r["model_seconds"] for r in rs if r["model_seconds"] is not None]
     ps = [r["policy_seconds"] for r in rs if r["policy_seconds"] is not None]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    print(f"{name:38} {len(v):>2} {eps:>8} {m:10.1f} +- {half:8.1f} {mean(ms):8.0f} {mean(ps):8.0f}")
+    # The final epoch swings by +-200 on cart-pole balance; the mean of the last 5 epochs
+    # (averaged over seeds) is the steadier figure.
+    last5 = [mean([ret for _, ret in r["curve"][-5:]]) for r in rs if r.get("curve")]
+    print(f"{name:52} {len(v):>2} {eps:>8} {m:10.1f} +- {half:8.1f} {mean(last5):11.1f} {mean(ms):8.0f} {mean(ps):8.0f}")
 PY
