@@ -175,6 +175,12 @@ pub struct EnsembleConfig {
 pub struct PolicyPhaseConfig {
     /// u_MA or u_MPD.
     pub uncertainty: Uncertainty,
+    /// Take `u` in the units a normalised-target ensemble learns (each component of
+    /// `(s' - s, r)` over its public standard deviation) instead of raw units, so that a
+    /// disagreement about a small component (the cart's position change) counts as much as one
+    /// about a large one. No effect on raw-target ensembles. Default false (raw units).
+    #[serde(default)]
+    pub uncertainty_in_learned_units: bool,
     /// Reward penalty lambda (Pendulum and CartPole: 2).
     pub lambda: f64,
     /// Rollout length H (Pendulum 30, CartPole 20).

@@ -803,15 +803,25 @@ impl Prediction {
         self.at(&self.logvar, member, row)
     }
 
-    /// The uncertainty `u` of every row.
+    /// The uncertainty `u` of every row, in the prediction's units.
     pub fn uncertainty(&self, kind: Uncertainty) -> Vec<f64> {
+        self.uncertainty_scaled(kind, &[])
+    }
+
+    /// The uncertainty `u` of every row with component `k` divided by `scale[k]` (means) and
+    /// `scale[k]^2` (variances) before the norms are taken; an empty `scale` divides by 1.
+    pub fn uncertainty_scaled(&self, kind: Uncertainty, scale: &[f32]) -> Vec<f64> {
+        let inv: Vec<f64> = (0..self.out_dim)
+            .map(|k| scale.get(k).map_or(1.0, |s| 1.0 / f64::from(*s)))
+            .collect();
         (0..self.rows)
             .map(|r| match kind {
                 Uncertainty::MaxAleatoric => (0..self.members)
                     .map(|i| {
                         self.logvar_of(i, r)
                             .iter()
-                            .map(|&lv| f64::from(lv).exp()) // sigma^2
+                            .zip(&inv)
+                            .map(|(&lv, w)| f64::from(lv).exp() * w * w) // sigma^2
                             .sum::<f64>()
                             .sqrt()
                     })
@@ -824,7 +834,8 @@ impl Prediction {
                                 .mean_of(i, r)
                                 .iter()
                                 .zip(self.mean_of(j, r))
-                                .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+                                .zip(&inv)
+                                .map(|((a, b), w)| ((f64::from(*a) - f64::from(*b)) * w).powi(2))
                                 .sum();
                             best = best.max(d.sqrt());
                         }
@@ -956,17 +967,24 @@ impl Ensemble {
 
     /// One step of the pessimistic MDP (seed 001, Algorithm 4 line 7) for every row: a member
     /// drawn uniformly per row, `s' = s + mu + sigma eps` and `r = r_sampled - lambda u(s, a)`.
+    /// `u` is taken in raw units, or with `learned_units` in the units the members learn (each
+    /// component over the spec's `output_scale`; the same as raw without one).
     pub fn step<R: rand::Rng>(
         &self,
         obs: &[f32],
         act: &[f32],
         uncertainty: Uncertainty,
+        learned_units: bool,
         lambda: f64,
         rng: &mut R,
     ) -> Result<ModelStep> {
         let p = self.predict(obs, act)?;
         let d = self.spec.obs_dim;
-        let u = p.uncertainty(uncertainty);
+        let u = if learned_units {
+            p.uncertainty_scaled(uncertainty, &self.spec.output_scale)
+        } else {
+            p.uncertainty(uncertainty)
+        };
         let mut next_obs = Vec::with_capacity(obs.len());
         let mut reward = Vec::with_capacity(p.rows);
         for r in 0..p.rows {

@@ -391,7 +391,14 @@ pub fn policy_phase(
                 break;
             }
             let act = agent.act(&cur, false)?;
-            let step = ensemble.step(&cur, &act, cfg.uncertainty, cfg.lambda, rng)?;
+            let step = ensemble.step(
+                &cur,
+                &act,
+                cfg.uncertainty,
+                cfg.uncertainty_in_learned_units,
+                cfg.lambda,
+                rng,
+            )?;
             let a = low.len();
             let mut next = Vec::with_capacity(cur.len());
             for (k, r) in step.reward.iter().enumerate() {

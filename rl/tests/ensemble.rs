@@ -266,6 +266,16 @@ fn uncertainty_measures_on_a_hand_built_ensemble() {
     // Row 0: |(3, 4)| = 5 between members 0 and 1; row 1: |(0, 1)| = 1.
     assert!((mpd[0] - 5.0).abs() < 1e-9);
     assert!((mpd[1] - 1.0).abs() < 1e-9);
+    // Component 0 counted in units of 2, component 1 in units of 0.5.
+    let scale = [2.0f32, 0.5];
+    let ma = p.uncertainty_scaled(Uncertainty::MaxAleatoric, &scale);
+    // Row 0: max(|(0.5, 2)|, |(1, 0.06)|, |(0.15, 0.8)|) = sqrt(4.25); row 1: sqrt(4.25).
+    assert!((ma[0] - 4.25f64.sqrt()).abs() < 1e-5, "{}", ma[0]);
+    assert!((ma[1] - 4.25f64.sqrt()).abs() < 1e-5, "{}", ma[1]);
+    let mpd = p.uncertainty_scaled(Uncertainty::MaxPairwiseDiff, &scale);
+    // Row 0: |(3/2, 4/0.5)| = sqrt(66.25) between members 0 and 1; row 1: |(0, 2)| = 2.
+    assert!((mpd[0] - 66.25f64.sqrt()).abs() < 1e-5, "{}", mpd[0]);
+    assert!((mpd[1] - 2.0).abs() < 1e-5, "{}", mpd[1]);
 }
 
 #[test]
@@ -278,10 +288,24 @@ fn the_model_step_penalises_the_reward_by_lambda_u() {
     let mut r1 = Xoshiro256PlusPlus::seed_from_u64(4);
     let mut r2 = Xoshiro256PlusPlus::seed_from_u64(4);
     let plain = ens
-        .step(&obs, &act, Uncertainty::MaxPairwiseDiff, 0.0, &mut r1)
+        .step(
+            &obs,
+            &act,
+            Uncertainty::MaxPairwiseDiff,
+            false,
+            0.0,
+            &mut r1,
+        )
         .expect("step");
     let pess = ens
-        .step(&obs, &act, Uncertainty::MaxPairwiseDiff, 2.0, &mut r2)
+        .step(
+            &obs,
+            &act,
+            Uncertainty::MaxPairwiseDiff,
+            false,
+            2.0,
+            &mut r2,
+        )
         .expect("step");
     assert_eq!(plain.next_obs, pess.next_obs);
     for r in 0..2 {

@@ -14,6 +14,7 @@ use fedrl_rl::sac::ReplayBuffer;
 fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
     PolicyPhaseConfig {
         uncertainty: Uncertainty::MaxPairwiseDiff,
+        uncertainty_in_learned_units: false,
         lambda: 1.0,
         rollout_length: 5,
         epochs: 2,

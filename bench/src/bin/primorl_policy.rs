@@ -10,6 +10,7 @@
 //! cargo build --release -p fedrl-bench --bin primorl_policy
 //! target/release/primorl_policy runs/primorl/balance-primorl-c1.0-e15-s0 [--epochs 50]
 //!     [--lambda 1.0] [--rollout-length 20] [--start-fraction 0.5] [--seed 0]
+//!     [--target-entropy -1] [--learned-units]
 //!     [--real [--real-ratio 0.05] [--data-start-fraction 1.0]] [--results bench/results/primorl_policy.jsonl]
 //! ```
 //!
@@ -53,6 +54,13 @@ struct Args {
     /// With `--real`: fraction of rollouts branched from dataset states; default the scenario's.
     #[arg(long, requires = "real")]
     data_start_fraction: Option<f64>,
+    /// Target entropy of SAC's automatic temperature; default the scenario's.
+    #[arg(long, allow_hyphen_values = true)]
+    target_entropy: Option<f64>,
+    /// Take the uncertainty `u` in the units a normalised-target ensemble learns instead of raw
+    /// units (the scenario's `uncertainty_in_learned_units`).
+    #[arg(long)]
+    learned_units: bool,
     /// Seed of SAC and of the rollouts' start states; default the scenario's.
     #[arg(long)]
     seed: Option<u64>,
@@ -117,6 +125,10 @@ fn main() -> anyhow::Result<()> {
     if let Some(s) = args.seed {
         cfg.seed = s;
     }
+    if let Some(h) = args.target_entropy {
+        cfg.target_entropy = h;
+    }
+    cfg.uncertainty_in_learned_units |= args.learned_units;
     let device = Device::Cpu;
     if let Some(dir) = args.results.parent() {
         std::fs::create_dir_all(dir)?;
@@ -171,6 +183,8 @@ fn main() -> anyhow::Result<()> {
         "real_ratio": cfg.real_ratio,
         "data_start_fraction": cfg.data_start_fraction,
         "seed": cfg.seed,
+        "target_entropy": cfg.target_entropy,
+        "uncertainty_in_learned_units": cfg.uncertainty_in_learned_units,
         "final_normalized_return": curve.last().map(|e| e.normalized_return),
         "curve": curve.iter().map(|e| (e.epoch, e.normalized_return)).collect::<Vec<_>>(),
         "seconds": curve.last().map(|e| e.seconds),
