@@ -363,3 +363,32 @@ fn normalised_targets_are_learned_scaled_and_answered_in_raw_units() {
     bad.output_scale = vec![1.0; 3];
     assert!(bad.check().is_err());
 }
+
+#[test]
+fn the_public_mse_in_chunks_equals_one_pass() {
+    let spec = spec();
+    let ens = Ensemble::new(&spec, &spec.init(4), &Device::Cpu).expect("ensemble");
+    let data = rows(&spec, 50, 8);
+    // One pass over all 50 rows, by hand, against the chunked evaluation at several sizes
+    // (50 is not a multiple of 7 or 16: the last chunk is short).
+    let p = ens.predict_rows(&data).expect("prediction");
+    let dout = spec.out_dim();
+    let mut sum = 0.0f64;
+    for i in 0..p.members {
+        for r in 0..p.rows {
+            for (m, t) in p.mean_of(i, r).iter().zip(&data.targets[r * dout..]) {
+                sum += (f64::from(*m) - f64::from(*t)).powi(2);
+            }
+        }
+    }
+    let whole = sum / (p.members * p.rows * dout) as f64;
+    for chunk in [1, 7, 16, 50, 1000] {
+        let m = ens.mse_in_chunks(&data, chunk).expect("mse");
+        assert!(
+            (m - whole).abs() <= 1e-12 * whole,
+            "chunk {chunk}: {m} vs {whole}"
+        );
+    }
+    assert!((ens.mse(&data).expect("mse") - whole).abs() <= 1e-12 * whole);
+    assert!(ens.mse_in_chunks(&data, 0).is_err());
+}
