@@ -969,18 +969,19 @@ impl Ensemble {
             ));
         }
         let (din, dout) = (self.spec.in_dim(), self.spec.out_dim());
-        let n = rows.inputs.len() / din;
+        let n = rows.rows(&self.spec);
         if n == 0 {
             return Ok(0.0);
         }
         let mut sum = 0.0f64;
-        let mut start = 0;
-        while start < n {
-            let end = (start + chunk).min(n);
-            let p = self.predict_inputs(rows.inputs[start * din..end * din].to_vec())?;
+        for (inputs, targets) in rows
+            .inputs
+            .chunks(chunk * din)
+            .zip(rows.targets.chunks(chunk * dout))
+        {
+            let p = self.predict_inputs(inputs.to_vec())?;
             for i in 0..p.members {
-                for r in 0..p.rows {
-                    let y = &rows.targets[(start + r) * dout..(start + r + 1) * dout];
+                for (r, y) in targets.chunks(dout).enumerate() {
                     sum += p
                         .mean_of(i, r)
                         .iter()
@@ -989,7 +990,6 @@ impl Ensemble {
                         .sum::<f64>();
                 }
             }
-            start = end;
         }
         Ok(sum / (self.spec.members * n * dout) as f64)
     }
