@@ -1143,7 +1143,9 @@ impl EngineThread {
                 seeded: rep.noise_sources.iter().any(|s| !s.is_private()),
                 noise_sources,
                 accountant: if self.engine.config().non_private {
-                    "none (non-private twin: no clipping, no noise)".into()
+                    // The engine neither re-clips nor adds noise; a task may still project
+                    // each local update (PriMORL's `nonprivate_clip_norm`), so say "server".
+                    "none (non-private twin: no server-side clipping, no noise)".into()
                 } else {
                     rep.accountant.clone()
                 },

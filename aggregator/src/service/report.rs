@@ -44,7 +44,8 @@ pub struct PublicReport {
     /// The released model's end-of-run evaluation, if it has one (e.g. `final_eval_return` on
     /// held-out users).
     pub final_evaluation: Option<serde_json::Value>,
-    /// True for a non-private twin: no clipping, no noise, epsilon = infinity.
+    /// True for a non-private twin: no server-side clipping, no noise, epsilon = infinity (a
+    /// task may still project its local updates, e.g. PriMORL's `nonprivate_clip_norm`).
     pub non_private: bool,
     /// Expert-level runs: the DataRelease (its parameters, the candidates walked, |D_stable|;
     /// all public, D_stable itself is published) and the step schedule.
