@@ -35,7 +35,11 @@ SHIPPED = {"lambda": 2.0, "rollout_length": 20, "model_start_fraction": 0.5}
 
 
 def variant_of(scenario, task):
-    rest = scenario[len(f"{task}-primorl"):]
+    """"high", "low", "nonprivate" or "mopo" for a shipped scenario name of `task`, else None."""
+    prefix = f"{task}-primorl"
+    if not scenario.startswith(prefix):
+        return None
+    rest = scenario[len(prefix):]
     return {"": "high", "-low": "low", "-nonprivate": "nonprivate", "-mopo": "mopo"}.get(rest)
 
 
