@@ -12,8 +12,17 @@
 #        [VARIANTS="primorl primorl-low primorl-nonprivate primorl-mopo"] [TIMEOUT=14400] \
 #        [POLICY_EPOCHS=N (fewer SAC epochs than the scenario's; each is 1,000 updates)] \
 #        [ROUNDS=N (a smaller model-phase round budget than the scenario's)] \
-#        [FEDRL_BIN=path/to/fedrl (skips the release build)] bench/run_primorl.sh
+#        [SAC_EPOCHS=N (then re-run the policy phase with N SAC epochs on each released
+#         ensemble: target/release/primorl_policy, `--real` for MOPO, rows appended to
+#         bench/results/primorl_policy.jsonl and skipped when already there)] \
+#        [FEDRL_BIN=path/to/fedrl PRIMORL_POLICY_BIN=path/to/primorl_policy (skip the builds)] \
+#        bench/run_primorl.sh
 # Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
+# Issue 14's balance table, one (variant, seed) at a time; several copies of the script with
+# different VARIANTS or SEEDS can share the machine (the result files are appended line by line):
+#   TASKS=balance ROUNDS=1000 POLICY_EPOCHS=1 SAC_EPOCHS=50 VARIANTS=primorl-mopo SEEDS=4 \
+#     bench/run_primorl.sh
+# then `python3 bench/primorl_table.py --rounds 1000`.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -21,6 +30,11 @@ if [ -z "${FEDRL_BIN:-}" ]; then
   cargo build --release -q -p fedrl-scenarios
 fi
 fedrl="${FEDRL_BIN:-$root/target/release/fedrl}"
+if [ -n "${SAC_EPOCHS:-}" ] && [ -z "${PRIMORL_POLICY_BIN:-}" ]; then
+  cargo build --release -q -p fedrl-bench --bin primorl_policy
+fi
+policy_bin="${PRIMORL_POLICY_BIN:-$root/target/release/primorl_policy}"
+policy_results="$root/bench/results/primorl_policy.jsonl"
 export FEDRL_DATA_DIR="${FEDRL_DATA_DIR:-$root/bench/results/datasets}"
 results="$root/bench/results/primorl.jsonl"
 touch "$results"
@@ -50,7 +64,7 @@ for line in open(path):
         sys.exit(0)
 sys.exit(1)
 PY
-      then continue; fi
+      then model_done=true; else model_done=false; fi
       tag="$name-c$clip"
       if [ "$norm" = true ]; then tag="$tag-norm"; fi
       if [ -n "${ROUNDS:-}" ]; then tag="$tag-r$ROUNDS"; fi
@@ -62,16 +76,22 @@ PY
           -e "s/^updates_per_epoch = \(.*\)/updates_per_epoch = \1\nseed = $seed/" \
           -e "s/^epochs = \(.*\)/epochs = ${POLICY_EPOCHS:-\1}/" \
           "scenarios/$name.toml" > "$scen"
+      if [ "$model_done" = false ]; then
       echo "== $name seed $seed ($(date -u +%H:%M:%S))"
       start=$(date +%s)
-      if [ -s "$out/scenario.toml" ]; then
+      if [ -s "$out/report.json" ] && python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1])).get("outcome") != "finished")' "$out/report.json"; then
+        echo "$out finished earlier; recording it"
+        start=""
+      elif [ -s "$out/scenario.toml" ]; then
         "$fedrl" run --out "$out" --resume --timeout "${TIMEOUT:-14400}" || true
       else
         rm -rf "$out"
         "$fedrl" run "$scen" --out "$out" --timeout "${TIMEOUT:-14400}" || true
       fi
       end=$(date +%s)
-      python3 - "$out/report.json" "$name" "$seed" "$((end - start))" "$clip" "$norm" "$budget" \
+      secs=""
+      if [ -n "$start" ]; then secs=$((end - start)); fi
+      python3 - "$out/report.json" "$name" "$seed" "$secs" "$clip" "$norm" "$budget" \
           >> "$results" <<'PY'
 import json, sys
 path, name, seed, secs, clip, norm, budget = sys.argv[1:8]
@@ -92,12 +112,41 @@ print(json.dumps({
     "final_eval_return_std": fe.get("final_eval_return_std"),
     "policy_error": fe.get("policy_error"),
     "curve": [[e["epoch"], e["normalized_return"]] for e in curve],
-    "command_seconds": int(secs), "wall_seconds": wall,
+    # No command time for a run recorded after it finished elsewhere.
+    "command_seconds": int(secs) if secs else None, "wall_seconds": wall,
     "policy_seconds": policy_s,
     "model_seconds": (wall - policy_s) if (wall is not None and policy_s is not None) else None,
 }))
 PY
       tail -1 "$results" | cut -c1-300
+      fi
+      if [ -n "${SAC_EPOCHS:-}" ] && [ -s "$out/ensemble.safetensors" ]; then
+        # The policy phase at the scenario's settings, unless that row is already there.
+        touch "$policy_results"
+        if ! python3 - "$policy_results" "runs/primorl/$(basename "$out")" "$SAC_EPOCHS" "$seed" \
+            "$out/scenario.toml" <<'PY'
+import json, sys, tomllib
+path, run, epochs, seed, scen = sys.argv[1:6]
+pol = tomllib.load(open(scen, "rb"))["task"]["policy"]
+shipped = {"lambda": pol["lambda"], "rollout_length": pol["rollout_length"],
+           "model_start_fraction": pol.get("model_start_fraction", 0.5),
+           "target_entropy": pol.get("target_entropy", -3.0)}
+for line in open(path):
+    r = json.loads(line)
+    if r["run"] == run and int(r["epochs"]) == int(epochs) and int(r["seed"]) == int(seed) \
+            and all(r.get(k) == v for k, v in shipped.items()) \
+            and not r.get("uncertainty_in_learned_units"):
+        sys.exit(0)
+sys.exit(1)
+PY
+        then
+          real=()
+          if [ "$variant" = primorl-mopo ]; then real=(--real); fi
+          echo "== $name seed $seed: policy phase, $SAC_EPOCHS SAC epochs ($(date -u +%H:%M:%S))"
+          "$policy_bin" "runs/primorl/$(basename "$out")" --epochs "$SAC_EPOCHS" --seed "$seed" \
+              "${real[@]}" --results "$policy_results" || true
+        fi
+      fi
     done
   done
 done
