@@ -9,7 +9,8 @@ penalty weight, rollout length, start fraction, target entropy, uncertainty unit
 MOPO with its 5% real minibatches), at the given SAC epochs and round budget. Prints, per
 variant, the final normalised return (epoch N) and the mean of the last 5 epochs as mean +- 95%
 interval (Student t, n - 1 degrees of freedom), the share of MOPO's mean, and whether the
-issue's order MOPO >= No Privacy >= low >= high holds within the intervals.
+issue's order MOPO >= No Privacy >= low >= high holds within the intervals. Then the wall-clock
+per phase (median over the runs; how many runs shared the 2 cores varies, see bench/README.md).
 
 Usage: python3 bench/primorl_table.py [--task balance] [--epochs 50] [--rounds 1000]
        python3 bench/primorl_table.py --task pendulum --epochs 15
@@ -61,12 +62,33 @@ def shipped_model(task):
     return clip, re.search(r"^normalize_targets = true", text, re.M) is not None
 
 
+def run_tag(r):
+    """The run directory name bench/run_primorl.sh gives a primorl.jsonl row's run."""
+    tag = f"{r['scenario']}-c{float(r['clip_norm']):g}"
+    if r.get("normalize_targets"):
+        tag += "-norm"
+    if "round_budget" in r:
+        tag += f"-r{r['round_budget']}"
+    return f"{tag}-e{r['policy_epochs']}-s{r['seed']}"
+
+
+def model_seconds(res):
+    """{run directory name: model-phase seconds} from primorl.jsonl."""
+    out = {}
+    for line in open(os.path.join(res, "primorl.jsonl")):
+        r = json.loads(line)
+        if r.get("model_seconds") is not None:
+            out.setdefault(run_tag(r), r["model_seconds"])
+    return out
+
+
 def rows(task, epochs, rounds):
-    """{variant: {run directory: (final, last-5 mean, source)}}, first matching row per run.
-    `rounds` None: runs at the scenario's own round budget."""
+    """{variant: {run directory: (final, last-5 mean, source, model s, policy s)}}, first
+    matching row per run. `rounds` None: runs at the scenario's own round budget."""
     out = {v: {} for v in VARIANTS}
     clip, norm = shipped_model(task)
     res = os.path.join(ROOT, "bench", "results")
+    model_s = model_seconds(res)
     for line in open(os.path.join(res, "primorl.jsonl")):
         r = json.loads(line)
         v = variant_of(r["scenario"], task)
@@ -77,7 +99,8 @@ def rows(task, epochs, rounds):
         if abs(float(r["clip_norm"]) - clip) > 1e-12:
             continue
         tag = f"{r['scenario']}-s{r['seed']}-run"
-        out[v].setdefault(tag, (r["final_normalized_return"], last5(r["curve"]), "fedrl run"))
+        out[v].setdefault(tag, (r["final_normalized_return"], last5(r["curve"]), "fedrl run",
+                                r.get("model_seconds"), r.get("policy_seconds")))
     for line in open(os.path.join(res, "primorl_policy.jsonl")):
         r = json.loads(line)
         v = variant_of(r["scenario"], task)
@@ -94,7 +117,8 @@ def rows(task, epochs, rounds):
         if (v == "mopo") != (r["real_ratio"] > 0):
             continue
         out[v].setdefault(r["run"], (r["final_normalized_return"], last5(r["curve"]),
-                                     "primorl_policy"))
+                                     "primorl_policy", model_s.get(os.path.basename(r["run"])),
+                                     r.get("seconds")))
     return out
 
 
@@ -117,9 +141,9 @@ def main():
         if not got:
             print(f"| {v} | 0 | | | | |")
             continue
-        finals = [f for f, _, _ in got.values()]
+        finals = [f for f, *_ in got.values()]
         fm, fh = interval(finals)
-        lm, lh = interval([l for _, l, _ in got.values()])
+        lm, lh = interval([row[1] for row in got.values()])
         stats[v] = (fm, fh)
         pct = ""
         if "mopo" in stats and v != "mopo":
@@ -142,6 +166,13 @@ def main():
         else:
             verdict = "holds" if mh + hh >= ml - hl else "violated"
         print(f"- {hi} >= {lo} within the intervals: {verdict} ({mh:.1f} against {ml:.1f})")
+    print("| variant | model phase s (median, runs with a record) | policy phase s (median) |")
+    print("| --- | --- | --- |")
+    for v in VARIANTS:
+        ms = [row[3] for row in data[v].values() if row[3] is not None]
+        ps = [row[4] for row in data[v].values() if row[4] is not None]
+        med = lambda xs: f"{statistics.median(xs):.0f} ({len(xs)})" if xs else "-"
+        print(f"| {v} | {med(ms)} | {med(ps)} |")
     short = [v for v in VARIANTS if len(data[v]) < 5]
     if short:
         print(f"- fewer than 5 seeds: {', '.join(f'{v} ({len(data[v])})' for v in short)}")
