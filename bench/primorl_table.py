@@ -22,6 +22,7 @@ import math
 import os
 import re
 import statistics
+from collections import namedtuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ["mopo", "nonprivate", "low", "high"]
@@ -33,6 +34,8 @@ TARGETS = {"pendulum": (5.1, 700.0, 0.88), "balance": (8.2, 600.0, 0.68),
            "swingup": (17.0, 600.0, 0.77)}
 # Policy settings the scenarios ship (a row with any other value is a probe).
 SHIPPED = {"lambda": 2.0, "rollout_length": 20, "model_start_fraction": 0.5}
+# One released ensemble: final and last-5 normalised return, seconds per phase (None: unknown).
+Run = namedtuple("Run", "final last5 model_s policy_s")
 
 
 def variant_of(scenario, task):
@@ -83,8 +86,7 @@ def model_seconds(res):
 
 
 def rows(task, epochs, rounds):
-    """{variant: {run directory: (final, last-5 mean, source, model s, policy s)}}, first
-    matching row per run. `rounds` None: runs at the scenario's own round budget."""
+    """{variant: {run directory: Run}}, first matching row per run. `rounds` None: runs at the scenario's own round budget."""
     out = {v: {} for v in VARIANTS}
     clip, norm = shipped_model(task)
     res = os.path.join(ROOT, "bench", "results")
@@ -99,8 +101,8 @@ def rows(task, epochs, rounds):
         if abs(float(r["clip_norm"]) - clip) > 1e-12:
             continue
         tag = f"{r['scenario']}-s{r['seed']}-run"
-        out[v].setdefault(tag, (r["final_normalized_return"], last5(r["curve"]), "fedrl run",
-                                r.get("model_seconds"), r.get("policy_seconds")))
+        out[v].setdefault(tag, Run(r["final_normalized_return"], last5(r["curve"]),
+                                   r.get("model_seconds"), r.get("policy_seconds")))
     for line in open(os.path.join(res, "primorl_policy.jsonl")):
         r = json.loads(line)
         v = variant_of(r["scenario"], task)
@@ -116,9 +118,9 @@ def rows(task, epochs, rounds):
             continue
         if (v == "mopo") != (r["real_ratio"] > 0):
             continue
-        out[v].setdefault(r["run"], (r["final_normalized_return"], last5(r["curve"]),
-                                     "primorl_policy", model_s.get(os.path.basename(r["run"])),
-                                     r.get("seconds")))
+        out[v].setdefault(r["run"], Run(r["final_normalized_return"], last5(r["curve"]),
+                                        model_s.get(os.path.basename(r["run"])),
+                                        r.get("seconds")))
     return out
 
 
@@ -141,9 +143,9 @@ def main():
         if not got:
             print(f"| {v} | 0 | | | | |")
             continue
-        finals = [f for f, *_ in got.values()]
+        finals = [run.final for run in got.values()]
         fm, fh = interval(finals)
-        lm, lh = interval([row[1] for row in got.values()])
+        lm, lh = interval([run.last5 for run in got.values()])
         stats[v] = (fm, fh)
         pct = ""
         if "mopo" in stats and v != "mopo":
@@ -169,8 +171,8 @@ def main():
     print("| variant | model phase s (median, runs with a record) | policy phase s (median) |")
     print("| --- | --- | --- |")
     for v in VARIANTS:
-        ms = [row[3] for row in data[v].values() if row[3] is not None]
-        ps = [row[4] for row in data[v].values() if row[4] is not None]
+        ms = [run.model_s for run in data[v].values() if run.model_s is not None]
+        ps = [run.policy_s for run in data[v].values() if run.policy_s is not None]
         med = lambda xs: f"{statistics.median(xs):.0f} ({len(xs)})" if xs else "-"
         print(f"| {v} | {med(ms)} | {med(ps)} |")
     short = [v for v in VARIANTS if len(data[v]) < 5]

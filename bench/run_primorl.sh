@@ -77,22 +77,22 @@ PY
           -e "s/^epochs = \(.*\)/epochs = ${POLICY_EPOCHS:-\1}/" \
           "scenarios/$name.toml" > "$scen"
       if [ "$model_done" = false ]; then
-      echo "== $name seed $seed ($(date -u +%H:%M:%S))"
-      start=$(date +%s)
-      if [ -s "$out/report.json" ] && python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1])).get("outcome") != "finished")' "$out/report.json"; then
-        echo "$out finished earlier; recording it"
-        start=""
-      elif [ -s "$out/scenario.toml" ]; then
-        "$fedrl" run --out "$out" --resume --timeout "${TIMEOUT:-14400}" || true
-      else
-        rm -rf "$out"
-        "$fedrl" run "$scen" --out "$out" --timeout "${TIMEOUT:-14400}" || true
-      fi
-      end=$(date +%s)
-      secs=""
-      if [ -n "$start" ]; then secs=$((end - start)); fi
-      python3 - "$out/report.json" "$name" "$seed" "$secs" "$clip" "$norm" "$budget" \
-          >> "$results" <<'PY'
+        echo "== $name seed $seed ($(date -u +%H:%M:%S))"
+        start=$(date +%s)
+        if [ -s "$out/report.json" ] && python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1])).get("outcome") != "finished")' "$out/report.json"; then
+          echo "$out finished earlier; recording it"
+          start=""
+        elif [ -s "$out/scenario.toml" ]; then
+          "$fedrl" run --out "$out" --resume --timeout "${TIMEOUT:-14400}" || true
+        else
+          rm -rf "$out"
+          "$fedrl" run "$scen" --out "$out" --timeout "${TIMEOUT:-14400}" || true
+        fi
+        end=$(date +%s)
+        secs=""
+        if [ -n "$start" ]; then secs=$((end - start)); fi
+        python3 - "$out/report.json" "$name" "$seed" "$secs" "$clip" "$norm" "$budget" \
+            >> "$results" <<'PY'
 import json, sys
 path, name, seed, secs, clip, norm, budget = sys.argv[1:8]
 r = json.load(open(path))
@@ -118,12 +118,14 @@ print(json.dumps({
     "model_seconds": (wall - policy_s) if (wall is not None and policy_s is not None) else None,
 }))
 PY
-      tail -1 "$results" | cut -c1-300
+        tail -1 "$results" | cut -c1-300
       fi
       if [ -n "${SAC_EPOCHS:-}" ] && [ -s "$out/ensemble.safetensors" ]; then
-        # The policy phase at the scenario's settings, unless that row is already there.
+        # The policy phase at the scenario's settings, unless that row is already there. Rows
+        # name the run relative to the repository, as primorl_policy records its argument.
+        run="runs/primorl/$(basename "$out")"
         touch "$policy_results"
-        if ! python3 - "$policy_results" "runs/primorl/$(basename "$out")" "$SAC_EPOCHS" "$seed" \
+        if ! python3 - "$policy_results" "$run" "$SAC_EPOCHS" "$seed" \
             "$out/scenario.toml" <<'PY'
 import json, sys, tomllib
 path, run, epochs, seed, scen = sys.argv[1:6]
@@ -143,7 +145,7 @@ PY
           real=()
           if [ "$variant" = primorl-mopo ]; then real=(--real); fi
           echo "== $name seed $seed: policy phase, $SAC_EPOCHS SAC epochs ($(date -u +%H:%M:%S))"
-          "$policy_bin" "runs/primorl/$(basename "$out")" --epochs "$SAC_EPOCHS" --seed "$seed" \
+          "$policy_bin" "$run" --epochs "$SAC_EPOCHS" --seed "$seed" \
               "${real[@]}" --results "$policy_results" || true
         fi
       fi
