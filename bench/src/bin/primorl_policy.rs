@@ -141,8 +141,8 @@ fn main() -> anyhow::Result<()> {
         &device,
         &mut |e| {
             eprintln!(
-                "SAC epoch {:>3}/{}: normalised {:7.1}, penalty {:6.3}, {:.0} s",
-                e.epoch, cfg.epochs, e.normalized_return, e.penalty, e.seconds
+                "SAC epoch {:>3}/{}: normalised {:7.1}, model reward {:6.3}, penalty {:6.3}, {:.0} s",
+                e.epoch, cfg.epochs, e.normalized_return, e.model_reward, e.penalty, e.seconds
             );
         },
     )?;
@@ -187,6 +187,9 @@ fn main() -> anyhow::Result<()> {
         "uncertainty_in_learned_units": cfg.uncertainty_in_learned_units,
         "final_normalized_return": curve.last().map(|e| e.normalized_return),
         "curve": curve.iter().map(|e| (e.epoch, e.normalized_return)).collect::<Vec<_>>(),
+        // Per epoch, the mean model reward before the penalty per rollout step (reward units):
+        // near 1 on balance means the model believes the policy keeps the pole up.
+        "model_reward": curve.iter().map(|e| e.model_reward).collect::<Vec<_>>(),
         "seconds": curve.last().map(|e| e.seconds),
     });
     println!("{line}");
