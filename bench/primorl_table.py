@@ -85,8 +85,15 @@ def model_seconds(res):
     return out
 
 
+def median_seconds(runs, field):
+    """Median of one phase's seconds over the runs that recorded it, and how many did."""
+    xs = [getattr(run, field) for run in runs.values() if getattr(run, field) is not None]
+    return f"{statistics.median(xs):.0f} ({len(xs)})" if xs else "-"
+
+
 def rows(task, epochs, rounds):
-    """{variant: {run directory: Run}}, first matching row per run. `rounds` None: runs at the scenario's own round budget."""
+    """{variant: {run directory: Run}}, first matching row per run.
+    `rounds` None: runs at the scenario's own round budget."""
     out = {v: {} for v in VARIANTS}
     clip, norm = shipped_model(task)
     res = os.path.join(ROOT, "bench", "results")
@@ -171,10 +178,7 @@ def main():
     print("| variant | model phase s (median, runs with a record) | policy phase s (median) |")
     print("| --- | --- | --- |")
     for v in VARIANTS:
-        ms = [run.model_s for run in data[v].values() if run.model_s is not None]
-        ps = [run.policy_s for run in data[v].values() if run.policy_s is not None]
-        med = lambda xs: f"{statistics.median(xs):.0f} ({len(xs)})" if xs else "-"
-        print(f"| {v} | {med(ms)} | {med(ps)} |")
+        print(f"| {v} | {median_seconds(data[v], 'model_s')} | {median_seconds(data[v], 'policy_s')} |")
     short = [v for v in VARIANTS if len(data[v]) < 5]
     if short:
         print(f"- fewer than 5 seeds: {', '.join(f'{v} ({len(data[v])})' for v in short)}")
