@@ -103,7 +103,7 @@ pub fn local_updates(
     let mut one = cfg.clone();
     one.threads = 1;
     let rollout = cfg.rollout();
-    let results: Vec<Result<Vec<LocalUpdate>>> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let handles: Vec<_> = envs
             .chunks_mut(per.max(1))
             .zip(seeds.chunks(per.max(1)))
@@ -118,19 +118,8 @@ pub fn local_updates(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(NnError::Invalid("worker thread panicked".into())))
-            })
-            .collect()
-    });
-    let mut out = Vec::with_capacity(envs.len());
-    for r in results {
-        out.extend(r?);
-    }
-    Ok(out)
+        join_in_order(handles)
+    })
 }
 
 /// [`local_updates`] where every user has parameters of its own (e.g. an expert that keeps
@@ -164,7 +153,7 @@ pub fn local_updates_own(
     let mut one = cfg.clone();
     one.threads = 1;
     let rollout = cfg.rollout();
-    let results: Vec<Result<Vec<LocalUpdate>>> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let handles: Vec<_> = envs
             .chunks_mut(per)
             .zip(seeds.chunks(per))
@@ -179,19 +168,8 @@ pub fn local_updates_own(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(NnError::Invalid("worker thread panicked".into())))
-            })
-            .collect()
-    });
-    let mut out = Vec::with_capacity(envs.len());
-    for r in results {
-        out.extend(r?);
-    }
-    Ok(out)
+        join_in_order(handles)
+    })
 }
 
 /// The local update from already collected data (`batches[u]` is user `u`'s data collected with
@@ -242,7 +220,7 @@ pub fn local_updates_from_batches_adam_init(
         );
     }
     let per = batches.len().div_ceil(threads);
-    let results: Vec<Result<Vec<LocalUpdate>>> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let handles: Vec<_> = batches
             .chunks(per)
             .zip(seeds.chunks(per))
@@ -254,17 +232,26 @@ pub fn local_updates_from_batches_adam_init(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(NnError::Invalid("worker thread panicked".into())))
-            })
-            .collect()
-    });
-    let mut out = Vec::with_capacity(batches.len());
-    for r in results {
-        out.extend(r?);
+        join_in_order(handles)
+    })
+}
+
+/// Joins the worker threads (every one, so none is left behind), in spawn order, and
+/// concatenates their users' updates; a panicked worker becomes an error instead of taking the
+/// caller down.
+fn join_in_order(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<Vec<LocalUpdate>>>>,
+) -> Result<Vec<LocalUpdate>> {
+    let parts: Vec<Result<Vec<LocalUpdate>>> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(NnError::Invalid("worker thread panicked".into())))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for part in parts {
+        out.extend(part?);
     }
     Ok(out)
 }
