@@ -123,6 +123,9 @@ def rows(task, epochs, rounds):
             continue
         if r.get("target_entropy", -3.0) != -3.0 or r.get("uncertainty_in_learned_units"):
             continue
+        # Rollouts branched from dataset states (private or public split): probes.
+        if r.get("data_start_fraction", 0.0) != 0.0 or r.get("public_starts"):
+            continue
         if (v == "mopo") != (r["real_ratio"] > 0):
             continue
         out[v].setdefault(r["run"], Run(r["final_normalized_return"], last5(r["curve"]),

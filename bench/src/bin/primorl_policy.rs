@@ -5,12 +5,14 @@
 //! (35 minutes for cart-pole balance) again. MOPO's real-data minibatches and data-branched
 //! rollouts need the dataset: on a MOPO run's (non-private) ensemble the re-run is model-only,
 //! like the No Privacy variant, unless `--real` loads the dataset (from `$FEDRL_DATA_DIR`).
+//! `--public-starts F` (any run) reads only the dataset's public split, to branch rollouts
+//! from its states.
 //!
 //! ```text
 //! cargo build --release -p fedrl-bench --bin primorl_policy
 //! target/release/primorl_policy runs/primorl/balance-primorl-c1.0-e15-s0 [--epochs 50]
 //!     [--lambda 1.0] [--rollout-length 20] [--start-fraction 0.5] [--seed 0]
-//!     [--target-entropy -1] [--learned-units]
+//!     [--target-entropy -1] [--learned-units] [--public-starts 0.5]
 //!     [--real [--real-ratio 0.05] [--data-start-fraction 1.0]] [--results bench/results/primorl_policy.jsonl]
 //! ```
 //!
@@ -54,6 +56,13 @@ struct Args {
     /// With `--real`: fraction of rollouts branched from dataset states; default the scenario's.
     #[arg(long, requires = "real")]
     data_start_fraction: Option<f64>,
+    /// Any run: branch this fraction of the rollouts from states of the dataset's public split
+    /// (the 1% that belongs to no privacy unit and already sets the ensemble's input
+    /// normalisation), never from the private part; no real transitions enter the minibatches.
+    /// A probe of wider start states than the environment's initial distribution, at no
+    /// privacy cost.
+    #[arg(long, conflicts_with = "real")]
+    public_starts: Option<f64>,
     /// Target entropy of SAC's automatic temperature; default the scenario's.
     #[arg(long, allow_hyphen_values = true)]
     target_entropy: Option<f64>,
@@ -84,7 +93,29 @@ fn main() -> anyhow::Result<()> {
     if let Some(f) = args.data_start_fraction {
         cfg.data_start_fraction = f;
     }
-    let real = if !args.real {
+    let real = if let Some(f) = args.public_starts {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&f),
+            "--public-starts {f}: a fraction in [0, 1]"
+        );
+        let root = fedrl_rl::offline::data_root(None)?;
+        let dataset =
+            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
+        let (public, _) = dataset.split(task.dataset.units);
+        anyhow::ensure!(
+            !public.is_empty(),
+            "{}: the dataset has no public split",
+            run.name
+        );
+        let spec = run.ensemble.spec();
+        cfg.real_ratio = 0.0;
+        cfg.data_start_fraction = f;
+        Some(fedrl_rl::primorl::real_transitions(
+            spec.obs_dim,
+            spec.act_dim,
+            public,
+        )?)
+    } else if !args.real {
         if cfg.reads_data() {
             eprintln!(
                 "{}: MOPO's real-data minibatches and data-branched rollouts need the dataset (--real); this re-run is model-only",
@@ -182,6 +213,7 @@ fn main() -> anyhow::Result<()> {
         "model_start_fraction": cfg.model_start_fraction,
         "real_ratio": cfg.real_ratio,
         "data_start_fraction": cfg.data_start_fraction,
+        "public_starts": args.public_starts.is_some(),
         "seed": cfg.seed,
         "target_entropy": cfg.target_entropy,
         "uncertainty_in_learned_units": cfg.uncertainty_in_learned_units,
