@@ -133,11 +133,14 @@ pol = tomllib.load(open(scen, "rb"))["task"]["policy"]
 shipped = {"lambda": pol["lambda"], "rollout_length": pol["rollout_length"],
            "model_start_fraction": pol.get("model_start_fraction", 0.5),
            "target_entropy": pol.get("target_entropy", -3.0)}
+# Probe rows that branched rollouts from other states than the scenario's do not count.
+starts = pol.get("data_start_fraction", 0.0)
 for line in open(path):
     r = json.loads(line)
     if r["run"] == run and int(r["epochs"]) == int(epochs) and int(r["seed"]) == int(seed) \
             and all(r.get(k) == v for k, v in shipped.items()) \
-            and not r.get("uncertainty_in_learned_units"):
+            and not r.get("uncertainty_in_learned_units") and not r.get("public_starts") \
+            and r.get("data_start_fraction", 0.0) == starts:
         sys.exit(0)
 sys.exit(1)
 PY
