@@ -93,28 +93,33 @@ fn main() -> anyhow::Result<()> {
     if let Some(f) = args.data_start_fraction {
         cfg.data_start_fraction = f;
     }
+    // The dataset (from $FEDRL_DATA_DIR) and a replay buffer of the given episodes' transitions.
+    let dataset = || -> anyhow::Result<_> {
+        let root = fedrl_rl::offline::data_root(None)?;
+        Ok(fedrl_rl::offline::continuous::load_or_generate(
+            &task.dataset,
+            &root,
+            &mut |_| {},
+        )?)
+    };
+    let spec = run.ensemble.spec();
+    let transitions =
+        |episodes| fedrl_rl::primorl::real_transitions(spec.obs_dim, spec.act_dim, episodes);
     let real = if let Some(f) = args.public_starts {
         anyhow::ensure!(
             (0.0..=1.0).contains(&f),
             "--public-starts {f}: a fraction in [0, 1]"
         );
-        let root = fedrl_rl::offline::data_root(None)?;
-        let dataset =
-            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
+        let dataset = dataset()?;
         let (public, _) = dataset.split(task.dataset.units);
         anyhow::ensure!(
             !public.is_empty(),
             "{}: the dataset has no public split",
             run.name
         );
-        let spec = run.ensemble.spec();
         cfg.real_ratio = 0.0;
         cfg.data_start_fraction = f;
-        Some(fedrl_rl::primorl::real_transitions(
-            spec.obs_dim,
-            spec.act_dim,
-            public,
-        )?)
+        Some(transitions(public)?)
     } else if !args.real {
         if cfg.reads_data() {
             eprintln!(
@@ -131,15 +136,7 @@ fn main() -> anyhow::Result<()> {
             "{}: --real reads the dataset, which only a non-private (MOPO) run may do",
             run.name
         );
-        let root = fedrl_rl::offline::data_root(None)?;
-        let dataset =
-            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
-        let spec = run.ensemble.spec();
-        Some(fedrl_rl::primorl::real_transitions(
-            spec.obs_dim,
-            spec.act_dim,
-            &dataset.episodes,
-        )?)
+        Some(transitions(dataset()?.episodes.iter().collect())?)
     };
     if let Some(e) = args.epochs {
         cfg.epochs = e;
