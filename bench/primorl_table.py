@@ -6,7 +6,8 @@ ensemble: whole `fedrl run` deployments from bench/results/primorl.jsonl (bench/
 and policy phases re-run on a released ensemble from bench/results/primorl_policy.jsonl
 (target/release/primorl_policy). Only the scenario's own policy settings count (no probes:
 penalty weight, rollout length, start fraction, target entropy, uncertainty units as shipped;
-MOPO with its 5% real minibatches), at the given SAC epochs and round budget. Prints, per
+MOPO with its 5% real minibatches; rollouts branched from the dataset or the public split as
+the scenario says), at the given SAC epochs and round budget. Prints, per
 variant, the final normalised return (epoch N) and the mean of the last 5 epochs as mean +- 95%
 interval (Student t, n - 1 degrees of freedom), the share of MOPO's mean, and whether the
 issue's order MOPO >= No Privacy >= low >= high holds within the intervals. Then the wall-clock
@@ -22,6 +23,7 @@ import math
 import os
 import re
 import statistics
+import tomllib
 from collections import namedtuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,6 +38,26 @@ TARGETS = {"pendulum": (5.1, 700.0, 0.88), "balance": (8.2, 600.0, 0.68),
 SHIPPED = {"lambda": 2.0, "rollout_length": 20, "model_start_fraction": 0.5}
 # One released ensemble: final and last-5 normalised return, seconds per phase (None: unknown).
 Run = namedtuple("Run", "final last5 model_s policy_s")
+
+
+def row_starts(r):
+    """(data_start_fraction, public_start_fraction) a result row's policy phase branched its
+    rollouts with. Rows from before `public_start_fraction` existed carried the public split's
+    fraction (the `--public-starts` probe) in data_start_fraction with `public_starts` set."""
+    data = r.get("data_start_fraction", 0.0)
+    if "public_start_fraction" in r:
+        return data, r["public_start_fraction"]
+    if r.get("public_starts"):
+        return 0.0, data
+    return data, 0.0
+
+
+def shipped_starts(task, variant):
+    """(data_start_fraction, public_start_fraction) of the shipped scenario of `variant`."""
+    suffix = {"high": "", "low": "-low", "nonprivate": "-nonprivate", "mopo": "-mopo"}[variant]
+    with open(os.path.join(ROOT, "scenarios", f"{task}-primorl{suffix}.toml"), "rb") as f:
+        pol = tomllib.load(f)["task"]["policy"]
+    return pol.get("data_start_fraction", 0.0), pol.get("public_start_fraction", 0.0)
 
 
 def variant_of(scenario, task):
@@ -107,6 +129,8 @@ def rows(task, epochs, rounds):
             continue
         if abs(float(r["clip_norm"]) - clip) > 1e-12:
             continue
+        if row_starts(r) != shipped_starts(task, v):
+            continue
         tag = f"{r['scenario']}-s{r['seed']}-run"
         out[v].setdefault(tag, Run(r["final_normalized_return"], last5(r["curve"]),
                                    r.get("model_seconds"), r.get("policy_seconds")))
@@ -123,8 +147,9 @@ def rows(task, epochs, rounds):
             continue
         if r.get("target_entropy", -3.0) != -3.0 or r.get("uncertainty_in_learned_units"):
             continue
-        # Rollouts branched from dataset states (private or public split): probes.
-        if r.get("data_start_fraction", 0.0) != 0.0 or r.get("public_starts"):
+        # Rollouts branched from other states than the scenario's (dataset, public split):
+        # probes.
+        if row_starts(r) != shipped_starts(task, v):
             continue
         if (v == "mopo") != (r["real_ratio"] > 0):
             continue

@@ -92,10 +92,11 @@ PY
         secs=""
         if [ -n "$start" ]; then secs=$((end - start)); fi
         python3 - "$out/report.json" "$name" "$seed" "$secs" "$clip" "$norm" "$budget" \
-            >> "$results" <<'PY'
-import json, sys
-path, name, seed, secs, clip, norm, budget = sys.argv[1:8]
+            "$out/scenario.toml" >> "$results" <<'PY'
+import json, sys, tomllib
+path, name, seed, secs, clip, norm, budget, scen = sys.argv[1:9]
 r = json.load(open(path))
+pol = tomllib.load(open(scen, "rb"))["task"]["policy"]
 fe = r.get("final_evaluation") or {}
 curve = fe.get("policy_curve") or []
 policy_s = curve[-1]["seconds"] if curve else None
@@ -104,6 +105,9 @@ print(json.dumps({
     "scenario": name, "seed": int(seed), "clip_norm": float(clip),
     "normalize_targets": norm == "true", "round_budget": int(budget),
     "policy_epochs": len(curve),
+    # Where the run's own policy phase branched its rollouts from (bench/primorl_table.py).
+    "data_start_fraction": pol.get("data_start_fraction", 0.0),
+    "public_start_fraction": pol.get("public_start_fraction", 0.0),
     "epsilon": r.get("epsilon"), "delta": r.get("delta"),
     "rounds": r.get("rounds_completed"), "selected_round": fe.get("selected_round"),
     "public_mse": fe.get("public_mse"),
@@ -121,35 +125,40 @@ PY
         tail -1 "$results" | cut -c1-300
       fi
       if [ -n "${SAC_EPOCHS:-}" ] && [ -s "$out/ensemble.safetensors" ]; then
-        # The policy phase at the scenario's settings, unless that row is already there. Rows
-        # name the run relative to the repository, as primorl_policy records its argument.
+        # The policy phase at the shipped scenario's settings (read from it, so a run whose
+        # model phase began before a policy setting changed gets the current one), unless that
+        # row is already there. Rows name the run relative to the repository, as
+        # primorl_policy records its argument.
         run="runs/primorl/$(basename "$out")"
         touch "$policy_results"
-        if ! python3 - "$policy_results" "$run" "$SAC_EPOCHS" "$seed" \
-            "$out/scenario.toml" <<'PY'
+        starts="$(python3 - "$policy_results" "$run" "$SAC_EPOCHS" "$seed" "$scen" <<'PY'
 import json, sys, tomllib
+sys.path.insert(0, "bench")
+from primorl_table import row_starts
 path, run, epochs, seed, scen = sys.argv[1:6]
 pol = tomllib.load(open(scen, "rb"))["task"]["policy"]
 shipped = {"lambda": pol["lambda"], "rollout_length": pol["rollout_length"],
            "model_start_fraction": pol.get("model_start_fraction", 0.5),
            "target_entropy": pol.get("target_entropy", -3.0)}
-# Probe rows that branched rollouts from other states than the scenario's do not count.
-starts = pol.get("data_start_fraction", 0.0)
+starts = (pol.get("data_start_fraction", 0.0), pol.get("public_start_fraction", 0.0))
 for line in open(path):
     r = json.loads(line)
     if r["run"] == run and int(r["epochs"]) == int(epochs) and int(r["seed"]) == int(seed) \
             and all(r.get(k) == v for k, v in shipped.items()) \
-            and not r.get("uncertainty_in_learned_units") and not r.get("public_starts") \
-            and r.get("data_start_fraction", 0.0) == starts:
+            and not r.get("uncertainty_in_learned_units") and row_starts(r) == starts:
         sys.exit(0)
-sys.exit(1)
+print(*starts)
 PY
-        then
-          real=()
-          if [ "$variant" = primorl-mopo ]; then real=(--real); fi
+)" || true
+        if [ -n "$starts" ]; then
+          read -r data_starts public_starts <<< "$starts"
+          flags=(--public-starts "$public_starts")
+          if [ "$variant" = primorl-mopo ]; then
+            flags+=(--real --data-start-fraction "$data_starts")
+          fi
           echo "== $name seed $seed: policy phase, $SAC_EPOCHS SAC epochs ($(date -u +%H:%M:%S))"
           "$policy_bin" "$run" --epochs "$SAC_EPOCHS" --seed "$seed" \
-              "${real[@]}" --results "$policy_results" || true
+              "${flags[@]}" --results "$policy_results" || true
         fi
       fi
     done

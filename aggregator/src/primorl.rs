@@ -14,7 +14,10 @@ use anyhow::Context;
 use fedrl_common::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
-use fedrl_rl::primorl::{PolicyEpoch, ensemble_spec, policy_phase, public_rows, real_transitions};
+use fedrl_rl::primorl::{
+    PolicyEpoch, StartData, ensemble_spec, policy_phase, public_rows, public_start_states,
+    real_transitions,
+};
 use fedrl_rl::sac::{ReplayBuffer, SacAgent};
 
 use crate::model::{ModelError, ModelState, ServerModel};
@@ -42,6 +45,10 @@ pub struct PrimorlModel {
     /// scenario with `task.policy.real_ratio > 0` or `data_start_fraction > 0` keeps them (the
     /// scenario refuses it otherwise).
     real: Option<ReplayBuffer>,
+    /// The public split's transitions when the policy phase branches rollouts from them
+    /// (`task.policy.public_start_fraction > 0`): public data, kept from the start so the
+    /// policy phase reads no dataset.
+    public_starts: Option<ReplayBuffer>,
 }
 
 impl PrimorlModel {
@@ -61,6 +68,7 @@ impl PrimorlModel {
         } else {
             None
         };
+        let public_starts = public_start_states(&task.policy, &dataset, task.dataset.units)?;
         drop(dataset);
         let params = spec.init(task.model_seed);
         Ok(PrimorlModel {
@@ -75,6 +83,7 @@ impl PrimorlModel {
             device,
             policy: None,
             real,
+            public_starts,
         })
     }
 
@@ -91,8 +100,25 @@ impl PrimorlModel {
     fn run_policy_phase(&mut self) -> anyhow::Result<Vec<PolicyEpoch>> {
         let ens = Ensemble::new(&self.spec, self.selected(), &self.device)?;
         let p = &self.task.policy;
+        let mopo = match &self.real {
+            Some(r) => format!(
+                "; MOPO: {:.0}% of each minibatch from {} real transitions, {:.0}% of rollouts branched from their states",
+                100.0 * p.real_ratio,
+                r.len(),
+                100.0 * p.data_start_fraction
+            ),
+            None => String::new(),
+        };
+        let public = match &self.public_starts {
+            Some(b) => format!(
+                "; {:.0}% of the other rollouts branched from {} public-split transitions",
+                100.0 * p.public_start_fraction,
+                b.len()
+            ),
+            None => String::new(),
+        };
         eprintln!(
-            "policy phase: SAC in the {} model ({} epochs of {} updates, rollouts of {} steps, {:?} penalty x {}{})",
+            "policy phase: SAC in the {} model ({} epochs of {} updates, rollouts of {} steps, {:?} penalty x {}{mopo}{public})",
             if self.real.is_some() {
                 "non-private"
             } else {
@@ -103,21 +129,15 @@ impl PrimorlModel {
             p.rollout_length,
             p.uncertainty,
             p.lambda,
-            match &self.real {
-                Some(r) => format!(
-                    "; MOPO: {:.0}% of each minibatch from {} real transitions, {:.0}% of rollouts branched from their states",
-                    100.0 * p.real_ratio,
-                    r.len(),
-                    100.0 * p.data_start_fraction
-                ),
-                None => String::new(),
-            }
         );
         let (agent, curve) = policy_phase(
             &ens,
             &self.task.dataset.env,
             p,
-            self.real.as_ref(),
+            StartData {
+                real: self.real.as_ref(),
+                public: self.public_starts.as_ref(),
+            },
             &self.device,
             &mut |e| {
                 eprintln!(

@@ -235,6 +235,16 @@ pub struct PolicyPhaseConfig {
     /// distribution and model states only).
     #[serde(default)]
     pub data_start_fraction: f64,
+    /// Fraction of the other model rollouts (those not branched from the real dataset)
+    /// branched from states of the dataset's public split: the episodes that belong to no
+    /// privacy unit and already set the ensemble's input normalisation. The policy stays
+    /// post-processing of the released model and public data, so this costs no privacy and any
+    /// scenario may set it. Swing-up needs it: rollouts of H steps from the hanging start never
+    /// reach an upright pole (bench/README.md, "PriMORL on cart-pole swing-up"); on balance,
+    /// which starts upright, it hurts. The remaining rollouts start as `model_start_fraction`
+    /// says. Default 0.
+    #[serde(default)]
+    pub public_start_fraction: f64,
 }
 
 impl PolicyPhaseConfig {
@@ -330,6 +340,12 @@ impl PrimorlTask {
             return Err(format!(
                 "task.policy.data_start_fraction must be in [0, 1], got {}",
                 p.data_start_fraction
+            ));
+        }
+        if !(0.0..=1.0).contains(&p.public_start_fraction) {
+            return Err(format!(
+                "task.policy.public_start_fraction must be in [0, 1], got {}",
+                p.public_start_fraction
             ));
         }
         if !(p.lr.is_finite() && p.lr > 0.0 && p.target_entropy.is_finite()) {

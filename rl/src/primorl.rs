@@ -160,6 +160,27 @@ pub fn normalized_return(env_id: &str, ret: f64) -> f64 {
     }
 }
 
+/// The public split's transitions, from which a fraction `policy.public_start_fraction` of the
+/// policy phase's rollouts branch; `None` (nothing kept) when that fraction is 0. `policy` is
+/// the task's policy settings or a re-run's overrides of them; units from `private_units` on
+/// are public (the task's `dataset.units`).
+pub fn public_start_states(
+    policy: &fedrl_common::primorl::PolicyPhaseConfig,
+    dataset: &ContinuousDataset,
+    private_units: u64,
+) -> Result<Option<crate::sac::ReplayBuffer>> {
+    if policy.public_start_fraction <= 0.0 {
+        return Ok(None);
+    }
+    let (public, _) = dataset.split(private_units);
+    if public.is_empty() {
+        return Err(NnError::Invalid(
+            "public_start_fraction > 0, but the dataset has no public split".into(),
+        ));
+    }
+    real_transitions(dataset.meta.obs_dim, dataset.meta.act_dim, public).map(Some)
+}
+
 /// Every transition of `episodes` in a replay buffer (the MOPO baseline's real data; a time
 /// limit is not a terminal state).
 pub fn real_transitions<'a>(
@@ -256,14 +277,26 @@ pub struct PolicyEpoch {
 /// mixed 64-bit episode seeds and the start-state seeds drawn below.
 const EVAL_SEED_BASE: u64 = 3_000_000_000;
 
+/// Where a policy phase may branch its model rollouts from, besides the environment's public
+/// initial distribution and the model's own states.
+#[derive(Clone, Copy, Default)]
+pub struct StartData<'a> {
+    /// The real dataset's transitions (the MOPO baseline only: reading them is not
+    /// post-processing of the released model).
+    pub real: Option<&'a crate::sac::ReplayBuffer>,
+    /// The public split's transitions (no privacy unit's data; any scenario).
+    pub public: Option<&'a crate::sac::ReplayBuffer>,
+}
+
 /// Start states of one batch of `cfg.rollout_batch` model rollouts, concatenated: a fraction
 /// `cfg.data_start_fraction` drawn from the real transitions' states (MOPO's branching; only
-/// when `real` is given), then, of the rest, a fraction `cfg.model_start_fraction` from states
-/// the model generated earlier (`model`, once it holds any), and the others from `env`'s
-/// public initial distribution.
+/// when `data.real` is given), then, of the rest, a fraction `cfg.public_start_fraction` from
+/// the public split's states (when `data.public` is given), then, of the rest, a fraction
+/// `cfg.model_start_fraction` from states the model generated earlier (`model`, once it holds
+/// any), and the others from `env`'s public initial distribution.
 pub fn rollout_starts(
     cfg: &fedrl_common::primorl::PolicyPhaseConfig,
-    real: Option<&crate::sac::ReplayBuffer>,
+    data: StartData<'_>,
     model: &crate::sac::ReplayBuffer,
     rng: &mut impl rand::Rng,
     env: &mut dyn fedrl_sim::Env,
@@ -272,27 +305,33 @@ pub fn rollout_starts(
     let n = cfg.rollout_batch;
     let obs_dim = env.observation_space().dim();
     let mut starts = Vec::with_capacity(n * obs_dim);
-    let from_data = match real {
-        Some(_) if cfg.data_start_fraction > 0.0 => (0..n)
-            .filter(|_| rng.random::<f64>() < cfg.data_start_fraction)
-            .count(),
-        _ => 0,
-    };
-    let from_model = if model.is_empty() {
-        0
-    } else {
-        (from_data..n)
-            .filter(|_| rng.random::<f64>() < cfg.model_start_fraction)
-            .count()
-    };
-    if let (Some(r), true) = (real, from_data > 0) {
-        starts.extend(r.sample(from_data, rng)?.obs);
+    // How many of the rollouts from index `from` on a buffer takes, one draw per rollout (no
+    // draws at all for a missing buffer or a zero fraction, so each setting's stream of
+    // random numbers stays what it was before the others existed).
+    let mut take =
+        |buffer: Option<&crate::sac::ReplayBuffer>, fraction: f64, from: usize| match buffer {
+            Some(b) if fraction > 0.0 && !b.is_empty() => {
+                (from..n).filter(|_| rng.random::<f64>() < fraction).count()
+            }
+            _ => 0,
+        };
+    let from_data = take(data.real, cfg.data_start_fraction, 0);
+    let from_public = take(data.public, cfg.public_start_fraction, from_data);
+    let from_model = take(
+        Some(model),
+        cfg.model_start_fraction,
+        from_data + from_public,
+    );
+    for (buffer, count) in [(data.real, from_data), (data.public, from_public)] {
+        if let (Some(b), true) = (buffer, count > 0) {
+            starts.extend(b.sample(count, rng)?.obs);
+        }
     }
     if from_model > 0 {
         starts.extend(model.sample(from_model, rng)?.next_obs);
     }
     let mut o = vec![0.0f32; obs_dim];
-    for _ in from_data + from_model..n {
+    for _ in from_data + from_public + from_model..n {
         env.reset(rng.random_range(0..EVAL_SEED_BASE), &mut o);
         starts.extend_from_slice(&o);
     }
@@ -302,17 +341,18 @@ pub fn rollout_starts(
 /// The policy phase of PriMORL (seed 001, Algorithm 4): SAC trained only on rollouts of the
 /// pessimistic model `ensemble` (reward `r - lambda u`), `rollout_length` steps long, started
 /// from the environment's public initial distribution or, for a fraction
-/// `model_start_fraction`, from states the model generated earlier. With `real = None` no
-/// dataset is read: the policy is post-processing of the released ensemble. The MOPO baseline
-/// passes the real transitions (see [`real_transitions`]), draws `cfg.real_ratio` of each
-/// minibatch from them and branches `cfg.data_start_fraction` of the rollouts from their
-/// states. After every epoch the deterministic policy is evaluated in the real
+/// `model_start_fraction`, from states the model generated earlier, and, for a fraction
+/// `public_start_fraction`, from the public split's states (`data.public`). With
+/// `data.real = None` no private data is read: the policy is post-processing of the released
+/// ensemble and the public split. The MOPO baseline passes the real transitions (see
+/// [`real_transitions`]), draws `cfg.real_ratio` of each minibatch from them and branches
+/// `cfg.data_start_fraction` of the rollouts from their states. After every epoch the deterministic policy is evaluated in the real
 /// environment `env_id` (a diagnostic; it reads no data either) and `on_epoch` sees the result.
 pub fn policy_phase(
     ensemble: &crate::ensemble::Ensemble,
     env_id: &str,
     cfg: &fedrl_common::primorl::PolicyPhaseConfig,
-    real: Option<&crate::sac::ReplayBuffer>,
+    data: StartData<'_>,
     device: &candle_core::Device,
     on_epoch: &mut dyn FnMut(&PolicyEpoch),
 ) -> Result<(crate::sac::SacAgent, Vec<PolicyEpoch>)> {
@@ -358,6 +398,13 @@ pub fn policy_phase(
     let mut curve = Vec::with_capacity(cfg.epochs);
     let (mut reward_sum, mut penalty_sum, mut steps) = (0.0f64, 0.0f64, 0u64);
 
+    if cfg.public_start_fraction > 0.0 && data.public.is_none_or(|p| p.is_empty()) {
+        return Err(NnError::Invalid(format!(
+            "policy phase: public_start_fraction = {} needs the public split's transitions",
+            cfg.public_start_fraction
+        )));
+    }
+    let real = data.real;
     // MOPO's split of each minibatch; without real data every row is a model row.
     let n_real = match real {
         Some(r) if !r.is_empty() => {
@@ -383,7 +430,7 @@ pub fn policy_phase(
                     rng: &mut Xoshiro256PlusPlus,
                     env: &mut Box<dyn fedrl_sim::Env>|
      -> Result<(f64, f64, u64)> {
-        let starts = rollout_starts(cfg, real, buffer, rng, env.as_mut())?;
+        let starts = rollout_starts(cfg, data, buffer, rng, env.as_mut())?;
         let (mut r_sum, mut p_sum, mut count) = (0.0, 0.0, 0u64);
         let mut cur = starts;
         for _ in 0..cfg.rollout_length {

@@ -8,7 +8,10 @@ use fedrl_common::primorl::{
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, LocalModelConfig, local_updates};
 use fedrl_rl::offline::continuous::load_or_generate;
-use fedrl_rl::primorl::{normalized_return, policy_phase, real_transitions, rollout_starts};
+use fedrl_rl::primorl::{
+    StartData, normalized_return, policy_phase, public_start_states, real_transitions,
+    rollout_starts,
+};
 use fedrl_rl::sac::ReplayBuffer;
 
 fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
@@ -31,6 +34,7 @@ fn tiny_policy(seed: u64) -> PolicyPhaseConfig {
         seed,
         real_ratio: 0.0,
         data_start_fraction: 0.0,
+        public_start_fraction: 0.0,
     }
 }
 
@@ -46,8 +50,18 @@ fn the_policy_phase_completes_with_the_dataset_deleted() {
         behaviour: ContinuousBehaviour::Random,
     };
     let model_file = dir.path().join("ensemble.safetensors");
+    // Half the rollouts branch from the public split's states, kept in memory from the start as
+    // the aggregator keeps them: public data, not a dataset read by the policy phase.
+    let policy = PolicyPhaseConfig {
+        public_start_fraction: 0.5,
+        ..tiny_policy(3)
+    };
+    let public_starts;
     {
         let data = load_or_generate(&spec_d, &data_root, &mut |_| {}).expect("dataset");
+        public_starts = public_start_states(&policy, &data, spec_d.units)
+            .expect("public split")
+            .expect("a positive fraction keeps the public states");
         let (public, private) = data.split(spec_d.units);
 
         // Model phase, in process and without noise: a few averaged rounds over every trajectory.
@@ -90,8 +104,11 @@ fn the_policy_phase_completes_with_the_dataset_deleted() {
     let (agent, curve) = policy_phase(
         &ens,
         "Pendulum-v1",
-        &tiny_policy(3),
-        None,
+        &policy,
+        StartData {
+            real: None,
+            public: Some(&public_starts),
+        },
         &Device::Cpu,
         &mut |e| seen.push(e.epoch),
     )
@@ -122,7 +139,7 @@ fn rollouts_stay_in_the_plausible_box_or_the_model_is_refused() {
         &ens,
         "Pendulum-v1",
         &tiny_policy(4),
-        None,
+        StartData::default(),
         &Device::Cpu,
         &mut |_| {},
     )
@@ -138,7 +155,7 @@ fn rollouts_stay_in_the_plausible_box_or_the_model_is_refused() {
         &ens,
         "Pendulum-v1",
         &tiny_policy(4),
-        None,
+        StartData::default(),
         &Device::Cpu,
         &mut |_| {},
     ) else {
@@ -179,14 +196,24 @@ fn mopo_mixes_real_transitions_into_each_minibatch() {
         &ens,
         "Pendulum-v1",
         &cfg,
-        Some(&real),
+        StartData {
+            real: Some(&real),
+            public: None,
+        },
         &Device::Cpu,
         &mut |_| {},
     )
     .expect("MOPO policy phase");
     assert_eq!(agent.updates(), 40);
     assert!(curve.iter().all(|e| e.q_loss.is_finite()));
-    let Err(err) = policy_phase(&ens, "Pendulum-v1", &cfg, None, &Device::Cpu, &mut |_| {}) else {
+    let Err(err) = policy_phase(
+        &ens,
+        "Pendulum-v1",
+        &cfg,
+        StartData::default(),
+        &Device::Cpu,
+        &mut |_| {},
+    ) else {
         panic!("real_ratio without real data must be refused");
     };
     assert!(
@@ -235,22 +262,116 @@ fn rollouts_branch_from_dataset_states_only_when_asked() {
         data_start_fraction: f,
         ..tiny_policy(0)
     };
+    let from_real = StartData {
+        real: Some(&real),
+        public: None,
+    };
     let all =
-        rollout_starts(&with(1.0), Some(&real), &model, &mut rng, env.as_mut()).expect("starts");
+        rollout_starts(&with(1.0), from_real, &model, &mut rng, env.as_mut()).expect("starts");
     assert_eq!(all.len(), n * 3);
     assert_eq!(in_data(&all), n);
     let half =
-        rollout_starts(&with(0.5), Some(&real), &model, &mut rng, env.as_mut()).expect("starts");
+        rollout_starts(&with(0.5), from_real, &model, &mut rng, env.as_mut()).expect("starts");
     let k = in_data(&half);
     // Binomial(400, 0.5): 5.5 standard deviations either side.
     assert!((145..=255).contains(&k), "{k} of {n} from the data");
     let none =
-        rollout_starts(&with(0.0), Some(&real), &model, &mut rng, env.as_mut()).expect("starts");
+        rollout_starts(&with(0.0), from_real, &model, &mut rng, env.as_mut()).expect("starts");
     assert_eq!(in_data(&none), 0);
     // Without the real transitions nothing can come from the data.
-    let private = rollout_starts(&with(1.0), None, &model, &mut rng, env.as_mut()).expect("starts");
+    let private = rollout_starts(
+        &with(1.0),
+        StartData::default(),
+        &model,
+        &mut rng,
+        env.as_mut(),
+    )
+    .expect("starts");
     assert_eq!(private.len(), n * 3);
     assert_eq!(in_data(&private), 0);
+}
+
+/// `public_start_fraction` branches rollouts from the public split's states and never from a
+/// private trajectory's; a policy phase that asks for them without the public split is refused.
+#[test]
+fn public_starts_come_from_the_public_split_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let spec_d = ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units: 4,
+        public: 2,
+        seed: 13,
+        behaviour: ContinuousBehaviour::Random,
+    };
+    let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
+    let (public, private) = data.split(spec_d.units);
+    let states = |episodes: &[&fedrl_rl::offline::continuous::ContinuousEpisode]| {
+        episodes
+            .iter()
+            .flat_map(|e| {
+                e.observations[..e.len() * 3]
+                    .chunks(3)
+                    .map(|o| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                    .collect::<Vec<_>>()
+            })
+            .collect::<std::collections::HashSet<Vec<u32>>>()
+    };
+    let (public_states, private_states) = (states(&public), states(&private));
+    let count_in = |set: &std::collections::HashSet<Vec<u32>>, starts: &[f32]| {
+        starts
+            .chunks(3)
+            .filter(|o| set.contains(&o.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
+            .count()
+    };
+    let n = 400;
+    let with = |f: f64| PolicyPhaseConfig {
+        rollout_batch: n,
+        public_start_fraction: f,
+        ..tiny_policy(0)
+    };
+    assert!(
+        public_start_states(&with(0.0), &data, spec_d.units)
+            .expect("no states")
+            .is_none(),
+        "a zero fraction keeps nothing"
+    );
+    let buffer = public_start_states(&with(0.5), &data, spec_d.units)
+        .expect("public states")
+        .expect("kept");
+    let public_steps: usize = public.iter().map(|e| e.len()).sum();
+    assert_eq!(buffer.len(), public_steps);
+    let model = ReplayBuffer::new(3, 1, 8).expect("model buffer");
+    let mut env = fedrl_sim::make("Pendulum-v1").expect("env");
+    let mut rng = <rand::rngs::Xoshiro256PlusPlus as rand::SeedableRng>::seed_from_u64(5);
+    let from_public = StartData {
+        real: None,
+        public: Some(&buffer),
+    };
+    let all =
+        rollout_starts(&with(1.0), from_public, &model, &mut rng, env.as_mut()).expect("starts");
+    assert_eq!(count_in(&public_states, &all), n);
+    assert_eq!(count_in(&private_states, &all), 0);
+    let half =
+        rollout_starts(&with(0.5), from_public, &model, &mut rng, env.as_mut()).expect("starts");
+    let k = count_in(&public_states, &half);
+    // Binomial(400, 0.5): 5.5 standard deviations either side.
+    assert!((145..=255).contains(&k), "{k} of {n} from the public split");
+    assert_eq!(count_in(&private_states, &half), 0);
+
+    let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 3);
+    spec.input_scale = vec![1.0, 1.0, 8.0, 2.0];
+    let ens = Ensemble::new(&spec, &spec.init(9), &Device::Cpu).expect("ensemble");
+    let Err(err) = policy_phase(
+        &ens,
+        "Pendulum-v1",
+        &with(0.5),
+        StartData::default(),
+        &Device::Cpu,
+        &mut |_| {},
+    ) else {
+        panic!("public_start_fraction without the public split must be refused");
+    };
+    assert!(err.to_string().contains("public split"), "{err}");
 }
 
 #[test]

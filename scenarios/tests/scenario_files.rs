@@ -161,6 +161,24 @@ fn primorl_scenarios_plan_within_the_papers_budgets_and_have_their_twins() {
             );
             assert_eq!(s.rounds, h.rounds, "{}", s.name);
         }
+        // Every variant branches the same share of its rollouts from real states: the public
+        // split for the private twins and No Privacy, the dataset for MOPO (as MOPO does).
+        let share = base.policy.public_start_fraction;
+        assert_eq!(base.policy.data_start_fraction, 0.0, "{env}");
+        for s in [&l, &np] {
+            assert_eq!(task(s).policy.public_start_fraction, share, "{}", s.name);
+            assert_eq!(task(s).policy.data_start_fraction, 0.0, "{}", s.name);
+        }
+        assert_eq!(task(&mopo).policy.data_start_fraction, share, "{env}");
+        assert_eq!(task(&mopo).policy.public_start_fraction, 0.0, "{env}");
+        assert_eq!(share > 0.0, env == "swingup", "{env}: swing-up only");
+        if share > 0.0 {
+            let text = std::fs::read_to_string(dir.join(format!("{env}-primorl.toml")))
+                .unwrap()
+                .replace("public_start_fraction = 0.5", "public_start_fraction = 1.5");
+            let e = scenario_from_toml_str(&text).unwrap_err().to_string();
+            assert!(e.contains("public_start_fraction"), "{e}");
+        }
         // The No Privacy twins clip at the private scenarios' norm.
         for s in [&np, &mopo] {
             assert_eq!(task(s).ensemble.nonprivate_clip_norm, Some(h.clip_norm));

@@ -5,8 +5,8 @@
 //! (35 minutes for cart-pole balance) again. MOPO's real-data minibatches and data-branched
 //! rollouts need the dataset: on a MOPO run's (non-private) ensemble the re-run is model-only,
 //! like the No Privacy variant, unless `--real` loads the dataset (from `$FEDRL_DATA_DIR`).
-//! `--public-starts F` (any run) reads only the dataset's public split, to branch rollouts
-//! from its states.
+//! A scenario's `public_start_fraction` (or `--public-starts F`, any run) reads only the
+//! dataset's public split, to branch rollouts from its states.
 //!
 //! ```text
 //! cargo build --release -p fedrl-bench --bin primorl_policy
@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use fedrl_rl::candle_core::Device;
-use fedrl_rl::primorl::policy_phase;
+use fedrl_rl::primorl::{StartData, policy_phase};
 
 #[derive(Parser)]
 struct Args {
@@ -56,12 +56,11 @@ struct Args {
     /// With `--real`: fraction of rollouts branched from dataset states; default the scenario's.
     #[arg(long, requires = "real")]
     data_start_fraction: Option<f64>,
-    /// Any run: branch this fraction of the rollouts from states of the dataset's public split
-    /// (the 1% that belongs to no privacy unit and already sets the ensemble's input
-    /// normalisation), never from the private part; no real transitions enter the minibatches.
-    /// A probe of wider start states than the environment's initial distribution, at no
-    /// privacy cost.
-    #[arg(long, conflicts_with = "real")]
+    /// Any run: branch this fraction of the rollouts (of those not branched from the dataset)
+    /// from states of the dataset's public split (the 1% that belongs to no privacy unit and
+    /// already sets the ensemble's input normalisation), never from the private part; no real
+    /// transitions enter the minibatches. Default the scenario's `public_start_fraction`.
+    #[arg(long)]
     public_starts: Option<f64>,
     /// Target entropy of SAC's automatic temperature; default the scenario's.
     #[arg(long, allow_hyphen_values = true)]
@@ -93,50 +92,48 @@ fn main() -> anyhow::Result<()> {
     if let Some(f) = args.data_start_fraction {
         cfg.data_start_fraction = f;
     }
-    // The dataset (from $FEDRL_DATA_DIR) and a replay buffer of the given episodes' transitions.
-    let dataset = || -> anyhow::Result<_> {
-        let root = fedrl_rl::offline::data_root(None)?;
-        Ok(fedrl_rl::offline::continuous::load_or_generate(
-            &task.dataset,
-            &root,
-            &mut |_| {},
-        )?)
-    };
-    let spec = run.ensemble.spec();
-    let transitions =
-        |episodes| fedrl_rl::primorl::real_transitions(spec.obs_dim, spec.act_dim, episodes);
-    let real = if let Some(f) = args.public_starts {
+    if let Some(f) = args.public_starts {
         anyhow::ensure!(
             (0.0..=1.0).contains(&f),
             "--public-starts {f}: a fraction in [0, 1]"
         );
-        let dataset = dataset()?;
-        let (public, _) = dataset.split(task.dataset.units);
-        anyhow::ensure!(
-            !public.is_empty(),
-            "{}: the dataset has no public split",
+        cfg.public_start_fraction = f;
+    }
+    if !args.real && cfg.reads_data() {
+        eprintln!(
+            "{}: MOPO's real-data minibatches and data-branched rollouts need the dataset (--real); this re-run is model-only",
             run.name
         );
         cfg.real_ratio = 0.0;
-        cfg.data_start_fraction = f;
-        Some(transitions(public)?)
-    } else if !args.real {
-        if cfg.reads_data() {
-            eprintln!(
-                "{}: MOPO's real-data minibatches and data-branched rollouts need the dataset (--real); this re-run is model-only",
-                run.name
-            );
-            cfg.real_ratio = 0.0;
-            cfg.data_start_fraction = 0.0;
-        }
-        None
+        cfg.data_start_fraction = 0.0;
+    }
+    anyhow::ensure!(
+        !args.real || run.non_private,
+        "{}: --real reads the dataset, which only a non-private (MOPO) run may do",
+        run.name
+    );
+    // The dataset (from $FEDRL_DATA_DIR), only when the real transitions or the public split's
+    // start states are needed.
+    let (real, public) = if args.real || cfg.public_start_fraction > 0.0 {
+        let root = fedrl_rl::offline::data_root(None)?;
+        let dataset =
+            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
+        let spec = run.ensemble.spec();
+        let real = if args.real {
+            Some(fedrl_rl::primorl::real_transitions(
+                spec.obs_dim,
+                spec.act_dim,
+                &dataset.episodes,
+            )?)
+        } else {
+            None
+        };
+        (
+            real,
+            fedrl_rl::primorl::public_start_states(&cfg, &dataset, task.dataset.units)?,
+        )
     } else {
-        anyhow::ensure!(
-            run.non_private,
-            "{}: --real reads the dataset, which only a non-private (MOPO) run may do",
-            run.name
-        );
-        Some(transitions(dataset()?.episodes.iter().collect())?)
+        (None, None)
     };
     if let Some(e) = args.epochs {
         cfg.epochs = e;
@@ -165,7 +162,10 @@ fn main() -> anyhow::Result<()> {
         &run.ensemble,
         &task.dataset.env,
         &cfg,
-        real.as_ref(),
+        StartData {
+            real: real.as_ref(),
+            public: public.as_ref(),
+        },
         &device,
         &mut |e| {
             eprintln!(
@@ -210,6 +210,9 @@ fn main() -> anyhow::Result<()> {
         "model_start_fraction": cfg.model_start_fraction,
         "real_ratio": cfg.real_ratio,
         "data_start_fraction": cfg.data_start_fraction,
+        "public_start_fraction": cfg.public_start_fraction,
+        // Whether --public-starts overrode the scenario's fraction (rows before the setting
+        // existed carried the fraction in data_start_fraction with this flag set).
         "public_starts": args.public_starts.is_some(),
         "seed": cfg.seed,
         "target_entropy": cfg.target_entropy,
