@@ -52,8 +52,20 @@ pub struct PrimorlModel {
 }
 
 impl PrimorlModel {
+    /// The model of `task`, its dataset loaded (or generated) under `$FEDRL_DATA_DIR`.
     pub fn new(task: &PrimorlTask, device: Device) -> anyhow::Result<Self> {
-        let root = fedrl_rl::offline::data_root(None)?;
+        Self::with_data_root(task, None, device)
+    }
+
+    /// The model of `task`, its dataset under `root` (`None`: `$FEDRL_DATA_DIR` or
+    /// `~/.fedrl/datasets`). Everything the policy phase needs (the public split's start
+    /// states, MOPO's real transitions) is kept from here on, so nothing later reads the data.
+    pub fn with_data_root(
+        task: &PrimorlTask,
+        root: Option<&Path>,
+        device: Device,
+    ) -> anyhow::Result<Self> {
+        let root = fedrl_rl::offline::data_root(root)?;
         let dataset =
             fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})
                 .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
@@ -272,5 +284,46 @@ impl ServerModel for PrimorlModel {
             agent.save(&dir.join(POLICY_FILE))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The policy phase runs after the dataset is gone, its rollouts branched from the public
+    /// split's states kept at start (the swing-up scenarios' setting).
+    #[test]
+    fn the_policy_phase_branches_from_public_states_without_the_dataset() {
+        let task: PrimorlTask = serde_json::from_value(serde_json::json!({
+            "dataset": {"env": "Pendulum-v1", "units": 6, "public": 2, "seed": 4,
+                        "behaviour": {"kind": "random"}},
+            "ensemble": {"hidden": [16, 16], "members": 2, "clipping": "per-layer"},
+            "policy": {"uncertainty": "max-aleatoric", "lambda": 1.0, "rollout_length": 5,
+                       "epochs": 1, "updates_per_epoch": 10, "rollout_batch": 16,
+                       "rollout_every": 5, "hidden": [16, 16], "batch_size": 16,
+                       "eval_episodes": 1, "public_start_fraction": 0.5},
+        }))
+        .expect("task");
+        task.validate().expect("valid task");
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("data");
+        let mut model =
+            PrimorlModel::with_data_root(&task, Some(&root), Device::Cpu).expect("model");
+        let kept = model.public_starts.as_ref().map(|b| b.len());
+        assert_eq!(
+            kept,
+            Some(2 * 200),
+            "the 2 public Pendulum episodes' transitions"
+        );
+        std::fs::remove_dir_all(&root).expect("delete dataset");
+        let out = model.final_evaluation().expect("evaluation");
+        assert!(out.get("policy_error").is_none(), "{out}");
+        assert_eq!(
+            out["policy_curve"].as_array().map(Vec::len),
+            Some(1),
+            "{out}"
+        );
+        assert!(model.policy.is_some());
     }
 }
