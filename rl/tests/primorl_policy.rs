@@ -2,12 +2,14 @@
 //! it must complete after the dataset is gone, and its rollouts must stay in the public
 //! plausible box even when the model is poor.
 
+use std::collections::HashSet;
+
 use fedrl_common::primorl::{
     ContinuousBehaviour, ContinuousDatasetSpec, EnsembleClipping, PolicyPhaseConfig, Uncertainty,
 };
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, LocalModelConfig, local_updates};
-use fedrl_rl::offline::continuous::load_or_generate;
+use fedrl_rl::offline::continuous::{ContinuousEpisode, load_or_generate};
 use fedrl_rl::primorl::{
     StartData, normalized_return, policy_phase, public_start_states, real_transitions,
     rollout_starts,
@@ -222,6 +224,27 @@ fn mopo_mixes_real_transitions_into_each_minibatch() {
     );
 }
 
+/// Every state a transition of `episodes` starts from (Pendulum: 3 components), bit for bit.
+fn states_of(episodes: &[&ContinuousEpisode]) -> HashSet<Vec<u32>> {
+    episodes
+        .iter()
+        .flat_map(|e| {
+            e.observations[..e.len() * 3]
+                .chunks(3)
+                .map(|o| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// How many of the concatenated start states `starts` are in `set`.
+fn count_in(set: &HashSet<Vec<u32>>, starts: &[f32]) -> usize {
+    starts
+        .chunks(3)
+        .filter(|o| set.contains(&o.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
+        .count()
+}
+
 /// MOPO branches `data_start_fraction` of its rollouts from dataset states; PriMORL's start
 /// from the public initial distribution (or earlier model states) and never from the data.
 #[test]
@@ -236,23 +259,8 @@ fn rollouts_branch_from_dataset_states_only_when_asked() {
     };
     let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
     let real = real_transitions(3, 1, &data.episodes).expect("real buffer");
-    // Every state a transition starts from, bit for bit.
-    let data_states: std::collections::HashSet<Vec<u32>> = data
-        .episodes
-        .iter()
-        .flat_map(|e| {
-            e.observations[..e.len() * 3]
-                .chunks(3)
-                .map(|o| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let in_data = |starts: &[f32]| {
-        starts
-            .chunks(3)
-            .filter(|o| data_states.contains(&o.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
-            .count()
-    };
+    let data_states = states_of(&data.episodes.iter().collect::<Vec<_>>());
+    let in_data = |starts: &[f32]| count_in(&data_states, starts);
     let model = ReplayBuffer::new(3, 1, 8).expect("model buffer");
     let mut env = fedrl_sim::make("Pendulum-v1").expect("env");
     let mut rng = <rand::rngs::Xoshiro256PlusPlus as rand::SeedableRng>::seed_from_u64(2);
@@ -305,24 +313,7 @@ fn public_starts_come_from_the_public_split_only() {
     };
     let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
     let (public, private) = data.split(spec_d.units);
-    let states = |episodes: &[&fedrl_rl::offline::continuous::ContinuousEpisode]| {
-        episodes
-            .iter()
-            .flat_map(|e| {
-                e.observations[..e.len() * 3]
-                    .chunks(3)
-                    .map(|o| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
-                    .collect::<Vec<_>>()
-            })
-            .collect::<std::collections::HashSet<Vec<u32>>>()
-    };
-    let (public_states, private_states) = (states(&public), states(&private));
-    let count_in = |set: &std::collections::HashSet<Vec<u32>>, starts: &[f32]| {
-        starts
-            .chunks(3)
-            .filter(|o| set.contains(&o.iter().map(|x| x.to_bits()).collect::<Vec<_>>()))
-            .count()
-    };
+    let (public_states, private_states) = (states_of(&public), states_of(&private));
     let n = 400;
     let with = |f: f64| PolicyPhaseConfig {
         rollout_batch: n,
