@@ -14,11 +14,8 @@ use anyhow::Context;
 use fedrl_common::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
-use fedrl_rl::primorl::{
-    PolicyEpoch, StartData, ensemble_spec, policy_phase, public_rows, public_start_states,
-    real_transitions,
-};
-use fedrl_rl::sac::{ReplayBuffer, SacAgent};
+use fedrl_rl::primorl::{PolicyData, PolicyEpoch, ensemble_spec, policy_phase, public_rows};
+use fedrl_rl::sac::SacAgent;
 
 use crate::model::{ModelError, ModelState, ServerModel};
 
@@ -41,14 +38,12 @@ pub struct PrimorlModel {
     device: Device,
     /// The policy phase's agent, once it ran.
     policy: Option<SacAgent>,
-    /// The MOPO baseline's real transitions (every episode of the dataset); only a non-private
-    /// scenario with `task.policy.real_ratio > 0` or `data_start_fraction > 0` keeps them (the
-    /// scenario refuses it otherwise).
-    real: Option<ReplayBuffer>,
-    /// The public split's transitions when the policy phase branches rollouts from them
-    /// (`task.policy.public_start_fraction > 0`): public data, kept from the start so the
-    /// policy phase reads no dataset.
-    public_starts: Option<ReplayBuffer>,
+    /// The MOPO baseline's real transitions (every episode of the dataset; only a non-private
+    /// scenario with `task.policy.real_ratio > 0` or `data_start_fraction > 0` keeps them, the
+    /// scenario refuses it otherwise) and the public split's start states
+    /// (`task.policy.public_start_fraction > 0`), kept from the start so the policy phase reads
+    /// no dataset.
+    data: PolicyData,
 }
 
 impl PrimorlModel {
@@ -71,16 +66,12 @@ impl PrimorlModel {
                 .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         let spec = ensemble_spec(task, &dataset)?;
         let public = public_rows(task, &dataset, &spec)?;
-        let real = if task.policy.reads_data() {
-            Some(real_transitions(
-                spec.obs_dim,
-                spec.act_dim,
-                &dataset.episodes,
-            )?)
-        } else {
-            None
-        };
-        let public_starts = public_start_states(&task.policy, &dataset, task.dataset.units)?;
+        let data = PolicyData::from_dataset(
+            &task.policy,
+            &dataset,
+            task.dataset.units,
+            task.policy.reads_data(),
+        )?;
         drop(dataset);
         let params = spec.init(task.model_seed);
         Ok(PrimorlModel {
@@ -94,8 +85,7 @@ impl PrimorlModel {
             since_best: 0,
             device,
             policy: None,
-            real,
-            public_starts,
+            data,
         })
     }
 
@@ -112,7 +102,7 @@ impl PrimorlModel {
     fn run_policy_phase(&mut self) -> anyhow::Result<Vec<PolicyEpoch>> {
         let ens = Ensemble::new(&self.spec, self.selected(), &self.device)?;
         let p = &self.task.policy;
-        let mopo = match &self.real {
+        let mopo = match &self.data.real {
             Some(r) => format!(
                 "; MOPO: {:.0}% of each minibatch from {} real transitions, {:.0}% of rollouts branched from their states",
                 100.0 * p.real_ratio,
@@ -121,7 +111,7 @@ impl PrimorlModel {
             ),
             None => String::new(),
         };
-        let public = match &self.public_starts {
+        let public = match &self.data.public {
             Some(b) => format!(
                 "; {:.0}% of the other rollouts branched from {} public-split transitions",
                 100.0 * p.public_start_fraction,
@@ -131,7 +121,7 @@ impl PrimorlModel {
         };
         eprintln!(
             "policy phase: SAC in the {} model ({} epochs of {} updates, rollouts of {} steps, {:?} penalty x {}{mopo}{public})",
-            if self.real.is_some() {
+            if self.data.real.is_some() {
                 "non-private"
             } else {
                 "private"
@@ -146,10 +136,7 @@ impl PrimorlModel {
             &ens,
             &self.task.dataset.env,
             p,
-            StartData {
-                real: self.real.as_ref(),
-                public: self.public_starts.as_ref(),
-            },
+            self.data.starts(),
             &self.device,
             &mut |e| {
                 eprintln!(
@@ -310,7 +297,7 @@ mod tests {
         let root = dir.path().join("data");
         let mut model =
             PrimorlModel::with_data_root(&task, Some(&root), Device::Cpu).expect("model");
-        let kept = model.public_starts.as_ref().map(|b| b.len());
+        let kept = model.data.public.as_ref().map(|b| b.len());
         assert_eq!(
             kept,
             Some(2 * 200),

@@ -181,6 +181,47 @@ pub fn public_start_states(
     real_transitions(dataset.meta.obs_dim, dataset.meta.act_dim, public).map(Some)
 }
 
+/// What a policy phase reads besides the released model, taken from the dataset once: MOPO's
+/// real transitions (only when `real`) and the public split's start states (when
+/// `policy.public_start_fraction > 0`). Holding them, nothing later reads the dataset.
+#[derive(Default)]
+pub struct PolicyData {
+    pub real: Option<crate::sac::ReplayBuffer>,
+    pub public: Option<crate::sac::ReplayBuffer>,
+}
+
+impl PolicyData {
+    /// Units from `private_units` on are public (the task's `dataset.units`).
+    pub fn from_dataset(
+        policy: &fedrl_common::primorl::PolicyPhaseConfig,
+        dataset: &ContinuousDataset,
+        private_units: u64,
+        real: bool,
+    ) -> Result<Self> {
+        let real = if real {
+            Some(real_transitions(
+                dataset.meta.obs_dim,
+                dataset.meta.act_dim,
+                &dataset.episodes,
+            )?)
+        } else {
+            None
+        };
+        Ok(PolicyData {
+            real,
+            public: public_start_states(policy, dataset, private_units)?,
+        })
+    }
+
+    /// The buffers as [`policy_phase`] takes them.
+    pub fn starts(&self) -> StartData<'_> {
+        StartData {
+            real: self.real.as_ref(),
+            public: self.public.as_ref(),
+        }
+    }
+}
+
 /// Every transition of `episodes` in a replay buffer (the MOPO baseline's real data; a time
 /// limit is not a terminal state).
 pub fn real_transitions<'a>(

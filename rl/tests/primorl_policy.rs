@@ -129,13 +129,20 @@ fn the_policy_phase_completes_with_the_dataset_deleted() {
     }
 }
 
+/// An untrained 3-member Pendulum ensemble (inputs scaled to Pendulum's ranges) and its
+/// parameters.
+fn untrained_pendulum_model() -> (EnsembleSpec, Vec<f32>) {
+    let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 3);
+    spec.input_scale = vec![1.0, 1.0, 8.0, 2.0];
+    let params = spec.init(9);
+    (spec, params)
+}
+
 #[test]
 fn rollouts_stay_in_the_plausible_box_or_the_model_is_refused() {
     // An untrained ensemble predicts poor steps; rollouts leaving the observation box are cut,
     // so SAC never trains on exploding states.
-    let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 3);
-    spec.input_scale = vec![1.0, 1.0, 8.0, 2.0];
-    let params = spec.init(9);
+    let (spec, params) = untrained_pendulum_model();
     let ens = Ensemble::new(&spec, &params, &Device::Cpu).expect("ensemble");
     let (_, curve) = policy_phase(
         &ens,
@@ -187,9 +194,8 @@ fn mopo_mixes_real_transitions_into_each_minibatch() {
     let b = real.sample(64, &mut rng).expect("sample");
     assert!(b.done.iter().all(|&d| d == 0.0));
 
-    let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 3);
-    spec.input_scale = vec![1.0, 1.0, 8.0, 2.0];
-    let ens = Ensemble::new(&spec, &spec.init(9), &Device::Cpu).expect("ensemble");
+    let (spec, params) = untrained_pendulum_model();
+    let ens = Ensemble::new(&spec, &params, &Device::Cpu).expect("ensemble");
     let cfg = PolicyPhaseConfig {
         real_ratio: 0.25,
         ..tiny_policy(5)
@@ -349,9 +355,8 @@ fn public_starts_come_from_the_public_split_only() {
     assert!((145..=255).contains(&k), "{k} of {n} from the public split");
     assert_eq!(count_in(&private_states, &half), 0);
 
-    let mut spec = EnsembleSpec::new(3, 1, vec![16, 16], 3);
-    spec.input_scale = vec![1.0, 1.0, 8.0, 2.0];
-    let ens = Ensemble::new(&spec, &spec.init(9), &Device::Cpu).expect("ensemble");
+    let (spec, params) = untrained_pendulum_model();
+    let ens = Ensemble::new(&spec, &params, &Device::Cpu).expect("ensemble");
     let Err(err) = policy_phase(
         &ens,
         "Pendulum-v1",

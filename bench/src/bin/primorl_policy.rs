@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use fedrl_rl::candle_core::Device;
-use fedrl_rl::primorl::{StartData, policy_phase};
+use fedrl_rl::primorl::{PolicyData, policy_phase};
 
 #[derive(Parser)]
 struct Args {
@@ -114,26 +114,13 @@ fn main() -> anyhow::Result<()> {
     );
     // The dataset (from $FEDRL_DATA_DIR), only when the real transitions or the public split's
     // start states are needed.
-    let (real, public) = if args.real || cfg.public_start_fraction > 0.0 {
+    let data = if args.real || cfg.public_start_fraction > 0.0 {
         let root = fedrl_rl::offline::data_root(None)?;
         let dataset =
             fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
-        let spec = run.ensemble.spec();
-        let real = if args.real {
-            Some(fedrl_rl::primorl::real_transitions(
-                spec.obs_dim,
-                spec.act_dim,
-                &dataset.episodes,
-            )?)
-        } else {
-            None
-        };
-        (
-            real,
-            fedrl_rl::primorl::public_start_states(&cfg, &dataset, task.dataset.units)?,
-        )
+        PolicyData::from_dataset(&cfg, &dataset, task.dataset.units, args.real)?
     } else {
-        (None, None)
+        PolicyData::default()
     };
     if let Some(e) = args.epochs {
         cfg.epochs = e;
@@ -162,10 +149,7 @@ fn main() -> anyhow::Result<()> {
         &run.ensemble,
         &task.dataset.env,
         &cfg,
-        StartData {
-            real: real.as_ref(),
-            public: public.as_ref(),
-        },
+        data.starts(),
         &device,
         &mut |e| {
             eprintln!(
