@@ -30,8 +30,9 @@ use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};
 use fedrl_sim::population::Population;
 
 use crate::model::{
-    BestModel, EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel, ServerOptimizer,
-    ServerRule, final_evaluation_json, keep_best, restore_with_best, state_with_best,
+    BestModel, CosineDecay, EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel,
+    ServerOptimizer, ServerRule, final_evaluation_json, keep_best, restore_with_best,
+    state_with_best,
 };
 
 /// Simulated users the baseline PID is tuned on (about 10 per age group).
@@ -133,14 +134,25 @@ impl Evaluation {
 }
 
 impl DppgModel {
-    /// `training_users`: held-out evaluation users get ids from there on; evaluations run on
-    /// `device`.
-    pub fn new(task: &DppgTask, training_users: u64, device: Device) -> anyhow::Result<Self> {
+    /// `training_users`: held-out evaluation users get ids from there on; `rounds`: the
+    /// scenario's rounds, over which `server_lr_final` decays the server step; evaluations run
+    /// on `device`.
+    pub fn new(
+        task: &DppgTask,
+        training_users: u64,
+        rounds: u64,
+        device: Device,
+    ) -> anyhow::Result<Self> {
         let spec = task.model_spec()?;
         let params = spec.init(task.model_seed);
+        let decay = task.server_lr_final.map(|final_lr| CosineDecay {
+            final_lr,
+            steps: rounds,
+        });
         Ok(Self {
             task: task.clone(),
-            sgd: ServerOptimizer::with_rule(params, task.server_lr, server_rule(task)),
+            sgd: ServerOptimizer::with_rule(params, task.server_lr, server_rule(task))
+                .with_decay(decay),
             held: HeldOut {
                 spec,
                 population: task.population()?,
@@ -367,7 +379,7 @@ mod tests {
             "local": { "hidden": [4] },
         }))
         .unwrap();
-        DppgModel::new(&task, 10, Device::Cpu).unwrap()
+        DppgModel::new(&task, 10, 100, Device::Cpu).unwrap()
     }
 
     #[test]
@@ -387,7 +399,7 @@ mod tests {
             },
         }))
         .unwrap();
-        let mut m = DppgModel::new(&task, 10, Device::Cpu).unwrap();
+        let mut m = DppgModel::new(&task, 10, 100, Device::Cpu).unwrap();
         let f = m.final_evaluation().unwrap();
         assert!(f["final_eval_return"].is_f64(), "{f}");
         let c = &f["clinical"];
@@ -480,7 +492,7 @@ mod tests {
             fedrl_common::task::Task::Dppg(task.clone())
                 .validate()
                 .unwrap();
-            DppgModel::new(&task, 10, Device::Cpu).unwrap()
+            DppgModel::new(&task, 10, 100, Device::Cpu).unwrap()
         };
         let mut m = adam();
         let start = m.params().to_vec();

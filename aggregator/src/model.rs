@@ -152,9 +152,34 @@ pub struct ServerOptimizer {
     pub second: Vec<f32>,
     /// Updates applied so far (Adam's bias correction).
     pub steps: u64,
-    /// Server learning rate.
+    /// Server learning rate (of the first update when `decay` is set).
     pub lr: f64,
     pub rule: ServerRule,
+    /// Optional decay of the learning rate over the run.
+    pub decay: Option<CosineDecay>,
+}
+
+/// A half-cosine decay of the server learning rate from its initial value to `final_lr` over
+/// `steps` updates: update `t` (1-based) uses `final_lr + (lr - final_lr) (1 + cos(pi (t - 1) /
+/// (steps - 1))) / 2`, so the first update uses `lr` and update `steps` and later ones
+/// `final_lr`. Why: with a constant step the released models of the dosing runs peak and then
+/// get worse again (bench/README.md, issue 17), the noise of late rounds moving a model that no
+/// longer improves; shrinking the step lets it settle.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CosineDecay {
+    pub final_lr: f64,
+    pub steps: u64,
+}
+
+impl CosineDecay {
+    /// The learning rate of update `step` (1-based) when the first uses `lr`.
+    pub fn lr_at(&self, lr: f64, step: u64) -> f64 {
+        if self.steps <= 1 || step >= self.steps {
+            return self.final_lr;
+        }
+        let x = step.saturating_sub(1) as f64 / (self.steps - 1) as f64;
+        self.final_lr + (lr - self.final_lr) * 0.5 * (1.0 + (std::f64::consts::PI * x).cos())
+    }
 }
 
 /// Metadata key of the applied-update count in a checkpoint.
@@ -180,7 +205,20 @@ impl ServerOptimizer {
             steps: 0,
             lr,
             rule,
+            decay: None,
         }
+    }
+
+    /// The same optimizer with its learning rate decaying by `decay`.
+    pub fn with_decay(mut self, decay: Option<CosineDecay>) -> Self {
+        self.decay = decay;
+        self
+    }
+
+    /// The learning rate of the next update.
+    pub fn next_lr(&self) -> f64 {
+        let step = self.steps + 1;
+        self.decay.map_or(self.lr, |d| d.lr_at(self.lr, step))
     }
 
     /// Values of [`Self::state`]'s tensors: parameters, then the optimizer's moments.
@@ -195,9 +233,10 @@ impl ServerOptimizer {
                 got: update.len(),
             });
         }
+        let lr = self.next_lr();
         self.steps += 1;
         self.rule.apply(
-            self.lr,
+            lr,
             self.steps,
             &mut self.params,
             &mut self.velocity,
@@ -387,6 +426,43 @@ mod tests {
         b.step(&[0.5; 3]).unwrap();
         assert_eq!(a.params, b.params);
         assert!(a.step(&[1.0]).is_err());
+    }
+
+    #[test]
+    fn cosine_decay_goes_from_lr_to_final_and_survives_a_restore() {
+        let d = CosineDecay {
+            final_lr: 0.5,
+            steps: 5,
+        };
+        // t = 1..=5 at x = 0, 1/4, 1/2, 3/4, 1: 0.5 + 2.5 (1 + cos(pi x)) / 2.
+        let want = [
+            3.0,
+            0.5 + 1.25 * (1.0 + 0.5f64.sqrt()),
+            1.75,
+            0.5 + 1.25 * (1.0 - 0.5f64.sqrt()),
+            0.5,
+        ];
+        for (t, w) in (1..=5).zip(want) {
+            assert!(
+                (d.lr_at(3.0, t) - w).abs() < 1e-12,
+                "step {t}: {}",
+                d.lr_at(3.0, t)
+            );
+        }
+        assert_eq!(d.lr_at(3.0, 9), 0.5);
+        // Plain SGD with a unit update moves each parameter by the step's learning rate.
+        let mut a = ServerOptimizer::new(vec![0.0], 3.0, 0.0).with_decay(Some(d));
+        a.step(&[1.0]).unwrap();
+        a.step(&[1.0]).unwrap();
+        let st = a.state(serde_json::json!({}));
+        let mut b = ServerOptimizer::new(vec![0.0], 3.0, 0.0).with_decay(Some(d));
+        b.restore(&st).unwrap();
+        assert_eq!(b.next_lr(), want[2]);
+        for _ in 0..3 {
+            b.step(&[1.0]).unwrap();
+        }
+        let total: f64 = want.iter().sum();
+        assert!((b.params[0] as f64 - total).abs() < 1e-5, "{}", b.params[0]);
     }
 
     #[test]

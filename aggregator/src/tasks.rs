@@ -15,6 +15,7 @@ pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>>
             Ok(Box::new(crate::dppg::DppgModel::new(
                 t,
                 scenario.users,
+                scenario.rounds,
                 device,
             )?))
         }

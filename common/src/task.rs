@@ -182,6 +182,12 @@ pub struct DppgTask {
     /// baseline controllers run behind it too). Default: the pump setting's own (off).
     #[serde(default)]
     pub iob_limit: Option<bool>,
+    /// `uva-padova-pump*` populations only: exponent k in [0, 1]; the policy's basal above the
+    /// programmed rate is scaled by (14 mg/dL / (correction factor x basal per hour))^k, the
+    /// patient's programmed insulin sensitivity (1: one action lowers glucose alike on every
+    /// patient). Default: the pump setting's own (0, no scaling).
+    #[serde(default)]
+    pub sensitivity_scaling: Option<f64>,
     /// Seed of the initial global parameters. Default 0.
     #[serde(default)]
     pub model_seed: u64,
@@ -191,6 +197,12 @@ pub struct DppgTask {
     /// Server learning rate applied to the released noisy mean update. Default 1.
     #[serde(default = "d_one_f")]
     pub server_lr: f64,
+    /// When set, the server learning rate decays from `server_lr` at the first released round
+    /// to this value at the scenario's last (`rounds`) along a half cosine; after `rounds`
+    /// (a resumed run given more) it stays here. Default: none, a constant `server_lr`.
+    /// Post-processing of released updates: no privacy cost.
+    #[serde(default)]
+    pub server_lr_final: Option<f64>,
     /// Server momentum in [0, 1) of the `sgd` server optimizer. Default 0.
     #[serde(default)]
     pub server_momentum: f64,
@@ -241,6 +253,11 @@ impl DppgTask {
                 "task.server_lr must be > 0, got {}",
                 self.server_lr
             ));
+        }
+        if let Some(f) = self.server_lr_final
+            && !(f.is_finite() && f >= 0.0)
+        {
+            return bad(format!("task.server_lr_final must be >= 0, got {f}"));
         }
         if !(0.0..1.0).contains(&self.server_momentum) {
             return bad(format!(

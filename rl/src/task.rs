@@ -130,7 +130,7 @@ impl PrimorlTaskExt for PrimorlTask {
 /// The MLP a [`DppgTask`] trains.
 pub trait DppgTaskExt {
     /// The task's population with its pump overrides (`low_risk_weight`, `decision_min`,
-    /// `low_glucose_suspend`, `iob_limit`).
+    /// `low_glucose_suspend`, `iob_limit`, `sensitivity_scaling`).
     fn population(&self) -> Result<Population, TaskError>;
     /// The policy/value model for the population's environment.
     fn model_spec(&self) -> Result<ModelSpec, TaskError>;
@@ -145,6 +145,7 @@ impl DppgTaskExt for DppgTask {
                     decision_min: self.decision_min,
                     low_glucose_suspend: self.low_glucose_suspend,
                     iob_limit: self.iob_limit,
+                    sensitivity_scaling: self.sensitivity_scaling,
                 })
             })
             .map_err(|e| model_error("task.population", e))

@@ -165,6 +165,10 @@ pub struct PumpOverrides {
     /// The pump's insulin-on-board limit ([`crate::uva_padova::IobLimit`]; the setting's own:
     /// off).
     pub iob_limit: Option<bool>,
+    /// Exponent in [0, 1] of the patient's insulin sensitivity by which the policy's basal
+    /// above the programmed rate is scaled ([`crate::uva_padova::sensitivity_scale`]; the
+    /// setting's own: 0, none). The policy's action only: the baselines set U/min.
+    pub sensitivity_scaling: Option<f64>,
 }
 
 impl PumpOverrides {
@@ -308,7 +312,8 @@ impl Population {
         ) {
             return Err(SimError::Invalid(format!(
                 "population {:?} has no pump setting: low_risk_weight, decision_min, \
-                 low_glucose_suspend and iob_limit apply to uva-padova-pump and uva-padova-pump-meals",
+                 low_glucose_suspend, iob_limit and sensitivity_scaling apply to \
+                 uva-padova-pump and uva-padova-pump-meals",
                 self.name
             )));
         }
@@ -575,6 +580,9 @@ impl Population {
                 }
                 if let Some(d) = self.pump.decision_min {
                     opts.decision_min = d;
+                }
+                if let Some(k) = self.pump.sensitivity_scaling {
+                    opts.sensitivity_scaling = k;
                 }
                 self.pump.apply_pump_rules(&mut opts);
                 Box::new(UvaPadovaEnv::new(&name, opts)?)

@@ -355,6 +355,65 @@ fn pump_without_meals_sees_the_programmed_therapy() {
     assert!(cf_h("adult#004") > 5.0 * cf_h("adolescent#008"));
 }
 
+/// With `sensitivity_scaling = k` the multiple above the programmed basal is scaled by (14 mg/dL
+/// over the patient's CF x basal per hour)^k: at k = 1 the same action delivers, on a sensitive
+/// and a resistant patient, the insulin above basal that lowers glucose by the same mg/dL per
+/// hour beyond the basal; k = 0.5 scales by the square root; multiples up to 1 (suspend and
+/// basal) are delivered as asked; exponents outside [0, 1] are refused.
+#[test]
+fn sensitivity_scaling_lowers_glucose_alike_on_every_patient() {
+    let insulin = |name: &str, k: f64, multiple: f32| {
+        let mut opts = UvaPadovaOptions::pump(false);
+        opts.sensitivity_scaling = k;
+        let mut env = UvaPadovaEnv::new(name, opts).unwrap();
+        let mut o = vec![0.0f32; env.observation_space().dim()];
+        env.reset(3, &mut o);
+        // Two hours: long enough to measure, short of any low that would end the day.
+        for _ in 0..4 {
+            env.step(Action::Continuous(&[multiple]), &mut o).unwrap();
+        }
+        let log = env.glucose_log().unwrap();
+        log.iter().map(|s| s.insulin_u).sum::<f64>()
+    };
+    let minutes = 120.0;
+    let mut extra_effect = Vec::new();
+    for name in ["adult#004", "adolescent#008"] {
+        let basal = uva_padova::patient(name).unwrap().basal_u_per_min();
+        let cf = uva_padova::therapy(name).unwrap().cf_mg_dl_per_u;
+        let full = uva_padova::SENSITIVITY_REF_MG_DL / (cf * basal * 60.0);
+        assert!((uva_padova::sensitivity_scale(cf, basal, 1.0) - full).abs() < 1e-12);
+        assert!((uva_padova::sensitivity_scale(cf, basal, 0.5) - full.sqrt()).abs() < 1e-12);
+        assert_eq!(uva_padova::sensitivity_scale(cf, basal, 0.0), 1.0);
+        for m in [0.0f32, 0.5, 1.0] {
+            let got = insulin(name, 1.0, m);
+            assert!((got - insulin(name, 0.0, m)).abs() < 1e-12, "{name} x{m}");
+            assert!(
+                (got - f64::from(m) * basal * minutes).abs() < 1e-9,
+                "{name} x{m}"
+            );
+        }
+        for (k, s) in [(0.0, 1.0), (0.5, full.sqrt()), (1.0, full)] {
+            let got = insulin(name, k, 3.0);
+            let want = (1.0 + 2.0 * s) * basal * minutes;
+            assert!((got - want).abs() < 1e-9, "{name} k {k}: {got} vs {want}");
+        }
+        // mg/dL per hour of the insulin above basal at k = 1: (units above basal / hours) x CF.
+        extra_effect.push((insulin(name, 1.0, 3.0) - basal * minutes) / 2.0 * cf);
+    }
+    // Both are 2 x 14 mg/dL per hour, though the two patients' sensitivities differ fivefold.
+    for e in &extra_effect {
+        assert!(
+            (e - 2.0 * uva_padova::SENSITIVITY_REF_MG_DL).abs() < 1e-9,
+            "{e}"
+        );
+    }
+    for bad in [-0.5, 1.5, f64::NAN] {
+        let mut opts = UvaPadovaOptions::pump(false);
+        opts.sensitivity_scaling = bad;
+        assert!(UvaPadovaEnv::new("adult#001", opts).is_err(), "{bad}");
+    }
+}
+
 /// The pump's reward is minus the day's risk with the low branch weighted
 /// (`PUMP_LOW_RISK_WEIGHT`): every step's reward equals the weighted risk of its CGM samples in
 /// the glucose log, and an overdose that drives glucose low costs that weight times more than

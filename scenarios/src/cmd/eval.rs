@@ -49,6 +49,10 @@ pub struct Args {
     /// `uva-padova-pump*` populations: the scenario's `task.iob_limit`, if it set one.
     #[arg(long)]
     pub iob_limit: Option<bool>,
+    /// `uva-padova-pump*` populations: the scenario's `task.sensitivity_scaling`, if it set
+    /// one; the policy must be evaluated with the action scaling it was trained with.
+    #[arg(long)]
+    pub sensitivity_scaling: Option<f64>,
     /// First user id for populations (choose ids outside the training users).
     #[arg(long, default_value_t = 1_000_000)]
     pub first_user: u64,
@@ -80,6 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 decision_min: args.decision_min,
                 low_glucose_suspend: args.low_glucose_suspend,
                 iob_limit: args.iob_limit,
+                sensitivity_scaling: args.sensitivity_scaling,
             })
         })
         .map_err(|e| UsageError(e.to_string()))?;
