@@ -162,9 +162,9 @@ pub struct ServerOptimizer {
 /// A half-cosine decay of the server learning rate from its initial value to `final_lr` over
 /// `steps` updates: update `t` (1-based) uses `final_lr + (lr - final_lr) (1 + cos(pi (t - 1) /
 /// (steps - 1))) / 2`, so the first update uses `lr` and update `steps` and later ones
-/// `final_lr`. Why: with a constant step the released models of the dosing runs peak and then
-/// get worse again (bench/README.md, issue 17), the noise of late rounds moving a model that no
-/// longer improves; shrinking the step lets it settle.
+/// `final_lr`. Meant for runs whose released models peak and then get worse under a constant
+/// step; measured once on the dosing scenario, where decaying to 0 over 95 rounds left the policy
+/// under-trained (bench/README.md, "Sensitivity-scaled basal"), so no shipped scenario uses it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CosineDecay {
     pub final_lr: f64,

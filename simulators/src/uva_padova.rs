@@ -742,11 +742,11 @@ pub const SENSITIVITY_REF_MG_DL: f64 = 14.0;
 /// Why: a policy acting in plain multiples of the basal doses every patient alike, and the
 /// held-out days show it: the patients whose hour of basal lowers glucose most (adolescent#003,
 /// #004, #010, adult#004, #006, #007: 19-38 mg/dL) spent 2-8% of the day below 70 mg/dL while
-/// the least sensitive (adolescent#007, #008, adult#005, #009: 7-10 mg/dL) averaged 180-237
-/// mg/dL (bench/README.md, issue 17). The correction factor is part of the therapy a
+/// the least sensitive (adolescent#007, #008, adult#005, #009: 7-10 mg/dL) averaged 167-237
+/// mg/dL (bench/README.md, "Sensitivity-scaled basal"). The correction factor is part of the therapy a
 /// clinician programs into the pump, so the scaling uses nothing a pump would not know; the
 /// suspend side (multiples below 1) is left as it is. Full scaling (`k = 1`) over-corrected on
-/// the validation population (the sensitive patients then averaged 195 mg/dL), hence the
+/// the validation population (the sensitive patients then averaged 172-196 mg/dL), hence the
 /// exponent.
 pub fn sensitivity_scale(cf_mg_dl_per_u: f64, basal_u_per_min: f64, k: f64) -> f64 {
     (SENSITIVITY_REF_MG_DL / (cf_mg_dl_per_u * basal_u_per_min * 60.0)).powf(k)
@@ -1300,7 +1300,9 @@ impl Env for UvaPadovaEnv {
                 let programmed = self.patient.params().basal_u_per_min();
                 let mut multiple = f64::from(a[0]).max(0.0);
                 let k = self.opts.sensitivity_scaling;
-                if let (true, Some(t)) = (k != 0.0, self.therapy)
+                // k = 0 leaves the multiple untouched bit for bit (1 + (m - 1) x 1 may round).
+                if let Some(t) = self.therapy
+                    && k != 0.0
                     && multiple > 1.0
                 {
                     let s = sensitivity_scale(t.cf_mg_dl_per_u, programmed, k);
