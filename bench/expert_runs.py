@@ -11,7 +11,12 @@ scenarios `scenarios/<env>-expert*.toml`:
   - `<variant>@lr<x>` any of them with learning rate x (e.g. `nonprivate@lr1e-4`);
   - `<variant>@cal=<c>` with the release's epsilon' calibrated by c (`theorem`, `accountant`);
   - `<variant>@rs<x>` with CQL reward scale x (e.g. `nonprivate@rs1e-6`);
-  - `<variant>@it<n>` with experts trained n PPO iterations (another cached dataset).
+  - `<variant>@it<n>` with experts trained n PPO iterations (another cached dataset);
+  - `<variant>@cold` with experts that start from their own random weights (no shared start:
+                  the scenarios' experts before 2026-12-02, another cached dataset);
+  - `<variant>@shared` changes nothing: it names rows of the HIV experts with the shared start
+                  (shipped since 2026-12-02), as the untagged HIV rows in expert.jsonl were
+                  run with cold-started experts.
 Seeds vary the Q-network's initialisation, the transitions drawn and the step schedule
 (`model_seed`, `data_seed`, `schedule_seed`); the experts' dataset is the same (generated once and
 cached). Runs use the central update mode (the same accounting and gradients as federated, one
@@ -59,6 +64,7 @@ def variant_text(env, variant, seed, steps):
     cal = next((m[4:] for m in mods if m.startswith("cal=")), "")
     rs = next((m[2:] for m in mods if m.startswith("rs")), "")
     it = next((m[2:] for m in mods if m.startswith("it")), "")
+    cold = "cold" in mods
     base = {
         "selective": f"{env}-expert.toml",
         "dpsgd": f"{env}-expert-dpsgd.toml",
@@ -88,7 +94,9 @@ def variant_text(env, variant, seed, steps):
             text = text.replace("[task.cql]\n", f"[task.cql]\nreward_scale = {rs}\n", 1)
     if it:
         # `<variant>@it<n>`: experts trained n PPO iterations each.
-        text = re.sub(r"iterations = \d+ \}", f"iterations = {it} }}", text)
+        text = re.sub(r"(behaviour = \{.*?[ ,]iterations = )\d+", rf"\g<1>{it}", text)
+    if cold:
+        text = re.sub(r", (shared_iterations|expert_lr) = [^,}]+", "", text)
     if cal:
         # `<variant>@cal=<theorem|accountant>`: how the release's epsilon' is calibrated.
         text = re.sub(

@@ -22,6 +22,8 @@ fn experts_spec(units: u64, episodes: u64, iterations: u64, p_min: f64) -> Datas
             hidden: vec![8, 8],
             p_min,
             max_steps: 60,
+            shared_iterations: 0,
+            expert_lr: None,
         },
         units,
         episodes_per_unit: episodes,
@@ -276,6 +278,80 @@ fn ppo_improves_a_small_expert_set() {
     );
 }
 
+/// The shared start (`shared_iterations`): every expert begins from one policy that PPO on
+/// 64-episode cohorts improved, the experts' own iterations then run at `expert_lr` and make
+/// them differ, the progress counts both phases, and the result does not depend on the
+/// thread count.
+#[test]
+fn shared_start_is_common_learned_and_deterministic() {
+    let with = |shared: u64, own: u64, lr: Option<f64>| {
+        let mut spec = experts_spec(70, 1, own, 0.02);
+        if let Behaviour::Experts {
+            max_steps,
+            hidden,
+            shared_iterations,
+            expert_lr,
+            ..
+        } = &mut spec.behaviour
+        {
+            *max_steps = 200;
+            *hidden = vec![32, 32];
+            *shared_iterations = shared;
+            *expert_lr = lr;
+        }
+        plan(&spec).unwrap()
+    };
+    // Shared iterations only: identical experts, a curve of cohort means that rises.
+    let p = with(12, 0, None);
+    let mut last = (0, 0);
+    let (params, curve) = train_experts(&p, 70, 0, &mut |e| {
+        if let Progress::Training { done, total, .. } = e {
+            last = (done, total);
+        }
+    })
+    .unwrap();
+    assert_eq!(last, (12, 12));
+    assert!(params.iter().all(|q| q == &params[0]), "one shared policy");
+    let c = &curve.mean_return;
+    assert_eq!(c.len(), 12);
+    let late = c[c.len() - 3..].iter().sum::<f64>() / 3.0;
+    assert!(late > c[0] * 2.0, "shared training improves: {c:?}");
+    // Then own iterations at a given learning rate: progress counts both phases, the experts
+    // differ, and a larger learning rate moves them further from the shared start.
+    let mut last = (0, 0);
+    let (own, _) = train_experts(&with(12, 2, Some(1e-4)), 70, 0, &mut |e| {
+        if let Progress::Training { done, total, .. } = e {
+            last = (done, total);
+        }
+    })
+    .unwrap();
+    assert_eq!(last, (14, 14));
+    assert_ne!(own[0], own[1]);
+    let (fast, _) = train_experts(&with(12, 2, Some(1e-2)), 70, 0, &mut quiet()).unwrap();
+    let dist = |a: &[Vec<f32>]| -> f64 {
+        a.iter()
+            .flat_map(|q| {
+                q.iter()
+                    .zip(&params[0])
+                    .map(|(x, y)| f64::from(x - y).powi(2))
+            })
+            .sum()
+    };
+    assert!(
+        dist(&fast) > dist(&own),
+        "expert_lr is the own iterations' step"
+    );
+    // Any thread count: the same experts.
+    let mut p1 = with(3, 1, None);
+    p1.threads = 1;
+    let mut p3 = p1.clone();
+    p3.threads = 3;
+    assert_eq!(
+        train_experts(&p1, 70, 1, &mut quiet()).unwrap(),
+        train_experts(&p3, 70, 1, &mut quiet()).unwrap()
+    );
+}
+
 #[test]
 fn generation_is_deterministic_and_demonstrations_follow_the_softened_experts() {
     let spec = experts_spec(6, 10, 2, 0.2);
@@ -388,6 +464,8 @@ fn expert_specs_are_validated() {
         hidden: vec![8],
         p_min: 0.6,
         max_steps: 0,
+        shared_iterations: 0,
+        expert_lr: None,
     };
     assert!(plan(&s).is_err(), "p_min x n_actions > 1");
     let mut s = ok.clone();

@@ -16,6 +16,11 @@
 //! the experts are ordered by episode length (ties by id) and trained in fixed groups of
 //! `group_size` as stacked `[group, ...]` tensors.
 //!
+//! With `shared_iterations > 0` the experts first share a starting policy, trained by
+//! averaging the local PPO updates of [`SHARED_COHORT`] experts' episodes per iteration
+//! (cycling through the experts' settings), and run their own iterations from it, at
+//! `expert_lr` (see [`Behaviour::Experts`] for why).
+//!
 //! Softening (B.1, last paragraph): at a state `s` the expert's most likely action (the argmax
 //! of its logits, ties to the lowest index) gets probability `1 - (A - 1) p_min` and every
 //! other action `p_min`, so the softened policy is a function of the argmax alone.
@@ -31,7 +36,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::{Device, Tensor};
-use fedrl_common::offline::{Behaviour, DatasetSpec};
+use fedrl_common::offline::{Behaviour, DatasetSpec, SHARED_COHORT};
 use fedrl_sim::{Action, Env, Population, Space};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -75,8 +80,13 @@ pub struct ExpertsPlan {
     pub model: ModelSpec,
     pub n_actions: usize,
     pub obs_dim: usize,
-    /// The PPO settings of the training.
+    /// The PPO settings of the shared start (`shared_iterations`) and, with `expert_lr` as
+    /// learning rate, of each expert's own iterations.
     pub ppo: LocalUpdateConfig,
+    /// PPO iterations of the shared starting policy (0: none).
+    pub shared_iterations: u64,
+    /// Adam learning rate of each expert's own iterations.
+    pub expert_lr: f64,
     /// Worker threads of the generation (default: the available parallelism); the experts and
     /// their demonstrations do not depend on it.
     pub threads: usize,
@@ -127,6 +137,8 @@ pub fn plan(spec: &DatasetSpec) -> Result<ExpertsPlan> {
         hidden,
         p_min,
         max_steps,
+        shared_iterations,
+        expert_lr,
     } = &spec.behaviour
     else {
         return Err(invalid("not an experts spec".into()));
@@ -210,7 +222,9 @@ pub fn plan(spec: &DatasetSpec) -> Result<ExpertsPlan> {
         model,
         n_actions,
         obs_dim,
+        expert_lr: expert_lr.unwrap_or(ppo.lr),
         ppo,
+        shared_iterations: *shared_iterations,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
     })
 }
@@ -298,6 +312,8 @@ fn parallel<T: Send>(
 /// iteration's update. Entry 0 is the untrained experts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainingCurve {
+    /// The shared start's iterations (the mean over the iteration's cohort), then the experts'
+    /// own (the mean over all experts).
     pub mean_return: Vec<f64>,
 }
 
@@ -311,16 +327,26 @@ pub fn train_experts(
 ) -> Result<(Vec<Vec<f32>>, TrainingCurve)> {
     let layout = plan.model.layout();
     let m_us = usize::try_from(m).map_err(|_| invalid(format!("{m} experts")))?;
-    let mut params: Vec<Vec<f32>> = (0..m)
-        .map(|u| plan.model.init(mix(&[seed, u, 0x1417])))
-        .collect();
+    let total = plan.shared_iterations + plan.iterations;
+    let mut curve = Vec::with_capacity(total as usize);
+    let mut params: Vec<Vec<f32>> = if plan.shared_iterations > 0 {
+        let shared = train_shared(plan, m, seed, &mut curve, progress)?;
+        vec![shared; m_us]
+    } else {
+        (0..m)
+            .map(|u| plan.model.init(mix(&[seed, u, 0x1417])))
+            .collect()
+    };
     let mut envs: Vec<Box<dyn Env>> = (0..m)
         .map(|u| plan.population.setting_env(plan.setting(u)))
         .collect::<std::result::Result<_, _>>()?;
     let rollout = plan.ppo.rollout();
+    let own = LocalUpdateConfig {
+        lr: plan.expert_lr,
+        ..plan.ppo.clone()
+    };
     let device = Device::Cpu;
     let threads = plan.threads.max(1);
-    let mut curve = Vec::with_capacity(plan.iterations as usize);
     let chunks = m_us.div_ceil(ROLLOUT_CHUNK);
     for it in 0..plan.iterations {
         let seeds: Vec<u64> = (0..m).map(|u| mix(&[seed, u, it, 0x7261])).collect();
@@ -370,16 +396,8 @@ pub fn train_experts(
                 let starts: Vec<&[f32]> = group.iter().map(|&u| params[u].as_slice()).collect();
                 let bs: Vec<UserBatch> = group.iter().map(|&u| batches[u].clone()).collect();
                 let sd: Vec<u64> = group.iter().map(|&u| seeds[u]).collect();
-                let ups = train_users(
-                    &plan.model,
-                    &layout,
-                    &starts,
-                    &bs,
-                    &sd,
-                    &plan.ppo,
-                    &device,
-                    None,
-                )?;
+                let ups =
+                    train_users(&plan.model, &layout, &starts, &bs, &sd, &own, &device, None)?;
                 Ok(ups.into_iter().map(|u| u.delta).collect())
             },
             &mut |_| {},
@@ -392,12 +410,107 @@ pub fn train_experts(
             }
         }
         progress(Progress::Training {
-            done: it + 1,
-            total: plan.iterations,
+            done: plan.shared_iterations + it + 1,
+            total,
             train_return: curve[curve.len() - 1],
         });
     }
     Ok((params, TrainingCurve { mean_return: curve }))
+}
+
+/// Trains the shared starting policy of `plan` (`shared_iterations`, see
+/// [`Behaviour::Experts`]): iteration `i` takes the experts `(i c + k) mod m`, `k < c =
+/// min(m, SHARED_COHORT)`, each plays one episode in its own setting with the shared policy and
+/// runs one local PPO update from it; the policy moves by the mean update. Pushes each
+/// iteration's mean cohort return onto `curve`. Deterministic: the cohort's training groups
+/// are fixed, whatever the thread count.
+fn train_shared(
+    plan: &ExpertsPlan,
+    m: u64,
+    seed: u64,
+    curve: &mut Vec<f64>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<f32>> {
+    let layout = plan.model.layout();
+    let m_us = usize::try_from(m).map_err(|_| invalid(format!("{m} experts")))?;
+    if m_us == 0 {
+        return Err(invalid("a shared start needs at least one expert".into()));
+    }
+    let cohort = m_us.min(SHARED_COHORT);
+    let rollout = plan.ppo.rollout();
+    let device = Device::Cpu;
+    let threads = plan.threads.max(1);
+    let total = plan.shared_iterations + plan.iterations;
+    let group = plan.ppo.group_size.clamp(1, cohort.max(1));
+    let mut shared = plan.model.init(mix(&[seed, 0x7368_6172]));
+    for it in 0..plan.shared_iterations {
+        let start = (it as usize).wrapping_mul(cohort) % m_us;
+        let members: Vec<u64> = (0..cohort).map(|k| ((start + k) % m_us) as u64).collect();
+        let seeds: Vec<u64> = members
+            .iter()
+            .map(|&u| mix(&[seed, u, it, 0x7368]))
+            .collect();
+        let mut envs: Vec<Box<dyn Env>> = members
+            .iter()
+            .map(|&u| plan.population.setting_env(plan.setting(u)))
+            .collect::<std::result::Result<_, _>>()?;
+        let starts: Vec<&[f32]> = vec![shared.as_slice(); cohort];
+        let batches = run_users_own(
+            &plan.model,
+            &layout,
+            &starts,
+            &mut envs,
+            &seeds,
+            &rollout,
+            false,
+            true,
+        )?;
+        let rets: Vec<f64> = batches
+            .iter()
+            .flat_map(|b| b.episode_returns.iter().copied())
+            .collect();
+        curve.push(rets.iter().sum::<f64>() / rets.len().max(1) as f64);
+        let idx: Vec<usize> = (0..cohort).collect();
+        let groups: Vec<&[usize]> = idx.chunks(group).collect();
+        let deltas: Vec<Vec<Vec<f32>>> = parallel(
+            groups.len(),
+            threads,
+            |g| {
+                let members = groups[g];
+                let bs: Vec<UserBatch> = members.iter().map(|&i| batches[i].clone()).collect();
+                let sd: Vec<u64> = members.iter().map(|&i| seeds[i]).collect();
+                let ups = train_users(
+                    &plan.model,
+                    &layout,
+                    &starts[..members.len()],
+                    &bs,
+                    &sd,
+                    &plan.ppo,
+                    &device,
+                    None,
+                )?;
+                Ok(ups.into_iter().map(|u| u.delta).collect())
+            },
+            &mut |_| {},
+        )?;
+        // Sum in cohort order, then divide: the same result on any number of threads.
+        let mut sum = vec![0f32; shared.len()];
+        for d in deltas.iter().flatten() {
+            for (s, x) in sum.iter_mut().zip(d) {
+                *s += x;
+            }
+        }
+        let n = cohort as f32;
+        for (p, s) in shared.iter_mut().zip(sum) {
+            *p += s / n;
+        }
+        progress(Progress::Training {
+            done: it + 1,
+            total,
+            train_return: curve[curve.len() - 1],
+        });
+    }
+    Ok(shared)
 }
 
 /// The policy parameters (`0..policy_len` of the layout) of every expert.

@@ -53,6 +53,13 @@ pub struct Args {
     /// Steps between target copies. Default 8000 (d3rlpy's).
     #[arg(long)]
     target_update_interval: Option<u64>,
+    /// Factor the rewards are multiplied by in the TD target (a public constant; HIV treatment's
+    /// rewards reach 1e6 per step, its expert scenarios use 1e-4). Default 1.
+    #[arg(long)]
+    reward_scale: Option<f64>,
+    /// Discount factor. Default 0.99.
+    #[arg(long)]
+    gamma: Option<f64>,
     /// Write the trained Q-network here (safetensors).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -84,6 +91,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .target_update_interval
             .unwrap_or(defaults.target_update_interval),
         model_seed: a.model_seed.unwrap_or(a.seed),
+        reward_scale: a.reward_scale.unwrap_or(defaults.reward_scale),
+        gamma: a.gamma.unwrap_or(defaults.gamma),
         ..defaults
     };
     let spec = QNetSpec {

@@ -58,7 +58,7 @@ struct GenerateArgs {
     /// "random"`, `"ppo_mixed"` or `"experts"`). Excludes the field flags.
     #[arg(long, conflicts_with_all = ["env", "population_seed", "behaviour", "iterations",
         "checkpoints", "epsilon", "units", "episodes_per_unit", "seed", "population",
-        "per_setting", "hidden", "p_min", "max_steps"])]
+        "per_setting", "hidden", "p_min", "max_steps", "shared_iterations", "expert_lr"])]
     spec: Option<PathBuf>,
     /// Population name or environment id (`fedrl sim list`). Default CartPole-v1.
     #[arg(long)]
@@ -89,6 +89,13 @@ struct GenerateArgs {
     /// experts: cap on an episode's steps (0: the environment's limit). Default 200.
     #[arg(long)]
     max_steps: Option<u64>,
+    /// experts: PPO iterations of a shared starting policy before each expert's own (64
+    /// experts' episodes per update). Default 0 (every expert starts from random weights).
+    #[arg(long)]
+    shared_iterations: Option<u64>,
+    /// experts: Adam learning rate of each expert's own PPO iterations. Default 2.5e-3.
+    #[arg(long)]
+    expert_lr: Option<f64>,
     /// ppo_mixed: evenly spaced policy checkpoints; unit u acts with checkpoint u % this.
     /// Default 4.
     #[arg(long)]
@@ -185,11 +192,13 @@ fn spec_of(a: &GenerateArgs) -> anyhow::Result<DatasetSpec> {
         || a.per_setting.is_some()
         || a.hidden.is_some()
         || a.p_min.is_some()
-        || a.max_steps.is_some();
+        || a.max_steps.is_some()
+        || a.shared_iterations.is_some()
+        || a.expert_lr.is_some();
     if expert_flags && a.behaviour.as_deref() != Some("experts") {
         return Err(UsageError(
-            "--population, --per-setting, --hidden, --p-min and --max-steps apply to \
-             --behaviour experts"
+            "--population, --per-setting, --hidden, --p-min, --max-steps, --shared-iterations \
+             and --expert-lr apply to --behaviour experts"
                 .into(),
         )
         .into());
@@ -210,6 +219,8 @@ fn spec_of(a: &GenerateArgs) -> anyhow::Result<DatasetSpec> {
                 hidden,
                 p_min,
                 max_steps,
+                shared_iterations,
+                expert_lr,
                 ..
             } = &mut b
             {
@@ -227,6 +238,12 @@ fn spec_of(a: &GenerateArgs) -> anyhow::Result<DatasetSpec> {
                 }
                 if let Some(v) = a.max_steps {
                     *max_steps = v;
+                }
+                if let Some(v) = a.shared_iterations {
+                    *shared_iterations = v;
+                }
+                if a.expert_lr.is_some() {
+                    *expert_lr = a.expert_lr;
                 }
             }
             s.behaviour = b;
