@@ -469,21 +469,23 @@ mod tests {
         // The newer fields leave the keys of specs without them alone, and change them when set.
         let key = s.cache_key();
         let mut warm = s.clone();
+        assert!(
+            !serde_json::to_string(&s)
+                .unwrap()
+                .contains("shared_iterations")
+        );
         if let Behaviour::Experts {
-            shared_iterations,
-            expert_lr,
-            ..
+            shared_iterations, ..
         } = &mut warm.behaviour
         {
-            assert!(
-                !serde_json::to_string(&s)
-                    .unwrap()
-                    .contains("shared_iterations")
-            );
             *shared_iterations = 400;
-            assert_ne!(warm.cache_key(), key);
+        }
+        assert_ne!(warm.cache_key(), key);
+        let shared_key = warm.cache_key();
+        if let Behaviour::Experts { expert_lr, .. } = &mut warm.behaviour {
             *expert_lr = Some(5e-4);
         }
+        assert_ne!(warm.cache_key(), shared_key);
         let json = serde_json::to_string(&warm).unwrap();
         assert_eq!(serde_json::from_str::<DatasetSpec>(&json).unwrap(), warm);
         let bad = |b: Behaviour| b.validate().unwrap_err();

@@ -259,4 +259,10 @@ fn experts_generate_and_summarise_with_their_return_spread() {
     );
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--behaviour experts"));
+    // A shared start is another dataset (another key), and its iterations are in the curve.
+    let mut warm: Vec<&str> = args[..args.len() - 1].to_vec();
+    warm.extend(["--shared-iterations", "3", "--expert-lr", "1e-3", "--json"]);
+    let w = json_of(&fedrl(root.path(), &warm));
+    assert_ne!(w["id"], g["id"]);
+    assert_eq!(w["training_returns"].as_array().unwrap().len(), 5);
 }
