@@ -297,7 +297,15 @@ pub(crate) fn generation_bar() -> anyhow::Result<ProgressBar> {
     Ok(bar)
 }
 
+/// Whether `done` of `total` is where a log without a progress bar gets a line: each tenth of
+/// the work, and its end.
+fn at_tenth(done: u64, total: u64) -> bool {
+    done == total || (total > 0 && done > 0 && done * 10 / total != (done - 1) * 10 / total)
+}
+
 /// Shows a generation's training or recording progress on `bar` (checkpoints are the caller's).
+/// Where the bar is hidden (stderr is not a terminal, e.g. `fedrl run` writing to a log), one
+/// line per tenth of each phase says that the generation is alive and how far it is.
 pub(crate) fn show_generation(bar: &ProgressBar, p: &Progress) {
     match p {
         Progress::Training {
@@ -308,11 +316,24 @@ pub(crate) fn show_generation(bar: &ProgressBar, p: &Progress) {
             bar.set_length(*total);
             bar.set_position(*done);
             bar.set_message(format!("PPO {train_return:7.1}"));
+            if bar.is_hidden() && at_tenth(*done, *total) {
+                eprintln!(
+                    "dataset generation: PPO iteration {done}/{total}, mean training return \
+                     {train_return:.1} ({:.0} s)",
+                    bar.elapsed().as_secs_f64()
+                );
+            }
         }
         Progress::Recording { done, total } => {
             bar.set_length(*total);
             bar.set_position(*done);
             bar.set_message("recording");
+            if bar.is_hidden() && at_tenth(*done, *total) {
+                eprintln!(
+                    "dataset generation: recorded {done}/{total} units ({:.0} s)",
+                    bar.elapsed().as_secs_f64()
+                );
+            }
         }
         Progress::Checkpoint { .. } => {}
     }
@@ -333,11 +354,24 @@ pub(crate) fn show_continuous_generation(
             bar.set_length(*total);
             bar.set_position(*step);
             bar.set_message(format!("SAC {recent_return:8.1}"));
+            if bar.is_hidden() && at_tenth(*step, *total) {
+                eprintln!(
+                    "dataset generation: learner step {step}/{total}, recent return \
+                     {recent_return:.1} ({:.0} s)",
+                    bar.elapsed().as_secs_f64()
+                );
+            }
         }
         P::Recording { done, total } => {
             bar.set_length(*total);
             bar.set_position(*done);
             bar.set_message("recording");
+            if bar.is_hidden() && at_tenth(*done, *total) {
+                eprintln!(
+                    "dataset generation: recorded {done}/{total} units ({:.0} s)",
+                    bar.elapsed().as_secs_f64()
+                );
+            }
         }
     }
 }
@@ -554,4 +588,19 @@ fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
         print_summary(&s);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_tenth;
+
+    #[test]
+    fn a_log_gets_one_line_per_tenth_and_one_at_the_end() {
+        let lines = |total: u64| (1..=total).filter(|&d| at_tenth(d, total)).count();
+        assert_eq!(lines(100), 10);
+        assert_eq!(lines(1000), 10);
+        assert_eq!(lines(3), 3);
+        assert_eq!(lines(1), 1);
+        assert!(at_tenth(500, 500));
+    }
 }
