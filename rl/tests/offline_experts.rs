@@ -342,7 +342,11 @@ fn shared_start_is_common_learned_and_deterministic() {
         "expert_lr is the own iterations' step"
     );
     // Any thread count: the same experts.
-    let mut p1 = with(3, 1, None);
+    same_on_one_and_three_threads(with(3, 1, None));
+}
+
+/// Trains `plan`'s 70 experts on one and on three threads and checks that the results agree.
+fn same_on_one_and_three_threads(mut p1: fedrl_rl::offline::experts::ExpertsPlan) {
     p1.threads = 1;
     let mut p3 = p1.clone();
     p3.threads = 3;
@@ -358,15 +362,7 @@ fn generation_is_deterministic_and_demonstrations_follow_the_softened_experts() 
     let a = generate_experts(&spec, &mut quiet()).unwrap();
     let b = generate_experts(&spec, &mut quiet()).unwrap();
     // The thread count changes nothing (70 experts: two rollout chunks, two PPO groups).
-    let many = experts_spec(70, 1, 2, 0.2);
-    let mut p1 = plan(&many).unwrap();
-    p1.threads = 1;
-    let mut p3 = p1.clone();
-    p3.threads = 3;
-    assert_eq!(
-        train_experts(&p1, 70, 1, &mut quiet()).unwrap(),
-        train_experts(&p3, 70, 1, &mut quiet()).unwrap()
-    );
+    same_on_one_and_three_threads(plan(&experts_spec(70, 1, 2, 0.2)).unwrap());
     assert_eq!(a.dataset, b.dataset);
     assert_eq!(a.curve, b.curve);
     for u in 0..6 {
