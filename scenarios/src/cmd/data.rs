@@ -303,6 +303,18 @@ fn at_tenth(done: u64, total: u64) -> bool {
     done == total || (total > 0 && done > 0 && done * 10 / total != (done - 1) * 10 / total)
 }
 
+/// Where `bar` is hidden, prints `dataset generation: <what> (<elapsed> s)` at each tenth of
+/// the phase (`at_tenth`); `what` is only formatted then.
+fn log_tenth(bar: &ProgressBar, done: u64, total: u64, what: impl FnOnce() -> String) {
+    if bar.is_hidden() && at_tenth(done, total) {
+        eprintln!(
+            "dataset generation: {} ({:.0} s)",
+            what(),
+            bar.elapsed().as_secs_f64()
+        );
+    }
+}
+
 /// Shows a generation's training or recording progress on `bar` (checkpoints are the caller's).
 /// Where the bar is hidden (stderr is not a terminal, e.g. `fedrl run` writing to a log), one
 /// line per tenth of each phase says that the generation is alive and how far it is.
@@ -316,24 +328,20 @@ pub(crate) fn show_generation(bar: &ProgressBar, p: &Progress) {
             bar.set_length(*total);
             bar.set_position(*done);
             bar.set_message(format!("PPO {train_return:7.1}"));
-            if bar.is_hidden() && at_tenth(*done, *total) {
-                eprintln!(
-                    "dataset generation: PPO iteration {done}/{total}, mean training return \
-                     {train_return:.1} ({:.0} s)",
-                    bar.elapsed().as_secs_f64()
-                );
-            }
+            log_tenth(bar, *done, *total, || {
+                format!(
+                    "PPO iteration {done}/{total}, mean training return \
+                     {train_return:.1}"
+                )
+            });
         }
         Progress::Recording { done, total } => {
             bar.set_length(*total);
             bar.set_position(*done);
             bar.set_message("recording");
-            if bar.is_hidden() && at_tenth(*done, *total) {
-                eprintln!(
-                    "dataset generation: recorded {done}/{total} units ({:.0} s)",
-                    bar.elapsed().as_secs_f64()
-                );
-            }
+            log_tenth(bar, *done, *total, || {
+                format!("recorded {done}/{total} units")
+            });
         }
         Progress::Checkpoint { .. } => {}
     }
@@ -354,24 +362,20 @@ pub(crate) fn show_continuous_generation(
             bar.set_length(*total);
             bar.set_position(*step);
             bar.set_message(format!("SAC {recent_return:8.1}"));
-            if bar.is_hidden() && at_tenth(*step, *total) {
-                eprintln!(
-                    "dataset generation: learner step {step}/{total}, recent return \
-                     {recent_return:.1} ({:.0} s)",
-                    bar.elapsed().as_secs_f64()
-                );
-            }
+            log_tenth(bar, *step, *total, || {
+                format!(
+                    "learner step {step}/{total}, recent return \
+                     {recent_return:.1}"
+                )
+            });
         }
         P::Recording { done, total } => {
             bar.set_length(*total);
             bar.set_position(*done);
             bar.set_message("recording");
-            if bar.is_hidden() && at_tenth(*done, *total) {
-                eprintln!(
-                    "dataset generation: recorded {done}/{total} units ({:.0} s)",
-                    bar.elapsed().as_secs_f64()
-                );
-            }
+            log_tenth(bar, *done, *total, || {
+                format!("recorded {done}/{total} units")
+            });
         }
     }
 }
