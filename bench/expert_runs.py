@@ -14,9 +14,13 @@ scenarios `scenarios/<env>-expert*.toml`:
   - `<variant>@it<n>` with experts trained n PPO iterations (another cached dataset);
   - `<variant>@cold` with experts that start from their own random weights (no shared start:
                   the scenarios' experts before 2026-12-02, another cached dataset);
+  - `<variant>@sh<n>` / `@elr<x>` with experts that start from a shared policy trained n PPO
+                  iterations / whose own iterations use Adam learning rate x (another dataset);
   - `<variant>@shared` changes nothing: it names rows of the HIV experts with the shared start
                   (shipped since 2026-12-02), as the untagged HIV rows in expert.jsonl were
-                  run with cold-started experts.
+                  run with cold-started experts. Acrobot's shared start (shipped later the
+                  same day) is named by its fields, `@sh200@elr5e-4`; untagged Acrobot rows
+                  are cold-started experts too.
 Seeds vary the Q-network's initialisation, the transitions drawn and the step schedule
 (`model_seed`, `data_seed`, `schedule_seed`); the experts' dataset is the same (generated once and
 cached). Runs use the central update mode (the same accounting and gradients as federated, one
@@ -65,6 +69,8 @@ def variant_text(env, variant, seed, steps):
     rs = next((m[2:] for m in mods if m.startswith("rs")), "")
     it = next((m[2:] for m in mods if m.startswith("it")), "")
     cold = "cold" in mods
+    sh = next((m[2:] for m in mods if m.startswith("sh") and m[2:].isdigit()), "")
+    elr = next((m[3:] for m in mods if m.startswith("elr")), "")
     base = {
         "selective": f"{env}-expert.toml",
         "dpsgd": f"{env}-expert-dpsgd.toml",
@@ -97,6 +103,14 @@ def variant_text(env, variant, seed, steps):
         text = re.sub(r"(behaviour = \{.*?[ ,]iterations = )\d+", rf"\g<1>{it}", text)
     if cold:
         text = re.sub(r", (shared_iterations|expert_lr) = [^,}]+", "", text)
+    for field, value in (("shared_iterations", sh), ("expert_lr", elr)):
+        # `@sh<n>` / `@elr<x>`: experts with a shared start of n iterations / own learning rate x.
+        if not value:
+            continue
+        if re.search(rf"(?m)^behaviour = \{{.*\b{field} = ", text):
+            text = re.sub(rf"(?m)^(behaviour = \{{.*\b{field} = )[^,}}]+", rf"\g<1>{value}", text)
+        else:
+            text = re.sub(r"(?m)^(behaviour = \{.*?)\s*\}$", rf"\1, {field} = {value} }}", text)
     if cal:
         # `<variant>@cal=<theorem|accountant>`: how the release's epsilon' is calibrated.
         text = re.sub(

@@ -94,8 +94,12 @@ fn cartpole_stable_transitions_are_bounded_near_one_thousand() {
     assert!(max_stable_prefix(30_000, 2, P_MIN, &p).expect("bound") > h);
     assert_eq!(max_stable_prefix(u64::MAX, 2, P_MIN, &p).expect("bound"), L);
     assert_eq!(max_stable_prefix(1000, 2, P_MIN, &p).expect("bound"), 0);
-    // Assumption 3: p_min < 1/|A|.
-    assert!(max_stable_prefix(M, 2, 0.5, &p).is_err());
+    // Assumption 3: p_min <= 1/|A|.
+    assert!(max_stable_prefix(M, 2, 0.6, &p).is_err());
+    // Uniform experts (p_min = 1/|A|): each step halves the count.
+    let uniform = max_stable_prefix(M, 2, 0.5, &p).expect("uniform experts");
+    assert!(uniform < h && (M as f64) * 0.5f64.powi(uniform as i32) > p.theta_hat_offset);
+    assert!((M as f64) * 0.5f64.powi(uniform as i32 + 1) <= p.theta_hat_offset);
     assert!(max_stable_prefix(M, 1, P_MIN, &p).is_err());
 }
 

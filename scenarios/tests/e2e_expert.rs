@@ -122,6 +122,9 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
         assert_eq!(rel["trajectories_walked"], 4, "{report}");
         let stable = rel["stable_transitions"].as_u64().unwrap();
         assert!(stable > 0, "uniform experts give stable prefixes: {report}");
+        // The derived ceiling T x L*, beside what was released.
+        let longest = rel["max_stable_prefix"].as_u64().unwrap();
+        assert_eq!(rel["stable_transitions_bound"].as_u64(), Some(4 * longest));
         // D_stable is published in Minari's layout, with no expert id in it.
         let path = out.join(rel["published"].as_str().unwrap());
         let published = fedrl_rl::offline::minari::read(&path).unwrap();

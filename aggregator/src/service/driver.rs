@@ -675,6 +675,8 @@ impl EngineThread {
         let walk_s = release.walk_seconds();
         self.timings.data_release_s += walk_s;
         let p = release.params();
+        // Informational: a bound that cannot be computed leaves the fields null.
+        let (longest, bound) = release.stable_bound().ok().unzip();
         self.selective_report = Some(serde_json::json!({
             "release": {
                 "epsilon_1": self.scenario.selective().and_then(|s| s.release.as_ref()).map(|r| r.epsilon),
@@ -682,6 +684,10 @@ impl EngineThread {
                 "trajectories_walked": release.walked(),
                 "prefixes_released": prefixes.len(),
                 "stable_transitions": transitions,
+                // The paper's derived ceiling (T x L*): how far the experts' disagreement kept
+                // the release from it.
+                "max_stable_prefix": longest,
+                "stable_transitions_bound": bound,
                 "epsilon_prime": p.epsilon_prime,
                 "delta_prime": p.delta_prime,
                 "c_min": p.c_min,

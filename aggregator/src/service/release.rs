@@ -70,6 +70,8 @@ enum State {
 pub(super) struct Release {
     cfg: ReleaseConfig,
     params: ReleaseParameters,
+    /// The experts' minimum action probability (Assumption 1).
+    p_min: f64,
     spec: QNetSpec,
     experts: u64,
     episodes_per_unit: u64,
@@ -116,6 +118,7 @@ impl Release {
         Ok(Release {
             cfg: cfg.clone(),
             params,
+            p_min,
             spec,
             experts,
             episodes_per_unit,
@@ -438,6 +441,18 @@ impl Release {
     /// |D_stable| in transitions.
     pub(super) fn stable_transitions(&self) -> usize {
         self.stable.iter().map(|s| s.rows.len()).sum()
+    }
+
+    /// The most D_stable can hold: the longest prefix a count can pass without noise when every
+    /// expert agrees (L*, [`expert_release::max_stable_prefix`]) and T x L* transitions.
+    pub(super) fn stable_bound(&self) -> anyhow::Result<(u64, u64)> {
+        let longest = expert_release::max_stable_prefix(
+            self.experts,
+            self.spec.n_actions as u64,
+            self.p_min,
+            &self.params,
+        )?;
+        Ok((longest, longest.saturating_mul(self.cfg.trajectories)))
     }
 
     /// The held joins, handed to the engine once the release is accounted.

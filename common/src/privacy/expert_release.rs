@@ -312,9 +312,10 @@ pub fn max_stable_prefix(
     p_min: f64,
     params: &ReleaseParameters,
 ) -> Result<u64, PrivacyError> {
-    if n_actions < 2 || !(p_min > 0.0 && p_min * (n_actions as f64) < 1.0) {
+    // p_min = 1/|A| is the uniform policy (every count is m |A|^-h): allowed.
+    if n_actions < 2 || !(p_min > 0.0 && p_min * (n_actions as f64) <= 1.0) {
         return Err(PrivacyError::InvalidParameter(format!(
-            "need |A| >= 2 and p_min in (0, 1/|A|), got |A| = {n_actions}, p_min = {p_min}"
+            "need |A| >= 2 and p_min in (0, 1/|A|], got |A| = {n_actions}, p_min = {p_min}"
         )));
     }
     let top = 1.0 - (n_actions - 1) as f64 * p_min;

@@ -379,11 +379,7 @@ pub fn train_experts(
         )?;
         drop(slots);
         let batches: Vec<UserBatch> = batches.into_iter().flatten().collect();
-        let rets: Vec<f64> = batches
-            .iter()
-            .flat_map(|b| b.episode_returns.iter().copied())
-            .collect();
-        curve.push(rets.iter().sum::<f64>() / rets.len().max(1) as f64);
+        curve.push(mean_episode_return(&batches));
         // Phase 2: PPO from each expert's own parameters, in groups of similar length.
         let mut order: Vec<usize> = (0..m_us).collect();
         order.sort_by_key(|&u| (batches[u].len(), u));
@@ -418,6 +414,15 @@ pub fn train_experts(
     Ok((params, TrainingCurve { mean_return: curve }))
 }
 
+/// The mean return of every episode in `batches` (0 when there is none).
+fn mean_episode_return(batches: &[UserBatch]) -> f64 {
+    let (sum, n) = batches
+        .iter()
+        .flat_map(|b| b.episode_returns.iter())
+        .fold((0.0, 0usize), |(s, n), r| (s + r, n + 1));
+    sum / n.max(1) as f64
+}
+
 /// Trains the shared starting policy of `plan` (`shared_iterations`, see
 /// [`Behaviour::Experts`]): iteration `i` takes the experts `(i c + k) mod m`, `k < c =
 /// min(m, SHARED_COHORT)`, each plays one episode in its own setting with the shared policy and
@@ -441,7 +446,7 @@ fn train_shared(
     let device = Device::Cpu;
     let threads = plan.threads.max(1);
     let total = plan.shared_iterations + plan.iterations;
-    let group = plan.ppo.group_size.clamp(1, cohort.max(1));
+    let group = plan.ppo.group_size.clamp(1, cohort);
     let mut shared = plan.model.init(mix(&[seed, 0x7368_6172]));
     for it in 0..plan.shared_iterations {
         let start = (it as usize).wrapping_mul(cohort) % m_us;
@@ -465,11 +470,7 @@ fn train_shared(
             false,
             true,
         )?;
-        let rets: Vec<f64> = batches
-            .iter()
-            .flat_map(|b| b.episode_returns.iter().copied())
-            .collect();
-        curve.push(rets.iter().sum::<f64>() / rets.len().max(1) as f64);
+        curve.push(mean_episode_return(&batches));
         let idx: Vec<usize> = (0..cohort).collect();
         let groups: Vec<&[usize]> = idx.chunks(group).collect();
         let deltas: Vec<Vec<Vec<f32>>> = parallel(

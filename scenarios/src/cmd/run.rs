@@ -516,10 +516,11 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
     );
     if let Some(rel) = r["selective"]["release"].as_object() {
         println!(
-            "DataRelease: {} candidate trajectories walked, {} prefixes released, {} transitions in D_stable (published in {})",
+            "DataRelease: {} candidate trajectories walked, {} prefixes released, {} transitions in D_stable of at most {} (published in {})",
             rel["trajectories_walked"],
             rel["prefixes_released"],
             rel["stable_transitions"],
+            rel["stable_transitions_bound"],
             run.out_dir
                 .join(rel["published"].as_str().unwrap_or("d_stable"))
                 .display()
