@@ -297,16 +297,24 @@ pub(crate) fn generation_bar() -> anyhow::Result<ProgressBar> {
     Ok(bar)
 }
 
-/// Whether `done` of `total` is where a log without a progress bar gets a line: each tenth of
-/// the work, and its end.
-fn at_tenth(done: u64, total: u64) -> bool {
-    done == total || (total > 0 && done > 0 && done * 10 / total != (done - 1) * 10 / total)
+/// Whether progress from `prev` to `done` of `total` is where a log without a progress bar
+/// gets a line: it passed into another tenth of the work, or reached its end. Progress may
+/// jump (a SAC run reports once per checkpoint, 22,222 of 199,998 steps), so this compares
+/// with the last report, not with `done - 1`.
+fn at_tenth(prev: u64, done: u64, total: u64) -> bool {
+    done == total || (total > 0 && done > prev && done * 10 / total != prev * 10 / total)
 }
 
 /// Where `bar` is hidden, prints `dataset generation: <what> (<elapsed> s)` at each tenth of
-/// the phase (`at_tenth`); `what` is only formatted then.
+/// the phase (`at_tenth`); `what` is only formatted then. Call before moving `bar` to `done`:
+/// its position is the last report (0 when a new phase changes its length or starts over).
 fn log_tenth(bar: &ProgressBar, done: u64, total: u64, what: impl FnOnce() -> String) {
-    if bar.is_hidden() && at_tenth(done, total) {
+    let prev = if bar.length() == Some(total) && bar.position() <= done {
+        bar.position()
+    } else {
+        0
+    };
+    if bar.is_hidden() && at_tenth(prev, done, total) {
         eprintln!(
             "dataset generation: {} ({:.0} s)",
             what(),
@@ -325,23 +333,23 @@ pub(crate) fn show_generation(bar: &ProgressBar, p: &Progress) {
             total,
             train_return,
         } => {
-            bar.set_length(*total);
-            bar.set_position(*done);
-            bar.set_message(format!("PPO {train_return:7.1}"));
             log_tenth(bar, *done, *total, || {
                 format!(
                     "PPO iteration {done}/{total}, mean training return \
                      {train_return:.1}"
                 )
             });
-        }
-        Progress::Recording { done, total } => {
             bar.set_length(*total);
             bar.set_position(*done);
-            bar.set_message("recording");
+            bar.set_message(format!("PPO {train_return:7.1}"));
+        }
+        Progress::Recording { done, total } => {
             log_tenth(bar, *done, *total, || {
                 format!("recorded {done}/{total} units")
             });
+            bar.set_length(*total);
+            bar.set_position(*done);
+            bar.set_message("recording");
         }
         Progress::Checkpoint { .. } => {}
     }
@@ -359,23 +367,23 @@ pub(crate) fn show_continuous_generation(
             total,
             recent_return,
         } => {
-            bar.set_length(*total);
-            bar.set_position(*step);
-            bar.set_message(format!("SAC {recent_return:8.1}"));
             log_tenth(bar, *step, *total, || {
                 format!(
                     "learner step {step}/{total}, recent return \
                      {recent_return:.1}"
                 )
             });
+            bar.set_length(*total);
+            bar.set_position(*step);
+            bar.set_message(format!("SAC {recent_return:8.1}"));
         }
         P::Recording { done, total } => {
-            bar.set_length(*total);
-            bar.set_position(*done);
-            bar.set_message("recording");
             log_tenth(bar, *done, *total, || {
                 format!("recorded {done}/{total} units")
             });
+            bar.set_length(*total);
+            bar.set_position(*done);
+            bar.set_message("recording");
         }
     }
 }
@@ -600,11 +608,35 @@ mod tests {
 
     #[test]
     fn a_log_gets_one_line_per_tenth_and_one_at_the_end() {
-        let lines = |total: u64| (1..=total).filter(|&d| at_tenth(d, total)).count();
-        assert_eq!(lines(100), 10);
-        assert_eq!(lines(1000), 10);
-        assert_eq!(lines(3), 3);
-        assert_eq!(lines(1), 1);
-        assert!(at_tenth(500, 500));
+        // Reports every `step` units of `total`.
+        let lines = |step: u64, total: u64| {
+            let mut prev = 0;
+            let mut n = 0;
+            for d in (step..=total).step_by(step as usize) {
+                n += usize::from(at_tenth(prev, d, total));
+                prev = d;
+            }
+            n
+        };
+        assert_eq!(lines(1, 100), 10);
+        assert_eq!(lines(1, 1000), 10);
+        assert_eq!(lines(1, 3), 3);
+        assert_eq!(lines(1, 1), 1);
+        assert!(at_tenth(499, 500, 500));
+        // A SAC generation's checkpoints: 9 of 22,222 steps, none on a tenth's boundary.
+        assert_eq!(lines(22_222, 199_998), 9);
+        // Coarser than a tenth: every report is a line.
+        assert_eq!(lines(250, 1000), 4);
+    }
+
+    #[test]
+    fn a_hidden_bar_logs_jumping_progress_once_per_tenth() {
+        // The bar remembers the last report, also when hidden; a new phase (another length)
+        // starts from 0.
+        let bar = indicatif::ProgressBar::hidden();
+        bar.set_length(199_998);
+        bar.set_position(22_222);
+        assert!(at_tenth(bar.position(), 44_444, 199_998));
+        assert!(!at_tenth(bar.position(), 22_222, 199_998));
     }
 }
