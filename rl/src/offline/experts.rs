@@ -345,7 +345,6 @@ pub fn train_experts(
         lr: plan.expert_lr,
         ..plan.ppo.clone()
     };
-    let device = Device::Cpu;
     let threads = plan.threads.max(1);
     let chunks = m_us.div_ceil(ROLLOUT_CHUNK);
     for it in 0..plan.iterations {
@@ -384,19 +383,14 @@ pub fn train_experts(
         let mut order: Vec<usize> = (0..m_us).collect();
         order.sort_by_key(|&u| (batches[u].len(), u));
         let groups: Vec<&[usize]> = order.chunks(plan.ppo.group_size.max(1)).collect();
-        let deltas: Vec<Vec<Vec<f32>>> = parallel(
-            groups.len(),
+        let deltas = group_deltas(
+            plan,
+            &groups,
+            |u| params[u].as_slice(),
+            &batches,
+            &seeds,
+            &own,
             threads,
-            |g| {
-                let group = groups[g];
-                let starts: Vec<&[f32]> = group.iter().map(|&u| params[u].as_slice()).collect();
-                let bs: Vec<UserBatch> = group.iter().map(|&u| batches[u].clone()).collect();
-                let sd: Vec<u64> = group.iter().map(|&u| seeds[u]).collect();
-                let ups =
-                    train_users(&plan.model, &layout, &starts, &bs, &sd, &own, &device, None)?;
-                Ok(ups.into_iter().map(|u| u.delta).collect())
-            },
-            &mut |_| {},
         )?;
         for (group, ds) in groups.iter().zip(deltas) {
             for (&u, d) in group.iter().zip(ds) {
@@ -412,6 +406,43 @@ pub fn train_experts(
         });
     }
     Ok((params, TrainingCurve { mean_return: curve }))
+}
+
+/// One local PPO update per expert of each group in `groups` (indices into `batches` and
+/// `seeds`), from `start(i)`, the groups trained in parallel as stacked tensors; the deltas in
+/// the groups' order.
+fn group_deltas<'a>(
+    plan: &ExpertsPlan,
+    groups: &[&[usize]],
+    start: impl Fn(usize) -> &'a [f32] + Sync,
+    batches: &[UserBatch],
+    seeds: &[u64],
+    cfg: &LocalUpdateConfig,
+    threads: usize,
+) -> Result<Vec<Vec<Vec<f32>>>> {
+    let layout = plan.model.layout();
+    parallel(
+        groups.len(),
+        threads,
+        |g| {
+            let group = groups[g];
+            let starts: Vec<&[f32]> = group.iter().map(|&i| start(i)).collect();
+            let bs: Vec<UserBatch> = group.iter().map(|&i| batches[i].clone()).collect();
+            let sd: Vec<u64> = group.iter().map(|&i| seeds[i]).collect();
+            let ups = train_users(
+                &plan.model,
+                &layout,
+                &starts,
+                &bs,
+                &sd,
+                cfg,
+                &Device::Cpu,
+                None,
+            )?;
+            Ok(ups.into_iter().map(|u| u.delta).collect())
+        },
+        &mut |_| {},
+    )
 }
 
 /// The mean return of every episode in `batches` (0 when there is none).
@@ -443,7 +474,6 @@ fn train_shared(
     }
     let cohort = m_us.min(SHARED_COHORT);
     let rollout = plan.ppo.rollout();
-    let device = Device::Cpu;
     let threads = plan.threads.max(1);
     let total = plan.shared_iterations + plan.iterations;
     let group = plan.ppo.group_size.clamp(1, cohort);
@@ -473,26 +503,14 @@ fn train_shared(
         curve.push(mean_episode_return(&batches));
         let idx: Vec<usize> = (0..cohort).collect();
         let groups: Vec<&[usize]> = idx.chunks(group).collect();
-        let deltas: Vec<Vec<Vec<f32>>> = parallel(
-            groups.len(),
+        let deltas = group_deltas(
+            plan,
+            &groups,
+            |_| shared.as_slice(),
+            &batches,
+            &seeds,
+            &plan.ppo,
             threads,
-            |g| {
-                let members = groups[g];
-                let bs: Vec<UserBatch> = members.iter().map(|&i| batches[i].clone()).collect();
-                let sd: Vec<u64> = members.iter().map(|&i| seeds[i]).collect();
-                let ups = train_users(
-                    &plan.model,
-                    &layout,
-                    &starts[..members.len()],
-                    &bs,
-                    &sd,
-                    &plan.ppo,
-                    &device,
-                    None,
-                )?;
-                Ok(ups.into_iter().map(|u| u.delta).collect())
-            },
-            &mut |_| {},
         )?;
         // Sum in cohort order, then divide: the same result on any number of threads.
         let mut sum = vec![0f32; shared.len()];
