@@ -305,10 +305,17 @@ fn at_tenth(prev: u64, done: u64, total: u64) -> bool {
     done == total || (total > 0 && done > prev && done * 10 / total != prev * 10 / total)
 }
 
-/// Where `bar` is hidden, prints `dataset generation: <what> (<elapsed> s)` at each tenth of
-/// the phase (`at_tenth`); `what` is only formatted then. Call before moving `bar` to `done`:
-/// its position is the last report (0 when a new phase changes its length or starts over).
-fn log_tenth(bar: &ProgressBar, done: u64, total: u64, what: impl FnOnce() -> String) {
+/// Moves `bar` to `done` of `total` with `message`. Where `bar` is hidden, it also prints
+/// `dataset generation: <what> (<elapsed> s)` at each tenth of the phase (`at_tenth`, against
+/// the bar's last position, or 0 when a new phase changes its length or starts over); `what`
+/// is only formatted then.
+fn advance(
+    bar: &ProgressBar,
+    done: u64,
+    total: u64,
+    message: impl Into<std::borrow::Cow<'static, str>>,
+    what: impl FnOnce() -> String,
+) {
     let prev = if bar.length() == Some(total) && bar.position() <= done {
         bar.position()
     } else {
@@ -321,6 +328,9 @@ fn log_tenth(bar: &ProgressBar, done: u64, total: u64, what: impl FnOnce() -> St
             bar.elapsed().as_secs_f64()
         );
     }
+    bar.set_length(total);
+    bar.set_position(done);
+    bar.set_message(message);
 }
 
 /// Shows a generation's training or recording progress on `bar` (checkpoints are the caller's).
@@ -332,25 +342,16 @@ pub(crate) fn show_generation(bar: &ProgressBar, p: &Progress) {
             done,
             total,
             train_return,
-        } => {
-            log_tenth(bar, *done, *total, || {
-                format!(
-                    "PPO iteration {done}/{total}, mean training return \
-                     {train_return:.1}"
-                )
-            });
-            bar.set_length(*total);
-            bar.set_position(*done);
-            bar.set_message(format!("PPO {train_return:7.1}"));
-        }
-        Progress::Recording { done, total } => {
-            log_tenth(bar, *done, *total, || {
-                format!("recorded {done}/{total} units")
-            });
-            bar.set_length(*total);
-            bar.set_position(*done);
-            bar.set_message("recording");
-        }
+        } => advance(
+            bar,
+            *done,
+            *total,
+            format!("PPO {train_return:7.1}"),
+            || format!("PPO iteration {done}/{total}, mean training return {train_return:.1}"),
+        ),
+        Progress::Recording { done, total } => advance(bar, *done, *total, "recording", || {
+            format!("recorded {done}/{total} units")
+        }),
         Progress::Checkpoint { .. } => {}
     }
 }
@@ -366,25 +367,16 @@ pub(crate) fn show_continuous_generation(
             step,
             total,
             recent_return,
-        } => {
-            log_tenth(bar, *step, *total, || {
-                format!(
-                    "learner step {step}/{total}, recent return \
-                     {recent_return:.1}"
-                )
-            });
-            bar.set_length(*total);
-            bar.set_position(*step);
-            bar.set_message(format!("SAC {recent_return:8.1}"));
-        }
-        P::Recording { done, total } => {
-            log_tenth(bar, *done, *total, || {
-                format!("recorded {done}/{total} units")
-            });
-            bar.set_length(*total);
-            bar.set_position(*done);
-            bar.set_message("recording");
-        }
+        } => advance(
+            bar,
+            *step,
+            *total,
+            format!("SAC {recent_return:8.1}"),
+            || format!("learner step {step}/{total}, recent return {recent_return:.1}"),
+        ),
+        P::Recording { done, total } => advance(bar, *done, *total, "recording", || {
+            format!("recorded {done}/{total} units")
+        }),
     }
 }
 
