@@ -301,15 +301,19 @@ fn shared_start_is_common_learned_and_deterministic() {
         }
         plan(&spec).unwrap()
     };
+    // Trains 70 experts; also returns the last (done, total) of the training progress.
+    let train = |p: &fedrl_rl::offline::experts::ExpertsPlan| {
+        let mut last = (0, 0);
+        let (params, curve) = train_experts(p, 70, 0, &mut |e| {
+            if let Progress::Training { done, total, .. } = e {
+                last = (done, total);
+            }
+        })
+        .unwrap();
+        (params, curve, last)
+    };
     // Shared iterations only: identical experts, a curve of cohort means that rises.
-    let p = with(12, 0, None);
-    let mut last = (0, 0);
-    let (params, curve) = train_experts(&p, 70, 0, &mut |e| {
-        if let Progress::Training { done, total, .. } = e {
-            last = (done, total);
-        }
-    })
-    .unwrap();
+    let (params, curve, last) = train(&with(12, 0, None));
     assert_eq!(last, (12, 12));
     assert!(params.iter().all(|q| q == &params[0]), "one shared policy");
     let c = &curve.mean_return;
@@ -318,13 +322,7 @@ fn shared_start_is_common_learned_and_deterministic() {
     assert!(late > c[0] * 2.0, "shared training improves: {c:?}");
     // Then own iterations at a given learning rate: progress counts both phases, the experts
     // differ, and a larger learning rate moves them further from the shared start.
-    let mut last = (0, 0);
-    let (own, _) = train_experts(&with(12, 2, Some(1e-4)), 70, 0, &mut |e| {
-        if let Progress::Training { done, total, .. } = e {
-            last = (done, total);
-        }
-    })
-    .unwrap();
+    let (own, _, last) = train(&with(12, 2, Some(1e-4)));
     assert_eq!(last, (14, 14));
     assert_ne!(own[0], own[1]);
     let (fast, _) = train_experts(&with(12, 2, Some(1e-2)), 70, 0, &mut quiet()).unwrap();
