@@ -545,6 +545,9 @@ pub struct ClipTrace {
 /// `fedrl-common` (a hard bound whatever f32 rounding did in the loop).
 ///
 /// With `trace`, also returns the projection's per-step bound ratios.
+///
+/// On the CPU this runs the fused per-member loop of [`crate::ensemble_cpu`]; on other devices
+/// the batched tensor path ([`local_updates_on_tensors`]). The two agree up to f32 rounding.
 pub fn local_updates(
     spec: &EnsembleSpec,
     cfg: &LocalModelConfig,
@@ -554,64 +557,198 @@ pub fn local_updates(
     device: &Device,
     trace: bool,
 ) -> Result<(Vec<LocalModelUpdate>, ClipTrace)> {
-    spec.check()?;
-    check_params(spec, global)?;
-    if seeds.len() != trajectories.len() {
-        return Err(NnError::Invalid(format!(
-            "ensemble: {} trajectories but {} seeds",
-            trajectories.len(),
-            seeds.len()
-        )));
+    if !device.is_cpu() {
+        return local_updates_on_tensors(spec, cfg, global, trajectories, seeds, device, trace);
     }
-    if cfg.epochs == 0 || cfg.batch_size == 0 || !(cfg.lr.is_finite() && cfg.lr > 0.0) {
-        return Err(NnError::Invalid(
-            "ensemble: epochs, batch size and learning rate must be positive".into(),
-        ));
-    }
-    // +inf: no projection (seed 001's "No Clip" variant, or a non-private twin).
-    if cfg.clip_norm.is_nan() || cfg.clip_norm <= 0.0 {
-        return Err(NnError::Invalid(
-            "ensemble: the clip norm must be positive".into(),
-        ));
-    }
-    let clipped = cfg.clip_norm.is_finite();
-    let groups = trajectories.len();
-    if groups == 0 {
+    let Some(plan) = LocalPlan::new(spec, cfg, global, trajectories, seeds)? else {
         return Ok((Vec::new(), ClipTrace::default()));
-    }
-    let (n, din, dout, bsz) = (spec.members, spec.in_dim(), spec.out_dim(), cfg.batch_size);
-    let copies = groups * n;
-    for t in trajectories {
-        if t.inputs.len() % din != 0
-            || t.rows(spec) * din != t.inputs.len()
-            || t.targets.len() % dout != 0
-        {
-            return Err(NnError::Invalid(
-                "ensemble: a trajectory's inputs and targets do not match the spec".into(),
-            ));
-        }
-    }
-    // Each trajectory's minibatches: E epochs of its own shuffled rows, split into B-row batches.
-    let plans: Vec<Vec<Vec<usize>>> = trajectories
+    };
+    let n = spec.members;
+    let member = spec.member_len();
+    let widths = spec.widths();
+    let job = crate::ensemble_cpu::Job {
+        widths: &widths,
+        lr: cfg.lr as f32,
+        weight_decay: cfg.weight_decay as f32,
+        clipping: cfg.clip_norm.is_finite().then_some(cfg.clipping),
+        bound: segment_bound(spec, cfg),
+        trace,
+    };
+    let tasks: Vec<crate::ensemble_cpu::MemberTask<'_>> = trajectories
         .iter()
-        .zip(seeds)
-        .map(|(t, &seed)| {
-            let rows = t.rows(spec);
-            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-            let mut batches = Vec::new();
-            for _ in 0..cfg.epochs {
-                let mut perm: Vec<usize> = (0..rows).collect();
-                perm.shuffle(&mut rng);
-                batches.extend(perm.chunks(bsz).map(<[usize]>::to_vec));
-            }
-            batches
+        .zip(&plan.batches)
+        .zip(&plan.first_epoch_batches)
+        .flat_map(|((t, batches), &fe)| {
+            (0..n).map(move |i| crate::ensemble_cpu::MemberTask {
+                start: &global[i * member..(i + 1) * member],
+                inputs: &t.inputs,
+                targets: &t.targets,
+                plan: batches,
+                first_epoch_steps: fe,
+            })
         })
         .collect();
-    let steps = plans.iter().map(Vec::len).max().unwrap_or(0);
-    let first_epoch_batches: Vec<usize> = trajectories
-        .iter()
-        .map(|t| t.rows(spec).div_ceil(bsz))
-        .collect();
+    let runs = crate::ensemble_cpu::train_members(&job, &tasks);
+    let mut clip_trace = ClipTrace::default();
+    if trace && job.clipping.is_some() {
+        // A copy that has run out of minibatches keeps its last ratio, as in the tensor path.
+        clip_trace.max_ratio_per_step = (0..plan.steps)
+            .map(|s| {
+                runs.iter()
+                    .filter_map(|r| r.ratios.get(s.min(r.ratios.len().saturating_sub(1))))
+                    .fold(0.0f64, |a, &b| a.max(b))
+            })
+            .collect();
+    }
+    let mut flats = Vec::with_capacity(trajectories.len());
+    let mut loss_sums = Vec::with_capacity(trajectories.len());
+    for group in runs.chunks(n) {
+        flats.push(group.iter().flat_map(|r| r.flat.iter().copied()).collect());
+        loss_sums.push(group.iter().map(|r| r.first_epoch_nll).sum::<f64>() / n as f64);
+    }
+    Ok((
+        plan.finish(spec, cfg, global, flats, &loss_sums)?,
+        clip_trace,
+    ))
+}
+
+/// Each trajectory's minibatches for one call of the local update.
+struct LocalPlan {
+    /// Per trajectory: E epochs of its own shuffled rows, split into B-row batches.
+    batches: Vec<Vec<Vec<usize>>>,
+    /// Per trajectory: the number of batches in its first epoch.
+    first_epoch_batches: Vec<usize>,
+    /// The longest trajectory's number of steps.
+    steps: usize,
+}
+
+impl LocalPlan {
+    /// Checks the arguments and draws the minibatches; `None` when there is no trajectory.
+    fn new(
+        spec: &EnsembleSpec,
+        cfg: &LocalModelConfig,
+        global: &[f32],
+        trajectories: &[&ModelRows],
+        seeds: &[u64],
+    ) -> Result<Option<Self>> {
+        spec.check()?;
+        check_params(spec, global)?;
+        if seeds.len() != trajectories.len() {
+            return Err(NnError::Invalid(format!(
+                "ensemble: {} trajectories but {} seeds",
+                trajectories.len(),
+                seeds.len()
+            )));
+        }
+        if cfg.epochs == 0 || cfg.batch_size == 0 || !(cfg.lr.is_finite() && cfg.lr > 0.0) {
+            return Err(NnError::Invalid(
+                "ensemble: epochs, batch size and learning rate must be positive".into(),
+            ));
+        }
+        // +inf: no projection (seed 001's "No Clip" variant, or a non-private twin).
+        if cfg.clip_norm.is_nan() || cfg.clip_norm <= 0.0 {
+            return Err(NnError::Invalid(
+                "ensemble: the clip norm must be positive".into(),
+            ));
+        }
+        if trajectories.is_empty() {
+            return Ok(None);
+        }
+        let (din, dout, bsz) = (spec.in_dim(), spec.out_dim(), cfg.batch_size);
+        for t in trajectories {
+            if t.inputs.len() % din != 0
+                || t.rows(spec) * din != t.inputs.len()
+                || t.targets.len() % dout != 0
+            {
+                return Err(NnError::Invalid(
+                    "ensemble: a trajectory's inputs and targets do not match the spec".into(),
+                ));
+            }
+        }
+        // Each trajectory's minibatches: E epochs of its own shuffled rows, split into B-row batches.
+        let plans: Vec<Vec<Vec<usize>>> = trajectories
+            .iter()
+            .zip(seeds)
+            .map(|(t, &seed)| {
+                let rows = t.rows(spec);
+                let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+                let mut batches = Vec::new();
+                for _ in 0..cfg.epochs {
+                    let mut perm: Vec<usize> = (0..rows).collect();
+                    perm.shuffle(&mut rng);
+                    batches.extend(perm.chunks(bsz).map(<[usize]>::to_vec));
+                }
+                batches
+            })
+            .collect();
+        let steps = plans.iter().map(Vec::len).max().unwrap_or(0);
+        let first_epoch_batches: Vec<usize> = trajectories
+            .iter()
+            .map(|t| t.rows(spec).div_ceil(bsz))
+            .collect();
+        Ok(Some(LocalPlan {
+            batches: plans,
+            first_epoch_batches,
+            steps,
+        }))
+    }
+
+    /// Each trajectory's delta (trained minus `global`), clipped once more with the exact f64
+    /// clip of `fedrl-common` (a hard bound whatever f32 rounding did in the loop).
+    fn finish(
+        &self,
+        spec: &EnsembleSpec,
+        cfg: &LocalModelConfig,
+        global: &[f32],
+        flats: Vec<Vec<f32>>,
+        loss_sums: &[f64],
+    ) -> Result<Vec<LocalModelUpdate>> {
+        let n = spec.members;
+        let mut out = Vec::with_capacity(flats.len());
+        for (g, flat) in flats.into_iter().enumerate() {
+            let mut delta: Vec<f32> = flat.iter().zip(global).map(|(a, b)| a - b).collect();
+            if cfg.clip_norm.is_finite() {
+                match cfg.clipping {
+                    EnsembleClipping::Flat => clip_ensemble_flat(&mut delta, n, cfg.clip_norm),
+                    EnsembleClipping::PerLayer => {
+                        clip_ensemble_per_layer(&mut delta, n, &spec.layer_sizes(), cfg.clip_norm)
+                    }
+                }
+                .map_err(|e| NnError::Invalid(format!("ensemble clip: {e}")))?;
+            }
+            out.push(LocalModelUpdate {
+                delta,
+                steps: self.batches[g].len(),
+                first_epoch_loss: loss_sums[g] / self.first_epoch_batches[g].max(1) as f64,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// [`local_updates`] as batched tensor operations on any device: every trajectory's copy of the
+/// ensemble stacked into `[copies, in, out]` tensors (`copies` = trajectories x members), one
+/// batched forward/backward per step. The path for accelerators, and the CPU path's reference
+/// in tests.
+pub fn local_updates_on_tensors(
+    spec: &EnsembleSpec,
+    cfg: &LocalModelConfig,
+    global: &[f32],
+    trajectories: &[&ModelRows],
+    seeds: &[u64],
+    device: &Device,
+    trace: bool,
+) -> Result<(Vec<LocalModelUpdate>, ClipTrace)> {
+    let Some(plan) = LocalPlan::new(spec, cfg, global, trajectories, seeds)? else {
+        return Ok((Vec::new(), ClipTrace::default()));
+    };
+    let clipped = cfg.clip_norm.is_finite();
+    let groups = trajectories.len();
+    let (n, dout, bsz) = (spec.members, spec.out_dim(), cfg.batch_size);
+    let din = spec.in_dim();
+    let copies = groups * n;
+    let (plans, steps) = (&plan.batches, plan.steps);
+    let first_epoch_batches = &plan.first_epoch_batches;
     let max_first_epoch = first_epoch_batches.iter().copied().max().unwrap_or(0);
 
     let start = Stack::new(spec, &vec![global; groups], DType::F32, device)?;
@@ -750,25 +887,10 @@ pub fn local_updates(
     }
 
     let flats = stack.flats(spec, groups)?;
-    let mut out = Vec::with_capacity(groups);
-    for (g, flat) in flats.into_iter().enumerate() {
-        let mut delta: Vec<f32> = flat.iter().zip(global).map(|(a, b)| a - b).collect();
-        if clipped {
-            match cfg.clipping {
-                EnsembleClipping::Flat => clip_ensemble_flat(&mut delta, n, cfg.clip_norm),
-                EnsembleClipping::PerLayer => {
-                    clip_ensemble_per_layer(&mut delta, n, &spec.layer_sizes(), cfg.clip_norm)
-                }
-            }
-            .map_err(|e| NnError::Invalid(format!("ensemble clip: {e}")))?;
-        }
-        out.push(LocalModelUpdate {
-            delta,
-            steps: plans[g].len(),
-            first_epoch_loss: loss_sums[g] / first_epoch_batches[g].max(1) as f64,
-        });
-    }
-    Ok((out, clip_trace))
+    Ok((
+        plan.finish(spec, cfg, global, flats, &loss_sums)?,
+        clip_trace,
+    ))
 }
 
 /// The bound of one clip segment: C / sqrt(N) (flat) or C / sqrt(N L) (per layer).

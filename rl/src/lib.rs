@@ -33,6 +33,7 @@ pub mod activation;
 pub mod alloc;
 pub mod device;
 pub mod ensemble;
+mod ensemble_cpu;
 pub mod evaluate;
 pub mod io;
 pub mod local_update;

@@ -1,13 +1,13 @@
 //! The dynamics ensemble of PriMORL (seed 001): the NLL gradient against finite differences, the
 //! ensemble clip bound after every local step (flat and per-layer), the local update against
-//! hand-run SGD, the independence of trajectories trained together, and the two uncertainty
-//! measures on hand-built ensembles.
+//! hand-run SGD, the independence of trajectories trained together, the fused CPU update against
+//! the batched tensor path, and the two uncertainty measures on hand-built ensembles.
 
 use candle_core::{DType, Device};
 use fedrl_common::privacy::clipping::l2_norm;
 use fedrl_rl::ensemble::{
     Ensemble, EnsembleClipping, EnsembleSpec, LocalModelConfig, MAX_LOGVAR, MIN_LOGVAR, ModelRows,
-    Prediction, Uncertainty, local_updates, nll_and_grad,
+    Prediction, Uncertainty, local_updates, local_updates_on_tensors, nll_and_grad,
 };
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -226,6 +226,70 @@ fn trajectories_trained_together_equal_trained_alone() {
     for (x, y) in both[1].delta.iter().zip(&alone_b[0].delta) {
         assert!((x - y).abs() < 1e-6, "{x} vs {y}");
     }
+}
+
+/// The fused CPU loop and the batched tensor path train the same copies: equal up to f32
+/// rounding after many steps, with the projection binding, weight decay, a short last
+/// minibatch and trajectories of different lengths.
+fn fused_equals_tensor_path(clipping: EnsembleClipping, clip_norm: f64) {
+    let spec = spec();
+    let global = spec.init(3);
+    let trajs: Vec<ModelRows> = (0..3)
+        .map(|k| rows(&spec, 30 + 11 * k, 60 + k as u64))
+        .collect();
+    let refs: Vec<&ModelRows> = trajs.iter().collect();
+    let cfg = LocalModelConfig {
+        epochs: 2,
+        batch_size: 8,
+        lr: 0.03,
+        weight_decay: 1e-3,
+        clip_norm,
+        clipping,
+    };
+    let seeds = [7, 8, 9];
+    let dev = Device::Cpu;
+    let (fused, ft) = local_updates(&spec, &cfg, &global, &refs, &seeds, &dev, true).expect("f");
+    let (tensor, tt) =
+        local_updates_on_tensors(&spec, &cfg, &global, &refs, &seeds, &dev, true).expect("t");
+    assert_eq!(ft.max_ratio_per_step.len(), tt.max_ratio_per_step.len());
+    for (a, b) in ft.max_ratio_per_step.iter().zip(&tt.max_ratio_per_step) {
+        assert!((a - b).abs() < 1e-4, "trace {a} vs {b}");
+    }
+    let mut moved = 0.0f64;
+    for (f, t) in fused.iter().zip(&tensor) {
+        assert_eq!(f.steps, t.steps);
+        let rel = (f.first_epoch_loss - t.first_epoch_loss).abs() / t.first_epoch_loss.abs();
+        assert!(
+            rel < 1e-5,
+            "first-epoch loss {} vs {}",
+            f.first_epoch_loss,
+            t.first_epoch_loss
+        );
+        let diff: Vec<f32> = f.delta.iter().zip(&t.delta).map(|(a, b)| a - b).collect();
+        assert!(
+            l2_norm(&diff) <= 1e-4 * l2_norm(&t.delta),
+            "delta differs by {} of {}",
+            l2_norm(&diff),
+            l2_norm(&t.delta)
+        );
+        moved += l2_norm(&t.delta);
+    }
+    assert!(moved > 0.0);
+}
+
+#[test]
+fn fused_cpu_update_equals_the_tensor_path_flat() {
+    fused_equals_tensor_path(EnsembleClipping::Flat, 0.05);
+}
+
+#[test]
+fn fused_cpu_update_equals_the_tensor_path_per_layer() {
+    fused_equals_tensor_path(EnsembleClipping::PerLayer, 0.05);
+}
+
+#[test]
+fn fused_cpu_update_equals_the_tensor_path_unclipped() {
+    fused_equals_tensor_path(EnsembleClipping::Flat, f64::INFINITY);
 }
 
 #[test]
