@@ -16,6 +16,8 @@ scenarios `scenarios/<env>-expert*.toml`:
                   the scenarios' experts before 2026-12-02, another cached dataset);
   - `<variant>@sh<n>` / `@elr<x>` with experts that start from a shared policy trained n PPO
                   iterations / whose own iterations use Adam learning rate x (another dataset);
+  - `<variant>@w<n>` with a Q-network of two hidden layers of n units (the paper's appendix B.3
+                  uses (256, 256) on CartPole and Acrobot; the scenarios ship [64, 64]);
   - `<variant>@shared` changes nothing: it names rows of the HIV experts with the shared start
                   (shipped since 2026-12-02), as the untagged HIV rows in expert.jsonl were
                   run with cold-started experts. Acrobot's shared start (shipped later the
@@ -71,6 +73,7 @@ def variant_text(env, variant, seed, steps):
     cold = "cold" in mods
     sh = next((m[2:] for m in mods if m.startswith("sh") and m[2:].isdigit()), "")
     elr = next((m[3:] for m in mods if m.startswith("elr")), "")
+    width = next((m[1:] for m in mods if m.startswith("w") and m[1:].isdigit()), "")
     base = {
         "selective": f"{env}-expert.toml",
         "dpsgd": f"{env}-expert-dpsgd.toml",
@@ -92,6 +95,9 @@ def variant_text(env, variant, seed, steps):
     if lr:
         # `<variant>@lr<x>`: the same run with another learning rate (the twins' tuning).
         text = re.sub(r"(?m)^learning_rate = .*$", f"learning_rate = {lr}", text)
+    if width:
+        # `<variant>@w<n>`: hidden layers [n, n].
+        text = re.sub(r"(?m)^hidden = .*$", f"hidden = [{width}, {width}]", text)
     if rs:
         # `<variant>@rs<x>`: CQL reward scale x (HIV's rewards reach 1e6 per step).
         if re.search(r"(?m)^reward_scale = ", text):

@@ -5,8 +5,8 @@
 //!
 //! ```text
 //! cargo build --release -p fedrl-bench --bin ensemble_update
-//! RAYON_NUM_THREADS=1 target/release/ensemble_update [--reps 3]   # one core
-//! target/release/ensemble_update                                  # every core
+//! target/release/ensemble_update [--reps 3]          # one thread, as `fedrl` runs
+//! RAYON_NUM_THREADS=2 target/release/ensemble_update  # members in parallel on 2 threads
 //! ```
 //!
 //! Both paths train the same copies (the test `fused_cpu_update_equals_the_tensor_path_*`).
@@ -76,6 +76,7 @@ fn trajectory(spec: &EnsembleSpec, rows: usize, seed: u64) -> anyhow::Result<Mod
 }
 
 fn main() -> anyhow::Result<()> {
+    fedrl_bench::train_like_fedrl();
     let args = Args::parse();
     let spec = EnsembleSpec::new(5, 1, vec![128, 128], 5);
     let cfg = LocalModelConfig {
@@ -92,7 +93,7 @@ fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let refs: Vec<&ModelRows> = trajs.iter().collect();
     let seeds: Vec<u64> = (0..args.trajectories as u64).collect();
-    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_default();
     let dev = Device::Cpu;
     let mut rows = Vec::new();
     for path in ["tensor", "fused"] {
