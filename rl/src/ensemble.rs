@@ -11,9 +11,11 @@
 //! softly bounded to `[MIN_LOGVAR, MAX_LOGVAR]` as in MOPO's reference implementation (the
 //! bounds are constants here, not learned: they would be extra private parameters for no gain).
 //!
-//! Local training stacks many trajectories' copies of the ensemble into `[copies, in, out]`
-//! tensors (`copies` = trajectories x members) so that one batched forward/backward serves every
-//! trajectory of a round; each copy's gradient comes only from its own trajectory's rows.
+//! Local training runs on the CPU as one fused loop per member and trajectory
+//! (`crate::ensemble_cpu`); on other devices it stacks many trajectories' copies of the ensemble
+//! into `[copies, in, out]` tensors (`copies` = trajectories x members) so that one batched
+//! forward/backward serves every trajectory of a round. Either way each copy's gradient comes
+//! only from its own trajectory's rows.
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use rand::SeedableRng;
