@@ -83,6 +83,36 @@ struct Layer {
     b0: Vec<f32>,
 }
 
+impl Layer {
+    /// A member's layers from its flat parameters (`[out, in]` weights, then biases), with
+    /// weights transposed to `[in, out]`; `wt0`/`b0` keep the start for the projection.
+    fn unpack(widths: &[usize], flat: &[f32]) -> Vec<Layer> {
+        let mut layers = Vec::with_capacity(widths.len() - 1);
+        let mut off = 0;
+        for p in widths.windows(2) {
+            let (fan_in, fan_out) = (p[0], p[1]);
+            let w = &flat[off..off + fan_in * fan_out];
+            let mut wt = vec![0.0f32; fan_in * fan_out];
+            for o in 0..fan_out {
+                for i in 0..fan_in {
+                    wt[i * fan_out + o] = w[o * fan_in + i];
+                }
+            }
+            let b = flat[off + fan_in * fan_out..off + fan_in * fan_out + fan_out].to_vec();
+            off += fan_in * fan_out + fan_out;
+            layers.push(Layer {
+                fan_in,
+                fan_out,
+                wt0: wt.clone(),
+                b0: b.clone(),
+                wt,
+                b,
+            });
+        }
+        layers
+    }
+}
+
 #[inline(always)]
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
@@ -157,38 +187,9 @@ fn train_member_body(job: &Job<'_>, task: &MemberTask<'_>) -> MemberRun {
     let n_layers = widths.len() - 1;
     let din = widths[0];
     let dout = widths[n_layers] / 2;
-    // Unpack the member's flat `[out, in]` weights into `[in, out]`.
-    let mut layers = Vec::with_capacity(n_layers);
-    let mut off = 0;
-    for p in widths.windows(2) {
-        let (fan_in, fan_out) = (p[0], p[1]);
-        let w = &task.start[off..off + fan_in * fan_out];
-        let mut wt = vec![0.0f32; fan_in * fan_out];
-        for o in 0..fan_out {
-            for i in 0..fan_in {
-                wt[i * fan_out + o] = w[o * fan_in + i];
-            }
-        }
-        let b = task.start[off + fan_in * fan_out..off + fan_in * fan_out + fan_out].to_vec();
-        off += fan_in * fan_out + fan_out;
-        layers.push(Layer {
-            fan_in,
-            fan_out,
-            wt0: wt.clone(),
-            b0: b.clone(),
-            wt,
-            b,
-        });
-    }
+    let mut layers = Layer::unpack(widths, task.start);
     let rows_max = task.plan.iter().map(Vec::len).max().unwrap_or(0);
-    // acts[l]: the input of layer l (acts[0] = x); sig[l]: sigmoid of hidden layer l's
-    // pre-activation, pre[l] the pre-activation itself (for swish's derivative).
-    let mut acts: Vec<Vec<f32>> = widths.iter().map(|w| vec![0.0; rows_max * w]).collect();
-    let mut pre: Vec<Vec<f32>> = widths[1..n_layers]
-        .iter()
-        .map(|w| vec![0.0; rows_max * w])
-        .collect();
-    let mut sig = pre.clone();
+    let mut bufs = Buffers::new(widths, rows_max);
     let wmax = widths.iter().copied().max().unwrap_or(0);
     let mut dz = vec![0.0f32; rows_max * wmax];
     let mut dz_prev = vec![0.0f32; rows_max * wmax];
@@ -201,54 +202,15 @@ fn train_member_body(job: &Job<'_>, task: &MemberTask<'_>) -> MemberRun {
     for (step, batch) in task.plan.iter().enumerate() {
         let nb = batch.len();
         for (k, &r) in batch.iter().enumerate() {
-            acts[0][k * din..(k + 1) * din].copy_from_slice(&task.inputs[r * din..(r + 1) * din]);
+            bufs.acts[0][k * din..(k + 1) * din]
+                .copy_from_slice(&task.inputs[r * din..(r + 1) * din]);
             y[k * dout..(k + 1) * dout].copy_from_slice(&task.targets[r * dout..(r + 1) * dout]);
         }
-        // Forward.
-        for (l, layer) in layers.iter().enumerate() {
-            let (fi, fo) = (layer.fan_in, layer.fan_out);
-            let (head, tail) = acts.split_at_mut(l + 1);
-            let x = &head[l][..nb * fi];
-            let out = &mut tail[0][..nb * fo];
-            for k in 0..nb {
-                out[k * fo..(k + 1) * fo].copy_from_slice(&layer.b);
-            }
-            // Four weight rows per pass over the outputs (same order of additions as one at
-            // a time, a quarter of the loads and stores).
-            let mut i = 0;
-            while i + 4 <= fi {
-                let w = |j: usize| &layer.wt[(i + j) * fo..(i + j + 1) * fo];
-                let rows = [w(0), w(1), w(2), w(3)];
-                for k in 0..nb {
-                    let a = [
-                        x[k * fi + i],
-                        x[k * fi + i + 1],
-                        x[k * fi + i + 2],
-                        x[k * fi + i + 3],
-                    ];
-                    axpy4(a, rows, &mut out[k * fo..(k + 1) * fo]);
-                }
-                i += 4;
-            }
-            for i in i..fi {
-                let wrow = &layer.wt[i * fo..(i + 1) * fo];
-                for k in 0..nb {
-                    axpy(x[k * fi + i], wrow, &mut out[k * fo..(k + 1) * fo]);
-                }
-            }
-            if l + 1 < n_layers {
-                let (z, s) = (&mut pre[l][..nb * fo], &mut sig[l][..nb * fo]);
-                for ((o, zv), sv) in out.iter_mut().zip(z.iter_mut()).zip(s.iter_mut()) {
-                    *zv = *o;
-                    *sv = sigmoid(*o);
-                    *o *= *sv;
-                }
-            }
-        }
+        forward(&layers, &mut bufs, nb);
         // Loss: per row, the mean over components of (mu - y)^2 exp(-logvar) + logvar, with
         // logvar softly bounded; the minibatch NLL is the mean over rows. Its gradient with
         // respect to the output layer goes into dz.
-        let out = &acts[n_layers][..nb * 2 * dout];
+        let out = &bufs.acts[n_layers][..nb * 2 * dout];
         let k_scale = 1.0 / (dout * nb) as f32;
         let mut nll = 0.0f64;
         for k in 0..nb {
@@ -277,10 +239,10 @@ fn train_member_body(job: &Job<'_>, task: &MemberTask<'_>) -> MemberRun {
         for l in (0..n_layers).rev() {
             let layer = &mut layers[l];
             let (fi, fo) = (layer.fan_in, layer.fan_out);
-            let x = &acts[l][..nb * fi];
+            let x = &bufs.acts[l][..nb * fi];
             let d = &dz[..nb * fo];
             if l > 0 {
-                let (z, s) = (&pre[l - 1][..nb * fi], &sig[l - 1][..nb * fi]);
+                let (z, s) = (&bufs.pre[l - 1][..nb * fi], &bufs.sig[l - 1][..nb * fi]);
                 for i in 0..fi {
                     let wrow = &layer.wt[i * fo..(i + 1) * fo];
                     for k in 0..nb {
@@ -378,6 +340,75 @@ fn train_member_body(job: &Job<'_>, task: &MemberTask<'_>) -> MemberRun {
         flat,
         first_epoch_nll,
         ratios,
+    }
+}
+
+/// Activations of one minibatch: `acts[l]` is layer l's input (`acts[0]` the rows), `pre[l]` and
+/// `sig[l]` hidden layer l's pre-activation and its sigmoid (for swish's derivative).
+struct Buffers {
+    acts: Vec<Vec<f32>>,
+    pre: Vec<Vec<f32>>,
+    sig: Vec<Vec<f32>>,
+}
+
+impl Buffers {
+    fn new(widths: &[usize], rows: usize) -> Self {
+        let acts: Vec<Vec<f32>> = widths.iter().map(|w| vec![0.0; rows * w]).collect();
+        let pre: Vec<Vec<f32>> = widths[1..widths.len() - 1]
+            .iter()
+            .map(|w| vec![0.0; rows * w])
+            .collect();
+        Buffers {
+            acts,
+            sig: pre.clone(),
+            pre,
+        }
+    }
+}
+
+/// The forward pass of the first `nb` rows of `bufs.acts[0]`; the output layer's values end in
+/// the last `acts`.
+#[inline(always)]
+fn forward(layers: &[Layer], bufs: &mut Buffers, nb: usize) {
+    for (l, layer) in layers.iter().enumerate() {
+        let (fi, fo) = (layer.fan_in, layer.fan_out);
+        let (head, tail) = bufs.acts.split_at_mut(l + 1);
+        let x = &head[l][..nb * fi];
+        let out = &mut tail[0][..nb * fo];
+        for k in 0..nb {
+            out[k * fo..(k + 1) * fo].copy_from_slice(&layer.b);
+        }
+        // Four weight rows per pass over the outputs (same order of additions as one at
+        // a time, a quarter of the loads and stores).
+        let mut i = 0;
+        while i + 4 <= fi {
+            let w = |j: usize| &layer.wt[(i + j) * fo..(i + j + 1) * fo];
+            let rows = [w(0), w(1), w(2), w(3)];
+            for k in 0..nb {
+                let a = [
+                    x[k * fi + i],
+                    x[k * fi + i + 1],
+                    x[k * fi + i + 2],
+                    x[k * fi + i + 3],
+                ];
+                axpy4(a, rows, &mut out[k * fo..(k + 1) * fo]);
+            }
+            i += 4;
+        }
+        for i in i..fi {
+            let wrow = &layer.wt[i * fo..(i + 1) * fo];
+            for k in 0..nb {
+                axpy(x[k * fi + i], wrow, &mut out[k * fo..(k + 1) * fo]);
+            }
+        }
+        if l + 1 < layers.len() {
+            let (z, s) = (&mut bufs.pre[l][..nb * fo], &mut bufs.sig[l][..nb * fo]);
+            for ((o, zv), sv) in out.iter_mut().zip(z.iter_mut()).zip(s.iter_mut()) {
+                *zv = *o;
+                *sv = sigmoid(*o);
+                *o *= *sv;
+            }
+        }
     }
 }
 
