@@ -131,39 +131,39 @@ fn axpy4(a: [f32; 4], x: [&[f32]; 4], y: &mut [f32]) {
     }
 }
 
-/// Dot product with eight fixed partial sums (a fixed order, so the result does not depend on
-/// the vector width the compiler picks).
+/// `term(a[i], b[i])` summed into eight fixed lanes over the whole chunks of eight (a fixed
+/// order, so the result does not depend on the vector width the compiler picks); the caller
+/// adds the remainder past `a.len() / 8 * 8`.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn lanes8(a: &[f32], b: &[f32], term: impl Fn(f32, f32) -> f32) -> [f32; 8] {
     let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
         for j in 0..8 {
-            acc[j] += x[j] * y[j];
+            acc[j] += term(x[j], y[j]);
         }
     }
+    acc
+}
+
+/// Dot product over [`lanes8`].
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let acc = lanes8(a, b, |x, y| x * y);
+    let whole = a.len() / 8 * 8;
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
+    for (x, y) in a[whole..].iter().zip(&b[whole..]) {
         s += x * y;
     }
     s
 }
 
-/// Squared distance accumulated in f64 row by row.
+/// Squared distance over [`lanes8`], the lanes and the remainder added in f64.
 #[inline(always)]
 fn sq_dist(a: &[f32], b: &[f32]) -> f64 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            let d = x[j] - y[j];
-            acc[j] += d * d;
-        }
-    }
+    let acc = lanes8(a, b, |x, y| (x - y) * (x - y));
+    let whole = a.len() / 8 * 8;
     let mut s: f64 = acc.iter().map(|v| f64::from(*v)).sum();
-    for (x, y) in ra.iter().zip(rb) {
+    for (x, y) in a[whole..].iter().zip(&b[whole..]) {
         let d = f64::from(x - y);
         s += d * d;
     }
