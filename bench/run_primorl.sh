@@ -15,6 +15,8 @@
 #        [SAC_EPOCHS=N (then re-run the policy phase with N SAC epochs on each released
 #         ensemble: target/release/primorl_policy, `--real` for MOPO, rows appended to
 #         bench/results/primorl_policy.jsonl and skipped when already there)] \
+#        [PROBE_TARGET_ENTROPY=X (with SAC_EPOCHS: also a policy phase at target entropy X on
+#         the same ensemble and SAC seed, skipped when its row is there)] \
 #        [FEDRL_BIN=path/to/fedrl PRIMORL_POLICY_BIN=path/to/primorl_policy (skip the builds)] \
 #        bench/run_primorl.sh
 # Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
@@ -131,15 +133,19 @@ PY
         # primorl_policy records its argument.
         run="runs/primorl/$(basename "$out")"
         touch "$policy_results"
-        starts="$(python3 - "$policy_results" "$run" "$SAC_EPOCHS" "$seed" "$scen" <<'PY'
+        # "" is the scenario's target entropy; PROBE_TARGET_ENTROPY adds a second policy phase
+        # on the same ensemble and SAC seed (a paired probe; bench/primorl_table.py leaves its
+        # rows out of the table).
+        for entropy in "" ${PROBE_TARGET_ENTROPY:-}; do
+          starts="$(python3 - "$policy_results" "$run" "$SAC_EPOCHS" "$seed" "$scen" "$entropy" <<'PY'
 import json, sys, tomllib
 sys.path.insert(0, "bench")
 from primorl_table import row_starts
-path, run, epochs, seed, scen = sys.argv[1:6]
+path, run, epochs, seed, scen, entropy = sys.argv[1:7]
 pol = tomllib.load(open(scen, "rb"))["task"]["policy"]
 shipped = {"lambda": pol["lambda"], "rollout_length": pol["rollout_length"],
            "model_start_fraction": pol.get("model_start_fraction", 0.5),
-           "target_entropy": pol.get("target_entropy", -3.0)}
+           "target_entropy": float(entropy) if entropy else pol.get("target_entropy", -3.0)}
 starts = (pol.get("data_start_fraction", 0.0), pol.get("public_start_fraction", 0.0))
 for line in open(path):
     r = json.loads(line)
@@ -150,16 +156,20 @@ for line in open(path):
 print(*starts)
 PY
 )" || true
-        if [ -n "$starts" ]; then
-          read -r data_starts public_starts <<< "$starts"
-          flags=(--public-starts "$public_starts")
-          if [ "$variant" = primorl-mopo ]; then
-            flags+=(--real --data-start-fraction "$data_starts")
+          if [ -n "$starts" ]; then
+            read -r data_starts public_starts <<< "$starts"
+            flags=(--public-starts "$public_starts")
+            if [ "$variant" = primorl-mopo ]; then
+              flags+=(--real --data-start-fraction "$data_starts")
+            fi
+            if [ -n "$entropy" ]; then
+              flags+=(--target-entropy "$entropy")
+            fi
+            echo "== $name seed $seed: policy phase, $SAC_EPOCHS SAC epochs${entropy:+, target entropy $entropy} ($(date -u +%H:%M:%S))"
+            "$policy_bin" "$run" --epochs "$SAC_EPOCHS" --seed "$seed" \
+                "${flags[@]}" --results "$policy_results" || true
           fi
-          echo "== $name seed $seed: policy phase, $SAC_EPOCHS SAC epochs ($(date -u +%H:%M:%S))"
-          "$policy_bin" "$run" --epochs "$SAC_EPOCHS" --seed "$seed" \
-              "${flags[@]}" --results "$policy_results" || true
-        fi
+        done
       fi
     done
   done
