@@ -52,12 +52,22 @@ def row_starts(r):
     return data, 0.0
 
 
-def shipped_starts(task, variant):
-    """(data_start_fraction, public_start_fraction) of the shipped scenario of `variant`."""
+def shipped_policy(task, variant):
+    """The [task.policy] table of the shipped scenario of `variant`."""
     suffix = {"high": "", "low": "-low", "nonprivate": "-nonprivate", "mopo": "-mopo"}[variant]
     with open(os.path.join(ROOT, "scenarios", f"{task}-primorl{suffix}.toml"), "rb") as f:
-        pol = tomllib.load(f)["task"]["policy"]
+        return tomllib.load(f)["task"]["policy"]
+
+
+def shipped_starts(task, variant):
+    """(data_start_fraction, public_start_fraction) of the shipped scenario of `variant`."""
+    pol = shipped_policy(task, variant)
     return pol.get("data_start_fraction", 0.0), pol.get("public_start_fraction", 0.0)
+
+
+def shipped_target_entropy(task, variant):
+    """SAC's target entropy in the shipped scenario of `variant` (the code's default -3)."""
+    return float(shipped_policy(task, variant).get("target_entropy", -3.0))
 
 
 def variant_of(scenario, task):
@@ -131,6 +141,9 @@ def rows(task, epochs, rounds):
             continue
         if row_starts(r) != shipped_starts(task, v):
             continue
+        # Rows from before scenarios could set it ran at the default -3.
+        if r.get("target_entropy", -3.0) != shipped_target_entropy(task, v):
+            continue
         tag = f"{r['scenario']}-s{r['seed']}-run"
         out[v].setdefault(tag, Run(r["final_normalized_return"], last5(r["curve"]),
                                    r.get("model_seconds"), r.get("policy_seconds")))
@@ -145,7 +158,8 @@ def rows(task, epochs, rounds):
             continue
         if any(abs(float(r[k]) - x) > 1e-12 for k, x in SHIPPED.items()):
             continue
-        if r.get("target_entropy", -3.0) != -3.0 or r.get("uncertainty_in_learned_units"):
+        if r.get("target_entropy", -3.0) != shipped_target_entropy(task, v) or r.get(
+                "uncertainty_in_learned_units"):
             continue
         # Rollouts branched from other states than the scenario's (dataset, public split):
         # probes.

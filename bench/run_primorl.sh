@@ -17,6 +17,7 @@
 #         bench/results/primorl_policy.jsonl and skipped when already there)] \
 #        [PROBE_TARGET_ENTROPY=X (with SAC_EPOCHS: also a policy phase at target entropy X on
 #         the same ensemble and SAC seed, skipped when its row is there)] \
+#        [RERUN_MISSING=1 (train again the recorded runs whose ensemble was deleted)] \
 #        [FEDRL_BIN=path/to/fedrl PRIMORL_POLICY_BIN=path/to/primorl_policy (skip the builds)] \
 #        bench/run_primorl.sh
 # Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
@@ -71,6 +72,11 @@ PY
       if [ "$norm" = true ]; then tag="$tag-norm"; fi
       if [ -n "${ROUNDS:-}" ]; then tag="$tag-r$ROUNDS"; fi
       out="$root/runs/primorl/$tag-e$epochs-s$seed"
+      # RERUN_MISSING: a recorded run whose released ensemble is no longer on disk trains a new
+      # one (a new row; a new realisation of the noise and the sampling) for SAC_EPOCHS.
+      if [ "$model_done" = true ] && [ -n "${RERUN_MISSING:-}" ] && [ ! -s "$out/ensemble.safetensors" ]; then
+        model_done=false
+      fi
       mkdir -p "$root/runs/primorl"
       # The seed goes into the model's and the policy phase's seeds; nothing else changes.
       scen="$root/runs/primorl/$tag-e$epochs-s$seed.toml"
@@ -110,6 +116,7 @@ print(json.dumps({
     # Where the run's own policy phase branched its rollouts from (bench/primorl_table.py).
     "data_start_fraction": pol.get("data_start_fraction", 0.0),
     "public_start_fraction": pol.get("public_start_fraction", 0.0),
+    "target_entropy": pol.get("target_entropy", -3.0),
     "epsilon": r.get("epsilon"), "delta": r.get("delta"),
     "rounds": r.get("rounds_completed"), "selected_round": fe.get("selected_round"),
     "public_mse": fe.get("public_mse"),
