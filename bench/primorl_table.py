@@ -13,7 +13,7 @@ interval (Student t, n - 1 degrees of freedom), the share of MOPO's mean, and wh
 issue's order MOPO >= No Privacy >= low >= high holds within the intervals. Then the wall-clock
 per phase (median over the runs; how many runs shared the 2 cores varies, see bench/README.md).
 
-Usage: python3 bench/primorl_table.py [--task balance] [--epochs 50] [--rounds 1000]
+Usage: python3 bench/primorl_table.py [--task balance] [--epochs 50] [--rounds N]
        python3 bench/primorl_table.py --task pendulum --epochs 15
 """
 
@@ -123,9 +123,26 @@ def median_seconds(runs, field):
     return f"{statistics.median(xs):.0f} ({len(xs)})" if xs else "-"
 
 
+def shipped_rounds(task):
+    """The shipped high-privacy scenario's model-phase round budget."""
+    with open(os.path.join(ROOT, "scenarios", f"{task}-primorl.toml"), "rb") as f:
+        return int(tomllib.load(f)["rounds"])
+
+
+# Rows and run directories without a round budget ran at 5,000, every task's budget before
+# balance and swing-up shipped 1,000 (bench/run_primorl.sh tags every other budget "-r<N>").
+UNTAGGED_ROUNDS = 5000
+
+
+def run_rounds(run):
+    """The model-phase round budget a run directory's name records."""
+    m = re.search(r"-r(\d+)-", os.path.basename(run))
+    return int(m.group(1)) if m else UNTAGGED_ROUNDS
+
+
 def rows(task, epochs, rounds):
-    """{variant: {run directory: Run}}, first matching row per run.
-    `rounds` None: runs at the scenario's own round budget."""
+    """{variant: {run directory: Run}}, first matching row per run, for runs whose model phase
+    had `rounds` rounds."""
     out = {v: {} for v in VARIANTS}
     clip, norm = shipped_model(task)
     res = os.path.join(ROOT, "bench", "results")
@@ -135,7 +152,7 @@ def rows(task, epochs, rounds):
         v = variant_of(r["scenario"], task)
         if v is None or int(r["policy_epochs"]) != epochs or not r.get("curve"):
             continue
-        if r.get("round_budget") != rounds or bool(r.get("normalize_targets")) != norm:
+        if r.get("round_budget", UNTAGGED_ROUNDS) != rounds or bool(r.get("normalize_targets")) != norm:
             continue
         if abs(float(r["clip_norm"]) - clip) > 1e-12:
             continue
@@ -153,7 +170,7 @@ def rows(task, epochs, rounds):
         if v is None or int(r["epochs"]) != epochs:
             continue
         # The run directory names the model phase (bench/run_primorl.sh's tag).
-        if (rounds is not None and f"-r{rounds}-" not in r["run"]) or (
+        if run_rounds(r["run"]) != rounds or (
                 f"-c{clip}" not in r["run"]) or (norm != ("-norm" in r["run"])):
             continue
         if any(abs(float(r[k]) - x) > 1e-12 for k, x in SHIPPED.items()):
@@ -180,11 +197,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=None,
                     help="model-phase round budget of the runs (default: the scenario's own)")
     a = ap.parse_args()
+    if a.rounds is None:
+        a.rounds = shipped_rounds(a.task)
     data = rows(a.task, a.epochs, a.rounds)
     _, floor, share = TARGETS[a.task]
     stats = {}
-    budget = f"{a.rounds}-round" if a.rounds else "the scenario's"
-    print(f"{a.task}: {a.epochs} SAC epochs, {budget} model budget, normalised return (final epoch)")
+    print(f"{a.task}: {a.epochs} SAC epochs, {a.rounds}-round model budget, normalised return "
+          "(final epoch)")
     print("| variant | n | runs (final) | final mean +- 95% | last-5 mean +- 95% | share of MOPO |")
     print("| --- | --- | --- | --- | --- | --- |")
     for v in VARIANTS:

@@ -11,7 +11,7 @@
 # Usage: [TASKS="pendulum balance swingup"] [SEEDS="0 1 2 3 4"] \
 #        [VARIANTS="primorl primorl-low primorl-nonprivate primorl-mopo"] [TIMEOUT=14400] \
 #        [POLICY_EPOCHS=N (fewer SAC epochs than the scenario's; each is 1,000 updates)] \
-#        [ROUNDS=N (a smaller model-phase round budget than the scenario's)] \
+#        [ROUNDS=N (another model-phase round budget than the scenario's)] \
 #        [SAC_EPOCHS=N (then re-run the policy phase with N SAC epochs on each released
 #         ensemble: target/release/primorl_policy, `--real` for MOPO, rows appended to
 #         bench/results/primorl_policy.jsonl and skipped when already there)] \
@@ -23,9 +23,8 @@
 # Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
 # Issue 14's balance table, one (variant, seed) at a time; several copies of the script with
 # different VARIANTS or SEEDS can share the machine (the result files are appended line by line):
-#   TASKS=balance ROUNDS=1000 POLICY_EPOCHS=1 SAC_EPOCHS=50 VARIANTS=primorl-mopo SEEDS=4 \
-#     bench/run_primorl.sh
-# then `python3 bench/primorl_table.py --rounds 1000`.
+#   TASKS=balance POLICY_EPOCHS=1 SAC_EPOCHS=50 VARIANTS=primorl-mopo SEEDS=4 bench/run_primorl.sh
+# then `python3 bench/primorl_table.py --task balance`.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -48,16 +47,17 @@ for task in ${TASKS:-pendulum}; do
       name="$task-$variant"
       # A run counts as done for the same scenario, seed, clip norm, SAC epochs, target
       # normalisation and round budget (rows from before the last two were recorded had raw
-      # targets and the scenario's budget).
+      # targets and 5,000 rounds).
       clip="$(sed -n 's/^clip_norm = //p' "scenarios/$name.toml")"
       epochs="${POLICY_EPOCHS:-$(sed -n 's/^epochs = //p' "scenarios/$name.toml")}"
       budget="${ROUNDS:-$(sed -n 's/^rounds = //p' "scenarios/$name.toml")}"
       norm=false
       if grep -q '^normalize_targets = true' "scenarios/$name.toml"; then norm=true; fi
       if python3 - "$results" "$name" "$seed" "$clip" "$epochs" "$norm" "$budget" "scenarios/$name.toml" <<'PY'
-import json, re, sys
+import json, sys
 path, name, seed, clip, epochs, norm, budget, scen = sys.argv[1:9]
-default_budget = re.search(r"^rounds = (\d+)", open(scen).read(), re.M).group(1)
+# Rows without a round budget ran at 5,000 (every task's budget then).
+default_budget = 5000
 for line in open(path):
     r = json.loads(line)
     if (r["scenario"], str(r["seed"])) == (name, seed) and float(r["clip_norm"]) == float(clip) \
@@ -70,7 +70,9 @@ PY
       then model_done=true; else model_done=false; fi
       tag="$name-c$clip"
       if [ "$norm" = true ]; then tag="$tag-norm"; fi
-      if [ -n "${ROUNDS:-}" ]; then tag="$tag-r$ROUNDS"; fi
+      # The round budget names the directory unless it is 5,000 (pendulum's, and every task's
+      # before balance and swing-up shipped 1,000), whose runs kept untagged directories.
+      if [ "$budget" != 5000 ]; then tag="$tag-r$budget"; fi
       out="$root/runs/primorl/$tag-e$epochs-s$seed"
       # RERUN_MISSING: a recorded run whose released ensemble is no longer on disk trains a new
       # one (a new row; a new realisation of the noise and the sampling) for SAC_EPOCHS.
