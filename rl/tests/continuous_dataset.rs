@@ -1,8 +1,9 @@
 //! Continuous-action datasets (PriMORL): generation is deterministic and independent of
 //! batching, the file round-trips exactly, corrupt files are refused, and the public split is
-//! the episodes past the private units.
+//! the episodes past the private units; `cache::list` shows stored datasets from their headers.
 
 use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+use fedrl_rl::offline::cache;
 use fedrl_rl::offline::continuous::{ContinuousDataset, generate, load_or_generate};
 
 fn spec(units: u64, public: u64) -> ContinuousDatasetSpec {
@@ -60,4 +61,41 @@ fn a_truncated_or_mismatched_file_is_refused() {
         .expect("save");
     let err = load_or_generate(&s, dir.path(), &mut |_| {}).expect_err("mismatch");
     assert!(err.to_string().contains("expected"), "{err}");
+}
+
+#[test]
+fn stored_datasets_are_listed_from_their_headers() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = spec(5, 1);
+    let ds = load_or_generate(&s, dir.path(), &mut |_| {}).expect("generate");
+    let path = dir.path().join("continuous").join(s.file_name());
+    let h = ContinuousDataset::read_header(&path).expect("header");
+    assert_eq!(h.meta, ds.meta);
+    assert_eq!(h.episodes, 6);
+    assert_eq!(
+        h.steps,
+        ds.episodes.iter().map(|e| e.len() as u64).sum::<u64>()
+    );
+
+    // A crashed writer's temporary file is not listed.
+    std::fs::write(dir.path().join("continuous").join("x.tmp"), b"partial").expect("write");
+    let listed = cache::list(dir.path()).expect("list");
+    assert_eq!(listed.len(), 1);
+    let stem = s.file_name().trim_end_matches(".safetensors").to_string();
+    assert_eq!(listed[0].id, format!("continuous/{stem}"));
+    assert_eq!(
+        (listed[0].total_episodes, listed[0].total_steps),
+        (6, h.steps)
+    );
+
+    // A file that is not a dataset is an error naming it, not a silent omission.
+    let junk = dir.path().join("continuous").join("junk.safetensors");
+    std::fs::write(&junk, b"\x10\0\0\0\0\0\0\0{}").expect("write");
+    let err = cache::list(dir.path()).expect_err("junk").to_string();
+    assert!(err.contains("junk.safetensors"), "{err}");
+    std::fs::write(&junk, [0xff; 8]).expect("write");
+    let err = ContinuousDataset::read_header(&junk)
+        .expect_err("length")
+        .to_string();
+    assert!(err.contains("not plausible"), "{err}");
 }

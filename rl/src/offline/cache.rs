@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use fedrl_common::offline::{Behaviour, DatasetSpec};
 use thiserror::Error;
 
+use super::continuous::ContinuousDataset;
 use super::dataset::Dataset;
 use super::experts::{EXPERTS_FILE, generate_experts};
 use super::generate::{Progress, generate};
@@ -54,6 +55,8 @@ pub enum CacheError {
          again)"
     )]
     MissingExperts { path: PathBuf },
+    #[error("{message}")]
+    Unreadable { path: PathBuf, message: String },
     #[error(
         "no dataset root: pass --data-dir, set {DATA_DIR_ENV}, or set HOME (for ~/.fedrl/datasets)"
     )]
@@ -251,12 +254,38 @@ pub struct Listed {
     pub generated: bool,
 }
 
-/// Every dataset under `root` (folders holding `data/metadata.json`, at any depth, skipping
-/// names that start with `.`), sorted by id. Reads only the top-level metadata.
+/// Every dataset under `root`, sorted by id: the Minari folders (holding `data/metadata.json`,
+/// at any depth, skipping names that start with `.`) and the continuous-action datasets of
+/// PriMORL (`root/continuous/<name>.safetensors`, listed as `continuous/<name>`). Reads only
+/// the top-level metadata and the safetensors headers.
 pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
     let mut out = Vec::new();
     if !root.exists() {
         return Ok(out);
+    }
+    let continuous = root.join("continuous");
+    if continuous.is_dir() {
+        for entry in std::fs::read_dir(&continuous).map_err(io_err(&continuous))? {
+            let path = entry.map_err(io_err(&continuous))?.path();
+            // A crashed writer leaves `<name>.tmp`, never a partial `.safetensors`.
+            if path.extension().is_none_or(|e| e != "safetensors") {
+                continue;
+            }
+            let Some(stem) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let h = ContinuousDataset::read_header(&path).map_err(|e| CacheError::Unreadable {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            out.push(Listed {
+                id: format!("continuous/{stem}"),
+                path,
+                total_episodes: h.episodes,
+                total_steps: h.steps,
+                generated: true,
+            });
+        }
     }
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {

@@ -86,6 +86,16 @@ pub struct ContinuousMeta {
     pub procedure: serde_json::Value,
 }
 
+/// What a stored dataset's header says: [`ContinuousDataset::read_header`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContinuousHeader {
+    pub meta: ContinuousMeta,
+    /// Episodes (one per privacy unit, the public split included).
+    pub episodes: u64,
+    /// Environment steps over all episodes.
+    pub steps: u64,
+}
+
 /// A continuous-action dataset held by privacy units.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ContinuousDataset {
@@ -253,6 +263,43 @@ impl ContinuousDataset {
         }
         std::fs::rename(&tmp, path)?;
         Ok(())
+    }
+
+    /// Reads what a file written by [`ContinuousDataset::save`] says of itself, from its
+    /// safetensors header alone (the arrays of a 30,000-episode dataset are hundreds of MB):
+    /// the metadata and the episode and step counts.
+    pub fn read_header(path: &Path) -> Result<ContinuousHeader> {
+        use std::io::Read;
+        let bad = |m: String| invalid(format!("{}: {m}", path.display()));
+        let mut f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len)
+            .map_err(|e| bad(format!("no safetensors header: {e}")))?;
+        let n = u64::from_le_bytes(len);
+        // safetensors' own bound on a header; also keeps a corrupt length from allocating.
+        if n > 100_000_000 {
+            return Err(bad(format!("header length {n} is not plausible")));
+        }
+        let mut header = vec![0u8; n as usize];
+        f.read_exact(&mut header)
+            .map_err(|e| bad(format!("truncated safetensors header: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
+        let json = v["__metadata__"][META_KEY]
+            .as_str()
+            .ok_or_else(|| bad(format!("not a continuous dataset: no {META_KEY} metadata")))?;
+        let meta: ContinuousMeta =
+            serde_json::from_str(json).map_err(|e| bad(format!("dataset metadata: {e}")))?;
+        let count = |name: &str| {
+            v[name]["shape"][0]
+                .as_u64()
+                .ok_or_else(|| bad(format!("no one-dimensional {name} tensor")))
+        };
+        Ok(ContinuousHeader {
+            meta,
+            episodes: count("lengths")?,
+            steps: count("rewards")?,
+        })
     }
 
     /// Reads a dataset written by [`ContinuousDataset::save`].

@@ -35,7 +35,7 @@ pub struct Args {
 enum DataCommand {
     /// Generate a dataset from a spec (or load it from the cache).
     Generate(Box<GenerateArgs>),
-    /// List the datasets under the root.
+    /// List the datasets under the root (Minari folders, and PriMORL's continuous-action files).
     List(ListArgs),
     /// Summarise a dataset: episodes, steps, units, return quantiles.
     Summary(SummaryArgs),
