@@ -566,7 +566,14 @@ pub fn run_local(
     const CLIENT_FAILED_GRACE: Duration = Duration::from_secs(5);
     let mut released = 0u64;
     let (mut polls, mut phase) = (0u64, None::<String>);
+    // Without a terminal the bar draws nothing, so a log (nohup, CI) gets a plain line at each
+    // tenth of the rounds and at each new policy-phase status instead.
+    let plain = progress && bar.is_hidden();
+    let (mut logged_rounds, mut logged_phase) = (0u64, None::<String>);
     let agg_status = loop {
+        // Asked before the metrics are read, so that the last read after the aggregator exits
+        // sees all its rounds.
+        let exited = children.0[0].1.try_wait()?;
         if let Ok(text) = fs::read_to_string(&op_metrics_path) {
             let (mut rel, mut ab) = (0u64, 0u64);
             let (mut users, mut epsilon, mut eval) = (0u64, None, None);
@@ -600,9 +607,22 @@ pub fn run_local(
             if let Some(p) = &phase {
                 msg = format!("{rel} rounds released; {p}");
             }
+            let done = rel + ab;
+            let elapsed = bar.elapsed().as_secs_f64();
+            if plain && crate::cmd::data::at_tenth(logged_rounds, done, run.scenario.rounds) {
+                eprintln!(
+                    "round {done}/{}: {msg} ({elapsed:.0} s)",
+                    run.scenario.rounds
+                );
+                logged_rounds = done;
+            }
+            if plain && phase.is_some() && phase != logged_phase {
+                eprintln!("{msg} ({elapsed:.0} s)");
+                logged_phase.clone_from(&phase);
+            }
             bar.set_message(msg);
         }
-        if let Some(status) = children.0[0].1.try_wait()? {
+        if let Some(status) = exited {
             break status;
         }
         if forwarded.is_none()

@@ -301,7 +301,7 @@ pub(crate) fn generation_bar() -> anyhow::Result<ProgressBar> {
 /// gets a line: it passed into another tenth of the work, or reached its end. Progress may
 /// jump (a SAC run reports once per checkpoint, 22,222 of 199,998 steps), so this compares
 /// with the last report, not with `done - 1`.
-fn at_tenth(prev: u64, done: u64, total: u64) -> bool {
+pub(crate) fn at_tenth(prev: u64, done: u64, total: u64) -> bool {
     done == total || (total > 0 && done > prev && done * 10 / total != prev * 10 / total)
 }
 
