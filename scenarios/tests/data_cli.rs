@@ -266,3 +266,49 @@ fn experts_generate_and_summarise_with_their_return_spread() {
     assert_ne!(w["id"], g["id"]);
     assert_eq!(w["training_returns"].as_array().unwrap().len(), 5);
 }
+
+#[test]
+fn continuous_datasets_are_listed_and_summarised() {
+    use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+    let root = tempfile::tempdir().unwrap();
+    let spec = ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units: 4,
+        public: 1,
+        seed: 2,
+        behaviour: ContinuousBehaviour::Random,
+    };
+    let ds =
+        fedrl_rl::offline::continuous::load_or_generate(&spec, root.path(), &mut |_| {}).unwrap();
+    let listed = json_of(&fedrl(root.path(), &["data", "list", "--json"]));
+    let listed = listed["datasets"].as_array().unwrap();
+    assert_eq!(listed.len(), 1);
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("continuous/pendulum"), "{id}");
+    assert_eq!(listed[0]["total_episodes"], 5);
+    assert_eq!(listed[0]["total_steps"], 1000);
+
+    let s = json_of(&fedrl(root.path(), &["data", "summary", &id, "--json"]));
+    assert_eq!(s["summary"]["episodes"], 5);
+    assert_eq!(s["summary"]["act_dim"], 1);
+    let best = ds
+        .episodes
+        .iter()
+        .map(|e| e.total_return())
+        .fold(f64::NEG_INFINITY, f64::max);
+    assert!((s["summary"]["return_max"].as_f64().unwrap() - best).abs() < 1e-9);
+    // By path too; an unknown name is a clear error.
+    let by_path = json_of(&fedrl(
+        root.path(),
+        &[
+            "data",
+            "summary",
+            listed[0]["path"].as_str().unwrap(),
+            "--json",
+        ],
+    ));
+    assert_eq!(by_path["summary"], s["summary"]);
+    let missing = fedrl(root.path(), &["data", "summary", "continuous/nothing"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("fedrl data list"));
+}

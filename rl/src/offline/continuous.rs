@@ -19,6 +19,7 @@ use rand_distr::Distribution;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
+use super::dataset::quantile_sorted;
 use crate::ensemble::{EnsembleSpec, ModelRows};
 use crate::{NnError, Result};
 use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
@@ -94,6 +95,30 @@ pub struct ContinuousHeader {
     pub episodes: u64,
     /// Environment steps over all episodes.
     pub steps: u64,
+}
+
+/// Sizes and return quantiles of a continuous dataset (`fedrl data summary`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ContinuousSummary {
+    pub env_id: String,
+    pub obs_dim: usize,
+    pub act_dim: usize,
+    /// Episodes, one per privacy unit (the public split included).
+    pub episodes: usize,
+    /// Environment steps over all episodes.
+    pub steps: usize,
+    /// Episodes that ended by termination rather than the time limit.
+    pub terminated: usize,
+    /// Undiscounted episode returns (reward units): mean and the quantiles min, 25%, median,
+    /// 75%, max (numpy's linear interpolation). All 0 for an empty dataset.
+    pub return_mean: f64,
+    pub return_min: f64,
+    pub return_q25: f64,
+    pub return_median: f64,
+    pub return_q75: f64,
+    pub return_max: f64,
+    /// The generating procedure, as stored.
+    pub procedure: serde_json::Value,
 }
 
 /// A continuous-action dataset held by privacy units.
@@ -263,6 +288,32 @@ impl ContinuousDataset {
         }
         std::fs::rename(&tmp, path)?;
         Ok(())
+    }
+
+    /// Sizes and return quantiles.
+    pub fn summary(&self) -> ContinuousSummary {
+        let mut returns: Vec<f64> = self
+            .episodes
+            .iter()
+            .map(ContinuousEpisode::total_return)
+            .collect();
+        returns.sort_by(f64::total_cmp);
+        let q = |x| quantile_sorted(&returns, x);
+        ContinuousSummary {
+            env_id: self.meta.env_id.clone(),
+            obs_dim: self.meta.obs_dim,
+            act_dim: self.meta.act_dim,
+            episodes: self.episodes.len(),
+            steps: self.episodes.iter().map(ContinuousEpisode::len).sum(),
+            terminated: self.episodes.iter().filter(|e| e.terminated).count(),
+            return_mean: returns.iter().sum::<f64>() / returns.len().max(1) as f64,
+            return_min: q(0.0),
+            return_q25: q(0.25),
+            return_median: q(0.5),
+            return_q75: q(0.75),
+            return_max: q(1.0),
+            procedure: self.meta.procedure.clone(),
+        }
     }
 
     /// Reads what a file written by [`ContinuousDataset::save`] says of itself, from its

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use fedrl_common::offline::{Behaviour, DatasetSpec};
 use fedrl_rl::offline::cache::{self, Source};
+use fedrl_rl::offline::continuous::ContinuousDataset;
 use fedrl_rl::offline::experts::{EXPERTS_FILE, ExpertReturns};
 use fedrl_rl::offline::generate::Progress;
 use fedrl_rl::offline::minari;
@@ -130,7 +131,8 @@ struct ListArgs {
 struct SummaryArgs {
     #[command(flatten)]
     root: RootArg,
-    /// A dataset id under the root, or a dataset folder (the one holding `data/`).
+    /// A dataset id under the root, or a dataset folder (the one holding `data/`); for a
+    /// continuous (PriMORL) dataset, `continuous/<name>` or its `.safetensors` file.
     id_or_path: String,
     /// Print one JSON object instead of lines.
     #[arg(long)]
@@ -531,7 +533,56 @@ fn print_summary(s: &fedrl_rl::offline::DatasetSummary) {
     );
 }
 
+/// The file of a continuous (PriMORL) dataset named by `id_or_path`: a `.safetensors` path, or
+/// `continuous/<name>` as `fedrl data list` shows it; None for anything else.
+fn continuous_file(id_or_path: &str, root: &RootArg) -> anyhow::Result<Option<PathBuf>> {
+    let p = Path::new(id_or_path);
+    if p.is_file() && p.extension().is_some_and(|e| e == "safetensors") {
+        return Ok(Some(p.to_path_buf()));
+    }
+    let Some(name) = id_or_path.strip_prefix("continuous/") else {
+        return Ok(None);
+    };
+    let root = self::root(root)?;
+    let path = root.join("continuous").join(format!("{name}.safetensors"));
+    if name.contains(['/', '\\']) || !path.is_file() {
+        return Err(UsageError(format!(
+            "no dataset {id_or_path:?} under {} (see `fedrl data list`)",
+            root.display()
+        ))
+        .into());
+    }
+    Ok(Some(path))
+}
+
+fn continuous_summary(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
+    let ds = ContinuousDataset::load(path)?;
+    let s = ds.summary();
+    if as_json {
+        println!("{}", json!({ "path": path, "summary": s }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{}", path.display());
+    println!(
+        "env: {}  obs_dim {}  act_dim {}",
+        s.env_id, s.obs_dim, s.act_dim
+    );
+    println!(
+        "episodes {} (one per unit)  steps {}  terminated {}",
+        s.episodes, s.steps, s.terminated
+    );
+    println!(
+        "return mean {:.2}  min {:.2}  q25 {:.2}  median {:.2}  q75 {:.2}  max {:.2}",
+        s.return_mean, s.return_min, s.return_q25, s.return_median, s.return_q75, s.return_max
+    );
+    println!("procedure: {}", s.procedure);
+    Ok(ExitCode::SUCCESS)
+}
+
 fn summary(a: SummaryArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = continuous_file(&a.id_or_path, &a.root)? {
+        return continuous_summary(&path, a.json);
+    }
     let dir = locate(&a.id_or_path, &a.root)?;
     let read = minari::read(&dir)?;
     let s = read.dataset.summary();
