@@ -597,13 +597,16 @@ pub fn run_local(
             if polls % 10 == 0 {
                 phase = policy_phase_status(&agg_log).or(phase);
             }
-            let mut msg = format!("{rel} released, {ab} abandoned, {users} users");
+            // The plain line leaves out the exact user count (operator-only), which a log may
+            // carry further than the operator's terminal.
+            let mut line = format!("{rel} released, {ab} abandoned");
             if let Some(e) = epsilon {
-                msg += &format!(", epsilon {e:.4}");
+                line += &format!(", epsilon {e:.4}");
             }
             if let Some(r) = eval {
-                msg += &format!(", eval return {r:.1}");
+                line += &format!(", eval return {r:.1}");
             }
+            let mut msg = line.replacen(" abandoned", &format!(" abandoned, {users} users"), 1);
             if let Some(p) = &phase {
                 msg = format!("{rel} rounds released; {p}");
             }
@@ -611,7 +614,7 @@ pub fn run_local(
             let elapsed = bar.elapsed().as_secs_f64();
             if plain && crate::cmd::data::at_tenth(logged_rounds, done, run.scenario.rounds) {
                 eprintln!(
-                    "round {done}/{}: {msg} ({elapsed:.0} s)",
+                    "round {done}/{}: {line} ({elapsed:.0} s)",
                     run.scenario.rounds
                 );
                 logged_rounds = done;

@@ -51,6 +51,10 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
     );
     // Without a terminal the progress bar draws nothing; plain lines say how far it got.
     assert!(stderr.contains("round 4/4: "), "{stderr}");
+    assert!(
+        !stderr.contains(" users"),
+        "an exact count in the log: {stderr}"
+    );
     // Issue 15: log files are plain text (no ANSI colour codes).
     let agg_log = std::fs::read_to_string(out.join("operator").join("aggregator.log")).unwrap();
     assert!(agg_log.contains("INFO"), "{agg_log}");
