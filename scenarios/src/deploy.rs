@@ -612,7 +612,10 @@ pub fn run_local(
             }
             let done = rel + ab;
             let elapsed = bar.elapsed().as_secs_f64();
-            if plain && crate::cmd::data::at_tenth(logged_rounds, done, run.scenario.rounds) {
+            if plain
+                && done != logged_rounds
+                && crate::cmd::data::at_tenth(logged_rounds, done, run.scenario.rounds)
+            {
                 eprintln!(
                     "round {done}/{}: {line} ({elapsed:.0} s)",
                     run.scenario.rounds
