@@ -599,14 +599,15 @@ pub fn run_local(
             }
             // The plain line leaves out the exact user count (operator-only), which a log may
             // carry further than the operator's terminal.
-            let mut line = format!("{rel} released, {ab} abandoned");
+            let mut tail = String::new();
             if let Some(e) = epsilon {
-                line += &format!(", epsilon {e:.4}");
+                tail += &format!(", epsilon {e:.4}");
             }
             if let Some(r) = eval {
-                line += &format!(", eval return {r:.1}");
+                tail += &format!(", eval return {r:.1}");
             }
-            let mut msg = line.replacen(" abandoned", &format!(" abandoned, {users} users"), 1);
+            let line = format!("{rel} released, {ab} abandoned{tail}");
+            let mut msg = format!("{rel} released, {ab} abandoned, {users} users{tail}");
             if let Some(p) = &phase {
                 msg = format!("{rel} rounds released; {p}");
             }

@@ -19,7 +19,7 @@ use rand_distr::Distribution;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
-use super::dataset::quantile_sorted;
+use super::dataset::spread;
 use crate::ensemble::{EnsembleSpec, ModelRows};
 use crate::{NnError, Result};
 use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
@@ -292,13 +292,12 @@ impl ContinuousDataset {
 
     /// Sizes and return quantiles.
     pub fn summary(&self) -> ContinuousSummary {
-        let mut returns: Vec<f64> = self
-            .episodes
-            .iter()
-            .map(ContinuousEpisode::total_return)
-            .collect();
-        returns.sort_by(f64::total_cmp);
-        let q = |x| quantile_sorted(&returns, x);
+        let [mean, min, q25, median, q75, max] = spread(
+            self.episodes
+                .iter()
+                .map(ContinuousEpisode::total_return)
+                .collect(),
+        );
         ContinuousSummary {
             env_id: self.meta.env_id.clone(),
             obs_dim: self.meta.obs_dim,
@@ -306,12 +305,12 @@ impl ContinuousDataset {
             episodes: self.episodes.len(),
             steps: self.episodes.iter().map(ContinuousEpisode::len).sum(),
             terminated: self.episodes.iter().filter(|e| e.terminated).count(),
-            return_mean: returns.iter().sum::<f64>() / returns.len().max(1) as f64,
-            return_min: q(0.0),
-            return_q25: q(0.25),
-            return_median: q(0.5),
-            return_q75: q(0.75),
-            return_max: q(1.0),
+            return_mean: mean,
+            return_min: min,
+            return_q25: q25,
+            return_median: median,
+            return_q75: q75,
+            return_max: max,
             procedure: self.meta.procedure.clone(),
         }
     }

@@ -124,20 +124,24 @@ pub fn quantile_sorted(v: &[f64], q: f64) -> f64 {
     v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
+/// Mean, min, 25%, median, 75% and max of `values` (quantiles as [`quantile_sorted`]); all 0
+/// when empty. The summaries of datasets, continuous datasets and experts share it.
+pub(crate) fn spread(mut values: Vec<f64>) -> [f64; 6] {
+    values.sort_by(f64::total_cmp);
+    let q = |x| quantile_sorted(&values, x);
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    [mean, q(0.0), q(0.25), q(0.5), q(0.75), q(1.0)]
+}
+
 impl Dataset {
     /// Sizes and return quantiles.
     pub fn summary(&self) -> DatasetSummary {
-        let mut returns: Vec<f64> = self.episodes.iter().map(Episode::total_return).collect();
-        returns.sort_by(f64::total_cmp);
+        let [mean, min, q25, median, q75, max] =
+            spread(self.episodes.iter().map(Episode::total_return).collect());
         let mut per_unit = std::collections::BTreeMap::<u64, usize>::new();
         for e in &self.episodes {
             *per_unit.entry(e.unit).or_default() += 1;
         }
-        let mean = if returns.is_empty() {
-            0.0
-        } else {
-            returns.iter().sum::<f64>() / returns.len() as f64
-        };
         DatasetSummary {
             id: self.id.clone(),
             env_id: self.env_id.clone(),
@@ -149,11 +153,11 @@ impl Dataset {
             episodes_per_unit_min: per_unit.values().copied().min().unwrap_or(0),
             episodes_per_unit_max: per_unit.values().copied().max().unwrap_or(0),
             return_mean: mean,
-            return_min: quantile_sorted(&returns, 0.0),
-            return_q25: quantile_sorted(&returns, 0.25),
-            return_median: quantile_sorted(&returns, 0.5),
-            return_q75: quantile_sorted(&returns, 0.75),
-            return_max: quantile_sorted(&returns, 1.0),
+            return_min: min,
+            return_q25: q25,
+            return_median: median,
+            return_q75: q75,
+            return_max: max,
         }
     }
 }

@@ -43,7 +43,7 @@ use rand::{RngExt, SeedableRng};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use super::cache::{self, CacheError};
-use super::dataset::{Dataset, Episode, quantile_sorted};
+use super::dataset::{Dataset, Episode, spread};
 use super::generate::{MAX_EPISODES, Progress, mix};
 use crate::local_update::{LocalUpdateExt, train_users};
 use crate::mlp::{ModelSpec, RowMlp, RowScratch};
@@ -726,16 +726,16 @@ impl ExpertReturns {
             s.0 += e.total_return();
             s.1 += 1;
         }
-        let mut means: Vec<f64> = per.values().map(|(s, n)| s / *n as f64).collect();
-        means.sort_by(f64::total_cmp);
+        let [mean, min, q25, median, q75, max] =
+            spread(per.values().map(|(s, n)| s / *n as f64).collect());
         ExpertReturns {
-            experts: means.len(),
-            mean: means.iter().sum::<f64>() / means.len().max(1) as f64,
-            min: quantile_sorted(&means, 0.0),
-            q25: quantile_sorted(&means, 0.25),
-            median: quantile_sorted(&means, 0.5),
-            q75: quantile_sorted(&means, 0.75),
-            max: quantile_sorted(&means, 1.0),
+            experts: per.len(),
+            mean,
+            min,
+            q25,
+            median,
+            q75,
+            max,
         }
     }
 }
