@@ -444,6 +444,60 @@ fn cache_round_trip_keeps_data_and_experts() {
 }
 
 #[test]
+fn experts_file_is_byte_stable_and_format_1_still_reads() {
+    use safetensors::tensor::{SafeTensors, TensorView};
+    let dir = tempfile::tempdir().unwrap();
+    let set = random_set(5, 0.02);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    set.save(&a).unwrap();
+    // Several saves, each with a freshly seeded metadata map: the bytes never change.
+    for _ in 0..8 {
+        set.save(&b).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    }
+    let back = ExpertSet::read(&a).unwrap();
+    assert_eq!(back.p_min(), 0.02);
+    for u in 0..5 {
+        assert_eq!(back.policy(u).unwrap(), set.policy(u).unwrap());
+    }
+    // The same tensors under format 1's four metadata keys (caches written before format 2).
+    let bytes = std::fs::read(&a).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            (
+                n,
+                TensorView::new(t.dtype(), t.shape().to_vec(), t.data()).unwrap(),
+            )
+        })
+        .collect();
+    let model = serde_json::to_string(back.model()).unwrap();
+    let v1 = |format: &str| {
+        std::collections::HashMap::from([
+            ("fedrl.model_spec".to_string(), model.clone()),
+            ("fedrl.p_min".to_string(), "0.02".to_string()),
+            ("fedrl.experts".to_string(), "5".to_string()),
+            ("fedrl.experts_format".to_string(), format.to_string()),
+        ])
+    };
+    let old = dir.path().join("old");
+    std::fs::write(
+        &old,
+        safetensors::serialize(views.clone(), Some(v1("1"))).unwrap(),
+    )
+    .unwrap();
+    let back1 = ExpertSet::read(&old).unwrap();
+    for u in 0..5 {
+        assert_eq!(back1.policy(u).unwrap(), set.policy(u).unwrap());
+    }
+    std::fs::write(&old, safetensors::serialize(views, Some(v1("7"))).unwrap()).unwrap();
+    let err = ExpertSet::read(&old).unwrap_err().to_string();
+    assert!(err.contains("unknown experts format 7"), "{err}");
+}
+
+#[test]
 fn expert_specs_are_validated() {
     let ok = experts_spec(30, 1, 1, 0.02);
     let p = plan(&ok).unwrap();

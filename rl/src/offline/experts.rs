@@ -53,13 +53,45 @@ use crate::{LocalUpdateConfig, NnError, Result};
 /// The file beside a dataset's `data/` holding its experts' (unsoftened) policy parameters.
 pub const EXPERTS_FILE: &str = "experts.safetensors";
 
-/// Metadata keys of [`EXPERTS_FILE`].
+/// The one metadata key of [`EXPERTS_FILE`] (format 2): an [`ExpertsHeader`] as JSON. One key
+/// because safetensors writes its metadata map in `HashMap` order, so several keys made two saves
+/// of the same experts differ in their header bytes.
+const META_HEADER: &str = "fedrl.experts_header";
+/// Format 1's metadata keys (one string each), still read so that caches written before format 2
+/// load.
 const META_SPEC: &str = "fedrl.model_spec";
 const META_P_MIN: &str = "fedrl.p_min";
 const META_EXPERTS: &str = "fedrl.experts";
 const META_FORMAT: &str = "fedrl.experts_format";
-/// Version of [`EXPERTS_FILE`]'s layout.
-const EXPERTS_FORMAT: &str = "1";
+/// Version of [`EXPERTS_FILE`]'s layout written by [`ExpertSet::save`].
+const EXPERTS_FORMAT: u32 = 2;
+
+/// What [`EXPERTS_FILE`]'s metadata says of its tensors.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ExpertsHeader {
+    format: u32,
+    model: ModelSpec,
+    p_min: f64,
+    experts: usize,
+}
+
+/// The header of a format-1 experts file: four string keys.
+fn header_v1(meta: &HashMap<String, String>) -> std::result::Result<ExpertsHeader, String> {
+    let get = |k: &str| meta.get(k).ok_or_else(|| format!("no {k} in the metadata"));
+    if get(META_FORMAT)? != "1" {
+        return Err(format!("unknown experts format {}", get(META_FORMAT)?));
+    }
+    Ok(ExpertsHeader {
+        format: 1,
+        model: serde_json::from_str(get(META_SPEC)?).map_err(|e| format!("model spec: {e}"))?,
+        p_min: get(META_P_MIN)?
+            .parse()
+            .map_err(|e| format!("p_min: {e}"))?,
+        experts: get(META_EXPERTS)?
+            .parse()
+            .map_err(|e| format!("experts: {e}"))?,
+    })
+}
 
 /// Experts whose episodes are collected together in one lockstep rollout.
 const ROLLOUT_CHUNK: usize = 64;
@@ -1000,8 +1032,9 @@ impl ExpertSet {
     }
 
     /// Writes the experts to `path` as safetensors: one tensor per policy parameter with the
-    /// experts stacked first (`policy.0.weight`: `[m, out, in]`, ...), the model spec, `p_min`
-    /// and the number of experts in the metadata.
+    /// experts stacked first (`policy.0.weight`: `[m, out, in]`, ...), and the model spec,
+    /// `p_min` and the number of experts as one JSON metadata entry. The same experts always give
+    /// the same bytes.
     pub fn save(&self, path: &Path) -> Result<()> {
         let layout = policy_layout(&self.model);
         let m = self.policies.len();
@@ -1024,20 +1057,22 @@ impl ExpertSet {
             shape.extend_from_slice(&p.shape);
             views.push((p.name.clone(), TensorView::new(Dtype::F32, shape, b)?));
         }
-        let spec_json =
-            serde_json::to_string(&self.model).map_err(|e| invalid(format!("model spec: {e}")))?;
-        let meta = HashMap::from([
-            (META_SPEC.to_string(), spec_json),
-            (META_P_MIN.to_string(), format!("{:?}", self.p_min)),
-            (META_EXPERTS.to_string(), m.to_string()),
-            (META_FORMAT.to_string(), EXPERTS_FORMAT.to_string()),
-        ]);
+        let header = ExpertsHeader {
+            format: EXPERTS_FORMAT,
+            model: self.model.clone(),
+            p_min: self.p_min,
+            experts: m,
+        };
+        let json =
+            serde_json::to_string(&header).map_err(|e| invalid(format!("experts header: {e}")))?;
+        let meta = HashMap::from([(META_HEADER.to_string(), json)]);
         let data = safetensors::serialize(views, Some(meta))?;
         std::fs::write(path, data)?;
         Ok(())
     }
 
-    /// Reads experts written by [`ExpertSet::save`] (names, shapes and counts checked).
+    /// Reads experts written by [`ExpertSet::save`], in this format or format 1 (names, shapes
+    /// and counts checked).
     pub fn read(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path)?;
         let bad = |m: String| invalid(format!("{}: {m}", path.display()));
@@ -1046,21 +1081,22 @@ impl ExpertSet {
             .metadata()
             .clone()
             .ok_or_else(|| bad("no metadata".into()))?;
-        let get = |k: &str| {
-            meta.get(k)
-                .ok_or_else(|| bad(format!("no {k} in the metadata")))
+        let ExpertsHeader {
+            model,
+            p_min,
+            experts: m,
+            ..
+        } = match meta.get(META_HEADER) {
+            Some(json) => {
+                let h: ExpertsHeader =
+                    serde_json::from_str(json).map_err(|e| bad(format!("experts header: {e}")))?;
+                if h.format != EXPERTS_FORMAT {
+                    return Err(bad(format!("unknown experts format {}", h.format)));
+                }
+                h
+            }
+            None => header_v1(&meta).map_err(bad)?,
         };
-        if get(META_FORMAT)? != EXPERTS_FORMAT {
-            return Err(bad(format!("unknown experts format {}", get(META_FORMAT)?)));
-        }
-        let model: ModelSpec =
-            serde_json::from_str(get(META_SPEC)?).map_err(|e| bad(format!("model spec: {e}")))?;
-        let p_min: f64 = get(META_P_MIN)?
-            .parse()
-            .map_err(|e| bad(format!("p_min: {e}")))?;
-        let m: usize = get(META_EXPERTS)?
-            .parse()
-            .map_err(|e| bad(format!("experts: {e}")))?;
         let st = SafeTensors::deserialize(&bytes)?;
         let layout = policy_layout(&model);
         if st.len() != layout.params.len() {
