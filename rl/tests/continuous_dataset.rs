@@ -76,6 +76,33 @@ fn stored_datasets_are_listed_from_their_headers() {
         h.steps,
         ds.episodes.iter().map(|e| e.len() as u64).sum::<u64>()
     );
+    // The summary read from the file's rewards and lengths alone is the loaded dataset's.
+    assert_eq!(
+        ContinuousDataset::summarize_file(&path).expect("summary"),
+        ds.summary()
+    );
+    // A file whose lengths claim more steps than its rewards hold is refused, naming it.
+    let mut bad = ds.clone();
+    let n = bad.episodes[0].rewards.len();
+    bad.episodes[0].rewards.truncate(n - 1);
+    bad.episodes[0].actions.truncate((n - 1) * bad.meta.act_dim);
+    bad.episodes[0].observations.truncate(n * bad.meta.obs_dim);
+    let mut bytes = bad.to_bytes().expect("bytes");
+    let lengths_at = {
+        let hlen = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let h: serde_json::Value = serde_json::from_slice(&bytes[8..8 + hlen]).unwrap();
+        8 + hlen + h["lengths"]["data_offsets"][0].as_u64().unwrap() as usize
+    };
+    bytes[lengths_at..lengths_at + 8].copy_from_slice(&(n as i64 + 5000).to_le_bytes());
+    let broken = dir.path().join("broken.safetensors");
+    std::fs::write(&broken, &bytes).expect("write");
+    let err = ContinuousDataset::summarize_file(&broken)
+        .expect_err("lengths")
+        .to_string();
+    assert!(
+        err.contains("broken.safetensors") && err.contains("exceed"),
+        "{err}"
+    );
 
     // A crashed writer's temporary file is not listed.
     std::fs::write(dir.path().join("continuous").join("x.tmp"), b"partial").expect("write");

@@ -217,7 +217,8 @@ impl ContinuousDataset {
         let meta: ContinuousMeta =
             serde_json::from_str(json).map_err(|e| invalid(format!("dataset metadata: {e}")))?;
         let st = SafeTensors::deserialize(bytes)?;
-        let get = |name: &str, dtype: Dtype| -> Result<Vec<u8>> {
+        // Borrowed from `bytes`: the arrays are converted once, not copied first.
+        let get = |name: &str, dtype: Dtype| -> Result<&[u8]> {
             let t = st.tensor(name)?;
             if t.dtype() != dtype {
                 return Err(invalid(format!(
@@ -225,14 +226,14 @@ impl ContinuousDataset {
                     t.dtype()
                 )));
             }
-            Ok(t.data().to_vec())
+            Ok(t.data())
         };
-        let f32s = |b: Vec<u8>| -> Vec<f32> {
+        let f32s = |b: &[u8]| -> Vec<f32> {
             b.chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect()
         };
-        let i64s = |b: Vec<u8>| -> Vec<i64> {
+        let i64s = |b: &[u8]| -> Vec<i64> {
             b.chunks_exact(8)
                 .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
                 .collect()
@@ -249,7 +250,7 @@ impl ContinuousDataset {
         }
         let (mut o, mut s) = (0usize, 0usize);
         let mut episodes = Vec::with_capacity(units.len());
-        for ((&u, &n), &t) in units.iter().zip(&lengths).zip(&term) {
+        for ((&u, &n), &t) in units.iter().zip(&lengths).zip(term) {
             let (Ok(u), Ok(n)) = (u64::try_from(u), usize::try_from(n)) else {
                 return Err(invalid("dataset: negative unit id or episode length"));
             };
@@ -292,64 +293,65 @@ impl ContinuousDataset {
 
     /// Sizes and return quantiles.
     pub fn summary(&self) -> ContinuousSummary {
-        let [mean, min, q25, median, q75, max] = spread(
+        summary_of(
+            &self.meta,
             self.episodes
                 .iter()
                 .map(ContinuousEpisode::total_return)
                 .collect(),
-        );
-        ContinuousSummary {
-            env_id: self.meta.env_id.clone(),
-            obs_dim: self.meta.obs_dim,
-            act_dim: self.meta.act_dim,
-            episodes: self.episodes.len(),
-            steps: self.episodes.iter().map(ContinuousEpisode::len).sum(),
-            terminated: self.episodes.iter().filter(|e| e.terminated).count(),
-            return_mean: mean,
-            return_min: min,
-            return_q25: q25,
-            return_median: median,
-            return_q75: q75,
-            return_max: max,
-            procedure: self.meta.procedure.clone(),
-        }
+            self.episodes.iter().map(ContinuousEpisode::len).sum(),
+            self.episodes.iter().filter(|e| e.terminated).count(),
+        )
     }
 
     /// Reads what a file written by [`ContinuousDataset::save`] says of itself, from its
     /// safetensors header alone (the arrays of a 30,000-episode dataset are hundreds of MB):
     /// the metadata and the episode and step counts.
     pub fn read_header(path: &Path) -> Result<ContinuousHeader> {
-        use std::io::Read;
-        let bad = |m: String| invalid(format!("{}: {m}", path.display()));
-        let mut f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-        let mut len = [0u8; 8];
-        f.read_exact(&mut len)
-            .map_err(|e| bad(format!("no safetensors header: {e}")))?;
-        let n = u64::from_le_bytes(len);
-        // safetensors' own bound on a header; also keeps a corrupt length from allocating.
-        if n > 100_000_000 {
-            return Err(bad(format!("header length {n} is not plausible")));
-        }
-        let mut header = vec![0u8; n as usize];
-        f.read_exact(&mut header)
-            .map_err(|e| bad(format!("truncated safetensors header: {e}")))?;
-        let v: serde_json::Value =
-            serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
-        let json = v["__metadata__"][META_KEY]
-            .as_str()
-            .ok_or_else(|| bad(format!("not a continuous dataset: no {META_KEY} metadata")))?;
-        let meta: ContinuousMeta =
-            serde_json::from_str(json).map_err(|e| bad(format!("dataset metadata: {e}")))?;
-        let count = |name: &str| {
-            v[name]["shape"][0]
-                .as_u64()
-                .ok_or_else(|| bad(format!("no one-dimensional {name} tensor")))
-        };
+        let f = StoredFile::open(path)?;
         Ok(ContinuousHeader {
-            meta,
-            episodes: count("lengths")?,
-            steps: count("rewards")?,
+            episodes: f.count("lengths")?,
+            steps: f.count("rewards")?,
+            meta: f.meta,
         })
+    }
+
+    /// [`ContinuousDataset::summary`] of a stored dataset, reading only its header, the rewards
+    /// and the per-episode lengths and flags (for cart-pole balance, 5 observation and 1 action
+    /// values a step, about a seventh of the file), and holding no episode in memory.
+    pub fn summarize_file(path: &Path) -> Result<ContinuousSummary> {
+        let mut f = StoredFile::open(path)?;
+        let rewards: Vec<f32> = f
+            .read_tensor("rewards", Dtype::F32)?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let lengths = f.read_tensor("lengths", Dtype::I64)?;
+        let terminated = f.read_tensor("terminated", Dtype::U8)?;
+        if lengths.len() / 8 != terminated.len() {
+            return Err(f.bad("per-episode arrays differ in length".into()));
+        }
+        let mut returns = Vec::with_capacity(terminated.len());
+        let mut s = 0usize;
+        for c in lengths.chunks_exact(8) {
+            let n = i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            let end = usize::try_from(n)
+                .ok()
+                .and_then(|n| s.checked_add(n))
+                .filter(|&e| e <= rewards.len())
+                .ok_or_else(|| f.bad("episode lengths exceed the stored rewards".into()))?;
+            let r = &rewards[s..end];
+            if !r.iter().all(|x| x.is_finite()) {
+                return Err(f.bad(format!("episode {}: non-finite rewards", returns.len())));
+            }
+            returns.push(r.iter().map(|&x| f64::from(x)).sum());
+            s = end;
+        }
+        if s != rewards.len() {
+            return Err(f.bad("stored rewards are longer than the episodes".into()));
+        }
+        let done = terminated.iter().filter(|&&t| t != 0).count();
+        Ok(summary_of(&f.meta, returns, s, done))
     }
 
     /// Reads a dataset written by [`ContinuousDataset::save`].
@@ -391,6 +393,118 @@ impl ContinuousDataset {
             .map(|(s, q)| ((q / n - (s / n).powi(2)).max(0.0).sqrt().max(1e-6)) as f32)
             .collect();
         (mean, std)
+    }
+}
+
+/// The summary of a dataset with `meta`, episode `returns`, `steps` and `terminated` episodes.
+fn summary_of(
+    meta: &ContinuousMeta,
+    returns: Vec<f64>,
+    steps: usize,
+    terminated: usize,
+) -> ContinuousSummary {
+    let episodes = returns.len();
+    let [mean, min, q25, median, q75, max] = spread(returns);
+    ContinuousSummary {
+        env_id: meta.env_id.clone(),
+        obs_dim: meta.obs_dim,
+        act_dim: meta.act_dim,
+        episodes,
+        steps,
+        terminated,
+        return_mean: mean,
+        return_min: min,
+        return_q25: q25,
+        return_median: median,
+        return_q75: q75,
+        return_max: max,
+        procedure: meta.procedure.clone(),
+    }
+}
+
+/// A stored dataset opened for reading parts of it: its parsed safetensors header.
+struct StoredFile<'p> {
+    path: &'p Path,
+    file: std::fs::File,
+    /// The header JSON (tensor names to dtype, shape and data offsets).
+    header: serde_json::Value,
+    /// Where the data section starts: after the 8-byte length and the header.
+    data_start: u64,
+    meta: ContinuousMeta,
+}
+
+impl<'p> StoredFile<'p> {
+    fn open(path: &'p Path) -> Result<Self> {
+        use std::io::Read;
+        let bad = |m: String| invalid(format!("{}: {m}", path.display()));
+        let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)
+            .map_err(|e| bad(format!("no safetensors header: {e}")))?;
+        let n = u64::from_le_bytes(len);
+        // safetensors' own bound on a header; also keeps a corrupt length from allocating.
+        if n > 100_000_000 {
+            return Err(bad(format!("header length {n} is not plausible")));
+        }
+        let mut bytes = vec![0u8; n as usize];
+        file.read_exact(&mut bytes)
+            .map_err(|e| bad(format!("truncated safetensors header: {e}")))?;
+        let header: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| bad(format!("header: {e}")))?;
+        let json = header["__metadata__"][META_KEY]
+            .as_str()
+            .ok_or_else(|| bad(format!("not a continuous dataset: no {META_KEY} metadata")))?;
+        let meta: ContinuousMeta =
+            serde_json::from_str(json).map_err(|e| bad(format!("dataset metadata: {e}")))?;
+        Ok(StoredFile {
+            path,
+            file,
+            header,
+            data_start: 8 + n,
+            meta,
+        })
+    }
+
+    fn bad(&self, m: String) -> NnError {
+        invalid(format!("{}: {m}", self.path.display()))
+    }
+
+    /// The first dimension of a one-dimensional tensor.
+    fn count(&self, name: &str) -> Result<u64> {
+        self.header[name]["shape"][0]
+            .as_u64()
+            .ok_or_else(|| self.bad(format!("no one-dimensional {name} tensor")))
+    }
+
+    /// The raw little-endian bytes of tensor `name`, checked to be one-dimensional of `dtype`
+    /// with a byte range that matches its shape and lies in the file.
+    fn read_tensor(&mut self, name: &str, dtype: Dtype) -> Result<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let t = &self.header[name];
+        let size = match dtype {
+            Dtype::U8 => 1,
+            Dtype::F32 => 4,
+            Dtype::I64 => 8,
+            _ => return Err(self.bad(format!("{name}: unexpected dtype {dtype:?}"))),
+        };
+        if t["dtype"].as_str() != Some(&format!("{dtype:?}")) {
+            return Err(self.bad(format!("{name}: dtype {}, expected {dtype:?}", t["dtype"])));
+        }
+        let n = self.count(name)?;
+        let (Some(a), Some(b)) = (t["data_offsets"][0].as_u64(), t["data_offsets"][1].as_u64())
+        else {
+            return Err(self.bad(format!("{name}: no data offsets")));
+        };
+        let file_len = self.file.metadata()?.len();
+        if b < a || b - a != n * size || self.data_start + b > file_len {
+            return Err(self.bad(format!("{name}: data offsets {a}..{b} do not fit")));
+        }
+        self.file.seek(SeekFrom::Start(self.data_start + a))?;
+        let mut out = vec![0u8; (b - a) as usize];
+        self.file
+            .read_exact(&mut out)
+            .map_err(|e| self.bad(format!("{name}: {e}")))?;
+        Ok(out)
     }
 }
 

@@ -556,8 +556,7 @@ fn continuous_file(id_or_path: &str, root: &RootArg) -> anyhow::Result<Option<Pa
 }
 
 fn continuous_summary(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
-    let ds = ContinuousDataset::load(path)?;
-    let s = ds.summary();
+    let s = ContinuousDataset::summarize_file(path)?;
     if as_json {
         println!("{}", json!({ "path": path, "summary": s }));
         return Ok(ExitCode::SUCCESS);
