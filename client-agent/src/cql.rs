@@ -47,9 +47,16 @@ impl CqlTrainer {
     ) -> anyhow::Result<Self> {
         let spec = task.qnet_spec()?;
         let root = fedrl_rl::offline::data_root(None)?;
-        let (dataset, _) =
-            fedrl_rl::offline::load_or_generate(&task.dataset, &root, &mut |_| {})
-                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        let t0 = std::time::Instant::now();
+        // Only the hosted units' episodes are read (an agent hosts a share of the units).
+        let is_hosted = |u: UnitId| hosted.iter().any(|r| r.contains(u));
+        let (dataset, _) = fedrl_rl::offline::load_or_generate_units(
+            &task.dataset,
+            &root,
+            &mut |_| {},
+            &is_hosted,
+        )
+        .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         if dataset.obs_dim != spec.obs_dim || dataset.n_actions != spec.n_actions {
             anyhow::bail!(
                 "dataset {} has observations of {} values and {} actions; the task's Q-network \
@@ -79,13 +86,25 @@ impl CqlTrainer {
                 episodes.insert(u, bounds.remove(&u).unwrap_or_default());
             }
         }
+        // The dataset is in the cache now (just loaded): its experts file sits beside it.
         let experts = match task.selective.as_ref().and_then(|s| s.release.as_ref()) {
-            Some(_) => Some(
-                fedrl_rl::offline::experts::ExpertSet::load(&task.dataset, &root)
-                    .with_context(|| format!("loading the expert policies of {}", dataset.id))?,
-            ),
+            Some(_) => {
+                let dir = fedrl_rl::offline::minari::dataset_dir(&root, &task.dataset.minari_id())?;
+                Some(
+                    fedrl_rl::offline::experts::ExpertSet::read_for(&task.dataset, &dir)
+                        .with_context(|| {
+                            format!("loading the expert policies of {}", dataset.id)
+                        })?,
+                )
+            }
             None => None,
         };
+        tracing::info!(
+            dataset = %dataset.id,
+            units = units.len(),
+            seconds = t0.elapsed().as_secs_f64(),
+            "the hosted units' data is loaded"
+        );
         Ok(CqlTrainer {
             task: task.clone(),
             spec,

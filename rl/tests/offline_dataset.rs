@@ -148,6 +148,50 @@ fn reads_a_dataset_written_by_python_minari() {
 }
 
 #[test]
+fn reading_some_units_gives_their_episodes_as_a_full_read_does() {
+    // Python's fixture: units 11 and 12 from metadata, 13 assigned (no unit key).
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minari");
+    let dir = fixtures.join("pyfix/cartpole-random-v0");
+    let full = minari::read(&dir).unwrap();
+    for keep in [vec![12], vec![13], vec![11, 13], vec![]] {
+        let part = minari::read_units(&dir, &|u| keep.contains(&u)).unwrap();
+        let expected: Vec<_> = full
+            .dataset
+            .episodes
+            .iter()
+            .filter(|e| keep.contains(&e.unit))
+            .cloned()
+            .collect();
+        assert_eq!(part.dataset.episodes, expected, "keep {keep:?}");
+        assert_eq!(part.units_assigned, 1);
+    }
+    // fedrl's own layout: several episodes per unit.
+    let d = generate(&tiny_spec(Behaviour::Random), &mut quiet()).unwrap();
+    let (_root, dir) = write_tmp(&d);
+    let unit = d.episodes[0].unit;
+    let part = minari::read_units(&dir, &|u| u == unit).unwrap().dataset;
+    assert!(!part.episodes.is_empty());
+    assert!(part.episodes.len() < d.episodes.len());
+    assert!(part.episodes.iter().all(|e| e.unit == unit));
+    assert_eq!(
+        part.episodes,
+        d.episodes
+            .iter()
+            .filter(|e| e.unit == unit)
+            .cloned()
+            .collect::<Vec<_>>()
+    );
+    // An episode not read still counts through its metadata: a wrong total_steps there breaks
+    // the dataset's total.
+    let other = d.episodes.iter().find(|e| e.unit != unit).unwrap().id;
+    edit_json(&dir.join(format!("data/{other}/metadata.json")), |v| {
+        v["total_steps"] = serde_json::json!(v["total_steps"].as_u64().unwrap() + 1)
+    });
+    let err = minari::read_units(&dir, &|u| u == unit).unwrap_err();
+    assert!(layout_message(err).contains("total_steps"));
+}
+
+#[test]
 fn generation_is_deterministic_and_seeded() {
     for b in [Behaviour::Random, tiny_ppo()] {
         let spec = tiny_spec(b);
@@ -253,6 +297,25 @@ fn cache_generates_once_then_loads() {
     assert_eq!(src, Source::Cache);
     assert_eq!(calls_again, 0, "a cache hit must not generate");
     assert_eq!(first, second);
+    // A client agent's share: only its units, whether generated here or read from the cache.
+    let keep = |u: u64| u % 2 == 1;
+    let mine: Vec<_> = first
+        .episodes
+        .iter()
+        .filter(|e| keep(e.unit))
+        .cloned()
+        .collect();
+    assert!(!mine.is_empty() && mine.len() < first.episodes.len());
+    let (cached, src) =
+        cache::load_or_generate_units(&spec, root.path(), &mut quiet(), &keep).unwrap();
+    assert_eq!((src, &cached.episodes), (Source::Cache, &mine));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let (generated, src) =
+        cache::load_or_generate_units(&spec, elsewhere.path(), &mut quiet(), &keep).unwrap();
+    assert_eq!((src, &generated.episodes), (Source::Generated, &mine));
+    let (episodes, _) =
+        minari::totals(&minari::dataset_dir(elsewhere.path(), &spec.minari_id()).unwrap()).unwrap();
+    assert_eq!(episodes, 12, "stored whole");
 
     let listed = cache::list(root.path()).unwrap();
     assert_eq!(listed.len(), 1);

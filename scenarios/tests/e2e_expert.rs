@@ -125,6 +125,12 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
         // The derived ceiling T x L*, beside what was released.
         let longest = rel["max_stable_prefix"].as_u64().unwrap();
         assert_eq!(rel["stable_transitions_bound"].as_u64(), Some(4 * longest));
+        // The wait for the agents' data is part of the release's time, and said apart.
+        let (total, wait) = (
+            rel["release_seconds"].as_f64().unwrap(),
+            rel["agents_ready_seconds"].as_f64().unwrap(),
+        );
+        assert!(wait >= 0.0 && wait <= total, "{report}");
         // D_stable is published in Minari's layout, with no expert id in it.
         let path = out.join(rel["published"].as_str().unwrap());
         let published = fedrl_rl::offline::minari::read(&path).unwrap();

@@ -694,6 +694,9 @@ impl EngineThread {
                 "theta": p.theta,
                 "theta_hat_offset": p.theta_hat_offset,
                 "release_seconds": walk_s,
+                // Of release_seconds: waiting for the agents to load their data and experts
+                // (federated mode) before the first candidate's counts were all in.
+                "agents_ready_seconds": release.agents_ready_seconds(),
                 "started_after_seconds": self.started.elapsed().as_secs_f64() - walk_s,
                 "published": published,
             },

@@ -86,6 +86,10 @@ pub(super) struct Release {
     pub(super) refused: u64,
     /// When the walk started (every expert hosted).
     started: Option<std::time::Instant>,
+    /// When every agent had answered the first candidate's count query. In the federated mode
+    /// agents join before they have loaded their data and experts, so the first query waits for
+    /// the slowest of them; the walk proper is what follows.
+    first_counts: Option<std::time::Instant>,
 }
 
 impl Release {
@@ -131,6 +135,7 @@ impl Release {
             stable: Vec::new(),
             refused: 0,
             started: None,
+            first_counts: None,
         })
     }
 
@@ -145,6 +150,15 @@ impl Release {
     /// Seconds since the walk started (0 before).
     pub(super) fn walk_seconds(&self) -> f64 {
         self.started.map_or(0.0, |t| t.elapsed().as_secs_f64())
+    }
+
+    /// Of [`Release::walk_seconds`], those spent before every agent had answered the first
+    /// candidate's counts (loading their data and experts; 0 if none was answered).
+    pub(super) fn agents_ready_seconds(&self) -> f64 {
+        match (self.started, self.first_counts) {
+            (Some(s), Some(f)) => f.duration_since(s).as_secs_f64(),
+            _ => 0.0,
+        }
     }
 
     /// Candidate trajectories walked so far.
@@ -394,6 +408,8 @@ impl Release {
         if !waiting.is_empty() {
             return Vec::new();
         }
+        self.first_counts
+            .get_or_insert_with(std::time::Instant::now);
         let State::AwaitCounts {
             data,
             first_row,

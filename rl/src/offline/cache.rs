@@ -105,6 +105,18 @@ pub fn load_or_generate(
     root: &Path,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(Dataset, Source), CacheError> {
+    load_or_generate_units(spec, root, progress, &|_| true)
+}
+
+/// [`load_or_generate`] keeping only the episodes of the units `keep` accepts: a cached dataset
+/// decodes no other episode ([`minari::read_units`]); a generated one is generated and stored
+/// whole, then filtered.
+pub fn load_or_generate_units(
+    spec: &DatasetSpec,
+    root: &Path,
+    progress: &mut dyn FnMut(Progress),
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<(Dataset, Source), CacheError> {
     let id = spec.minari_id();
     let dir = minari::dataset_dir(root, &id)?;
     let spec_json = spec_to_json(spec)?;
@@ -130,7 +142,7 @@ pub fn load_or_generate(
                 return Err(CacheError::MissingExperts { path });
             }
         }
-        let read = minari::read(&dir)?;
+        let read = minari::read_units(&dir, keep)?;
         return Ok((read.dataset, Source::Cache));
     }
     let (dataset, experts) = match spec.behaviour {
@@ -147,16 +159,16 @@ pub fn load_or_generate(
         None => store(&dataset, root, Some(spec)),
     };
     match stored {
-        Ok(_) => Ok((dataset, Source::Generated)),
+        Ok(_) => {}
         // A concurrent run of the same spec stored it first: generation is deterministic, so
         // its copy equals ours.
         Err(CacheError::Minari(MinariError::Layout { .. }))
-            if dir.join("data").join("metadata.json").is_file() =>
-        {
-            Ok((dataset, Source::Generated))
-        }
-        Err(e) => Err(e),
+            if dir.join("data").join("metadata.json").is_file() => {}
+        Err(e) => return Err(e),
     }
+    let mut dataset = dataset;
+    dataset.episodes.retain(|e| keep(e.unit));
+    Ok((dataset, Source::Generated))
 }
 
 /// Writes `dataset` under `root` at its id, atomically (temporary folder, then rename), with

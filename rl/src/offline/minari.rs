@@ -643,12 +643,40 @@ fn append_batch(
     Ok(())
 }
 
+/// What an episode's `metadata.json` says: its unit (if any) and `total_steps` (if given).
+fn episode_meta(data: &Path, id: u64) -> Result<(Option<u64>, Option<u64>), MinariError> {
+    let meta_path = data.join(id.to_string()).join("metadata.json");
+    let meta = read_json(&meta_path)?;
+    let total_steps = match meta.get("total_steps") {
+        None | Some(Value::Null) => None,
+        Some(t) => Some(t.as_u64().ok_or_else(|| {
+            layout(
+                &meta_path,
+                format!("total_steps is {t}, expected an unsigned integer"),
+            )
+        })?),
+    };
+    let unit = match meta.get(UNIT_KEY) {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            layout(
+                &meta_path,
+                format!("{UNIT_KEY} is {v}, expected an unsigned integer"),
+            )
+        })?),
+    };
+    Ok((unit, total_steps))
+}
+
+/// Decodes episode `id` (its unit left at 0), checking it against its metadata's
+/// `total_steps` when given.
 fn read_episode(
     data: &Path,
     id: u64,
     obs_dim: usize,
     n_actions: usize,
-) -> Result<(Episode, Option<u64>), MinariError> {
+    total_steps: Option<u64>,
+) -> Result<Episode, MinariError> {
     let ep_dir = data.join(id.to_string());
     let mut cols = Columns::default();
     for part in part_files(&ep_dir)? {
@@ -684,25 +712,14 @@ fn read_episode(
         ));
     }
     let steps = rows - 1;
-    let meta_path = ep_dir.join("metadata.json");
-    let meta = read_json(&meta_path)?;
-    if let Some(t) = meta.get("total_steps")
-        && t.as_u64() != Some(steps as u64)
+    if let Some(t) = total_steps
+        && t != steps as u64
     {
         return Err(layout(
-            &meta_path,
+            &ep_dir.join("metadata.json"),
             format!("total_steps is {t} but the episode file has {steps} steps"),
         ));
     }
-    let unit = match meta.get(UNIT_KEY) {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| {
-            layout(
-                &meta_path,
-                format!("{UNIT_KEY} is {v}, expected an unsigned integer"),
-            )
-        })?),
-    };
     let mut actions = Vec::with_capacity(steps);
     for &a in &cols.actions[..steps] {
         if a < 0 || a as u64 >= n_actions as u64 {
@@ -725,18 +742,28 @@ fn read_episode(
     }
     cols.terminations.truncate(steps);
     cols.truncations.truncate(steps);
-    Ok((
-        Episode {
-            id,
-            unit: 0,
-            observations: cols.obs,
-            actions,
-            rewards,
-            terminations: cols.terminations,
-            truncations: cols.truncations,
-        },
-        unit,
-    ))
+    Ok(Episode {
+        id,
+        unit: 0,
+        observations: cols.obs,
+        actions,
+        rewards,
+        terminations: cols.terminations,
+        truncations: cols.truncations,
+    })
+}
+
+/// The episode and step counts that the dataset in `dir` declares in `data/metadata.json`
+/// (nothing else is read).
+pub fn totals(dir: &Path) -> Result<(u64, u64), MinariError> {
+    let meta_path = dir.join("data").join("metadata.json");
+    let meta = read_json(&meta_path)?;
+    let get = |k: &str| {
+        meta.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| layout(&meta_path, format!("{k} is missing")))
+    };
+    Ok((get("total_episodes")?, get("total_steps")?))
 }
 
 /// Reads the dataset in `dir` (`root/<id>`, holding `data/`), written by fedrl or by Python
@@ -744,6 +771,14 @@ fn read_episode(
 /// spaces (1-D float32 Box, Discrete from 0), the episode count and every episode's lengths
 /// against the metadata, actions in range, finite values.
 pub fn read(dir: &Path) -> Result<ReadDataset, MinariError> {
+    read_units(dir, &|_| true)
+}
+
+/// [`read`], keeping only the episodes of the units `keep` accepts (a client agent hosting a
+/// share of the units). Every episode's metadata is read, so units are assigned as [`read`]
+/// assigns them; an episode not kept is decoded only if its metadata gives no `total_steps`
+/// (the dataset's total is checked against the sum either way).
+pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset, MinariError> {
     let data = dir.join("data");
     if !data.is_dir() {
         return Err(layout(
@@ -795,31 +830,37 @@ pub fn read(dir: &Path) -> Result<ReadDataset, MinariError> {
             None => String::new(),
         },
     };
-    let mut episodes = Vec::with_capacity(total_episodes as usize);
-    let mut units = Vec::with_capacity(total_episodes as usize);
+    let mut metas = Vec::with_capacity(total_episodes as usize);
     for i in 0..total_episodes {
-        let (e, u) = read_episode(&data, i, obs_dim, n_actions)?;
-        episodes.push(e);
-        units.push(u);
+        metas.push(episode_meta(&data, i)?);
     }
-    let steps: u64 = episodes.iter().map(|e| e.len() as u64).sum();
+    let mut next = metas.iter().filter_map(|m| m.0).max().map_or(0, |m| m + 1);
+    let mut units_assigned = 0;
+    let mut episodes = Vec::new();
+    let mut steps = 0u64;
+    for (i, (unit, total)) in (0..total_episodes).zip(metas) {
+        let unit = unit.unwrap_or_else(|| {
+            units_assigned += 1;
+            next += 1;
+            next - 1
+        });
+        match (keep(unit), total) {
+            (false, Some(t)) => steps += t,
+            (kept, _) => {
+                let mut e = read_episode(&data, i, obs_dim, n_actions, total)?;
+                steps += e.len() as u64;
+                if kept {
+                    e.unit = unit;
+                    episodes.push(e);
+                }
+            }
+        }
+    }
     if steps != total_steps {
         return Err(layout(
             &meta_path,
             format!("total_steps is {total_steps} but the episodes hold {steps} steps"),
         ));
-    }
-    let mut next = units.iter().flatten().max().map_or(0, |m| m + 1);
-    let mut units_assigned = 0;
-    for (e, u) in episodes.iter_mut().zip(units) {
-        e.unit = match u {
-            Some(u) => u,
-            None => {
-                units_assigned += 1;
-                next += 1;
-                next - 1
-            }
-        };
     }
     Ok(ReadDataset {
         dataset: Dataset {

@@ -340,15 +340,22 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
     if let fedrl_common::scenario::Task::OfflineCql(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
         let bar = crate::cmd::data::generation_bar()?;
-        let (d, _) = fedrl_rl::offline::load_or_generate(&t.dataset, &root, &mut |p| {
-            crate::cmd::data::show_generation(&bar, &p)
-        })
+        // Checked against its spec (or generated), but no episode decoded: the agents read
+        // their own units' episodes.
+        fedrl_rl::offline::load_or_generate_units(
+            &t.dataset,
+            &root,
+            &mut |p| crate::cmd::data::show_generation(&bar, &p),
+            &|_| false,
+        )
         .with_context(|| format!("preparing the dataset under {}", root.display()))?;
         bar.finish_and_clear();
+        let id = t.dataset.minari_id();
+        let (episodes, steps) = fedrl_rl::offline::minari::totals(
+            &fedrl_rl::offline::minari::dataset_dir(&root, &id)?,
+        )?;
         eprintln!(
-            "dataset {}: {} episodes of {} units",
-            d.id,
-            d.episodes.len(),
+            "dataset {id}: {episodes} episodes ({steps} steps) of {} units",
             t.dataset.units
         );
     }
@@ -516,14 +523,16 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
     );
     if let Some(rel) = r["selective"]["release"].as_object() {
         println!(
-            "DataRelease: {} candidate trajectories walked, {} prefixes released, {} transitions in D_stable of at most {} (published in {})",
+            "DataRelease: {} candidate trajectories walked, {} prefixes released, {} transitions in D_stable of at most {} (published in {}); {:.1} s, of which {:.1} s waiting for the agents to load their data",
             rel["trajectories_walked"],
             rel["prefixes_released"],
             rel["stable_transitions"],
             rel["stable_transitions_bound"],
             run.out_dir
                 .join(rel["published"].as_str().unwrap_or("d_stable"))
-                .display()
+                .display(),
+            rel["release_seconds"].as_f64().unwrap_or(f64::NAN),
+            rel["agents_ready_seconds"].as_f64().unwrap_or(f64::NAN),
         );
     }
     if let Some(ret) = r["final_eval_return"].as_f64() {
