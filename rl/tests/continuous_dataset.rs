@@ -4,7 +4,7 @@
 
 use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
 use fedrl_rl::offline::cache;
-use fedrl_rl::offline::continuous::{ContinuousDataset, generate, load_or_generate};
+use fedrl_rl::offline::continuous::{ContinuousDataset, generate, load_or_generate, prepare};
 
 fn spec(units: u64, public: u64) -> ContinuousDatasetSpec {
     ContinuousDatasetSpec {
@@ -61,6 +61,19 @@ fn a_truncated_or_mismatched_file_is_refused() {
         .expect("save");
     let err = load_or_generate(&s, dir.path(), &mut |_| {}).expect_err("mismatch");
     assert!(err.to_string().contains("expected"), "{err}");
+    // `prepare` checks a stored file from its header alone, and generates a missing one.
+    let err = prepare(&s, dir.path(), &mut |_| {}).expect_err("mismatch");
+    assert!(err.to_string().contains("expected"), "{err}");
+    let fresh = tempfile::tempdir().expect("tmp");
+    let made = prepare(&s, fresh.path(), &mut |_| {}).expect("generate");
+    let path = fresh.path().join("continuous").join(s.file_name());
+    assert_eq!(made, ContinuousDataset::read_header(&path).expect("header"));
+    assert_eq!(
+        made,
+        prepare(&s, fresh.path(), &mut |_| {}).expect("cached")
+    );
+    assert_eq!(made.meta, first.meta);
+    assert_eq!(made.episodes, first.episodes.len() as u64);
 }
 
 #[test]

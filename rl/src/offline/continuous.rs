@@ -848,22 +848,60 @@ pub fn load_or_generate(
     root: &Path,
     progress: &mut dyn FnMut(ContinuousProgress),
 ) -> Result<ContinuousDataset> {
-    let dir = root.join("continuous");
-    let path = dir.join(spec.file_name());
-    let want = serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
+    let path = root.join("continuous").join(spec.file_name());
     if path.is_file() {
         let ds = ContinuousDataset::load(&path)?;
-        if ds.meta.procedure != want {
-            return Err(invalid(format!(
-                "{}: made by {}, expected {want}",
-                path.display(),
-                ds.meta.procedure
-            )));
-        }
+        check_procedure(spec, &path, &ds.meta)?;
         return Ok(ds);
     }
+    generate_and_save(spec, &path, progress)
+}
+
+/// Makes sure the dataset of `spec` is stored under `root` (generating it if missing) and
+/// returns its header. A stored one is checked from its header alone, without reading its
+/// arrays (hundreds of MB): `fedrl run` prepares the dataset before its processes load it.
+pub fn prepare(
+    spec: &ContinuousDatasetSpec,
+    root: &Path,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<ContinuousHeader> {
+    let path = root.join("continuous").join(spec.file_name());
+    if path.is_file() {
+        let h = ContinuousDataset::read_header(&path)?;
+        check_procedure(spec, &path, &h.meta)?;
+        return Ok(h);
+    }
+    let ds = generate_and_save(spec, &path, progress)?;
+    Ok(ContinuousHeader {
+        episodes: ds.episodes.len() as u64,
+        steps: ds.episodes.iter().map(|e| e.len() as u64).sum(),
+        meta: ds.meta,
+    })
+}
+
+/// A stored dataset must have been made by `spec`'s procedure (same file name, other settings
+/// would be a hash collision or a tampered file).
+fn check_procedure(spec: &ContinuousDatasetSpec, path: &Path, meta: &ContinuousMeta) -> Result<()> {
+    let want = serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
+    if meta.procedure != want {
+        return Err(invalid(format!(
+            "{}: made by {}, expected {want}",
+            path.display(),
+            meta.procedure
+        )));
+    }
+    Ok(())
+}
+
+fn generate_and_save(
+    spec: &ContinuousDatasetSpec,
+    path: &Path,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<ContinuousDataset> {
     let ds = generate(spec, progress)?;
-    std::fs::create_dir_all(&dir)?;
-    ds.save(&path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    ds.save(path)?;
     Ok(ds)
 }

@@ -362,17 +362,17 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
     if let fedrl_common::scenario::Task::Primorl(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
         let bar = crate::cmd::data::generation_bar()?;
-        let d = fedrl_rl::offline::continuous::load_or_generate(&t.dataset, &root, &mut |p| {
+        let h = fedrl_rl::offline::continuous::prepare(&t.dataset, &root, &mut |p| {
             crate::cmd::data::show_continuous_generation(&bar, &p)
         })
         .with_context(|| format!("preparing the dataset under {}", root.display()))?;
         bar.finish_and_clear();
-        let steps: usize = d.episodes.iter().map(|e| e.len()).sum();
         eprintln!(
-            "dataset {} ({}): {} episodes, {steps} steps",
+            "dataset {} ({}): {} episodes, {} steps",
             t.dataset.file_name(),
-            d.meta.env_id,
-            d.episodes.len()
+            h.meta.env_id,
+            h.episodes,
+            h.steps
         );
     }
     Ok(())
