@@ -30,11 +30,18 @@ impl PrimorlTrainer {
     /// Loads (or generates) the task's dataset and keeps the rows of the hosted private units.
     pub fn new(task: &PrimorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(None)?;
-        let dataset =
-            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})
-                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
-        let spec = ensemble_spec(task, &dataset)?;
         let held = |u: u64| hosted.iter().any(|r| r.start <= u && u < r.end);
+        // Only the hosted trajectories and the public split (the model's input normalisation)
+        // are read from the file.
+        let public = task.dataset.units;
+        let dataset = fedrl_rl::offline::continuous::load_or_generate_units(
+            &task.dataset,
+            &root,
+            &mut |_| {},
+            &|u| held(u) || u >= public,
+        )
+        .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        let spec = ensemble_spec(task, &dataset)?;
         let units = private_rows(
             task,
             &spec,

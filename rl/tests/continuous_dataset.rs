@@ -4,7 +4,9 @@
 
 use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
 use fedrl_rl::offline::cache;
-use fedrl_rl::offline::continuous::{ContinuousDataset, generate, load_or_generate, prepare};
+use fedrl_rl::offline::continuous::{
+    ContinuousDataset, generate, load_or_generate, load_or_generate_units, prepare,
+};
 
 fn spec(units: u64, public: u64) -> ContinuousDatasetSpec {
     ContinuousDatasetSpec {
@@ -74,6 +76,28 @@ fn a_truncated_or_mismatched_file_is_refused() {
     );
     assert_eq!(made.meta, first.meta);
     assert_eq!(made.episodes, first.episodes.len() as u64);
+
+    // A client agent's share, read from the file or filtered after generation: the episodes of
+    // the kept units, as the whole dataset has them.
+    let keep = |u: u64| u % 3 == 1 || u >= 5;
+    let mine: Vec<_> = first
+        .episodes
+        .iter()
+        .filter(|e| keep(e.unit))
+        .cloned()
+        .collect();
+    assert!(!mine.is_empty() && mine.len() < first.episodes.len());
+    let part = ContinuousDataset::load_units(&path, &keep).expect("part");
+    assert_eq!((&part.meta, &part.episodes), (&first.meta, &mine));
+    let other = tempfile::tempdir().expect("tmp");
+    let generated = load_or_generate_units(&s, other.path(), &mut |_| {}, &keep).expect("gen");
+    assert_eq!(generated.episodes, mine);
+    let cached = load_or_generate_units(&s, other.path(), &mut |_| {}, &keep).expect("cached");
+    assert_eq!(cached, generated);
+    assert_eq!(
+        ContinuousDataset::load_units(&path, &|_| true).expect("all"),
+        first
+    );
 }
 
 #[test]
@@ -110,6 +134,14 @@ fn stored_datasets_are_listed_from_their_headers() {
     let broken = dir.path().join("broken.safetensors");
     std::fs::write(&broken, &bytes).expect("write");
     let err = ContinuousDataset::summarize_file(&broken)
+        .expect_err("lengths")
+        .to_string();
+    assert!(
+        err.contains("broken.safetensors") && err.contains("exceed"),
+        "{err}"
+    );
+    // Reading a share of it is refused too, even when the bad episode is not kept.
+    let err = ContinuousDataset::load_units(&broken, &|u| u != 0)
         .expect_err("lengths")
         .to_string();
     assert!(

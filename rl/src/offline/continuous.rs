@@ -354,6 +354,59 @@ impl ContinuousDataset {
         Ok(summary_of(&f.meta, returns, s, done))
     }
 
+    /// [`ContinuousDataset::load`] keeping only the episodes of the units `keep` accepts, and
+    /// reading only theirs from the file (a client agent hosts a share of the units, plus the
+    /// public split). Lengths and offsets are checked as `load` checks them.
+    pub fn load_units(path: &Path, keep: &dyn Fn(u64) -> bool) -> Result<Self> {
+        let mut f = StoredFile::open(path)?;
+        let i64s = |b: Vec<u8>| -> Vec<i64> {
+            b.chunks_exact(8)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect()
+        };
+        let units = i64s(f.read_tensor("units", Dtype::I64)?);
+        let lengths = i64s(f.read_tensor("lengths", Dtype::I64)?);
+        let term = f.read_tensor("terminated", Dtype::U8)?;
+        if units.len() != lengths.len() || term.len() != units.len() {
+            return Err(f.bad("per-episode arrays differ in length".into()));
+        }
+        let (d, a) = (f.meta.obs_dim, f.meta.act_dim);
+        let obs = f.tensor_range("observations", Dtype::F32, d)?;
+        let act = f.tensor_range("actions", Dtype::F32, a)?;
+        let rew = f.tensor_range("rewards", Dtype::F32, 1)?;
+        let (mut o, mut s) = (0u64, 0u64);
+        let mut episodes = Vec::new();
+        for ((&u, &n), &t) in units.iter().zip(&lengths).zip(&term) {
+            let (Ok(u), Ok(n)) = (u64::try_from(u), u64::try_from(n)) else {
+                return Err(f.bad("negative unit id or episode length".into()));
+            };
+            let (o2, s2) = (o + n + 1, s + n);
+            if o2 > obs.rows || s2 > rew.rows || s2 > act.rows {
+                return Err(f.bad("episode lengths exceed the stored arrays".into()));
+            }
+            if keep(u) {
+                episodes.push(ContinuousEpisode {
+                    unit: u,
+                    observations: f.read_rows(&obs, o, o2)?,
+                    actions: f.read_rows(&act, s, s2)?,
+                    rewards: f.read_rows(&rew, s, s2)?,
+                    terminated: t != 0,
+                });
+            }
+            (o, s) = (o2, s2);
+        }
+        if o != obs.rows || s != rew.rows || s != act.rows {
+            return Err(f.bad("stored arrays are longer than the episodes".into()));
+        }
+        let ds = ContinuousDataset {
+            meta: f.meta,
+            episodes,
+        };
+        ds.check()
+            .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+        Ok(ds)
+    }
+
     /// Reads a dataset written by [`ContinuousDataset::save`].
     pub fn load(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path)?;
@@ -422,6 +475,14 @@ fn summary_of(
     }
 }
 
+/// Where a row-major f32 tensor lies in a stored file.
+struct RowRange {
+    /// Byte offset of its first row in the file.
+    start: u64,
+    rows: u64,
+    row_bytes: u64,
+}
+
 /// A stored dataset opened for reading parts of it: its parsed safetensors header.
 struct StoredFile<'p> {
     path: &'p Path,
@@ -474,6 +535,53 @@ impl<'p> StoredFile<'p> {
         self.header[name]["shape"][0]
             .as_u64()
             .ok_or_else(|| self.bad(format!("no one-dimensional {name} tensor")))
+    }
+
+    /// Where the f32 tensor `name` of `width` values a row lies in the file, checked against
+    /// its shape (`[rows, width]`, or `[rows]` for width 1).
+    fn tensor_range(&self, name: &str, dtype: Dtype, width: usize) -> Result<RowRange> {
+        let t = &self.header[name];
+        if t["dtype"].as_str() != Some(&format!("{dtype:?}")) {
+            return Err(self.bad(format!("{name}: dtype {}, expected {dtype:?}", t["dtype"])));
+        }
+        let rows = self.count(name)?;
+        let shape_ok = match t["shape"].as_array().map(Vec::len) {
+            Some(1) => width == 1,
+            Some(2) => t["shape"][1].as_u64() == Some(width as u64),
+            _ => false,
+        };
+        let (Some(a), Some(b)) = (t["data_offsets"][0].as_u64(), t["data_offsets"][1].as_u64())
+        else {
+            return Err(self.bad(format!("{name}: no data offsets")));
+        };
+        let row_bytes = width as u64 * 4;
+        let file_len = self.file.metadata()?.len();
+        if !shape_ok || b < a || b - a != rows * row_bytes || self.data_start + b > file_len {
+            return Err(self.bad(format!(
+                "{name}: shape {} and data offsets {a}..{b} do not fit rows of {width}",
+                t["shape"]
+            )));
+        }
+        Ok(RowRange {
+            start: self.data_start + a,
+            rows,
+            row_bytes,
+        })
+    }
+
+    /// Rows `from..to` of a tensor located by [`StoredFile::tensor_range`], as f32.
+    fn read_rows(&mut self, r: &RowRange, from: u64, to: u64) -> Result<Vec<f32>> {
+        use std::io::{Read, Seek, SeekFrom};
+        self.file
+            .seek(SeekFrom::Start(r.start + from * r.row_bytes))?;
+        let mut bytes = vec![0u8; ((to - from) * r.row_bytes) as usize];
+        self.file
+            .read_exact(&mut bytes)
+            .map_err(|e| self.bad(e.to_string()))?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// The raw little-endian bytes of tensor `name`, checked to be one-dimensional of `dtype`
@@ -855,6 +963,26 @@ pub fn load_or_generate(
         return Ok(ds);
     }
     generate_and_save(spec, &path, progress)
+}
+
+/// [`load_or_generate`] keeping only the episodes of the units `keep` accepts: a stored file is
+/// read for those episodes alone ([`ContinuousDataset::load_units`]); a missing one is
+/// generated and stored whole, then filtered.
+pub fn load_or_generate_units(
+    spec: &ContinuousDatasetSpec,
+    root: &Path,
+    progress: &mut dyn FnMut(ContinuousProgress),
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<ContinuousDataset> {
+    let path = root.join("continuous").join(spec.file_name());
+    if path.is_file() {
+        let ds = ContinuousDataset::load_units(&path, keep)?;
+        check_procedure(spec, &path, &ds.meta)?;
+        return Ok(ds);
+    }
+    let mut ds = generate_and_save(spec, &path, progress)?;
+    ds.episodes.retain(|e| keep(e.unit));
+    Ok(ds)
 }
 
 /// Makes sure the dataset of `spec` is stored under `root` (generating it if missing) and
