@@ -279,6 +279,19 @@ impl ServerModel for CqlModel {
             }),
             Err(e) => serde_json::json!({ "final_eval_error": e.to_string() }),
         };
+        if let Some(mean) = out["final_eval_return"].as_f64() {
+            let horizon = match self.task.eval_max_steps {
+                0 => fedrl_sim::list()
+                    .into_iter()
+                    .find(|e| e.id == self.task.dataset.env)
+                    .map_or(0, |e| u64::from(e.max_episode_steps)),
+                h => h,
+            };
+            if let Some((score, how)) = normalized_score(&self.task.dataset.env, mean, horizon) {
+                out["final_normalized_score"] = score.into();
+                out["normalization"] = how.into();
+            }
+        }
         if self.schedule.is_some() {
             // The schedule is public; so are the step counts it produced.
             out["dp_steps"] = self.dp_done.into();
@@ -294,9 +307,40 @@ impl ServerModel for CqlModel {
     }
 }
 
+/// Seed 000/002's normalised score of a mean evaluation return at an evaluation horizon of
+/// `horizon` steps: CartPole return / horizon (reward 1 a step), Acrobot (return + horizon) /
+/// horizon (reward -1 a step until the goal), HIV return / 1e6. `None` for other environments,
+/// and the formula in words beside the score.
+fn normalized_score(env: &str, mean_return: f64, horizon: u64) -> Option<(f64, String)> {
+    let h = horizon as f64;
+    match env {
+        "CartPole-v1" if horizon > 0 => Some((
+            mean_return / h,
+            format!("return / {horizon} (the evaluation horizon)"),
+        )),
+        "Acrobot-v1" if horizon > 0 => Some((
+            (mean_return + h) / h,
+            format!("(return + {horizon}) / {horizon} (the evaluation horizon)"),
+        )),
+        e if e.starts_with("HIVTreatment") => Some((mean_return / 1e6, "return / 1e6".into())),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scores_follow_seed_000s_normalisation() {
+        let s = |env, r, h| normalized_score(env, r, h).map(|(x, _)| x);
+        assert_eq!(s("CartPole-v1", 663.5, 1000), Some(0.6635));
+        assert_eq!(s("Acrobot-v1", -83.0, 200), Some(0.585));
+        assert_eq!(s("Acrobot-v1", -200.0, 200), Some(0.0));
+        assert_eq!(s("HIVTreatment20d-v0", 2_500_000.0, 0), Some(2.5));
+        assert_eq!(s("Pendulum-v1", -150.0, 200), None);
+        assert_eq!(s("CartPole-v1", 10.0, 0), None);
+    }
 
     fn model() -> CqlModel {
         let task: OfflineCqlTask = serde_json::from_value(serde_json::json!({

@@ -140,6 +140,13 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
                 .as_f64()
                 .is_some()
         );
+        // Seed 000's normalised score beside it (CartPole: return / the evaluation horizon).
+        let fe = &report["final_evaluation"];
+        assert_eq!(
+            fe["final_normalized_score"].as_f64(),
+            fe["final_eval_return"].as_f64().map(|r| r / 30.0),
+            "{report}"
+        );
         let op: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(out.join("operator").join("report.json")).unwrap(),
         )

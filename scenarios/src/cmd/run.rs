@@ -541,6 +541,12 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
             r["final_evaluation"]["final_eval_episodes"]
         );
     }
+    if let (Some(score), Some(how)) = (
+        r["final_evaluation"]["final_normalized_score"].as_f64(),
+        r["final_evaluation"]["normalization"].as_str(),
+    ) {
+        println!("normalised score {score:.4} ({how})");
+    }
     if let Some(n) = r["final_evaluation"]["final_normalized_return"].as_f64() {
         println!(
             "policy phase: normalised return {n:.1} (of 1000); curve in {}",
