@@ -50,6 +50,11 @@ pub struct CqlModel {
     free_done: u64,
     /// Seconds spent in free steps by this process.
     free_s: f64,
+    /// The periodic evaluations by training step (DP and free steps together: a Selective run
+    /// with p = 0 has no DP round to hang them on), checkpointed with the model.
+    curve: Vec<serde_json::Value>,
+    /// The latest evaluation not yet handed to the round's metrics line.
+    pending_eval: Option<serde_json::Value>,
 }
 
 impl CqlModel {
@@ -66,6 +71,8 @@ impl CqlModel {
             dp_done: 0,
             free_done: 0,
             free_s: 0.0,
+            curve: Vec::new(),
+            pending_eval: None,
         };
         m.refresh_offer();
         Ok(m)
@@ -85,6 +92,22 @@ impl CqlModel {
     /// DP-SGD steps applied so far.
     pub fn steps(&self) -> u64 {
         self.learner.steps()
+    }
+
+    /// After a training step (DP or free): every `eval_every` steps, the greedy policy's return
+    /// on held-out episodes, recorded in the curve.
+    fn after_step(&mut self) {
+        let step = self.dp_done + self.free_done;
+        if !step.is_multiple_of(self.task.eval_every.max(1)) {
+            return;
+        }
+        let mut e = self
+            .evaluate_with(self.task.eval_episodes, self.task.eval_seed)
+            .unwrap_or_else(|e| serde_json::json!({ "eval_error": e.to_string() }));
+        e["step"] = step.into();
+        e["dp_steps"] = self.dp_done.into();
+        self.curve.push(e.clone());
+        self.pending_eval = Some(e);
     }
 
     /// Free steps the schedule has run before `dp_done` DP steps are applied, counting the ones
@@ -108,9 +131,22 @@ impl CqlModel {
         let Some(sel) = &self.task.selective else {
             return Ok(());
         };
-        let Some(stable) = &self.stable else {
+        let Some(stable) = self.stable.take() else {
             anyhow::bail!("free steps are due but D_stable has not been released");
         };
+        let result = self.free_steps_on(&stable, due, sel.stable_batch as usize, sel.schedule_seed);
+        self.stable = Some(stable);
+        result
+    }
+
+    /// [`CqlModel::run_free_steps`] with D_stable in hand.
+    fn free_steps_on(
+        &mut self,
+        stable: &TransitionBatch,
+        due: u64,
+        batch_n: usize,
+        seed: u64,
+    ) -> anyhow::Result<()> {
         if stable.is_empty() {
             // Nothing was released: a free step has no data; skip them (recorded as run).
             tracing::warn!(
@@ -120,7 +156,6 @@ impl CqlModel {
             self.free_done = due;
             return Ok(());
         }
-        let (batch_n, seed) = (sel.stable_batch as usize, sel.schedule_seed);
         let device = Device::Cpu;
         let started = std::time::Instant::now();
         let first = self.free_done;
@@ -141,6 +176,7 @@ impl CqlModel {
             )?;
             self.learner.apply(&grad);
             self.free_done += 1;
+            self.after_step();
             if (self.free_done - first).is_multiple_of(1000) {
                 tracing::info!(
                     free_steps = self.free_done,
@@ -189,6 +225,7 @@ impl ServerModel for CqlModel {
         }
         self.learner.apply(noisy_mean_gradient);
         self.dp_done += 1;
+        self.after_step();
         if self.schedule.is_some() {
             self.run_free_steps(false)
                 .map_err(|e| ModelError::Other(format!("free steps after a DP step: {e}")))?;
@@ -207,6 +244,7 @@ impl ServerModel for CqlModel {
                 "steps": self.steps(),
                 "dp_steps": self.dp_done,
                 "free_steps": self.free_done,
+                "curve": self.curve,
             }),
             tensors,
         }
@@ -231,6 +269,7 @@ impl ServerModel for CqlModel {
             .copy_from_slice(&state.tensors[dim..2 * dim]);
         self.dp_done = state.meta["dp_steps"].as_u64().unwrap_or(0);
         self.free_done = state.meta["free_steps"].as_u64().unwrap_or(0);
+        self.curve = state.meta["curve"].as_array().cloned().unwrap_or_default();
         self.refresh_offer();
         Ok(())
     }
@@ -258,14 +297,10 @@ impl ServerModel for CqlModel {
         Ok(())
     }
 
-    fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
-        if !(round + 1).is_multiple_of(self.task.eval_every.max(1)) {
-            return None;
-        }
-        Some(
-            self.evaluate_with(self.task.eval_episodes, self.task.eval_seed)
-                .unwrap_or_else(|e| serde_json::json!({ "eval_error": e.to_string() })),
-        )
+    /// The evaluation made at the last `eval_every` boundary of training steps since the
+    /// previous round, if any (the curve has them all).
+    fn evaluate(&mut self, _round: u64) -> Option<serde_json::Value> {
+        self.pending_eval.take()
     }
 
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
@@ -292,6 +327,7 @@ impl ServerModel for CqlModel {
                 out["normalization"] = how.into();
             }
         }
+        out["curve"] = self.curve.clone().into();
         if self.schedule.is_some() {
             // The schedule is public; so are the step counts it produced.
             out["dp_steps"] = self.dp_done.into();
@@ -320,7 +356,7 @@ fn normalized_score(env: &str, mean_return: f64, horizon: u64) -> Option<(f64, S
         )),
         "Acrobot-v1" if horizon > 0 => Some((
             (mean_return + h) / h,
-            format!("(return + {horizon}) / {horizon} (the evaluation horizon)"),
+            format!("(return + {horizon}) / {horizon}, {horizon} the evaluation horizon"),
         )),
         e if e.starts_with("HIVTreatment") => Some((mean_return / 1e6, "return / 1e6".into())),
         _ => None,
@@ -346,6 +382,9 @@ mod tests {
         let task: OfflineCqlTask = serde_json::from_value(serde_json::json!({
             "dataset": { "env": "CartPole-v1", "units": 4, "behaviour": { "kind": "random" } },
             "cql": { "hidden": [8], "target_update_interval": 2 },
+            "eval_every": 1,
+            "eval_episodes": 1,
+            "eval_max_steps": 5,
         }))
         .unwrap();
         CqlModel::new(&task).unwrap()
@@ -366,6 +405,13 @@ mod tests {
         let mut r = model();
         r.restore(st.clone()).unwrap();
         assert_eq!(r.params(), m.params());
+        assert_eq!(m.curve.len(), 2, "an evaluation after each step");
+        assert_eq!(
+            m.evaluate(2).unwrap()["step"],
+            2,
+            "the round's line gets the latest"
+        );
+        assert_eq!(r.curve, m.curve, "the evaluations so far come back too");
         assert_eq!(r.steps(), 2);
         // The next step is the same from the resumed model (Adam's moments came back too).
         m.apply(&g).unwrap();

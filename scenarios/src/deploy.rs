@@ -41,7 +41,7 @@ relies on it. Do not publish them.
 | `report.json` | public | epsilon/delta, accountant, noise source, evaluations of the released model, run configuration |
 | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
 | `policy.safetensors` (or the task's model export) | public | the released model |
-| `learning_curve.png` | public | evaluation return of released models per round |
+| `learning_curve.png` | public | evaluation return of released models per round (offline CQL: per training step, DP-SGD and free steps together) |
 | `d_stable/` | public | expert-level runs: the trajectory prefixes released by the DataRelease, a Minari dataset root (`MINARI_DATASETS_PATH=d_stable`) |
 | `scenario.toml`, `twin-scenario.toml` | public | the scenario as run (kept as first run: `--resume` checks against it) |
 | `scenario-resume-N.toml` | public | a resume's scenario, when it changed `target_epsilon` (`--resume --allow-budget-increase`) |

@@ -36,7 +36,7 @@ checkpoint_every = 5
 [task]
 kind = "offline_cql"
 mode = "{mode}"
-eval_every = 1000
+eval_every = 5
 eval_episodes = 1
 final_eval_episodes = 2
 eval_max_steps = 30
@@ -140,6 +140,15 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
                 .as_f64()
                 .is_some()
         );
+        // Evaluations every 5 training steps, DP and free alike, drawn against steps.
+        let steps: Vec<u64> = report["final_evaluation"]["curve"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["step"].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, vec![5, 10, 15, 20], "{report}");
+        assert!(out.join("learning_curve.png").is_file());
         // Seed 000's normalised score beside it (CartPole: return / the evaluation horizon).
         let fe = &report["final_evaluation"];
         assert_eq!(

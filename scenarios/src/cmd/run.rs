@@ -154,7 +154,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(r) => r,
         Err(e) => return interrupted(e),
     };
-    let mut curves = vec![curve(&run, "private")?];
+    // Offline CQL evaluates by training step (a Selective run's free steps have no round):
+    // its curves are drawn against steps, the others' against rounds.
+    let by_step = !step_points(&result.report).is_empty();
+    let series = |r: &LocalRun, report: &serde_json::Value, name: &str| {
+        if by_step {
+            Ok(Series {
+                name: name.into(),
+                points: step_points(report),
+            })
+        } else {
+            curve(r, name)
+        }
+    };
+    let mut curves = vec![series(&run, &result.report, "private")?];
     let mut twin_reports = Vec::with_capacity(twins.len());
     for t in &twins {
         eprintln!(
@@ -168,14 +181,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(e) => return interrupted(e),
         };
         finish(t, &mut tr)?;
-        curves.push(curve(t, &twin_label(&t.scenario))?);
+        curves.push(series(t, &tr.report, &twin_label(&t.scenario))?);
         twin_reports.push((twin_label(&t.scenario), tr.report));
     }
     if curves.iter().any(|c| !c.points.is_empty()) {
         line_plot(
             &run.out_dir.join(CURVE_FILE),
             &format!("{}: evaluation return on held-out users", run.scenario.name),
-            "round",
+            if by_step {
+                "training step (DP-SGD and free)"
+            } else {
+                "round"
+            },
             "mean return",
             &curves,
         )?;
@@ -478,6 +495,18 @@ fn curve(run: &LocalRun, name: &str) -> anyhow::Result<Series> {
         name: name.into(),
         points: eval_points(&path)?,
     })
+}
+
+/// (training step, evaluation return) of an offline CQL report's curve; empty otherwise.
+fn step_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
+    report["final_evaluation"]["curve"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|e| Some((e["step"].as_f64()?, e["eval_return"].as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn eval_points(path: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
