@@ -232,16 +232,21 @@ fn twin_label(s: &fedrl_common::scenario::Scenario) -> String {
     }
 }
 
-/// (SAC epoch, normalised return) of a report's policy phase (PriMORL); empty otherwise.
-fn policy_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
-    report["final_evaluation"]["policy_curve"]
+/// (x, y) of the entries of a report's `final_evaluation[curve]` list; empty without one.
+fn report_points(report: &serde_json::Value, curve: &str, x: &str, y: &str) -> Vec<(f64, f64)> {
+    report["final_evaluation"][curve]
         .as_array()
         .map(|c| {
             c.iter()
-                .filter_map(|e| Some((e["epoch"].as_f64()?, e["normalized_return"].as_f64()?)))
+                .filter_map(|e| Some((e[x].as_f64()?, e[y].as_f64()?)))
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// (SAC epoch, normalised return) of a report's policy phase (PriMORL); empty otherwise.
+fn policy_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
+    report_points(report, "policy_curve", "epoch", "normalized_return")
 }
 
 /// Draws the policy phase's normalised return against SAC epochs for the run and each twin
@@ -499,14 +504,7 @@ fn curve(run: &LocalRun, name: &str) -> anyhow::Result<Series> {
 
 /// (training step, evaluation return) of an offline CQL report's curve; empty otherwise.
 fn step_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
-    report["final_evaluation"]["curve"]
-        .as_array()
-        .map(|c| {
-            c.iter()
-                .filter_map(|e| Some((e["step"].as_f64()?, e["eval_return"].as_f64()?)))
-                .collect()
-        })
-        .unwrap_or_default()
+    report_points(report, "curve", "step", "eval_return")
 }
 
 fn eval_points(path: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
