@@ -184,4 +184,9 @@ fn released_prefixes_alone_need_no_dp_step() {
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["rounds_completed"], 0, "{report}");
     assert!(report["epsilon"].as_f64().unwrap() > 0.0);
+    // No round, yet a learning curve: the free steps are evaluated by step.
+    let curve = report["final_evaluation"]["curve"].as_array().unwrap();
+    assert_eq!(curve.len(), 4, "{report}");
+    assert!(curve.iter().all(|e| e["dp_steps"] == 0));
+    assert!(out.join("learning_curve.png").is_file());
 }
