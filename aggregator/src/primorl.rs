@@ -61,9 +61,16 @@ impl PrimorlModel {
         device: Device,
     ) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(root)?;
-        let dataset =
-            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})
-                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        // The public split sets the normalisation, early stopping and public starts; only the
+        // MOPO baseline (not private) reads the private trajectories too.
+        let reads = task.policy.reads_data();
+        let dataset = fedrl_rl::offline::continuous::load_or_generate_units(
+            &task.dataset,
+            &root,
+            &mut |_| {},
+            &|u| reads || task.dataset.is_public(u),
+        )
+        .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         let spec = ensemble_spec(task, &dataset)?;
         let public = public_rows(task, &dataset, &spec)?;
         let data = PolicyData::from_dataset(

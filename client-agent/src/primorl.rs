@@ -33,12 +33,11 @@ impl PrimorlTrainer {
         let held = |u: u64| hosted.iter().any(|r| r.start <= u && u < r.end);
         // Only the hosted trajectories and the public split (the model's input normalisation)
         // are read from the file.
-        let public = task.dataset.units;
         let dataset = fedrl_rl::offline::continuous::load_or_generate_units(
             &task.dataset,
             &root,
             &mut |_| {},
-            &|u| held(u) || u >= public,
+            &|u| held(u) || task.dataset.is_public(u),
         )
         .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         let spec = ensemble_spec(task, &dataset)?;
