@@ -310,6 +310,12 @@ mod tests {
             Some(2 * 200),
             "the 2 public Pendulum episodes' transitions"
         );
+        // From the cache, only the public split is read (a private run): the same
+        // normalisation, early-stopping rows and start states as from the generated dataset.
+        let cached = PrimorlModel::with_data_root(&task, Some(&root), Device::Cpu).expect("cached");
+        assert_eq!(cached.spec, model.spec);
+        assert_eq!(cached.public, model.public);
+        assert_eq!(cached.data.public.as_ref().map(|b| b.len()), kept);
         std::fs::remove_dir_all(&root).expect("delete dataset");
         let out = model.final_evaluation().expect("evaluation");
         assert!(out.get("policy_error").is_none(), "{out}");
