@@ -845,10 +845,11 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
             next - 1
         });
         match (keep(unit), total) {
-            (false, Some(t)) => steps += t,
+            // Saturating: a corrupt count then fails the total check instead of wrapping.
+            (false, Some(t)) => steps = steps.saturating_add(t),
             (kept, _) => {
                 let mut e = read_episode(&data, i, obs_dim, n_actions, total)?;
-                steps += e.len() as u64;
+                steps = steps.saturating_add(e.len() as u64);
                 if kept {
                     e.unit = unit;
                     episodes.push(e);
