@@ -556,7 +556,15 @@ impl<'p> StoredFile<'p> {
         };
         let row_bytes = width as u64 * 4;
         let file_len = self.file.metadata()?.len();
-        if !shape_ok || b < a || b - a != rows * row_bytes || self.data_start + b > file_len {
+        // Checked: the header is input; a corrupt count must be an error, not a wrap.
+        if !shape_ok
+            || b < a
+            || Some(b - a) != rows.checked_mul(row_bytes)
+            || self
+                .data_start
+                .checked_add(b)
+                .is_none_or(|end| end > file_len)
+        {
             return Err(self.bad(format!(
                 "{name}: shape {} and data offsets {a}..{b} do not fit rows of {width}",
                 t["shape"]
@@ -604,7 +612,13 @@ impl<'p> StoredFile<'p> {
             return Err(self.bad(format!("{name}: no data offsets")));
         };
         let file_len = self.file.metadata()?.len();
-        if b < a || b - a != n * size || self.data_start + b > file_len {
+        if b < a
+            || Some(b - a) != n.checked_mul(size)
+            || self
+                .data_start
+                .checked_add(b)
+                .is_none_or(|end| end > file_len)
+        {
             return Err(self.bad(format!("{name}: data offsets {a}..{b} do not fit")));
         }
         self.file.seek(SeekFrom::Start(self.data_start + a))?;
