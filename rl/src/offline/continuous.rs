@@ -128,6 +128,20 @@ pub struct ContinuousDataset {
     pub episodes: Vec<ContinuousEpisode>,
 }
 
+/// Little-endian f32 values of `b` (a whole number of them).
+fn le_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Little-endian i64 values of `b`.
+fn le_i64s(b: &[u8]) -> Vec<i64> {
+    b.chunks_exact(8)
+        .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+        .collect()
+}
+
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
@@ -228,21 +242,11 @@ impl ContinuousDataset {
             }
             Ok(t.data())
         };
-        let f32s = |b: &[u8]| -> Vec<f32> {
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        };
-        let i64s = |b: &[u8]| -> Vec<i64> {
-            b.chunks_exact(8)
-                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect()
-        };
-        let obs = f32s(get("observations", Dtype::F32)?);
-        let act = f32s(get("actions", Dtype::F32)?);
-        let rew = f32s(get("rewards", Dtype::F32)?);
-        let units = i64s(get("units", Dtype::I64)?);
-        let lengths = i64s(get("lengths", Dtype::I64)?);
+        let obs = le_f32s(get("observations", Dtype::F32)?);
+        let act = le_f32s(get("actions", Dtype::F32)?);
+        let rew = le_f32s(get("rewards", Dtype::F32)?);
+        let units = le_i64s(get("units", Dtype::I64)?);
+        let lengths = le_i64s(get("lengths", Dtype::I64)?);
         let term = get("terminated", Dtype::U8)?;
         let (d, a) = (meta.obs_dim, meta.act_dim);
         if units.len() != lengths.len() || term.len() != units.len() {
@@ -321,20 +325,15 @@ impl ContinuousDataset {
     /// values a step, about a seventh of the file), and holding no episode in memory.
     pub fn summarize_file(path: &Path) -> Result<ContinuousSummary> {
         let mut f = StoredFile::open(path)?;
-        let rewards: Vec<f32> = f
-            .read_tensor("rewards", Dtype::F32)?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let lengths = f.read_tensor("lengths", Dtype::I64)?;
+        let rewards = le_f32s(&f.read_tensor("rewards", Dtype::F32)?);
+        let lengths = le_i64s(&f.read_tensor("lengths", Dtype::I64)?);
         let terminated = f.read_tensor("terminated", Dtype::U8)?;
-        if lengths.len() / 8 != terminated.len() {
+        if lengths.len() != terminated.len() {
             return Err(f.bad("per-episode arrays differ in length".into()));
         }
         let mut returns = Vec::with_capacity(terminated.len());
         let mut s = 0usize;
-        for c in lengths.chunks_exact(8) {
-            let n = i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        for &n in &lengths {
             let end = usize::try_from(n)
                 .ok()
                 .and_then(|n| s.checked_add(n))
@@ -359,21 +358,16 @@ impl ContinuousDataset {
     /// public split). Lengths and offsets are checked as `load` checks them.
     pub fn load_units(path: &Path, keep: &dyn Fn(u64) -> bool) -> Result<Self> {
         let mut f = StoredFile::open(path)?;
-        let i64s = |b: Vec<u8>| -> Vec<i64> {
-            b.chunks_exact(8)
-                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect()
-        };
-        let units = i64s(f.read_tensor("units", Dtype::I64)?);
-        let lengths = i64s(f.read_tensor("lengths", Dtype::I64)?);
+        let units = le_i64s(&f.read_tensor("units", Dtype::I64)?);
+        let lengths = le_i64s(&f.read_tensor("lengths", Dtype::I64)?);
         let term = f.read_tensor("terminated", Dtype::U8)?;
         if units.len() != lengths.len() || term.len() != units.len() {
             return Err(f.bad("per-episode arrays differ in length".into()));
         }
         let (d, a) = (f.meta.obs_dim, f.meta.act_dim);
-        let obs = f.tensor_range("observations", Dtype::F32, d)?;
-        let act = f.tensor_range("actions", Dtype::F32, a)?;
-        let rew = f.tensor_range("rewards", Dtype::F32, 1)?;
+        let obs = f.locate("observations", Dtype::F32, d)?;
+        let act = f.locate("actions", Dtype::F32, a)?;
+        let rew = f.locate("rewards", Dtype::F32, 1)?;
         let (mut o, mut s) = (0u64, 0u64);
         let mut episodes = Vec::new();
         for ((&u, &n), &t) in units.iter().zip(&lengths).zip(&term) {
@@ -409,8 +403,7 @@ impl ContinuousDataset {
 
     /// Reads a dataset written by [`ContinuousDataset::save`].
     pub fn load(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path)?;
-        Self::from_bytes(&bytes).map_err(|e| invalid(format!("{}: {e}", path.display())))
+        Self::load_units(path, &|_| true)
     }
 
     /// The episodes of the public split (ids `>= private_units`) and of the private part, in
@@ -537,10 +530,16 @@ impl<'p> StoredFile<'p> {
             .ok_or_else(|| self.bad(format!("no one-dimensional {name} tensor")))
     }
 
-    /// Where the f32 tensor `name` of `width` values a row lies in the file, checked against
-    /// its shape (`[rows, width]`, or `[rows]` for width 1).
-    fn tensor_range(&self, name: &str, dtype: Dtype, width: usize) -> Result<RowRange> {
+    /// Where tensor `name` of `dtype` with `width` values a row lies in the file, checked
+    /// against its shape (`[rows, width]`, or `[rows]` for width 1) and the file's length.
+    fn locate(&self, name: &str, dtype: Dtype, width: usize) -> Result<RowRange> {
         let t = &self.header[name];
+        let size = match dtype {
+            Dtype::U8 => 1,
+            Dtype::F32 => 4,
+            Dtype::I64 => 8,
+            _ => return Err(self.bad(format!("{name}: unexpected dtype {dtype:?}"))),
+        };
         if t["dtype"].as_str() != Some(&format!("{dtype:?}")) {
             return Err(self.bad(format!("{name}: dtype {}, expected {dtype:?}", t["dtype"])));
         }
@@ -554,7 +553,7 @@ impl<'p> StoredFile<'p> {
         else {
             return Err(self.bad(format!("{name}: no data offsets")));
         };
-        let row_bytes = width as u64 * 4;
+        let row_bytes = width as u64 * size;
         let file_len = self.file.metadata()?.len();
         // Checked: the header is input; a corrupt count must be an error, not a wrap.
         if !shape_ok
@@ -577,8 +576,8 @@ impl<'p> StoredFile<'p> {
         })
     }
 
-    /// Rows `from..to` of a tensor located by [`StoredFile::tensor_range`], as f32.
-    fn read_rows(&mut self, r: &RowRange, from: u64, to: u64) -> Result<Vec<f32>> {
+    /// The raw bytes of rows `from..to` of a tensor located by [`StoredFile::locate`].
+    fn read_bytes(&mut self, r: &RowRange, from: u64, to: u64) -> Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
         self.file
             .seek(SeekFrom::Start(r.start + from * r.row_bytes))?;
@@ -586,47 +585,18 @@ impl<'p> StoredFile<'p> {
         self.file
             .read_exact(&mut bytes)
             .map_err(|e| self.bad(e.to_string()))?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(bytes)
     }
 
-    /// The raw little-endian bytes of tensor `name`, checked to be one-dimensional of `dtype`
-    /// with a byte range that matches its shape and lies in the file.
+    /// Rows `from..to` of an f32 tensor located by [`StoredFile::locate`].
+    fn read_rows(&mut self, r: &RowRange, from: u64, to: u64) -> Result<Vec<f32>> {
+        Ok(le_f32s(&self.read_bytes(r, from, to)?))
+    }
+
+    /// The raw little-endian bytes of the one-dimensional tensor `name` of `dtype`.
     fn read_tensor(&mut self, name: &str, dtype: Dtype) -> Result<Vec<u8>> {
-        use std::io::{Read, Seek, SeekFrom};
-        let t = &self.header[name];
-        let size = match dtype {
-            Dtype::U8 => 1,
-            Dtype::F32 => 4,
-            Dtype::I64 => 8,
-            _ => return Err(self.bad(format!("{name}: unexpected dtype {dtype:?}"))),
-        };
-        if t["dtype"].as_str() != Some(&format!("{dtype:?}")) {
-            return Err(self.bad(format!("{name}: dtype {}, expected {dtype:?}", t["dtype"])));
-        }
-        let n = self.count(name)?;
-        let (Some(a), Some(b)) = (t["data_offsets"][0].as_u64(), t["data_offsets"][1].as_u64())
-        else {
-            return Err(self.bad(format!("{name}: no data offsets")));
-        };
-        let file_len = self.file.metadata()?.len();
-        if b < a
-            || Some(b - a) != n.checked_mul(size)
-            || self
-                .data_start
-                .checked_add(b)
-                .is_none_or(|end| end > file_len)
-        {
-            return Err(self.bad(format!("{name}: data offsets {a}..{b} do not fit")));
-        }
-        self.file.seek(SeekFrom::Start(self.data_start + a))?;
-        let mut out = vec![0u8; (b - a) as usize];
-        self.file
-            .read_exact(&mut out)
-            .map_err(|e| self.bad(format!("{name}: {e}")))?;
-        Ok(out)
+        let r = self.locate(name, dtype, 1)?;
+        self.read_bytes(&r, 0, r.rows)
     }
 }
 
@@ -970,13 +940,7 @@ pub fn load_or_generate(
     root: &Path,
     progress: &mut dyn FnMut(ContinuousProgress),
 ) -> Result<ContinuousDataset> {
-    let path = root.join("continuous").join(spec.file_name());
-    if path.is_file() {
-        let ds = ContinuousDataset::load(&path)?;
-        check_procedure(spec, &path, &ds.meta)?;
-        return Ok(ds);
-    }
-    generate_and_save(spec, &path, progress)
+    load_or_generate_units(spec, root, progress, &|_| true)
 }
 
 /// [`load_or_generate`] keeping only the episodes of the units `keep` accepts: a stored file is

@@ -647,24 +647,17 @@ fn append_batch(
 fn episode_meta(data: &Path, id: u64) -> Result<(Option<u64>, Option<u64>), MinariError> {
     let meta_path = data.join(id.to_string()).join("metadata.json");
     let meta = read_json(&meta_path)?;
-    let total_steps = match meta.get("total_steps") {
-        None | Some(Value::Null) => None,
-        Some(t) => Some(t.as_u64().ok_or_else(|| {
+    // An absent or null key is None; anything but an unsigned integer is an error.
+    let opt_u64 = |key: &str| match meta.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
             layout(
                 &meta_path,
-                format!("total_steps is {t}, expected an unsigned integer"),
+                format!("{key} is {v}, expected an unsigned integer"),
             )
-        })?),
+        }),
     };
-    let unit = match meta.get(UNIT_KEY) {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| {
-            layout(
-                &meta_path,
-                format!("{UNIT_KEY} is {v}, expected an unsigned integer"),
-            )
-        })?),
-    };
+    let (unit, total_steps) = (opt_u64(UNIT_KEY)?, opt_u64("total_steps")?);
     Ok((unit, total_steps))
 }
 
