@@ -53,8 +53,8 @@ pub struct CqlModel {
     /// The periodic evaluations by training step (DP and free steps together: a Selective run
     /// with p = 0 has no DP round to hang them on), checkpointed with the model.
     curve: Vec<serde_json::Value>,
-    /// The latest evaluation not yet handed to the round's metrics line.
-    pending_eval: Option<serde_json::Value>,
+    /// How many of `curve`'s evaluations the rounds' metrics lines have seen.
+    reported: usize,
 }
 
 impl CqlModel {
@@ -72,7 +72,7 @@ impl CqlModel {
             free_done: 0,
             free_s: 0.0,
             curve: Vec::new(),
-            pending_eval: None,
+            reported: 0,
         };
         m.refresh_offer();
         Ok(m)
@@ -106,8 +106,7 @@ impl CqlModel {
             .unwrap_or_else(|e| serde_json::json!({ "eval_error": e.to_string() }));
         e["step"] = step.into();
         e["dp_steps"] = self.dp_done.into();
-        self.curve.push(e.clone());
-        self.pending_eval = Some(e);
+        self.curve.push(e);
     }
 
     /// Free steps the schedule has run before `dp_done` DP steps are applied, counting the ones
@@ -270,6 +269,7 @@ impl ServerModel for CqlModel {
         self.dp_done = state.meta["dp_steps"].as_u64().unwrap_or(0);
         self.free_done = state.meta["free_steps"].as_u64().unwrap_or(0);
         self.curve = state.meta["curve"].as_array().cloned().unwrap_or_default();
+        self.reported = self.curve.len();
         self.refresh_offer();
         Ok(())
     }
@@ -300,7 +300,9 @@ impl ServerModel for CqlModel {
     /// The evaluation made at the last `eval_every` boundary of training steps since the
     /// previous round, if any (the curve has them all).
     fn evaluate(&mut self, _round: u64) -> Option<serde_json::Value> {
-        self.pending_eval.take()
+        let new = self.curve.len() > self.reported;
+        self.reported = self.curve.len();
+        new.then(|| self.curve.last().cloned()).flatten()
     }
 
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
@@ -352,7 +354,7 @@ fn normalized_score(env: &str, mean_return: f64, horizon: u64) -> Option<(f64, S
     match env {
         "CartPole-v1" if horizon > 0 => Some((
             mean_return / h,
-            format!("return / {horizon} (the evaluation horizon)"),
+            format!("return / {horizon}, {horizon} the evaluation horizon"),
         )),
         "Acrobot-v1" if horizon > 0 => Some((
             (mean_return + h) / h,

@@ -117,6 +117,27 @@ pub fn load_or_generate_units(
     progress: &mut dyn FnMut(Progress),
     keep: &dyn Fn(u64) -> bool,
 ) -> Result<(Dataset, Source), CacheError> {
+    match prepare(spec, root, progress)? {
+        Some(mut dataset) => {
+            dataset.episodes.retain(|e| keep(e.unit));
+            Ok((dataset, Source::Generated))
+        }
+        None => {
+            let dir = minari::dataset_dir(root, &spec.minari_id())?;
+            Ok((minari::read_units(&dir, keep)?.dataset, Source::Cache))
+        }
+    }
+}
+
+/// Makes sure the dataset of `spec` is stored under `root`: a cached one is checked against its
+/// stored spec (and its experts file) without reading any episode, a missing one is generated
+/// (reporting through `progress`) and stored atomically, and then returned (`None` when it was
+/// cached). `fedrl run` prepares the dataset before the client agents each read their units.
+pub fn prepare(
+    spec: &DatasetSpec,
+    root: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Option<Dataset>, CacheError> {
     let id = spec.minari_id();
     let dir = minari::dataset_dir(root, &id)?;
     let spec_json = spec_to_json(spec)?;
@@ -142,8 +163,7 @@ pub fn load_or_generate_units(
                 return Err(CacheError::MissingExperts { path });
             }
         }
-        let read = minari::read_units(&dir, keep)?;
-        return Ok((read.dataset, Source::Cache));
+        return Ok(None);
     }
     let (dataset, experts) = match spec.behaviour {
         Behaviour::Experts { .. } => {
@@ -159,16 +179,16 @@ pub fn load_or_generate_units(
         None => store(&dataset, root, Some(spec)),
     };
     match stored {
-        Ok(_) => {}
+        Ok(_) => Ok(Some(dataset)),
         // A concurrent run of the same spec stored it first: generation is deterministic, so
         // its copy equals ours.
         Err(CacheError::Minari(MinariError::Layout { .. }))
-            if dir.join("data").join("metadata.json").is_file() => {}
-        Err(e) => return Err(e),
+            if dir.join("data").join("metadata.json").is_file() =>
+        {
+            Ok(Some(dataset))
+        }
+        Err(e) => Err(e),
     }
-    let mut dataset = dataset;
-    dataset.episodes.retain(|e| keep(e.unit));
-    Ok((dataset, Source::Generated))
 }
 
 /// Writes `dataset` under `root` at its id, atomically (temporary folder, then rename), with

@@ -362,14 +362,11 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
     if let fedrl_common::scenario::Task::OfflineCql(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
         let bar = crate::cmd::data::generation_bar()?;
-        // Checked against its spec (or generated), but no episode decoded: the agents read
+        // Checked against its spec (or generated), but no episode read: the agents read
         // their own units' episodes.
-        fedrl_rl::offline::load_or_generate_units(
-            &t.dataset,
-            &root,
-            &mut |p| crate::cmd::data::show_generation(&bar, &p),
-            &|_| false,
-        )
+        fedrl_rl::offline::cache::prepare(&t.dataset, &root, &mut |p| {
+            crate::cmd::data::show_generation(&bar, &p)
+        })
         .with_context(|| format!("preparing the dataset under {}", root.display()))?;
         bar.finish_and_clear();
         let id = t.dataset.minari_id();
