@@ -45,7 +45,10 @@ fn an_agent_gives_up_at_its_limit_by_cutting_the_handshake() {
                 "the last error should be the handshake cut at the limit, got {last:?}"
             );
             // It counts from its start and gives up only once the limit has passed.
-            assert!(secs >= limit, "gave up after {secs} s, before its {limit} s limit");
+            assert!(
+                secs >= limit,
+                "gave up after {secs} s, before its {limit} s limit"
+            );
         }
         other => panic!("expected GaveUp, got {other:?}"),
     }

@@ -97,10 +97,16 @@ fn the_gap_is_real_and_below_the_proven_bound() {
     ] {
         let gap = largest_gap(sigma, &[delta]);
         let bound = discrete_gaussian_gap_bound(sigma, delta as f64);
-        assert!(gap <= bound, "sigma {sigma}, Delta {delta}: gap {gap:e} > bound {bound:e}");
+        assert!(
+            gap <= bound,
+            "sigma {sigma}, Delta {delta}: gap {gap:e} > bound {bound:e}"
+        );
         // Within a factor 30 of the truth: the bound is not vacuous, the gap not noise.
         if tight {
-            assert!(gap > bound / 30.0, "sigma {sigma}, Delta {delta}: {gap:e}, {bound:e}");
+            assert!(
+                gap > bound / 30.0,
+                "sigma {sigma}, Delta {delta}: {gap:e}, {bound:e}"
+            );
         }
     }
     // At sigma = Delta = 10, which the ledger accepted before, the gap is 1.7e-4.
@@ -129,16 +135,28 @@ fn the_ledger_refuses_sigmas_whose_gap_is_not_provably_negligible() {
     // Accepted before (sigma >= 10), with a measured gap of 1.7e-4 above.
     assert!(dg(10.0, 10.0).validate().is_err());
     assert!(dg(1000.0, 1000.0).validate().is_err());
-    assert!(DISCRETE_GAUSSIAN_MIN_SIGMA >= 10.0);
+    // Below the minimum sigma the exponential terms of the bound are not negligible.
+    assert!(
+        dg(DISCRETE_GAUSSIAN_MIN_SIGMA * 0.99, 1e-9)
+            .validate()
+            .is_err()
+    );
     // Accepted exactly where the proven bound is at most 1e-12.
     for (sigma, l2) in [(1e6, 1e6), (6e5, 6e5), (5e5, 1e5), (1e7, 3e7)] {
         let ok = discrete_gaussian_gap_bound(sigma, l2) <= DISCRETE_GAUSSIAN_MAX_GAP;
-        assert_eq!(dg(sigma, l2).validate().is_ok(), ok, "sigma {sigma}, l2 {l2}");
+        assert_eq!(
+            dg(sigma, l2).validate().is_ok(),
+            ok,
+            "sigma {sigma}, l2 {l2}"
+        );
     }
     // The shipped grid (Delta in [2^24, 2^25), z >= 0.3) passes with room to spare.
     for delta in [2f64.powi(24), 2f64.powi(25) - 1.0] {
         for z in [0.3, 0.8, 1.1, 4.0] {
-            assert!(dg(z * delta, delta).validate().is_ok(), "z {z}, Delta {delta}");
+            assert!(
+                dg(z * delta, delta).validate().is_ok(),
+                "z {z}, Delta {delta}"
+            );
         }
     }
 }

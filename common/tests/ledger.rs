@@ -830,7 +830,10 @@ fn discrete_gaussian_counts_as_its_continuous_twin() {
     let err = l
         .append(event_record(1, "training", vec![1], dg(40.0, 16.0), false))
         .unwrap_err();
-    assert!(err.to_string().contains("may exceed the continuous"), "{err}");
+    assert!(
+        err.to_string().contains("may exceed the continuous"),
+        "{err}"
+    );
     let (sigma, l2) = (40.0 * 2f64.powi(20), 16.0 * 2f64.powi(20));
     l.append(event_record(1, "training", vec![1], dg(sigma, l2), false))
         .unwrap();

@@ -253,7 +253,10 @@ fn mopo_mixes_real_transitions_into_each_minibatch() {
     let clean = curve.last().expect("epochs").q_loss;
     let (mixed, unmixed) = (q_loss(0.25), q_loss(0.0));
     assert!(clean < 1e4 && unmixed < 1e4, "{clean} {unmixed}");
-    assert!(mixed > 1e6, "real rows with reward 1e4 left the critic's loss at {mixed}");
+    assert!(
+        mixed > 1e6,
+        "real rows with reward 1e4 left the critic's loss at {mixed}"
+    );
     let Err(err) = policy_phase(
         &ens,
         "Pendulum-v1",

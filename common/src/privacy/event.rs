@@ -352,7 +352,10 @@ mod tests {
         // The shipped grid, z from 0.3 to 64.
         let delta = (1u64 << 24) as f64;
         for z in [0.3, 1.0, 64.0] {
-            assert!(discrete_gaussian_gap_bound(z * delta, delta) < 1e-13, "z = {z}");
+            assert!(
+                discrete_gaussian_gap_bound(z * delta, delta) < 1e-13,
+                "z = {z}"
+            );
         }
     }
 
