@@ -241,6 +241,11 @@ fn fedrl_run_trains_riverswim_loglinear() {
     assert_eq!(report["rounds_completed"], 12, "{report}");
     let eps = report["epsilon"].as_f64().unwrap();
     assert!(eps <= 1.0, "{report}");
+    // Fresh users, un-sampled rounds: beside the epsilon, the exact zCDP rho of one discrete
+    // Gaussian with sigma / Delta at least z = 3.74 (the grid rounds sigma up, never down).
+    let rho = report["zcdp_rho"].as_f64().unwrap();
+    let rho_z = 1.0 / (2.0 * 3.74f64.powi(2));
+    assert!(rho <= rho_z && rho > 0.999 * rho_z, "{report}");
     let ret = report["final_eval_return"].as_f64().unwrap();
     let fe = &report["final_evaluation"];
     let (ret_sd, ret_n) = (
