@@ -810,8 +810,9 @@ fn rdp_cross_check_says_when_it_cannot_bound_an_event() {
     assert!(l.report_with(AccountantKind::Rdp).is_err());
 }
 
-/// The discrete Gaussian is accounted exactly as the continuous Gaussian with the same
-/// sigma / sensitivity, and the ledger refuses sigma below 10 grid units.
+/// The discrete Gaussian is accounted as the continuous Gaussian with the same sigma /
+/// sensitivity, and the ledger refuses sigma below 10 grid units and any sigma whose proven gap
+/// to the continuous Gaussian exceeds 1e-12 (`tests/discrete_gaussian_gap.rs`).
 #[test]
 fn discrete_gaussian_counts_as_its_continuous_twin() {
     let dir = tempfile::tempdir().unwrap();
@@ -825,7 +826,16 @@ fn discrete_gaussian_counts_as_its_continuous_twin() {
         .append(event_record(1, "training", vec![1], dg(9.5, 1.0), false))
         .unwrap_err();
     assert!(err.to_string().contains("at least 10"), "{err}");
-    l.append(event_record(1, "training", vec![1], dg(40.0, 16.0), false))
+    // sigma = 40, Delta = 16 was accepted before the gap bound: its gap bound is ~2e-4.
+    let err = l
+        .append(event_record(1, "training", vec![1], dg(40.0, 16.0), false))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("may exceed the continuous"),
+        "{err}"
+    );
+    let (sigma, l2) = (40.0 * 2f64.powi(20), 16.0 * 2f64.powi(20));
+    l.append(event_record(1, "training", vec![1], dg(sigma, l2), false))
         .unwrap();
     l.append(record(2, vec![1], 2.5, None)).unwrap();
     // Two Gaussians with z = 2.5: exact analytic composition, z = 2.5 / sqrt 2.
@@ -833,10 +843,12 @@ fn discrete_gaussian_counts_as_its_continuous_twin() {
     let rep = l.report().unwrap();
     assert!(rel(rep.epsilon, exact) < 1e-12);
     assert_eq!(rep.accountant, "analytic_gaussian");
+    // Beside it, the exact zCDP rho: 2 x 1 / (2 * 2.5^2).
+    assert!((rep.zcdp_rho.unwrap() - 0.16).abs() < 1e-15);
     // Sampled, PLD and RDP treat it as Gaussian(z = 2.5) too.
     let sampled_dg = DpEvent::PoissonSampled {
         sampling_rate: 0.3,
-        event: Box::new(dg(40.0, 16.0)),
+        event: Box::new(dg(sigma, l2)),
     };
     for kind in [AccountantKind::Pld, AccountantKind::Rdp] {
         let a = accountant::epsilon(&sampled_dg, 1e-5, kind).unwrap();

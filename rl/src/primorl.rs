@@ -310,6 +310,11 @@ pub struct PolicyEpoch {
     pub alpha: f64,
     pub q_loss: f64,
     pub entropy: f64,
+    /// Per observation coordinate, the lowest and highest value of the model states this
+    /// epoch's rollouts added to SAC's buffer (all inside the plausible box; empty when the
+    /// epoch made no rollout).
+    #[serde(default)]
+    pub model_obs_range: Vec<(f32, f32)>,
     /// Seconds since the phase started.
     pub seconds: f64,
 }
@@ -469,7 +474,8 @@ pub fn policy_phase(
     let rollouts = |agent: &mut SacAgent,
                     buffer: &mut ReplayBuffer,
                     rng: &mut Xoshiro256PlusPlus,
-                    env: &mut Box<dyn fedrl_sim::Env>|
+                    env: &mut Box<dyn fedrl_sim::Env>,
+                    range: &mut Vec<(f32, f32)>|
      -> Result<(f64, f64, u64)> {
         let starts = rollout_starts(cfg, data, buffer, rng, env.as_mut())?;
         let (mut r_sum, mut p_sum, mut count) = (0.0, 0.0, 0u64);
@@ -512,6 +518,12 @@ pub fn policy_phase(
                 r_sum += f64::from(*r) + pen;
                 p_sum += pen;
                 count += 1;
+                if range.is_empty() {
+                    range.resize(obs_dim, (f32::INFINITY, f32::NEG_INFINITY));
+                }
+                for (x, (lo, hi)) in s2.iter().zip(range.iter_mut()) {
+                    (*lo, *hi) = (lo.min(*x), hi.max(*x));
+                }
                 next.extend_from_slice(s2);
             }
             cur = next;
@@ -545,12 +557,14 @@ pub fn policy_phase(
 
     let mut last = Default::default();
     let mut updates = 0u64;
+    let mut range = Vec::new();
     for epoch in 1..=cfg.epochs {
         for u in 0..cfg.updates_per_epoch {
             if u % cfg.rollout_every == 0 || buffer.len() < n_model.max(1) {
                 let mut tries = 0;
                 loop {
-                    let (r, p, c) = rollouts(&mut agent, &mut buffer, &mut rng, &mut env)?;
+                    let (r, p, c) =
+                        rollouts(&mut agent, &mut buffer, &mut rng, &mut env, &mut range)?;
                     reward_sum += r;
                     penalty_sum += p;
                     steps += c;
@@ -587,6 +601,7 @@ pub fn policy_phase(
             alpha: last.alpha,
             q_loss: last.q_loss,
             entropy: last.entropy,
+            model_obs_range: std::mem::take(&mut range),
             seconds: started.elapsed().as_secs_f64(),
         };
         (reward_sum, penalty_sum, steps) = (0.0, 0.0, 0);

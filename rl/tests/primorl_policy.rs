@@ -153,8 +153,15 @@ fn rollouts_stay_in_the_plausible_box_or_the_model_is_refused() {
         &mut |_| {},
     )
     .expect("policy phase");
+    // Pendulum-v1 observes (cos, sin, angular velocity) in [-1, 1] x [-1, 1] x [-8, 8]; the box
+    // adds 5% of each range. Every model state SAC was given lies inside it.
+    let bounds = [(-1.1f32, 1.1f32), (-1.1, 1.1), (-8.8, 8.8)];
     for e in &curve {
         assert!(e.q_loss.is_finite(), "{e:?}");
+        assert_eq!(e.model_obs_range.len(), 3, "{e:?}");
+        for (&(lo, hi), &(min, max)) in bounds.iter().zip(&e.model_obs_range) {
+            assert!(lo <= min && min <= max && max <= hi, "{e:?}");
+        }
     }
     // A wildly wrong one sends every rollout out of the box at once: a clear error, not a
     // policy trained on garbage.
@@ -214,6 +221,42 @@ fn mopo_mixes_real_transitions_into_each_minibatch() {
     .expect("MOPO policy phase");
     assert_eq!(agent.updates(), 40);
     assert!(curve.iter().all(|e| e.q_loss.is_finite()));
+    // The real rows do reach the minibatch: the same transitions with a reward of 1e4 make the
+    // critic's loss explode (8 of 32 rows with a target near 1e4), while at real_ratio = 0 the
+    // same buffer changes nothing.
+    let mut poisoned = ReplayBuffer::new(3, 1, real.len()).expect("buffer");
+    let all = real.sample(real.len(), &mut rng).expect("sample");
+    for k in 0..real.len() {
+        poisoned
+            .push(
+                &all.obs[k * 3..(k + 1) * 3],
+                &all.act[k..k + 1],
+                1e4,
+                &all.next_obs[k * 3..(k + 1) * 3],
+                false,
+            )
+            .expect("push");
+    }
+    let q_loss = |ratio: f64| {
+        let cfg = PolicyPhaseConfig {
+            real_ratio: ratio,
+            ..tiny_policy(5)
+        };
+        let starts = StartData {
+            real: Some(&poisoned),
+            public: None,
+        };
+        let (_, c) = policy_phase(&ens, "Pendulum-v1", &cfg, starts, &Device::Cpu, &mut |_| {})
+            .expect("policy phase");
+        c.last().expect("epochs").q_loss
+    };
+    let clean = curve.last().expect("epochs").q_loss;
+    let (mixed, unmixed) = (q_loss(0.25), q_loss(0.0));
+    assert!(clean < 1e4 && unmixed < 1e4, "{clean} {unmixed}");
+    assert!(
+        mixed > 1e6,
+        "real rows with reward 1e4 left the critic's loss at {mixed}"
+    );
     let Err(err) = policy_phase(
         &ens,
         "Pendulum-v1",

@@ -51,6 +51,16 @@ relies on it. Do not publish them.
 | `operator/aggregator.log`, `operator/client-N.log` | operator | the processes' logs (a resume appends to them) |
 | `state/` | operator (holds keys) | the aggregator's state directory (see its own `FILES.md`) |
 | `twin/` | public/operator as above | the non-private twin's run (`--twin`), same layout |
+
+Timings are public but not differentially private: `t_s` in `metrics.jsonl` (seconds from the
+aggregator's start to the round's release), `wall_seconds` in `report.json` (seconds the
+aggregator ran) and, in expert-level runs, `release_seconds`, `agents_ready_seconds` and
+`started_after_seconds` under `selective.release` in `report.json` are wall-clock times published
+without noise. They grow with the work done: a round's time with the number of units sampled
+into it and the size of their data (the secret sample), the DataRelease's time with how many
+steps of each candidate trajectory were walked (the candidates' and released prefixes' lengths).
+The epsilon reported does not cover what they reveal. Drop these fields before publishing if
+the sample size or the candidates' lengths must stay secret.
 ";
 
 /// A prepared local run: the scenario and where its results go.

@@ -209,3 +209,50 @@ dim = 4
     }
     assert!(f(&v["epsilon"]) <= 8.0, "{v}");
 }
+
+/// Un-sampled discrete Gaussian rounds: the zCDP rho (exact for the discrete Gaussian) is shown
+/// beside the epsilon, in JSON and in text; a sampled ledger shows none.
+#[test]
+fn zcdp_rho_is_shown_beside_the_epsilon_for_unsampled_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("privacy.ledger");
+    let cfg = LedgerConfig {
+        target_epsilon: 50.0,
+        delta: 1e-5.try_into().unwrap(),
+        unit_kind: UnitKind::User,
+        participation: Participation::sampled(0.5).unwrap(),
+    };
+    let (mut l, _) = PrivacyLedger::open(&path, cfg).unwrap();
+    // The default grid: Delta = 2^24 grid units, sigma = 1.5 Delta (z = 1.5).
+    let delta = (1u64 << 24) as f64;
+    for r in 1..=3 {
+        l.append(RoundRecord {
+            round: r,
+            phase: "training".into(),
+            event: DpEvent::DiscreteGaussian {
+                sigma: 1.5 * delta,
+                l2_sensitivity: delta,
+            },
+            sampled_by_aggregator: false,
+            units: vec![1, 2],
+            clip_norm: Some(1.0),
+            expected_cohort: Some(2.0),
+            noise_source: NoiseSource::Os,
+            unix_time_s: 1.7e9,
+        })
+        .unwrap();
+    }
+    drop(l);
+    let d = dir.path().to_str().unwrap();
+    let v = json(&["ledger", d, "--json"]);
+    // Three rounds of Delta^2 / (2 sigma^2) = 1 / 4.5.
+    assert!((f(&v["zcdp_rho"]) - 3.0 / 4.5).abs() < 1e-12, "{v}");
+    let (code, out, stderr) = fedrl(&["ledger", d]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(out.contains("zCDP rho      0.666667"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    mixed_ledger(dir.path());
+    let v = json(&["ledger", dir.path().to_str().unwrap(), "--json"]);
+    assert!(v["zcdp_rho"].is_null(), "{v}");
+}

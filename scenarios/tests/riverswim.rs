@@ -241,8 +241,18 @@ fn fedrl_run_trains_riverswim_loglinear() {
     assert_eq!(report["rounds_completed"], 12, "{report}");
     let eps = report["epsilon"].as_f64().unwrap();
     assert!(eps <= 1.0, "{report}");
+    // Fresh users, un-sampled rounds: beside the epsilon, the exact zCDP rho of one discrete
+    // Gaussian with sigma / Delta at least z = 3.74 (the grid rounds sigma up, never down).
+    let rho = report["zcdp_rho"].as_f64().unwrap();
+    let rho_z = 1.0 / (2.0 * 3.74f64.powi(2));
+    assert!(rho <= rho_z && rho > 0.999 * rho_z, "{report}");
     let ret = report["final_eval_return"].as_f64().unwrap();
-    assert!(ret.is_finite() && ret >= 0.0, "{report}");
+    let fe = &report["final_evaluation"];
+    let (ret_sd, ret_n) = (
+        fe["final_eval_return_std"].as_f64().unwrap(),
+        fe["final_eval_episodes"].as_f64().unwrap(),
+    );
+    assert_eq!(ret_n, 500.0, "{report}");
     // The ledger lists unit ids: operator-only.
     let (_, records, _) = fedrl_common::privacy::ledger::PrivacyLedger::read(
         out.join(fedrl_aggregator::state::OPERATOR_DIR)
@@ -258,6 +268,24 @@ fn fedrl_run_trains_riverswim_loglinear() {
     )
     .unwrap();
     assert_eq!((spec.obs_dim, spec.n_actions, params.len()), (6, 2, 18));
+    // The exported policy's exact expected return (sampled actions, dynamic programming over
+    // RiverSwim's 20 steps); the report's final return (500 held-out episodes of the same
+    // policy) must estimate it: within 5 standard errors, and never above the optimum.
+    let env = RiverSwim::new();
+    let n_states = env.n_states;
+    let exact = fedrl_rl::loglinear::riverswim_expected_return(&env, 1.0, |s| {
+        let mut obs = vec![0.0f32; n_states];
+        obs[s] = 1.0;
+        let mut p = [0.0f64; 2];
+        spec.probs(&params, &obs, &mut p);
+        p
+    })
+    .1;
+    assert!(exact <= riverswim_optimal_return(&env) + 1e-9, "{exact}");
+    assert!(
+        (ret - exact).abs() <= 5.0 * ret_sd / ret_n.sqrt() + 1e-6,
+        "report's final return {ret} (sd {ret_sd}) vs the exported policy's exact {exact}"
+    );
     // `fedrl eval` reads the log-linear export too.
     let o = Command::new(exe())
         .args([
@@ -265,7 +293,8 @@ fn fedrl_run_trains_riverswim_loglinear() {
             "--env",
             "RiverSwim-v0",
             "--episodes",
-            "50",
+            "200",
+            "--stochastic",
             "--json",
             "--policy",
         ])
@@ -274,6 +303,14 @@ fn fedrl_run_trains_riverswim_loglinear() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(e["episodes"], 50, "{e}");
-    assert!(e["mean_return"].as_f64().unwrap().is_finite(), "{e}");
+    assert_eq!(e["episodes"], 200, "{e}");
+    // It reads the same policy: its sampled-action mean estimates the exact return too.
+    let (mean, sd) = (
+        e["mean_return"].as_f64().unwrap(),
+        e["std_return"].as_f64().unwrap(),
+    );
+    assert!(
+        (mean - exact).abs() <= 5.0 * sd / 200f64.sqrt() + 1e-6,
+        "fedrl eval's mean {mean} (sd {sd}) vs the exact {exact}"
+    );
 }

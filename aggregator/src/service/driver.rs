@@ -1147,6 +1147,11 @@ impl EngineThread {
                 } else {
                     rep.epsilon_rdp
                 },
+                zcdp_rho: if self.engine.config().non_private {
+                    None
+                } else {
+                    rep.zcdp_rho
+                },
                 delta: rep.delta,
                 target_epsilon: rep.target_epsilon,
                 seeded: rep.noise_sources.iter().any(|s| !s.is_private()),

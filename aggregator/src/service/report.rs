@@ -25,6 +25,11 @@ pub struct PublicReport {
     pub epsilon: f64,
     /// The RDP cross-check at `delta` (never smaller than a valid bound needs to be).
     pub epsilon_rdp: f64,
+    /// The worst unit's zCDP rho when every round charging it was an un-sampled (discrete)
+    /// Gaussian: exact, where `epsilon` counts the discrete Gaussian as continuous up to a
+    /// proven gap (`fedrl_common::privacy::event`). `None` otherwise and for a non-private twin.
+    #[serde(default)]
+    pub zcdp_rho: Option<f64>,
     pub delta: f64,
     pub target_epsilon: f64,
     /// True when the noise was seeded (reproducible, not private).
@@ -170,6 +175,7 @@ mod tests {
                 rounds_attempted: 4,
                 epsilon: 0.9,
                 epsilon_rdp: 1.0,
+                zcdp_rho: None,
                 delta: 1e-5,
                 target_epsilon: 2.0,
                 seeded: false,

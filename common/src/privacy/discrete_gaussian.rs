@@ -35,20 +35,15 @@
 //! Accounting that uses only the Gaussian's Renyi curve (the RDP accountant for unsampled
 //! rounds, zCDP conversions) is therefore exactly valid.
 //!
-//! The central theorem has no (eps, delta) slack term. Slack appears in two other places, both
-//! negligible at `sigma >= 10` grid units, which the mechanism
-//! ([`super::fixed_point::NoiseCalibration`]) enforces:
+//! The central theorem has no (eps, delta) slack term. Slack appears in two other places:
 //! - **PLD and subsampling.** The privacy-loss-distribution accountant, and the RDP bound for
 //!   *Poisson-sampled* rounds, are computed for the continuous Gaussian, not from its Renyi curve
-//!   alone; applied to the discrete mechanism they are an approximation, not a theorem. Its size:
-//!   the pmf equals the Gaussian density at the integers up to the normaliser, which by Poisson
-//!   summation differs from `sqrt(2 pi) sigma` by a relative `2 exp(-2 pi^2 sigma^2) / (1 -
-//!   exp(-6 pi^2 sigma^2))` (below `1e-850` at `sigma = 10`); what remains is a lattice sum of
-//!   step `1 / sigma` standard deviations in place of an integral. In this project sigma is of
-//!   order `2^24` grid units ([`super::fixed_point::DEFAULT_GRID_BITS`]), a step of ~6e-8, far
-//!   below the PLD accountant's own discretisation; CKS20's numerical comparison of the two
-//!   (eps, delta) curves finds them essentially identical already at sigma of a few units. The
-//!   RDP figure for unsampled rounds has no such gap.
+//!   alone. For (eps, delta) the discrete mechanism is *not* equivalent: its delta(eps) exceeds
+//!   the continuous one's by up to ~1.7e-4 at `sigma = Delta = 10` (exact hockey-stick sums,
+//!   `tests/discrete_gaussian_gap.rs`), a lattice effect of order `1 / sigma^2`. `super::event`
+//!   proves a bound on that gap (Poisson summation) and the ledger refuses any event whose bound
+//!   exceeds 1e-12; at this project's sigma of order `2^24` grid units
+//!   ([`super::fixed_point::DEFAULT_GRID_BITS`]) it is ~1e-15.
 //! - **Sums of discrete Gaussians.** Were the noise ever split among `n` parties (secure
 //!   aggregation), the sum is no longer a discrete Gaussian. Kairouz, Liu and Steinke (ICML 2021,
 //!   "The Distributed Discrete Gaussian Mechanism", Theorem 1, as we read it) then bound the zCDP

@@ -467,6 +467,12 @@ pub struct LedgerReport {
     pub epsilon_rdp: f64,
     /// Why `epsilon_rdp` is +inf, if it is.
     pub rdp_note: Option<String>,
+    /// The worst unit's zCDP parameter rho when every event charging it is an un-sampled
+    /// Gaussian or discrete Gaussian (sum of `Delta^2 / (2 sigma^2)`): exact for both, where
+    /// `epsilon` treats a discrete Gaussian as continuous up to a proven gap (see
+    /// [`super::event`]). `None` when the worst unit was charged anything else (a sampled
+    /// round, Laplace, the sparse-vector test), where no rho would be exact.
+    pub zcdp_rho: Option<f64>,
     /// Each phase on its own at delta / P (P phases), in order of first appearance.
     pub phases: Vec<PhaseEpsilon>,
     /// Basic composition of the phases: the sum of their epsilons at delta / P each. A valid
@@ -1148,6 +1154,12 @@ fn full_report(
             Err(e) => return Err(e.into()),
         }
     };
+    let zcdp_rho = grouped
+        .events
+        .resolve(&total.worst_groups)
+        .into_iter()
+        .map(|(e, count)| e.zcdp_rho().map(|rho| rho * count as f64))
+        .sum::<Option<f64>>();
     let mut names: Vec<&str> = Vec::new();
     for r in records {
         if !names.contains(&r.phase.as_str()) {
@@ -1190,6 +1202,7 @@ fn full_report(
         accountant: total.method.to_string(),
         epsilon_rdp,
         rdp_note,
+        zcdp_rho,
         phases,
         epsilon_basic,
         delta: delta.get(),

@@ -138,6 +138,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "epsilon       {:.6} at delta {:e} ({}; every phase composed; target {})",
         report.epsilon, report.delta, report.accountant, report.target_epsilon
     );
+    match report.zcdp_rho {
+        Some(rho) => println!(
+            "zCDP rho      {rho:.6} (worst unit, every round un-sampled Gaussian: exact, also for \
+             the discrete Gaussian)"
+        ),
+        None => println!("zCDP rho      none (the worst unit has sampled or non-Gaussian events)"),
+    }
     println!(
         "basic sum     {:.6} (sum of the phases above; a looser cross-check)",
         report.epsilon_basic

@@ -373,8 +373,10 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
         let (episodes, steps) = fedrl_rl::offline::minari::totals(
             &fedrl_rl::offline::minari::dataset_dir(&root, &id)?,
         )?;
+        // Exact counts (for CartPole the step count is the sum of every private return).
         eprintln!(
-            "dataset {id}: {episodes} episodes ({steps} steps) of {} units",
+            "operator-only (exact counts, do not publish): dataset {id}: {episodes} episodes \
+             ({steps} steps) of {} units",
             t.dataset.units
         );
     }
@@ -545,6 +547,9 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
         },
         r["wall_seconds"].as_f64().unwrap_or(f64::NAN),
     );
+    if let Some(rho) = r["zcdp_rho"].as_f64() {
+        println!("zCDP rho {rho:.4} (every round un-sampled: exact, the discrete Gaussian's too)");
+    }
     if let Some(rel) = r["selective"]["release"].as_object() {
         println!(
             "DataRelease: {} candidate trajectories walked, {} prefixes released, {} transitions in D_stable of at most {} (published in {}); {:.1} s, of which {:.1} s waiting for the agents to load their data",
