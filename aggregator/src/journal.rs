@@ -203,6 +203,18 @@ impl JournalWriter {
         {
             return self.record_update(t, *client, *round, *unit, update);
         }
+        if let Event::StepsArrived { rows, .. } = event
+            && self.mode == JournalMode::Digest
+            && !rows.is_empty()
+        {
+            // A candidate's steps are an expert's demonstration: in digest mode they do not
+            // reach the disk (the segment's mode tells a replay they are missing).
+            let mut kept = event.clone();
+            if let Event::StepsArrived { rows, .. } = &mut kept {
+                rows.clear();
+            }
+            return self.write_frame(&Header::Event { t, event: kept }, None);
+        }
         self.write_frame(
             &Header::Event {
                 t,
@@ -558,6 +570,10 @@ pub enum ReplayError {
         unit: UnitId,
     },
     #[error(
+        "entry {index}: a DataRelease chunk of candidate {query} was journalled without its steps (journal = \"digest\"); an exact replay needs journal = \"full\""
+    )]
+    MissingSteps { index: usize, query: u64 },
+    #[error(
         "entry {index}: a second segment (the aggregator restarted); replay each segment with an engine resumed as that process was"
     )]
     SecondSegment { index: usize },
@@ -572,12 +588,19 @@ pub fn replay(
 ) -> Result<Vec<(f64, Action)>, ReplayError> {
     let mut out = Vec::new();
     let mut events = 0usize;
+    let mut mode = JournalMode::Full;
     for (index, entry) in entries.into_iter().enumerate() {
         match entry {
-            Entry::Start { .. } => {
+            Entry::Start { mode: m, .. } => {
                 if events > 0 {
                     return Err(ReplayError::SecondSegment { index });
                 }
+                mode = m;
+            }
+            Entry::Event { event: Event::StepsArrived { query, .. }, .. }
+                if mode == JournalMode::Digest =>
+            {
+                return Err(ReplayError::MissingSteps { index, query });
             }
             Entry::Event { t, event } => {
                 events += 1;

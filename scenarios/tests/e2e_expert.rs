@@ -10,7 +10,10 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_support::*;
+use fedrl_aggregator::engine::{Action, Engine, EngineConfig, Resume, for_seed};
+use fedrl_aggregator::journal::{JOURNAL_FILE, JournalReader, replay};
 use fedrl_common::privacy::ledger::PrivacyLedger;
+use fedrl_common::scenario::Scenario;
 use fedrl_common::selective::{Schedule, SelectiveConfig};
 
 /// 48 experts of 2 demonstrations each; p_min = 0.5 makes every expert the uniform policy, so
@@ -21,6 +24,7 @@ fn scenario(mode: &str, p: f64) -> String {
         r#"
 name = "e2e-expert-{mode}"
 seed = 5
+journal = "full"
 users = 48
 client_agents = 2
 participation = {{ kind = "sampled", rate = 0.5 }}
@@ -93,6 +97,54 @@ fn schedule(p: f64) -> Schedule {
     })
 }
 
+/// The run's full journal, replayed through a fresh engine with the scenario's configuration and
+/// seed, reproduces the DataRelease and every round: the same ledger records (release first) and
+/// the same D_stable, transition for transition.
+fn replays_bit_for_bit(out: &Path, published: &fedrl_rl::offline::TransitionBatch) {
+    let scenario = Scenario::from_file(out.join("scenario.toml")).unwrap();
+    let state = out.join("state");
+    let (entries, torn) = JournalReader::read_all(state.join(JOURNAL_FILE)).unwrap();
+    assert_eq!(torn, None);
+    let mut engine = Engine::new(
+        EngineConfig::for_scenario(&scenario).unwrap(),
+        Resume::default(),
+        for_seed(scenario.seed),
+    )
+    .unwrap();
+    let actions = replay(&mut engine, entries).unwrap();
+    let replayed: Vec<_> = actions
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Action::AppendLedger { record, .. } => Some((**record).clone()),
+            _ => None,
+        })
+        .collect();
+    let (_, ledger, _) =
+        PrivacyLedger::read(state.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
+    let stamped: Vec<_> = ledger
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.unix_time_s = 0.0;
+            r
+        })
+        .collect();
+    assert_eq!(replayed, stamped);
+    assert_eq!(replayed[0].phase, "release");
+    let stable: Vec<f32> = actions
+        .iter()
+        .find_map(|(_, a)| match a {
+            Action::PublishStable(s) => Some(s.prefixes.iter().flat_map(|(_, r)| r.clone()).collect()),
+            _ => None,
+        })
+        .expect("the replay publishes D_stable");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&stable),
+        bits(&fedrl_rl::offline::dpsgd::encode_rows(published))
+    );
+}
+
 #[test]
 fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_steps() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,6 +187,7 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
         let path = out.join(rel["published"].as_str().unwrap());
         let published = fedrl_rl::offline::minari::read(&path).unwrap();
         assert_eq!(published.dataset.transitions().len() as u64, stable);
+        replays_bit_for_bit(&out, &published.dataset.transitions());
         assert!(
             report["final_evaluation"]["final_eval_return"]
                 .as_f64()
