@@ -115,6 +115,10 @@ struct Sim {
     published: Option<StableRelease>,
     rejected_joins: Vec<(ClientId, usize)>,
     finished: Option<String>,
+    /// Agents answer at the next tick instead of at once (a network between them).
+    slow: bool,
+    /// The agents' answers on their way (slow mode).
+    in_flight: Vec<Event>,
 }
 
 impl Sim {
@@ -131,6 +135,8 @@ impl Sim {
             published: None,
             rejected_joins: Vec::new(),
             finished: None,
+            slow: false,
+            in_flight: Vec::new(),
         }
     }
 
@@ -188,7 +194,7 @@ impl Sim {
                 let len = (all.len() / 5) as u32;
                 let end = len.min(request.from_step + request.steps);
                 let rows = all[request.from_step as usize * 5..end as usize * 5].to_vec();
-                self.queue.push_back(Event::StepsArrived {
+                self.answer(Event::StepsArrived {
                     client,
                     query: request.query,
                     unit: request.unit,
@@ -234,7 +240,7 @@ impl Sim {
                         });
                     }
                 }
-                self.queue.push_back(Event::CountsArrived {
+                self.answer(Event::CountsArrived {
                     client,
                     query: query.query,
                     from_step: query.from_step,
@@ -285,10 +291,20 @@ impl Sim {
         }
     }
 
+    /// An agent's answer: at once, or at the next tick in slow mode.
+    fn answer(&mut self, ev: Event) {
+        if self.slow {
+            self.in_flight.push(ev);
+        } else {
+            self.queue.push_back(ev);
+        }
+    }
+
     /// Ticks until the run finished (or `limit` seconds of engine time).
     fn run(&mut self, limit: f64) {
         while self.finished.is_none() && self.t < limit {
             self.t += 0.5;
+            self.queue.extend(self.in_flight.drain(..));
             self.queue.push_back(Event::Tick);
             self.drain();
         }
@@ -396,9 +412,10 @@ fn a_client_claiming_3000_units_answering_the_maximum_is_refused_and_changes_not
 #[test]
 fn a_fifth_agent_with_overlapping_experts_is_refused_before_anything_is_published() {
     let mut sim = Sim::new(engine(1, 5));
+    sim.slow = true;
     honest(&mut sim);
+    assert!(!sim.owners.is_empty(), "the walk has started");
     // Joins once the walk runs, claiming experts 5..15 (hosted already by agents 1 and 2).
-    sim.t = 0.5;
     sim.join(5, vec![UnitRange { start: 5, end: 15 }], Behaviour::Honest);
     let (who, at) = *sim.rejected_joins.first().expect("the overlapping join is refused");
     assert_eq!(who, 5);
@@ -408,6 +425,7 @@ fn a_fifth_agent_with_overlapping_experts_is_refused_before_anything_is_publishe
     assert!(sim.received.keys().all(|(c, _)| *c != 5));
     // Its answers are never counted: the release equals the one without it.
     let mut clean = Sim::new(engine(1, 5));
+    clean.slow = true;
     honest(&mut clean);
     clean.run(200.0);
     assert_eq!(sim.published.unwrap(), clean.published.unwrap());
@@ -497,6 +515,15 @@ fn a_silent_owner_is_dropped_and_its_candidate_releases_nothing() {
     sim.join(4, vec![UnitRange { start: 30, end: 40 }], Behaviour::SilentOwner);
     sim.run(400.0);
     let s = sim.published.clone().unwrap();
+    assert!(
+        sim.owners.values().any(|(owner, _, _)| *owner == 4),
+        "the silent owner was asked for a candidate"
+    );
+    assert!(
+        sim.actions
+            .iter()
+            .any(|(_, a)| matches!(a, Action::DropClient { client: 4, .. }))
+    );
     assert!(s.prefixes.iter().all(|(p, _)| p.unit < 30));
     assert!(sim.finished.is_some());
 }
