@@ -13,7 +13,6 @@ use e2e_support::*;
 use fedrl_aggregator::engine::{Action, Engine, EngineConfig, Resume, for_seed};
 use fedrl_aggregator::journal::{JOURNAL_FILE, JournalReader, replay};
 use fedrl_common::privacy::ledger::PrivacyLedger;
-use fedrl_common::scenario::Scenario;
 use fedrl_common::selective::{Schedule, SelectiveConfig};
 
 /// 48 experts of 2 demonstrations each; p_min = 0.5 makes every expert the uniform policy, so
@@ -101,7 +100,7 @@ fn schedule(p: f64) -> Schedule {
 /// seed, reproduces the DataRelease and every round: the same ledger records (release first) and
 /// the same D_stable, transition for transition.
 fn replays_bit_for_bit(out: &Path, published: &fedrl_rl::offline::TransitionBatch) {
-    let scenario = Scenario::from_file(out.join("scenario.toml")).unwrap();
+    let scenario = fedrl_rl::task::scenario_from_file(out.join("scenario.toml")).unwrap();
     let state = out.join("state");
     let (entries, torn) = JournalReader::read_all(state.join(JOURNAL_FILE)).unwrap();
     assert_eq!(torn, None);

@@ -392,6 +392,9 @@ impl ReleaseParameters {
 /// `rng` (the aggregator's CSPRNG): theta^'s Laplace draw first, then one draw per query, and no
 /// draw after the first failure.
 ///
+/// This is the floating-point reference of the walk (tests compare against it); the
+/// aggregator runs the integer version, [`ExactPrefixTest`], whose noise has no gaps.
+///
 /// Refuses (`InvalidAnswer`) an empty walk, one longer than L, and counts that are negative or
 /// not finite (a NaN would silently fail every comparison); answers should have passed
 /// [`super::expert_answers::check_prefix_counts`] before they were summed.
@@ -569,6 +572,32 @@ mod tests {
         let far = (t.threshold_scale as i128) * 60;
         assert!(t.passes(t.threshold() + far, t.threshold(), &mut rng).unwrap_or(false));
         assert!(!t.passes(t.threshold() - far, t.threshold(), &mut rng).unwrap_or(true));
+    }
+
+    #[test]
+    fn the_exact_test_passes_as_often_as_the_float_reference() {
+        use rand::SeedableRng;
+        let p = ReleaseParameters::new(10.0, 1e-3, 0.05, 25, 200).unwrap_or_else(|e| panic!("{e}"));
+        let t = ExactPrefixTest::new(&p).unwrap_or_else(|e| panic!("{e}"));
+        let b = query_noise_scale(p.epsilon_prime);
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(5);
+        let n = 6000;
+        for x in [-2.0, 0.0, 2.0] {
+            let count = p.theta_hat_offset + x * b;
+            let grid = ExactPrefixTest::count_on_grid(count, 1_000_000).unwrap_or(0);
+            let exact = (0..n)
+                .filter(|_| {
+                    let thr = t.noisy_threshold(&mut rng).unwrap_or(i128::MAX);
+                    t.passes(grid, thr, &mut rng).unwrap_or(false)
+                })
+                .count() as f64
+                / n as f64;
+            let float = (0..n)
+                .filter(|_| stable_prefix(&[count], &p, &mut rng).unwrap_or(0) == 1)
+                .count() as f64
+                / n as f64;
+            assert!((exact - float).abs() < 0.03, "x = {x}: {exact} vs {float}");
+        }
     }
 
     #[test]
