@@ -597,9 +597,10 @@ pub fn replay(
                 }
                 mode = m;
             }
-            Entry::Event { event: Event::StepsArrived { query, .. }, .. }
-                if mode == JournalMode::Digest =>
-            {
+            Entry::Event {
+                event: Event::StepsArrived { query, .. },
+                ..
+            } if mode == JournalMode::Digest => {
                 return Err(ReplayError::MissingSteps { index, query });
             }
             Entry::Event { t, event } => {

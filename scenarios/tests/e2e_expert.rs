@@ -133,7 +133,9 @@ fn replays_bit_for_bit(out: &Path, published: &fedrl_rl::offline::TransitionBatc
     let stable: Vec<f32> = actions
         .iter()
         .find_map(|(_, a)| match a {
-            Action::PublishStable(s) => Some(s.prefixes.iter().flat_map(|(_, r)| r.clone()).collect()),
+            Action::PublishStable(s) => {
+                Some(s.prefixes.iter().flat_map(|(_, r)| r.clone()).collect())
+            }
             _ => None,
         })
         .expect("the replay publishes D_stable");

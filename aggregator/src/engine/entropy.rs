@@ -46,7 +46,8 @@ impl EntropySource for OsEntropy {
     }
 
     fn release_rng(&mut self) -> Result<(ChaCha20Rng, NoiseSource), EntropyError> {
-        let rng = ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| EntropyError(e.to_string()))?;
+        let rng =
+            ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| EntropyError(e.to_string()))?;
         Ok((rng, NoiseSource::Os))
     }
 }

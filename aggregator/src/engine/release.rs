@@ -206,7 +206,10 @@ enum Stage {
     /// Waiting until the joined clients host every expert.
     Gathering,
     /// The owner was asked for `asked` steps.
-    Steps { deadline: f64, asked: u32 },
+    Steps {
+        deadline: f64,
+        asked: u32,
+    },
     /// The audience was sent a chunk of `len` steps.
     Counts {
         deadline: f64,
@@ -338,7 +341,10 @@ impl Engine {
         }
         w.done_at = now;
         let Some(noise_source) = w.noise_source else {
-            self.finish("DataRelease ended before it drew any randomness".into(), out);
+            self.finish(
+                "DataRelease ended before it drew any randomness".into(),
+                out,
+            );
             return;
         };
         let record = RoundRecord {
@@ -388,14 +394,22 @@ impl Engine {
         self.with_walk(now, out, |e, w, out| {
             let late: Vec<ClientId> = match (&w.stage, &w.cand) {
                 (Stage::Steps { deadline, .. }, Some(c)) if now >= *deadline => vec![c.owner],
-                (Stage::Counts {
-                    deadline, waiting, ..
-                }, _) if now >= *deadline => waiting.iter().copied().collect(),
+                (
+                    Stage::Counts {
+                        deadline, waiting, ..
+                    },
+                    _,
+                ) if now >= *deadline => waiting.iter().copied().collect(),
                 _ => return Ok(()),
             };
             let s = w.spec.answer_deadline_s;
             for c in late {
-                e.drop_client(w, c, format!("no answer to the DataRelease within {s} s"), out);
+                e.drop_client(
+                    w,
+                    c,
+                    format!("no answer to the DataRelease within {s} s"),
+                    out,
+                );
             }
             e.progress(w, now, out)
         });
@@ -548,8 +562,7 @@ impl Engine {
         refused: Option<String>,
         out: &mut Vec<Action>,
     ) {
-        let Phase::ReleaseRecording(w) = std::mem::replace(&mut self.phase, Phase::Finished)
-        else {
+        let Phase::ReleaseRecording(w) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return;
         };
         let _ = now;
@@ -601,7 +614,13 @@ impl Engine {
     }
 
     /// Closes `client` and takes its units out of the population.
-    fn drop_client(&mut self, w: &mut Walk, client: ClientId, message: String, out: &mut Vec<Action>) {
+    fn drop_client(
+        &mut self,
+        w: &mut Walk,
+        client: ClientId,
+        message: String,
+        out: &mut Vec<Action>,
+    ) {
         if self.detach(client) {
             w.dropped += 1;
             out.push(Action::DropClient { client, message });
@@ -650,7 +669,10 @@ impl Engine {
         debug_assert_eq!(sums.len(), len as usize);
         let mut failed = false;
         for (i, sum) in sums.iter().enumerate() {
-            if !test.passes(*sum, threshold, rng).map_err(|e| e.to_string())? {
+            if !test
+                .passes(*sum, threshold, rng)
+                .map_err(|e| e.to_string())?
+            {
                 // The first failure ends the candidate: the prefix before it is released, and
                 // no noise is drawn for the rest of the chunk.
                 failed = true;
@@ -668,7 +690,12 @@ impl Engine {
     }
 
     /// Asks the candidate's owner for its next chunk.
-    fn request_steps(&mut self, w: &mut Walk, now: f64, out: &mut Vec<Action>) -> Result<(), String> {
+    fn request_steps(
+        &mut self,
+        w: &mut Walk,
+        now: f64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), String> {
         let Some(c) = w.cand.as_ref() else {
             return Err("steps asked for with no candidate".into());
         };
@@ -696,7 +723,12 @@ impl Engine {
 
     /// The candidate's walk is over: its passed prefix joins D_stable (unless its owner is
     /// gone), and the next candidate is drawn.
-    fn end_candidate(&mut self, w: &mut Walk, now: f64, out: &mut Vec<Action>) -> Result<(), String> {
+    fn end_candidate(
+        &mut self,
+        w: &mut Walk,
+        now: f64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), String> {
         if let Some(c) = w.cand.take()
             && !c.owner_gone
             && c.passed > 0
@@ -716,7 +748,12 @@ impl Engine {
     }
 
     /// Draws the next candidate and asks its owner, or ends the walk after T.
-    fn next_candidate(&mut self, w: &mut Walk, now: f64, out: &mut Vec<Action>) -> Result<(), String> {
+    fn next_candidate(
+        &mut self,
+        w: &mut Walk,
+        now: f64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), String> {
         let total = self.cfg.population.saturating_mul(w.spec.episodes_per_unit);
         let Some(rng) = w.rng.as_mut() else {
             return Err("a candidate drawn before the walk started".into());

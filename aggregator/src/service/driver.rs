@@ -571,8 +571,7 @@ impl EngineThread {
         };
         let spec = task.qnet_spec()?;
         let rows = super::release::stable_rows(&spec, release)?;
-        let (stable, published) =
-            super::release::publish(&rows, &spec, &self.scenario, &self.dir)?;
+        let (stable, published) = super::release::publish(&rows, &spec, &self.scenario, &self.dir)?;
         let transitions = stable.len();
         self.model
             .set_stable_data(stable)
@@ -598,11 +597,9 @@ impl EngineThread {
         let p_min = fedrl_common::selective::expert_p_min(&task.dataset);
         // Informational: a bound that cannot be computed leaves the fields null.
         let (longest, bound) = match (&spec, p_min) {
-            (Some(s), Some(p_min)) => {
-                super::release::stable_bound(s, self.scenario.users, p_min)
-                    .ok()
-                    .unzip()
-            }
+            (Some(s), Some(p_min)) => super::release::stable_bound(s, self.scenario.users, p_min)
+                .ok()
+                .unzip(),
             _ => (None, None),
         };
         let cfg = self.scenario.selective().and_then(|s| s.release.as_ref());

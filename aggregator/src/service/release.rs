@@ -31,12 +31,8 @@ pub(super) fn stable_bound(
     experts: u64,
     p_min: f64,
 ) -> anyhow::Result<(u64, u64)> {
-    let longest = expert_release::max_stable_prefix(
-        experts,
-        spec.n_actions as u64,
-        p_min,
-        &spec.params,
-    )?;
+    let longest =
+        expert_release::max_stable_prefix(experts, spec.n_actions as u64, p_min, &spec.params)?;
     Ok((longest, longest.saturating_mul(spec.trajectories)))
 }
 
@@ -158,4 +154,3 @@ pub(super) fn load_published(
         .with_context(|| format!("reading the published D_stable in {}", path.display()))?;
     Ok(read.dataset.transitions())
 }
-

@@ -297,7 +297,10 @@ impl ExactPrefixTest {
 
     /// theta^ for one candidate trajectory (Algorithm 2, line 7): the threshold plus its
     /// discrete Laplace noise, drawn once per trajectory.
-    pub fn noisy_threshold<R: rand::Rng + ?Sized>(&self, rng: &mut R) -> Result<i128, PrivacyError> {
+    pub fn noisy_threshold<R: rand::Rng + ?Sized>(
+        &self,
+        rng: &mut R,
+    ) -> Result<i128, PrivacyError> {
         let z = super::discrete_gaussian::discrete_laplace(rng, self.threshold_scale)
             .map_err(|e| PrivacyError::InvalidParameter(e.to_string()))?;
         Ok(self.threshold + z)
@@ -555,8 +558,14 @@ mod tests {
         assert!((tq as f64 * p.epsilon_prime) < 4.0 * delta + 2.0 * p.epsilon_prime);
         assert_eq!(t.threshold(), (p.theta_hat_offset * grid).ceil() as i128);
         // Grid counts: floored, clamped to the client's experts, refused when not a count.
-        assert_eq!(ExactPrefixTest::count_on_grid(1.5, 3), Some((1.5 * grid) as i128));
-        assert_eq!(ExactPrefixTest::count_on_grid(7.0, 3), Some((3.0 * grid) as i128));
+        assert_eq!(
+            ExactPrefixTest::count_on_grid(1.5, 3),
+            Some((1.5 * grid) as i128)
+        );
+        assert_eq!(
+            ExactPrefixTest::count_on_grid(7.0, 3),
+            Some((3.0 * grid) as i128)
+        );
         assert_eq!(ExactPrefixTest::count_on_grid(f64::NAN, 3), None);
         assert_eq!(ExactPrefixTest::count_on_grid(-1e-9, 3), None);
         // The noise is the discrete Laplace of the stated scale: integer, mean |x| near t.
@@ -567,11 +576,20 @@ mod tests {
             abs += (t.noisy_threshold(&mut rng).unwrap_or(0) - t.threshold()).abs() as f64;
         }
         let mean = abs / n as f64;
-        assert!((mean / tt as f64 - 1.0).abs() < 0.1, "E|Z| = {mean}, t = {tt}");
+        assert!(
+            (mean / tt as f64 - 1.0).abs() < 0.1,
+            "E|Z| = {mean}, t = {tt}"
+        );
         // Far above the threshold a count passes, far below it fails.
         let far = (t.threshold_scale as i128) * 60;
-        assert!(t.passes(t.threshold() + far, t.threshold(), &mut rng).unwrap_or(false));
-        assert!(!t.passes(t.threshold() - far, t.threshold(), &mut rng).unwrap_or(true));
+        assert!(
+            t.passes(t.threshold() + far, t.threshold(), &mut rng)
+                .unwrap_or(false)
+        );
+        assert!(
+            !t.passes(t.threshold() - far, t.threshold(), &mut rng)
+                .unwrap_or(true)
+        );
     }
 
     #[test]

@@ -57,7 +57,12 @@ fn cfg(chunk: u32) -> EngineConfig {
 }
 
 fn engine(chunk: u32, seed: u64) -> Engine {
-    Engine::new(cfg(chunk), Resume::default(), Box::new(SeededEntropy::new(seed))).unwrap()
+    Engine::new(
+        cfg(chunk),
+        Resume::default(),
+        Box::new(SeededEntropy::new(seed)),
+    )
+    .unwrap()
 }
 
 /// Episode `episode` of expert `unit`: 5 to 12 steps, action 0 everywhere but one step.
@@ -69,7 +74,13 @@ fn episode(unit: u64, episode: u32) -> Vec<f32> {
         let action = if t == odd { 1.0 } else { 0.0 };
         let terminal = if t + 1 == len { 1.0 } else { 0.0 };
         // obs, next obs, action, reward, terminal.
-        rows.extend([t as f32 + unit as f32 * 100.0, t as f32 + 1.0, action, 1.0, terminal]);
+        rows.extend([
+            t as f32 + unit as f32 * 100.0,
+            t as f32 + 1.0,
+            action,
+            1.0,
+            terminal,
+        ]);
     }
     rows
 }
@@ -210,10 +221,7 @@ impl Sim {
                 query,
                 payload,
             } => {
-                let top = self
-                    .received
-                    .entry((client, query.query))
-                    .or_insert(0);
+                let top = self.received.entry((client, query.query)).or_insert(0);
                 *top = (*top).max(query.from_step + query.steps);
                 let hosted = self.hosted(client);
                 let agent = self.agents.get_mut(&client).unwrap();
@@ -264,7 +272,8 @@ impl Sim {
             }
             Action::PublishStable(s) => {
                 self.published = Some(*s);
-                self.queue.push_back(Event::StablePublished { failed: None });
+                self.queue
+                    .push_back(Event::StablePublished { failed: None });
             }
             Action::SendOffer {
                 client,
@@ -338,7 +347,10 @@ fn an_honest_release_walks_t_candidates_then_accounts_then_publishes_then_trains
     sim.run(200.0);
     let s = sim.published.clone().expect("D_stable published");
     assert_eq!(s.walked, TRAJECTORIES);
-    assert!(!s.prefixes.is_empty(), "agreeing experts give stable prefixes");
+    assert!(
+        !s.prefixes.is_empty(),
+        "agreeing experts give stable prefixes"
+    );
     assert_eq!(s.dropped, 0);
     // Released rows are the owner's rows, whole transitions, and never longer than L.
     for (p, rows) in &s.prefixes {
@@ -357,7 +369,10 @@ fn an_honest_release_walks_t_candidates_then_accounts_then_publishes_then_trains
     // Each owner is told its own prefixes, and only those.
     for (client, mine) in &s.owners {
         let units = &sim.agents[client].units;
-        assert!(mine.iter().all(|p| units.iter().any(|r| r.contains(p.unit))));
+        assert!(
+            mine.iter()
+                .all(|p| units.iter().any(|r| r.contains(p.unit)))
+        );
     }
     let told: usize = s.owners.iter().map(|(_, m)| m.len()).sum();
     assert_eq!(told, s.prefixes.len());
@@ -417,7 +432,10 @@ fn a_fifth_agent_with_overlapping_experts_is_refused_before_anything_is_publishe
     assert!(!sim.owners.is_empty(), "the walk has started");
     // Joins once the walk runs, claiming experts 5..15 (hosted already by agents 1 and 2).
     sim.join(5, vec![UnitRange { start: 5, end: 15 }], Behaviour::Honest);
-    let (who, at) = *sim.rejected_joins.first().expect("the overlapping join is refused");
+    let (who, at) = *sim
+        .rejected_joins
+        .first()
+        .expect("the overlapping join is refused");
     assert_eq!(who, 5);
     sim.run(200.0);
     let publish = sim.index_of_publication().expect("published");
@@ -466,7 +484,10 @@ fn nobody_but_the_owner_receives_more_than_the_released_prefix_plus_k_steps() {
                     .get(&(request.unit, request.episode))
                     .copied()
                     .unwrap_or(0);
-                assert!(request.from_step <= r, "k = {k}: asked past a failed prefix");
+                assert!(
+                    request.from_step <= r,
+                    "k = {k}: asked past a failed prefix"
+                );
             }
         }
     }
@@ -487,7 +508,10 @@ fn a_silent_agent_is_dropped_at_the_deadline_and_the_walk_goes_on() {
     }
     sim.join(4, vec![UnitRange { start: 30, end: 40 }], Behaviour::Silent);
     sim.run(400.0);
-    let s = sim.published.clone().expect("the release finished without the silent agent");
+    let s = sim
+        .published
+        .clone()
+        .expect("the release finished without the silent agent");
     assert_eq!(s.dropped, 1);
     assert!(
         sim.actions
@@ -512,7 +536,11 @@ fn a_silent_owner_is_dropped_and_its_candidate_releases_nothing() {
             Behaviour::Honest,
         );
     }
-    sim.join(4, vec![UnitRange { start: 30, end: 40 }], Behaviour::SilentOwner);
+    sim.join(
+        4,
+        vec![UnitRange { start: 30, end: 40 }],
+        Behaviour::SilentOwner,
+    );
     sim.run(400.0);
     let s = sim.published.clone().unwrap();
     assert!(
@@ -551,7 +579,10 @@ fn malformed_answers_and_steps_drop_their_sender() {
             );
         }
         let q = *sim.owners.keys().next().expect("a candidate was asked for");
-        assert!(sim.received.contains_key(&(1, q)), "the first chunk went out");
+        assert!(
+            sim.received.contains_key(&(1, q)),
+            "the first chunk went out"
+        );
         sim.queue.push_front(Event::CountsArrived {
             client: 1,
             query: q,
