@@ -35,8 +35,9 @@
 //! (seed 002) as engine logic ([`release`]): candidates' steps and the agents' counts come in as
 //! events, requests and queries go out as actions, its randomness comes from the same
 //! [`EntropySource`], and its record goes through the same [`Action::AppendLedger`] ->
-//! [`Event::LedgerAppended`] exchange (round [`RELEASE_ROUND`]) before D_stable is published
-//! ([`Action::PublishStable`] -> [`Event::StablePublished`]) and the first round opens. Joins
+//! [`Event::LedgerAppended`] exchange (round [`RELEASE_ROUND`]) before the first candidate is
+//! asked for (the walk's outputs start with its second chunk); D_stable is published
+//! ([`Action::PublishStable`] -> [`Event::StablePublished`]) before the first round opens. Joins
 //! during the walk are checked exactly as during rounds.
 //!
 //! # Privacy rules enforced here (DESIGN §3)

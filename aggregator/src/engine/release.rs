@@ -7,10 +7,10 @@
 //! owner ([`Event::StepsArrived`]), a client's counts arrived ([`Event::CountsArrived`]), time
 //! passed ([`Event::Tick`]), the ledger answered ([`Event::LedgerAppended`] /
 //! [`Event::LedgerRefused`] for round [`RELEASE_ROUND`]), D_stable was published
-//! ([`Event::StablePublished`]). Actions out: ask an owner for a candidate's next steps
-//! ([`Action::RequestSteps`]), send a chunk to the agents ([`Action::QueryPrefix`]), drop an
-//! agent ([`Action::DropClient`]), append the release's ledger record ([`Action::AppendLedger`],
-//! the same path as every round: one ledger writer), publish D_stable
+//! ([`Event::StablePublished`]). Actions out: append the release's ledger record
+//! ([`Action::AppendLedger`], the same path as every round: one ledger writer), ask an owner for
+//! a candidate's next steps ([`Action::RequestSteps`]), send a chunk to the agents
+//! ([`Action::QueryPrefix`]), drop an agent ([`Action::DropClient`]), publish D_stable
 //! ([`Action::PublishStable`]). All randomness (the candidates, the threshold and query noise)
 //! comes from one generator of the engine's [`EntropySource`](super::EntropySource), so a
 //! journalled run replays bit for bit.
@@ -30,10 +30,15 @@
 //!   candidate than its released prefix plus k steps (the steps of the chunk that failed). The
 //!   rows beyond the observation and action (rewards, next observations) reach only the
 //!   engine, and leave it only inside D_stable.
-//! - **The walk ends in the ledger.** Once T candidates were walked (or every demonstration
-//!   was drawn), the engine emits the release's ledger record and waits; D_stable is published
-//!   only after [`Event::LedgerAppended`], and the first training round opens only after
-//!   [`Event::StablePublished`]. A refused record ends the run with nothing published.
+//! - **Charged before anything of it leaves.** With step-by-step reveal the walk's outputs start
+//!   during the walk: each chunk sent tells the agents that the prefix before it passed. So the
+//!   release's ledger record (the full T passes) is appended as soon as every expert is hosted,
+//!   and the first candidate is asked for only after [`Event::LedgerAppended`]; a refused
+//!   record ends the run before any candidate is drawn. A run that stops mid-walk is charged for
+//!   the whole release (the ledger may over-report, never under-report) and a restart does not
+//!   walk it again (the resumed engine starts with `Resume::release_done`; what was not
+//!   published stays unpublished). D_stable is published when the walk ends, and the first
+//!   training round opens only after [`Event::StablePublished`].
 //!
 //! # The answer deadline: drop the agent, keep the walk (and always account it)
 //! Every request has a deadline ([`ReleaseSpec::answer_deadline_s`]). An owner that does not
@@ -52,10 +57,10 @@
 //! - Abandoning the release *unaccounted* when too few agents answer would not be sound here:
 //!   with step-by-step reveal each chunk sent tells every agent that the prefix before it
 //!   passed, so outcomes of the test have left the engine as soon as a second chunk of any
-//!   candidate was sent. The release is therefore always charged (its record composes the full
-//!   T passes, an upper bound for a shorter walk: the ledger may over-report, never
+//!   candidate was sent. The release is therefore charged before its walk (its record composes
+//!   the full T passes, an upper bound for a shorter walk: the ledger may over-report, never
 //!   under-report). If every agent is gone the walk simply finds no owner for the remaining
-//!   candidates and ends.
+//!   candidates and ends, and what passed is published.
 //!
 //! # Exact noise
 //! The test runs on integers: [`ExactPrefixTest`] (counts on a grid of 2^-16, sensitivity
@@ -69,7 +74,6 @@ use fedrl_common::privacy::DpEvent;
 use fedrl_common::privacy::expert_answers::check_prefix_counts;
 use fedrl_common::privacy::expert_release::{ExactPrefixTest, ReleaseParameters};
 use fedrl_common::privacy::ledger::RoundRecord;
-use fedrl_common::privacy::noise::NoiseSource;
 use fedrl_common::protocol::{PrefixQuery, ReleasedPrefix, TrajectoryRequest, UnitId};
 use fedrl_common::scenario::{Scenario, Task};
 use rand::RngExt;
@@ -226,7 +230,6 @@ enum Stage {
 pub(super) struct Walk {
     spec: ReleaseSpec,
     rng: Option<ChaCha20Rng>,
-    noise_source: Option<NoiseSource>,
     drawn: BTreeSet<(UnitId, u32)>,
     walked: u64,
     next_query: u64,
@@ -245,7 +248,6 @@ impl Walk {
         Walk {
             spec,
             rng: None,
-            noise_source: None,
             drawn: BTreeSet::new(),
             walked: 0,
             next_query: 1,
@@ -340,13 +342,57 @@ impl Engine {
             return;
         }
         w.done_at = now;
-        let Some(noise_source) = w.noise_source else {
-            self.finish(
-                "DataRelease ended before it drew any randomness".into(),
-                out,
-            );
+        self.publish(*w, out);
+    }
+
+    /// The walk is over (its record is in the ledger already): D_stable goes out.
+    fn publish(&mut self, w: Walk, out: &mut Vec<Action>) {
+        let mut owners = Vec::new();
+        for (client, ranges) in &self.clients {
+            let mine: Vec<ReleasedPrefix> = w
+                .stable
+                .iter()
+                .map(|(p, _)| *p)
+                .filter(|p| ranges.iter().any(|r| r.contains(p.unit)))
+                .collect();
+            owners.push((*client, mine));
+        }
+        owners.sort_by_key(|(c, _)| *c);
+        self.phase = Phase::ReleasePublishing;
+        out.push(Action::PublishStable(Box::new(StableRelease {
+            prefixes: w.stable,
+            owners,
+            walked: w.walked,
+            refused: w.refused,
+            dropped: w.dropped,
+            started_at: w.started_at,
+            first_counts_at: w.first_counts_at,
+            done_at: w.done_at,
+        })));
+    }
+
+    /// A client joined (already checked and hosted): once every expert is, the release is
+    /// charged ([`Action::AppendLedger`]); its walk starts when the record is durable.
+    pub(super) fn release_on_join(&mut self, now: f64, out: &mut Vec<Action>) {
+        if self.hosted_units() < self.cfg.population {
+            return;
+        }
+        let Phase::Release(mut w) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return;
         };
+        if !matches!(w.stage, Stage::Gathering) || w.rng.is_some() {
+            self.phase = Phase::Release(w);
+            return;
+        }
+        let (rng, noise_source) = match self.entropy.release_rng() {
+            Ok(r) => r,
+            Err(e) => {
+                self.finish(format!("DataRelease not started: {e}"), out);
+                return;
+            }
+        };
+        w.rng = Some(rng);
+        w.started_at = Some(now);
         let record = RoundRecord {
             round: RELEASE_ROUND,
             phase: RELEASE_PHASE.into(),
@@ -363,21 +409,6 @@ impl Engine {
         out.push(Action::AppendLedger {
             round: RELEASE_ROUND,
             record: Box::new(record),
-        });
-    }
-
-    /// A client joined (already checked and hosted): the walk starts once every expert is.
-    pub(super) fn release_on_join(&mut self, now: f64, out: &mut Vec<Action>) {
-        let all = self.hosted_units() >= self.cfg.population;
-        self.with_walk(now, out, |e, w, out| {
-            if matches!(w.stage, Stage::Gathering) && all {
-                let (rng, source) = e.entropy.release_rng().map_err(|e| e.to_string())?;
-                w.rng = Some(rng);
-                w.noise_source = Some(source);
-                w.started_at = Some(now);
-                return e.next_candidate(w, now, out);
-            }
-            Ok(())
         });
     }
 
@@ -555,7 +586,7 @@ impl Engine {
         });
     }
 
-    /// The ledger answered the release's record.
+    /// The ledger answered the release's record: the walk starts, or the run stops.
     pub(super) fn release_ledger_answer(
         &mut self,
         now: f64,
@@ -565,33 +596,12 @@ impl Engine {
         let Phase::ReleaseRecording(w) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return;
         };
-        let _ = now;
         if let Some(reason) = refused {
             self.finish(format!("the DataRelease was not accounted: {reason}"), out);
             return;
         }
-        let mut owners = Vec::new();
-        for (client, ranges) in &self.clients {
-            let mine: Vec<ReleasedPrefix> = w
-                .stable
-                .iter()
-                .map(|(p, _)| *p)
-                .filter(|p| ranges.iter().any(|r| r.contains(p.unit)))
-                .collect();
-            owners.push((*client, mine));
-        }
-        owners.sort_by_key(|(c, _)| *c);
-        self.phase = Phase::ReleasePublishing;
-        out.push(Action::PublishStable(Box::new(StableRelease {
-            prefixes: w.stable,
-            owners,
-            walked: w.walked,
-            refused: w.refused,
-            dropped: w.dropped,
-            started_at: w.started_at,
-            first_counts_at: w.first_counts_at,
-            done_at: w.done_at,
-        })));
+        self.phase = Phase::Release(w);
+        self.with_walk(now, out, |e, w, out| e.next_candidate(w, now, out));
     }
 
     /// The driver published D_stable (or could not): training may start.

@@ -364,7 +364,9 @@ fn an_honest_release_walks_t_candidates_then_accounts_then_publishes_then_trains
     let record = pos(&|a| matches!(a, Action::AppendLedger { round: RELEASE_ROUND, record } if record.phase == RELEASE_PHASE && record.units.len() as u64 == EXPERTS)).unwrap();
     let publish = sim.index_of_publication().unwrap();
     let offer = pos(&|a| matches!(a, Action::SendOffer { .. })).unwrap();
-    assert!(record < publish && publish < offer);
+    let first_request = pos(&|a| matches!(a, Action::RequestSteps { .. })).unwrap();
+    // Charged before anything of the walk leaves (each chunk sent tells a test outcome).
+    assert!(record < first_request && first_request < publish && publish < offer);
     assert!(sim.finished.is_some());
     // Each owner is told its own prefixes, and only those.
     for (client, mine) in &s.owners {
