@@ -244,3 +244,192 @@ fn released_prefixes_alone_need_no_dp_step() {
     assert!(curve.iter().all(|e| e["dp_steps"] == 0));
     assert!(out.join("learning_curve.png").is_file());
 }
+
+/// `fedrl ARGS` with the datasets in `data` and `RUST_LOG=info`, output to `log`.
+fn spawn_fedrl(name: &str, data: &Path, log: &Path, args: &[String]) -> Proc {
+    let mut cmd = Command::new(exe());
+    cmd.args(args)
+        .env("FEDRL_DATA_DIR", data)
+        .env("RUST_LOG", "info");
+    spawn_command(name, log, cmd)
+}
+
+fn agent_args(
+    addr: &fedrl_aggregator::service::AddressFile,
+    token: &str,
+    users: &str,
+) -> Vec<String> {
+    [
+        "client",
+        "--server",
+        &addr.addr.to_string(),
+        "--server-cert-sha256",
+        &addr.fingerprint,
+        "--token",
+        token,
+        "--users",
+        users,
+        "--give-up-after",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Issue 55's probe over QUIC: beside two honest agents, one claiming experts 0..3000 and a
+/// fifth honest agent whose experts overlap one already hosted are refused at their join,
+/// before the release can start (so before anything is published); none of them is ever sent a
+/// candidate, and D_stable is the one of a run without them, transition for transition.
+#[test]
+fn agents_with_out_of_range_or_overlapping_experts_are_refused_before_the_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("datasets");
+    // The clean run (two agents, 0..24 and 24..48) also generates and caches the dataset.
+    let clean = run(dir.path(), &data, "clean", &scenario("federated", 0.0));
+    let clean_rel = fedrl_rl::task::scenario_from_file(clean.join("scenario.toml")).unwrap();
+    let (entries, _) = JournalReader::read_all(clean.join("state").join(JOURNAL_FILE)).unwrap();
+    let mut engine = Engine::new(
+        EngineConfig::for_scenario(&clean_rel).unwrap(),
+        Resume::default(),
+        for_seed(clean_rel.seed),
+    )
+    .unwrap();
+    let stable_of = |actions: &[(f64, Action)]| -> Vec<(u64, u32, u32, Vec<u32>)> {
+        actions
+            .iter()
+            .find_map(|(_, a)| match a {
+                Action::PublishStable(s) => Some(
+                    s.prefixes
+                        .iter()
+                        .map(|(p, r)| {
+                            (
+                                p.unit,
+                                p.episode,
+                                p.steps,
+                                r.iter().map(|x| x.to_bits()).collect(),
+                            )
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .expect("D_stable published")
+    };
+    let clean_stable = stable_of(&replay(&mut engine, entries).unwrap());
+
+    let state = dir.path().join("probe");
+    let secret = prepare_state(&state);
+    let file = write(dir.path(), "probe.toml", &scenario("federated", 0.0));
+    let log = |n: &str| dir.path().join(format!("{n}.log"));
+    let (mut agg, addr) = {
+        let _ = std::fs::remove_file(state.join(fedrl_aggregator::state::ADDRESS_FILE));
+        let args: Vec<String> = [
+            "aggregator",
+            "--scenario",
+            &file.display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            &state.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let p = spawn_fedrl("aggregator", &data, &log("agg"), &args);
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Ok(a) = fedrl_aggregator::service::read_address_file(&state)
+                && a.pid == p.child.id()
+            {
+                break (p, a);
+            }
+            assert!(t0.elapsed().as_secs() < 60, "{}", p.log_text());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let joined = |agg: &Proc, n: usize| {
+        let t0 = std::time::Instant::now();
+        while agg.log_text().matches("client joined").count() < n {
+            assert!(t0.elapsed().as_secs() < 60, "{}", agg.log_text());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let tok = |id: &str| token(&secret, id);
+    let _a = spawn_fedrl(
+        "a",
+        &data,
+        &log("a"),
+        &agent_args(&addr, &tok("a"), "0..24"),
+    );
+    joined(&agg, 1);
+    let mut hostile = spawn_fedrl(
+        "hostile",
+        &data,
+        &log("hostile"),
+        &agent_args(&addr, &tok("hostile"), "0..3000"),
+    );
+    let mut overlap = spawn_fedrl(
+        "overlap",
+        &data,
+        &log("overlap"),
+        &agent_args(&addr, &tok("overlap"), "20..30"),
+    );
+    let d = std::time::Duration::from_secs(90);
+    assert!(!hostile.wait(d).success(), "{}", hostile.log_text());
+    assert!(!overlap.wait(d).success(), "{}", overlap.log_text());
+    assert!(
+        overlap.log_text().contains("UnitsInUse"),
+        "{}",
+        overlap.log_text()
+    );
+    // Only now can every expert be hosted and the release start.
+    let _b = spawn_fedrl(
+        "b",
+        &data,
+        &log("b"),
+        &agent_args(&addr, &tok("b"), "24..48"),
+    );
+    assert!(
+        agg.wait(std::time::Duration::from_secs(300)).success(),
+        "{}",
+        agg.log_text()
+    );
+
+    let scenario = fedrl_rl::task::scenario_from_file(&file).unwrap();
+    let (entries, _) = JournalReader::read_all(state.join(JOURNAL_FILE)).unwrap();
+    let mut engine = Engine::new(
+        EngineConfig::for_scenario(&scenario).unwrap(),
+        Resume::default(),
+        for_seed(scenario.seed),
+    )
+    .unwrap();
+    let actions = replay(&mut engine, entries).unwrap();
+    let publish = actions
+        .iter()
+        .position(|(_, a)| matches!(a, Action::PublishStable(_)))
+        .expect("published");
+    let refused: Vec<(usize, u64)> = actions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, a))| match a {
+            Action::Rejected { client, code, .. }
+                if *code == fedrl_common::protocol::ErrorCode::UnitsInUse =>
+            {
+                Some((i, *client))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(refused.iter().all(|(i, _)| *i < publish));
+    for (_, a) in &actions {
+        if let Action::QueryPrefix { client, .. } | Action::RequestSteps { client, .. } = a {
+            assert!(
+                refused.iter().all(|(_, c)| c != client),
+                "a refused agent was queried"
+            );
+        }
+    }
+    assert_eq!(stable_of(&actions), clean_stable);
+}
