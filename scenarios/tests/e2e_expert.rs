@@ -379,7 +379,7 @@ fn agents_with_out_of_range_or_overlapping_experts_are_refused_before_the_releas
     assert!(!hostile.wait(d).success(), "{}", hostile.log_text());
     assert!(!overlap.wait(d).success(), "{}", overlap.log_text());
     assert!(
-        overlap.log_text().contains("UnitsInUse"),
+        overlap.log_text().contains("overlap units 0..24"),
         "{}",
         overlap.log_text()
     );
