@@ -7,7 +7,11 @@
 //! length and SHA-256 digest: no user data reaches the disk, and the journal still tells what
 //! arrived when. [`JournalMode::Full`] (the operator's explicit choice) keeps the bodies, which
 //! makes [`replay`] possible: fed through a fresh engine with the same configuration and the
-//! same (seeded) entropy, the journal reproduces the run's releases bit for bit.
+//! same (seeded) entropy, the journal reproduces the run's releases bit for bit. The same holds
+//! for the DataRelease's candidate steps ([`Event::StepsArrived`], an expert's demonstration):
+//! digest mode records them without their rows (and such a segment refuses to replay), full
+//! mode keeps them. The agents' prefix counts are recorded in both modes (operator-only, like
+//! the realised cohorts).
 //!
 //! # File layout
 //! A sequence of frames; each process start opens a segment with a `start` entry.
