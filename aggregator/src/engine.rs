@@ -30,6 +30,16 @@
 //!
 //! A non-private twin ([`EngineConfig::non_private`]) skips steps 1 and 2: no noise, no record.
 //!
+//! # The DataRelease
+//! An expert-level run ([`EngineConfig::release`]) first walks the sparse-vector DataRelease
+//! (seed 002) as engine logic ([`release`]): candidates' steps and the agents' counts come in as
+//! events, requests and queries go out as actions, its randomness comes from the same
+//! [`EntropySource`], and its record goes through the same [`Action::AppendLedger`] ->
+//! [`Event::LedgerAppended`] exchange (round [`RELEASE_ROUND`]) before the first candidate is
+//! asked for (the walk's outputs start with its second chunk); D_stable is published
+//! ([`Action::PublishStable`] -> [`Event::StablePublished`]) before the first round opens. Joins
+//! during the walk are checked exactly as during rounds.
+//!
 //! # Privacy rules enforced here (DESIGN §3)
 //! - every update is re-clipped to C ([`clip_l2`]); non-finite or wrong-length vectors are
 //!   rejected; a unit contributes at most once per round, and only if it is in the cohort and
@@ -69,10 +79,12 @@
 //! non-private twin): memory grows with the model size, not with the number of clients.
 
 mod entropy;
+pub mod release;
 
 pub use entropy::{
     EntropyError, EntropySource, OsEntropy, SeededEntropy, for_seed, round_noise_seed,
 };
+pub use release::{RELEASE_PHASE, RELEASE_ROUND, ReleaseSpec, StableRelease};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -83,7 +95,9 @@ use fedrl_common::privacy::fixed_point::{
 };
 use fedrl_common::privacy::ledger::{Participation, RoundRecord};
 use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
-use fedrl_common::protocol::{ErrorCode, RoundSpec, UnitId, UnitRange};
+use fedrl_common::protocol::{
+    ErrorCode, PrefixQuery, RoundSpec, TrajectoryRequest, UnitId, UnitRange,
+};
 use fedrl_common::scenario::{Scenario, TaskError};
 use fedrl_rl::task::TaskExt;
 use rand::RngExt;
@@ -127,6 +141,10 @@ pub struct EngineConfig {
     pub non_private: bool,
     /// The task specification sent with every offer (JSON).
     pub task_json: String,
+    /// The DataRelease that runs before the first round (expert-level runs, seed 002), if any
+    /// ([`release`]). A resumed run whose ledger holds it already skips it
+    /// ([`Resume::release_done`]).
+    pub release: Option<ReleaseSpec>,
 }
 
 /// A configuration the engine cannot run.
@@ -157,6 +175,7 @@ impl EngineConfig {
             noise_multiplier: scenario.effective_noise_multiplier(),
             non_private: scenario.non_private,
             task_json: scenario.task.to_json()?,
+            release: ReleaseSpec::for_scenario(scenario)?,
         })
     }
 
@@ -213,6 +232,8 @@ pub struct Resume {
     pub rounds_completed: u64,
     /// Abandoned rounds so far.
     pub rounds_abandoned: u64,
+    /// The ledger holds the DataRelease already: it is not run (nor charged) again.
+    pub release_done: bool,
 }
 
 /// Inputs of the engine. Serialisable: the driver journals every event it feeds.
@@ -247,6 +268,31 @@ pub enum Event {
     /// The driver could not apply the release of `round` (a model error): the run stops with
     /// `reason`. Its ledger record stays: the ledger may over-report, never under-report.
     ReleaseFailed { round: u64, reason: String },
+    /// DataRelease: a chunk of candidate `query` (steps `from_step..`, `encode_rows` layout)
+    /// from `client`, the candidate's owner. `ended`: the episode ends with these rows.
+    StepsArrived {
+        client: ClientId,
+        query: u64,
+        unit: UnitId,
+        episode: u32,
+        first_row: u32,
+        from_step: u32,
+        ended: bool,
+        #[serde(with = "release::bits::f32s")]
+        rows: Vec<f32>,
+    },
+    /// DataRelease: `client`'s summed counts of the prefixes ending in the chunk of candidate
+    /// `query` that starts at `from_step`.
+    CountsArrived {
+        client: ClientId,
+        query: u64,
+        from_step: u32,
+        #[serde(with = "release::bits::f64s")]
+        counts: Vec<f64>,
+    },
+    /// DataRelease: the driver published D_stable ([`Action::PublishStable`]), or could not
+    /// (`failed`: why; the run then stops).
+    StablePublished { failed: Option<String> },
     /// A pipelined evaluation (one that ran while the next round trained) found that the model
     /// released in `round` reached its target: the engine finishes. A round opened since is
     /// dropped unreleased: its units stay unused, and if the driver was asked for its ledger
@@ -317,6 +363,24 @@ pub enum Action {
         offered: u64,
         reason: String,
     },
+    /// DataRelease: ask `client`, a candidate's owner, for its next steps.
+    RequestSteps {
+        client: ClientId,
+        request: TrajectoryRequest,
+    },
+    /// DataRelease: send a chunk of a candidate to `client` (payload: per step, the
+    /// observation then the action index).
+    QueryPrefix {
+        client: ClientId,
+        query: PrefixQuery,
+        payload: Vec<f32>,
+    },
+    /// Close `client`'s connection with `message` (a missed deadline or a message the release
+    /// refuses); its units have left the population already.
+    DropClient { client: ClientId, message: String },
+    /// DataRelease accounted: publish D_stable (write it, hand it to the model, tell the owners
+    /// which of their prefixes are public), then feed [`Event::StablePublished`].
+    PublishStable(Box<StableRelease>),
     /// The run is over.
     Finished { reason: String },
 }
@@ -397,12 +461,21 @@ enum Phase {
         round: u64,
         units: Vec<UnitId>,
     },
+    /// The DataRelease's walk ([`release`]).
+    Release(Box<release::Walk>),
+    /// The release's ledger record is with the driver.
+    ReleaseRecording(Box<release::Walk>),
+    /// [`Action::PublishStable`] is with the driver.
+    ReleasePublishing,
     Finished,
 }
 
 impl Phase {
     fn name(&self) -> &'static str {
         match self {
+            Phase::Release(_) => "running the DataRelease",
+            Phase::ReleaseRecording(_) => "waiting for the DataRelease's ledger append",
+            Phase::ReleasePublishing => "waiting for D_stable to be published",
             Phase::Waiting { .. } => "waiting for the next round",
             Phase::Open(_) => "a round is open",
             Phase::Recording(_) => "waiting for a ledger append",
@@ -488,6 +561,12 @@ impl Engine {
                 ))
             })?)
         };
+        let phase = match &cfg.release {
+            Some(spec) if !resume.release_done => {
+                Phase::Release(Box::new(release::Walk::new(spec.clone())))
+            }
+            _ => Phase::Waiting { since: None },
+        };
         Ok(Engine {
             calibration,
             next_round: resume.next_round.max(1),
@@ -496,7 +575,7 @@ impl Engine {
             rounds_abandoned: resume.rounds_abandoned,
             cfg,
             entropy,
-            phase: Phase::Waiting { since: None },
+            phase,
             hosted: BTreeMap::new(),
             clients: HashMap::new(),
             opened_any: false,
@@ -544,6 +623,55 @@ impl Engine {
                 mut update,
             } => self.on_update(now, client, round, unit, &mut update, &mut out),
             Event::Tick => self.on_tick(now, &mut out),
+            Event::LedgerAppended { round }
+                if round == RELEASE_ROUND && matches!(self.phase, Phase::ReleaseRecording(_)) =>
+            {
+                self.release_ledger_answer(now, None, &mut out)
+            }
+            Event::LedgerRefused { round, reason }
+                if round == RELEASE_ROUND && matches!(self.phase, Phase::ReleaseRecording(_)) =>
+            {
+                self.release_ledger_answer(now, Some(reason), &mut out)
+            }
+            Event::StepsArrived {
+                client,
+                query,
+                unit,
+                episode,
+                first_row,
+                from_step,
+                ended,
+                rows,
+            } => {
+                if matches!(self.phase, Phase::Release(_)) {
+                    let steps = release::Steps {
+                        client,
+                        query,
+                        unit,
+                        episode,
+                        first_row,
+                        from_step,
+                        ended,
+                        rows,
+                    };
+                    self.release_on_steps(now, steps, &mut out);
+                } else {
+                    self.release_message_out_of_phase(client, "trajectory steps", &mut out);
+                }
+            }
+            Event::CountsArrived {
+                client,
+                query,
+                from_step,
+                counts,
+            } => {
+                if matches!(self.phase, Phase::Release(_)) {
+                    self.release_on_counts(now, client, query, from_step, counts, &mut out);
+                } else {
+                    self.release_message_out_of_phase(client, "prefix counts", &mut out);
+                }
+            }
+            Event::StablePublished { failed } => self.release_published(now, failed, &mut out),
             Event::LedgerAppended { round } => self.on_ledger_appended(now, round, &mut out),
             Event::LedgerRefused { round, reason } => {
                 if self.expects_ledger_answer(round, &mut out) {
@@ -571,6 +699,29 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// A DataRelease message when no walk runs: its sender is closed (a late message of a
+    /// client that is gone already is ignored).
+    fn release_message_out_of_phase(
+        &mut self,
+        client: ClientId,
+        what: &str,
+        out: &mut Vec<Action>,
+    ) {
+        if matches!(self.phase, Phase::Finished) || !self.clients.contains_key(&client) {
+            return;
+        }
+        let Some(ranges) = self.clients.remove(&client) else {
+            return;
+        };
+        for r in &ranges {
+            self.hosted.remove(&r.start);
+        }
+        out.push(Action::DropClient {
+            client,
+            message: format!("{what}, but no DataRelease is running"),
+        });
     }
 
     fn finish(&mut self, reason: String, out: &mut Vec<Action>) {
@@ -725,6 +876,7 @@ impl Engine {
                     });
                 }
             }
+            Phase::Release(_) => self.release_on_join(now, out),
             _ => {}
         }
     }
@@ -735,6 +887,10 @@ impl Engine {
         };
         for r in &ranges {
             self.hosted.remove(&r.start);
+        }
+        if matches!(self.phase, Phase::Release(_)) {
+            self.release_on_leave(now, client, out);
+            return;
         }
         if let Phase::Open(open) = &mut self.phase {
             for (u, done) in open.cohort.iter_mut() {
@@ -870,6 +1026,7 @@ impl Engine {
         match &self.phase {
             Phase::Waiting { .. } => self.try_open(now, out),
             Phase::Open(_) => self.maybe_close(now, out),
+            Phase::Release(_) => self.release_on_tick(now, out),
             _ => {}
         }
     }

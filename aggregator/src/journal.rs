@@ -7,7 +7,11 @@
 //! length and SHA-256 digest: no user data reaches the disk, and the journal still tells what
 //! arrived when. [`JournalMode::Full`] (the operator's explicit choice) keeps the bodies, which
 //! makes [`replay`] possible: fed through a fresh engine with the same configuration and the
-//! same (seeded) entropy, the journal reproduces the run's releases bit for bit.
+//! same (seeded) entropy, the journal reproduces the run's releases bit for bit. The same holds
+//! for the DataRelease's candidate steps ([`Event::StepsArrived`], an expert's demonstration):
+//! digest mode records them without their rows (and such a segment refuses to replay), full
+//! mode keeps them. The agents' prefix counts are recorded in both modes (operator-only, like
+//! the realised cohorts).
 //!
 //! # File layout
 //! A sequence of frames; each process start opens a segment with a `start` entry.
@@ -202,6 +206,18 @@ impl JournalWriter {
         } = event
         {
             return self.record_update(t, *client, *round, *unit, update);
+        }
+        if let Event::StepsArrived { rows, .. } = event
+            && self.mode == JournalMode::Digest
+            && !rows.is_empty()
+        {
+            // A candidate's steps are an expert's demonstration: in digest mode they do not
+            // reach the disk (the segment's mode tells a replay they are missing).
+            let mut kept = event.clone();
+            if let Event::StepsArrived { rows, .. } = &mut kept {
+                rows.clear();
+            }
+            return self.write_frame(&Header::Event { t, event: kept }, None);
         }
         self.write_frame(
             &Header::Event {
@@ -558,6 +574,10 @@ pub enum ReplayError {
         unit: UnitId,
     },
     #[error(
+        "entry {index}: a DataRelease chunk of candidate {query} was journalled without its steps (journal = \"digest\"); an exact replay needs journal = \"full\""
+    )]
+    MissingSteps { index: usize, query: u64 },
+    #[error(
         "entry {index}: a second segment (the aggregator restarted); replay each segment with an engine resumed as that process was"
     )]
     SecondSegment { index: usize },
@@ -572,12 +592,20 @@ pub fn replay(
 ) -> Result<Vec<(f64, Action)>, ReplayError> {
     let mut out = Vec::new();
     let mut events = 0usize;
+    let mut mode = JournalMode::Full;
     for (index, entry) in entries.into_iter().enumerate() {
         match entry {
-            Entry::Start { .. } => {
+            Entry::Start { mode: m, .. } => {
                 if events > 0 {
                     return Err(ReplayError::SecondSegment { index });
                 }
+                mode = m;
+            }
+            Entry::Event {
+                event: Event::StepsArrived { query, .. },
+                ..
+            } if mode == JournalMode::Digest => {
+                return Err(ReplayError::MissingSteps { index, query });
             }
             Entry::Event { t, event } => {
                 events += 1;

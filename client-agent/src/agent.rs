@@ -146,6 +146,17 @@ struct Agent {
     /// instance replace its old connection and refuses another instance with the same token
     /// while this one is connected.
     instance: u64,
+    /// DataRelease: the candidate being walked, as this agent was sent it.
+    walk: Option<CandidateWalk>,
+}
+
+/// What an agent keeps of the DataRelease's current candidate: its query, the number of steps
+/// sent so far, and each hosted expert's probability of that prefix (the next chunk's counts
+/// continue from it).
+struct CandidateWalk {
+    query: u64,
+    steps: u32,
+    running: Vec<f64>,
 }
 
 /// Runs an agent until the aggregator says the run is over. Reconnects with exponential backoff
@@ -183,6 +194,7 @@ pub async fn run_agent(
         rng,
         summary: AgentSummary::default(),
         pin,
+        walk: None,
     };
     if let Some(t) = &agent.opts.transport {
         client_cfg.transport_config(t.clone());
@@ -560,7 +572,8 @@ impl Agent {
         }
     }
 
-    /// DataRelease: sends the demonstration the coordinator asked for on its own stream.
+    /// DataRelease: sends the steps of a candidate the coordinator asked for on their own
+    /// stream (and nothing more of the episode).
     async fn send_trajectory(&mut self, conn: &Connection, r: TrajectoryRequest) {
         let Some(trainer) = self.trainer.clone() else {
             return;
@@ -568,8 +581,8 @@ impl Agent {
         let rows = trainer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .episode_rows(r.unit, r.episode);
-        let (up, first_row) = match rows {
+            .episode_rows(r.unit, r.episode, r.from_step, r.steps);
+        let (up, first_row, ended) = match rows {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(unit = r.unit, episode = r.episode, error = %e, "trajectory request not answered");
@@ -581,16 +594,19 @@ impl Agent {
             unit: r.unit,
             episode: r.episode,
             first_row,
+            from_step: r.from_step,
             rows: up.rows,
             obs_dim: up.obs_dim,
+            ended,
         });
         if let Err(e) = send_on_stream(conn, &msg, &up.payload).await {
             tracing::warn!(error = %e, "sending a trajectory failed");
         }
     }
 
-    /// DataRelease: answers a candidate trajectory with the summed prefix probabilities of this
-    /// agent's experts (computed off the async runtime).
+    /// DataRelease: answers a chunk of a candidate trajectory with the summed prefix
+    /// probabilities of this agent's experts (computed off the async runtime), continuing from
+    /// the candidate's earlier chunks.
     async fn answer_prefix_query(&mut self, conn: &Connection, q: PrefixQuery, payload: Vec<f32>) {
         let Some(trainer) = self.trainer.clone() else {
             return;
@@ -603,6 +619,18 @@ impl Agent {
             );
             return;
         }
+        let mut running = match self.walk.take() {
+            _ if q.from_step == 0 => Vec::new(),
+            Some(w) if w.query == q.query && w.steps == q.from_step => w.running,
+            _ => {
+                tracing::warn!(
+                    query = q.query,
+                    from_step = q.from_step,
+                    "prefix query continuing a candidate this agent was not sent; not answered"
+                );
+                return;
+            }
+        };
         let mut obs = Vec::with_capacity(steps * d);
         let mut actions = Vec::with_capacity(steps);
         for row in payload.chunks_exact(d + 1) {
@@ -618,14 +646,22 @@ impl Agent {
             actions.push(a as u32);
         }
         let counts = tokio::task::spawn_blocking(move || {
-            trainer
+            let c = trainer
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .prefix_counts(&obs, &actions)
+                .prefix_counts(&mut running, &obs, &actions);
+            c.map(|c| (c, running))
         })
         .await;
         let counts = match counts {
-            Ok(Ok(c)) => c,
+            Ok(Ok((c, running))) => {
+                self.walk = Some(CandidateWalk {
+                    query: q.query,
+                    steps: q.from_step + q.steps,
+                    running,
+                });
+                c
+            }
             Ok(Err(e)) => {
                 tracing::warn!(query = q.query, error = %e, "prefix query not answered");
                 return;
@@ -637,6 +673,7 @@ impl Agent {
         };
         let msg = Message::PrefixCounts(PrefixCounts {
             query: q.query,
+            from_step: q.from_step,
             counts,
         });
         if let Err(e) = send_on_stream(conn, &msg, &[]).await {

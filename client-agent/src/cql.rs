@@ -146,7 +146,13 @@ impl LocalTrainer for CqlTrainer {
         }
     }
 
-    fn episode_rows(&self, unit: UnitId, episode: u32) -> Result<(UnitUpload, u32), String> {
+    fn episode_rows(
+        &self,
+        unit: UnitId,
+        episode: u32,
+        from_step: u32,
+        steps: u32,
+    ) -> Result<(UnitUpload, u32, bool), String> {
         let (Some(data), Some(bounds)) = (self.units.get(&unit), self.episodes.get(&unit)) else {
             return Err(format!("unit {unit} is not hosted here"));
         };
@@ -156,39 +162,69 @@ impl LocalTrainer for CqlTrainer {
                 bounds.len()
             ));
         };
-        let rows: Vec<usize> = (first as usize..(first + len) as usize).collect();
-        if rows.last().is_some_and(|&r| r >= data.len()) {
+        if from_step >= len || steps == 0 {
+            return Err(format!(
+                "steps {from_step}..{} of episode {episode} of unit {unit}, which has {len}",
+                from_step as u64 + steps as u64
+            ));
+        }
+        let end = len.min(from_step.saturating_add(steps));
+        if (first + len) as usize > data.len() {
             return Err(format!(
                 "episode {episode} of unit {unit} is no longer held whole (released already)"
             ));
         }
-        let ep = data.select(&rows);
+        // Only the steps asked for leave the agent.
+        let rows: Vec<usize> = ((first + from_step) as usize..(first + end) as usize).collect();
+        let part = data.select(&rows);
         Ok((
             UnitUpload {
                 unit,
-                obs_dim: ep.obs_dim as u32,
-                rows: ep.len() as u32,
-                payload: encode_rows(&ep),
+                obs_dim: part.obs_dim as u32,
+                rows: part.len() as u32,
+                payload: encode_rows(&part),
             },
             first,
+            end == len,
         ))
     }
 
-    fn prefix_counts(&self, obs: &[f32], actions: &[u32]) -> Result<Vec<f64>, String> {
+    fn prefix_counts(
+        &self,
+        running: &mut Vec<f64>,
+        obs: &[f32],
+        actions: &[u32],
+    ) -> Result<Vec<f64>, String> {
         let Some(experts) = &self.experts else {
             return Err("this run has no DataRelease: no expert policy is loaded".into());
         };
         let hosted: Vec<u64> = self.units.keys().copied().collect();
+        if running.is_empty() {
+            running.resize(hosted.len(), 1.0);
+        }
+        if running.len() != hosted.len() {
+            return Err(format!(
+                "{} running probabilities for {} hosted experts",
+                running.len(),
+                hosted.len()
+            ));
+        }
+        // The chunk's own probabilities (from 1 at its first step), then scaled by the prefix
+        // before it: a product of per-step probabilities, as for the whole prefix at once.
         let per_expert = experts
             .prefix_probabilities(&hosted, obs, actions)
             .map_err(|e| e.to_string())?;
         // Each expert's answer is a probability (the count's sensitivity is 1 per expert); one
         // that is not is a bug here, and nothing is sent.
         let mut counts = vec![0.0f64; actions.len()];
-        for (unit, p) in hosted.iter().zip(&per_expert) {
-            check_expert_prefix_probabilities(p).map_err(|e| format!("expert {unit}: {e}"))?;
-            for (c, x) in counts.iter_mut().zip(p) {
+        for ((unit, p), before) in hosted.iter().zip(&per_expert).zip(running.iter_mut()) {
+            let p: Vec<f64> = p.iter().map(|x| x * *before).collect();
+            check_expert_prefix_probabilities(&p).map_err(|e| format!("expert {unit}: {e}"))?;
+            for (c, x) in counts.iter_mut().zip(&p) {
                 *c += x;
+            }
+            if let Some(last) = p.last() {
+                *before = *last;
             }
         }
         Ok(counts)

@@ -31,17 +31,36 @@ pub trait LocalTrainer: Send {
         Vec::new()
     }
 
-    /// DataRelease (seed 002): episode `episode` of unit `unit`, as an upload (its `payload` in
-    /// `encode_rows` layout) and the row of its first transition among the unit's transitions.
-    fn episode_rows(&self, unit: UnitId, episode: u32) -> Result<(UnitUpload, u32), String> {
-        let _ = (unit, episode);
+    /// DataRelease (seed 002): steps `from_step..from_step + steps` of episode `episode` of
+    /// unit `unit` (fewer where the episode ends), as an upload (its `payload` in `encode_rows`
+    /// layout), the row of the episode's first transition among the unit's transitions, and
+    /// whether the episode ends with these steps. The coordinator asks for a candidate a chunk
+    /// at a time, the next chunk only after the prefix before it passed: nothing beyond what it
+    /// asks for may leave the agent.
+    fn episode_rows(
+        &self,
+        unit: UnitId,
+        episode: u32,
+        from_step: u32,
+        steps: u32,
+    ) -> Result<(UnitUpload, u32, bool), String> {
+        let _ = (unit, episode, from_step, steps);
         Err("this task holds no expert demonstrations".into())
     }
 
-    /// DataRelease: for h = 1..=L, the sum over this agent's experts of the probability of
-    /// playing the trajectory's first h actions (`obs`: L rows of `obs_dim` raw observations).
-    fn prefix_counts(&self, obs: &[f32], actions: &[u32]) -> Result<Vec<f64>, String> {
-        let _ = (obs, actions);
+    /// DataRelease: the counts of the prefixes ending in a new chunk of a candidate. `running`
+    /// holds, per hosted expert, the probability of the candidate's prefix before the chunk
+    /// (empty at the candidate's first chunk: every expert starts at 1), and is updated to the
+    /// prefix ending with the chunk. `obs` (one row of `obs_dim` raw observations per step) and
+    /// `actions` are the chunk's steps. Returns, for each of them, the sum over this agent's
+    /// experts of the probability of playing the prefix up to and including it.
+    fn prefix_counts(
+        &self,
+        running: &mut Vec<f64>,
+        obs: &[f32],
+        actions: &[u32],
+    ) -> Result<Vec<f64>, String> {
+        let _ = (running, obs, actions);
         Err("this task has no expert policies".into())
     }
 

@@ -43,6 +43,24 @@ pub struct ReleaseConfig {
     /// stable prefixes). See `privacy::expert_release`.
     #[serde(default)]
     pub calibration: crate::privacy::expert_release::Calibration,
+    /// k: steps a candidate's owner reveals at a time (default 1). Step h+1 leaves the owner
+    /// only once the prefix of length h passed the test, so nobody but the owner ever receives
+    /// more of a candidate than its released prefix plus k steps. A larger k trades that bound
+    /// for fewer round trips (the walk of one candidate takes about L/k of them).
+    #[serde(default = "d_chunk")]
+    pub chunk: u32,
+    /// Seconds an agent has to answer a request of the release (a candidate's next steps, or
+    /// the counts of a chunk) before it is dropped and the walk goes on without it (default
+    /// 120; see the aggregator's `engine::release` for why dropping is sound).
+    #[serde(default = "d_answer_deadline")]
+    pub answer_deadline_s: f64,
+}
+
+fn d_chunk() -> u32 {
+    1
+}
+fn d_answer_deadline() -> f64 {
+    120.0
 }
 
 /// Selective DP-SGD (Algorithm 3); with `release` absent and `unstable_probability = 1` it is
@@ -162,6 +180,15 @@ impl SelectiveConfig {
                         "task.selective.release.trajectories and .horizon must be >= 1".into(),
                     );
                 }
+                if r.chunk == 0 {
+                    return Err("task.selective.release.chunk must be >= 1".into());
+                }
+                if !(r.answer_deadline_s.is_finite() && r.answer_deadline_s > 0.0) {
+                    return Err(format!(
+                        "task.selective.release.answer_deadline_s must be finite and > 0, got {}",
+                        r.answer_deadline_s
+                    ));
+                }
             }
             None if self.unstable_probability < 1.0 => {
                 return Err(format!(
@@ -191,6 +218,8 @@ mod tests {
                 trajectories: 25,
                 horizon: 200,
                 calibration: Default::default(),
+                chunk: 1,
+                answer_deadline_s: 120.0,
             }),
         }
     }

@@ -10,6 +10,8 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_support::*;
+use fedrl_aggregator::engine::{Action, Engine, EngineConfig, Resume, for_seed};
+use fedrl_aggregator::journal::{JOURNAL_FILE, JournalReader, replay};
 use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::selective::{Schedule, SelectiveConfig};
 
@@ -21,6 +23,7 @@ fn scenario(mode: &str, p: f64) -> String {
         r#"
 name = "e2e-expert-{mode}"
 seed = 5
+journal = "full"
 users = 48
 client_agents = 2
 participation = {{ kind = "sampled", rate = 0.5 }}
@@ -93,6 +96,56 @@ fn schedule(p: f64) -> Schedule {
     })
 }
 
+/// The run's full journal, replayed through a fresh engine with the scenario's configuration and
+/// seed, reproduces the DataRelease and every round: the same ledger records (release first) and
+/// the same D_stable, transition for transition.
+fn replays_bit_for_bit(out: &Path, published: &fedrl_rl::offline::TransitionBatch) {
+    let scenario = fedrl_rl::task::scenario_from_file(out.join("scenario.toml")).unwrap();
+    let state = out.join("state");
+    let (entries, torn) = JournalReader::read_all(state.join(JOURNAL_FILE)).unwrap();
+    assert_eq!(torn, None);
+    let mut engine = Engine::new(
+        EngineConfig::for_scenario(&scenario).unwrap(),
+        Resume::default(),
+        for_seed(scenario.seed),
+    )
+    .unwrap();
+    let actions = replay(&mut engine, entries).unwrap();
+    let replayed: Vec<_> = actions
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Action::AppendLedger { record, .. } => Some((**record).clone()),
+            _ => None,
+        })
+        .collect();
+    let (_, ledger, _) =
+        PrivacyLedger::read(state.join(fedrl_aggregator::state::LEDGER_FILE)).unwrap();
+    let stamped: Vec<_> = ledger
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.unix_time_s = 0.0;
+            r
+        })
+        .collect();
+    assert_eq!(replayed, stamped);
+    assert_eq!(replayed[0].phase, "release");
+    let stable: Vec<f32> = actions
+        .iter()
+        .find_map(|(_, a)| match a {
+            Action::PublishStable(s) => {
+                Some(s.prefixes.iter().flat_map(|(_, r)| r.clone()).collect())
+            }
+            _ => None,
+        })
+        .expect("the replay publishes D_stable");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&stable),
+        bits(&fedrl_rl::offline::dpsgd::encode_rows(published))
+    );
+}
+
 #[test]
 fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_steps() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,6 +188,7 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
         let path = out.join(rel["published"].as_str().unwrap());
         let published = fedrl_rl::offline::minari::read(&path).unwrap();
         assert_eq!(published.dataset.transitions().len() as u64, stable);
+        replays_bit_for_bit(&out, &published.dataset.transitions());
         assert!(
             report["final_evaluation"]["final_eval_return"]
                 .as_f64()
@@ -189,4 +243,193 @@ fn released_prefixes_alone_need_no_dp_step() {
     assert_eq!(curve.len(), 4, "{report}");
     assert!(curve.iter().all(|e| e["dp_steps"] == 0));
     assert!(out.join("learning_curve.png").is_file());
+}
+
+/// `fedrl ARGS` with the datasets in `data` and `RUST_LOG=info`, output to `log`.
+fn spawn_fedrl(name: &str, data: &Path, log: &Path, args: &[String]) -> Proc {
+    let mut cmd = Command::new(exe());
+    cmd.args(args)
+        .env("FEDRL_DATA_DIR", data)
+        .env("RUST_LOG", "info");
+    spawn_command(name, log, cmd)
+}
+
+fn agent_args(
+    addr: &fedrl_aggregator::service::AddressFile,
+    token: &str,
+    users: &str,
+) -> Vec<String> {
+    [
+        "client",
+        "--server",
+        &addr.addr.to_string(),
+        "--server-cert-sha256",
+        &addr.fingerprint,
+        "--token",
+        token,
+        "--users",
+        users,
+        "--give-up-after",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Issue 55's probe over QUIC: beside two honest agents, one claiming experts 0..3000 and a
+/// fifth honest agent whose experts overlap one already hosted are refused at their join,
+/// before the release can start (so before anything is published); none of them is ever sent a
+/// candidate, and D_stable is the one of a run without them, transition for transition.
+#[test]
+fn agents_with_out_of_range_or_overlapping_experts_are_refused_before_the_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("datasets");
+    // The clean run (two agents, 0..24 and 24..48) also generates and caches the dataset.
+    let clean = run(dir.path(), &data, "clean", &scenario("federated", 0.0));
+    let clean_rel = fedrl_rl::task::scenario_from_file(clean.join("scenario.toml")).unwrap();
+    let (entries, _) = JournalReader::read_all(clean.join("state").join(JOURNAL_FILE)).unwrap();
+    let mut engine = Engine::new(
+        EngineConfig::for_scenario(&clean_rel).unwrap(),
+        Resume::default(),
+        for_seed(clean_rel.seed),
+    )
+    .unwrap();
+    let stable_of = |actions: &[(f64, Action)]| -> Vec<(u64, u32, u32, Vec<u32>)> {
+        actions
+            .iter()
+            .find_map(|(_, a)| match a {
+                Action::PublishStable(s) => Some(
+                    s.prefixes
+                        .iter()
+                        .map(|(p, r)| {
+                            (
+                                p.unit,
+                                p.episode,
+                                p.steps,
+                                r.iter().map(|x| x.to_bits()).collect(),
+                            )
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .expect("D_stable published")
+    };
+    let clean_stable = stable_of(&replay(&mut engine, entries).unwrap());
+
+    let state = dir.path().join("probe");
+    let secret = prepare_state(&state);
+    let file = write(dir.path(), "probe.toml", &scenario("federated", 0.0));
+    let log = |n: &str| dir.path().join(format!("{n}.log"));
+    let (mut agg, addr) = {
+        let _ = std::fs::remove_file(state.join(fedrl_aggregator::state::ADDRESS_FILE));
+        let args: Vec<String> = [
+            "aggregator",
+            "--scenario",
+            &file.display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            &state.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let p = spawn_fedrl("aggregator", &data, &log("agg"), &args);
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Ok(a) = fedrl_aggregator::service::read_address_file(&state)
+                && a.pid == p.child.id()
+            {
+                break (p, a);
+            }
+            assert!(t0.elapsed().as_secs() < 60, "{}", p.log_text());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let joined = |agg: &Proc, n: usize| {
+        let t0 = std::time::Instant::now();
+        while agg.log_text().matches("client joined").count() < n {
+            assert!(t0.elapsed().as_secs() < 60, "{}", agg.log_text());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let tok = |id: &str| token(&secret, id);
+    let _a = spawn_fedrl(
+        "a",
+        &data,
+        &log("a"),
+        &agent_args(&addr, &tok("a"), "0..24"),
+    );
+    joined(&agg, 1);
+    let mut hostile = spawn_fedrl(
+        "hostile",
+        &data,
+        &log("hostile"),
+        &agent_args(&addr, &tok("hostile"), "0..3000"),
+    );
+    let mut overlap = spawn_fedrl(
+        "overlap",
+        &data,
+        &log("overlap"),
+        &agent_args(&addr, &tok("overlap"), "20..30"),
+    );
+    let d = std::time::Duration::from_secs(90);
+    assert!(!hostile.wait(d).success(), "{}", hostile.log_text());
+    assert!(!overlap.wait(d).success(), "{}", overlap.log_text());
+    assert!(
+        overlap.log_text().contains("overlap units 0..24"),
+        "{}",
+        overlap.log_text()
+    );
+    // Only now can every expert be hosted and the release start.
+    let _b = spawn_fedrl(
+        "b",
+        &data,
+        &log("b"),
+        &agent_args(&addr, &tok("b"), "24..48"),
+    );
+    assert!(
+        agg.wait(std::time::Duration::from_secs(300)).success(),
+        "{}",
+        agg.log_text()
+    );
+
+    let scenario = fedrl_rl::task::scenario_from_file(&file).unwrap();
+    let (entries, _) = JournalReader::read_all(state.join(JOURNAL_FILE)).unwrap();
+    let mut engine = Engine::new(
+        EngineConfig::for_scenario(&scenario).unwrap(),
+        Resume::default(),
+        for_seed(scenario.seed),
+    )
+    .unwrap();
+    let actions = replay(&mut engine, entries).unwrap();
+    let publish = actions
+        .iter()
+        .position(|(_, a)| matches!(a, Action::PublishStable(_)))
+        .expect("published");
+    let refused: Vec<(usize, u64)> = actions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, a))| match a {
+            Action::Rejected { client, code, .. }
+                if *code == fedrl_common::protocol::ErrorCode::UnitsInUse =>
+            {
+                Some((i, *client))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(refused.iter().all(|(i, _)| *i < publish));
+    for (_, a) in &actions {
+        if let Action::QueryPrefix { client, .. } | Action::RequestSteps { client, .. } = a {
+            assert!(
+                refused.iter().all(|(_, c)| c != client),
+                "a refused agent was queried"
+            );
+        }
+    }
+    assert_eq!(stable_of(&actions), clean_stable);
 }

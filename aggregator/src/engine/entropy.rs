@@ -1,14 +1,15 @@
 //! The engine's randomness, injected by whoever builds it (DESIGN §1: entropy is injected).
 //!
 //! The engine draws two things per round: the cohort (which units are offered the round) and
-//! the noise of the release. It asks an [`EntropySource`] for a fresh generator of each, per
+//! the noise of the release; and, once per run, the DataRelease's generator (its candidates and
+//! its sparse-vector noise, [`EntropySource::release_rng`]). It asks an [`EntropySource`] for a fresh generator of each, per
 //! round, so that the same source always gives the same round the same randomness no matter
 //! what happened in earlier rounds (a replay of round r does not depend on how many values
 //! round r - 1 consumed). Private runs use [`OsEntropy`] (ChaCha20 seeded by the operating
 //! system for every round); `seed = ...` runs use [`SeededEntropy`] (reproducible, and recorded
 //! as not private by the noise source in every ledger record).
 
-use fedrl_common::privacy::noise::DiscreteGaussianNoise;
+use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
 use rand::SeedableRng;
 use rand::rngs::{ChaCha20Rng, SysRng};
 use thiserror::Error;
@@ -26,6 +27,9 @@ pub trait EntropySource: Send {
     /// The noise generator of round `round`'s release; its [`DiscreteGaussianNoise::source`] is what
     /// the ledger record says about the noise. Called once per closed private round.
     fn noise(&mut self, round: u64) -> Result<DiscreteGaussianNoise, EntropyError>;
+    /// The generator of the DataRelease (candidates, threshold and query noise), with what the
+    /// release's ledger record says about it. Called once, when the walk starts.
+    fn release_rng(&mut self) -> Result<(ChaCha20Rng, NoiseSource), EntropyError>;
 }
 
 /// The private setting: every generator is ChaCha20 seeded from the operating system.
@@ -39,6 +43,12 @@ impl EntropySource for OsEntropy {
 
     fn noise(&mut self, _round: u64) -> Result<DiscreteGaussianNoise, EntropyError> {
         DiscreteGaussianNoise::from_os().map_err(|e| EntropyError(e.to_string()))
+    }
+
+    fn release_rng(&mut self) -> Result<(ChaCha20Rng, NoiseSource), EntropyError> {
+        let rng =
+            ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| EntropyError(e.to_string()))?;
+        Ok((rng, NoiseSource::Os))
     }
 }
 
@@ -71,6 +81,13 @@ impl EntropySource for SeededEntropy {
         Ok(DiscreteGaussianNoise::seeded(round_noise_seed(
             self.seed, round,
         )))
+    }
+
+    /// Derived from the seed apart from every round's generators; recorded as
+    /// `Seeded { seed }` (the run's seed), as the rounds' records are.
+    fn release_rng(&mut self) -> Result<(ChaCha20Rng, NoiseSource), EntropyError> {
+        let rng = ChaCha20Rng::seed_from_u64(splitmix64(self.seed ^ 0xDA7A_2E1E_A5E0_0002));
+        Ok((rng, NoiseSource::Seeded { seed: self.seed }))
     }
 }
 

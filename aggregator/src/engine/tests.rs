@@ -23,6 +23,7 @@ fn cfg(participation: Participation) -> EngineConfig {
         noise_multiplier: 0.5,
         non_private: false,
         task_json: "{}".into(),
+        release: None,
     }
 }
 
@@ -579,6 +580,9 @@ impl EntropySource for NoNoise {
         self.0.cohort_rng(round)
     }
     fn noise(&mut self, _round: u64) -> Result<DiscreteGaussianNoise, EntropyError> {
+        Err(EntropyError("no noise in this test".into()))
+    }
+    fn release_rng(&mut self) -> Result<(ChaCha20Rng, NoiseSource), EntropyError> {
         Err(EntropyError("no noise in this test".into()))
     }
 }
@@ -1222,6 +1226,7 @@ fn fresh_is_enforced_across_restarts_and_exhaustion_finishes() {
             used_units: used,
             rounds_completed: 3,
             rounds_abandoned: 0,
+            release_done: false,
         },
         Box::new(SeededEntropy::new(42)),
     )

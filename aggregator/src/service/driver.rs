@@ -25,10 +25,9 @@ use tokio::sync::mpsc;
 use super::central::{Central, CentralUpdate};
 use super::connection::{OutTx, Outbound, Shared, UpdateBody};
 use super::metrics::{Abandoned, Released, RoundMetrics};
-use super::release::{Release, ReleaseAction};
 use super::report::{OperatorCounts, Outcome, PublicReport, RunReport, Timings};
 use crate::checkpoint::{self, CheckpointMeta};
-use crate::engine::{Action, ClientId, Engine, Event};
+use crate::engine::{Action, ClientId, Engine, Event, StableRelease};
 use crate::journal::JournalWriter;
 use crate::model::{EvaluationDone, EvaluationJob, ServerModel};
 
@@ -107,8 +106,6 @@ pub(super) struct EngineThread {
     pub(super) last_round: u64,
     /// The central update mode's data and work, when the task runs in it.
     pub(super) central: Option<Central>,
-    /// The DataRelease of an expert-level run, until it is accounted and D_stable handed over.
-    pub(super) release: Option<Release>,
     /// What the release produced (public), for the report.
     pub(super) selective_report: Option<serde_json::Value>,
     /// The engine ended the run (rounds done, budget, population), not a signal.
@@ -348,7 +345,7 @@ impl EngineThread {
                 }
                 Input::Left { session } => {
                     self.sessions.remove(&session);
-                    let mut held = match self.central.as_mut() {
+                    let held = match self.central.as_mut() {
                         Some(c) => {
                             let held = c.is_pending(session);
                             c.left(session);
@@ -356,13 +353,6 @@ impl EngineThread {
                         }
                         None => false,
                     };
-                    if let Some(r) = self.release.as_mut()
-                        && r.holds(session)
-                    {
-                        held = true;
-                        let actions = r.left(session);
-                        self.release_actions(actions, &mut queue)?;
-                    }
                     if !held {
                         queue.push_back(Event::ClientLeft { client: session });
                     }
@@ -372,24 +362,24 @@ impl EngineThread {
                     header,
                     payload,
                 } => {
-                    let actions = match self.release.as_mut() {
-                        Some(r) => r.trajectory(session, header, &payload),
-                        None => vec![ReleaseAction::Drop(
-                            session,
-                            "trajectory data, but no DataRelease is running".into(),
-                        )],
-                    };
-                    self.release_actions(actions, &mut queue)?;
+                    queue.push_back(Event::StepsArrived {
+                        client: session,
+                        query: header.query,
+                        unit: header.unit,
+                        episode: header.episode,
+                        first_row: header.first_row,
+                        from_step: header.from_step,
+                        ended: header.ended,
+                        rows: payload,
+                    });
                 }
                 Input::PrefixCounts { session, counts } => {
-                    let actions = match self.release.as_mut() {
-                        Some(r) => r.counts(session, counts),
-                        None => vec![ReleaseAction::Drop(
-                            session,
-                            "prefix counts, but no DataRelease is running".into(),
-                        )],
-                    };
-                    self.release_actions(actions, &mut queue)?;
+                    queue.push_back(Event::CountsArrived {
+                        client: session,
+                        query: counts.query,
+                        from_step: counts.from_step,
+                        counts: counts.counts,
+                    });
                 }
                 Input::UnitData {
                     session,
@@ -495,9 +485,6 @@ impl EngineThread {
                         },
                     );
                 }
-                // The engine sees no client before the DataRelease is over: nothing of it may
-                // start (or, with no DP step planned, finish) earlier.
-                Input::Tick if self.release.is_some() => {}
                 Input::Tick => queue.push_back(Event::Tick),
                 Input::Shutdown => {
                     finished_reason =
@@ -562,158 +549,99 @@ impl EngineThread {
         Ok(())
     }
 
-    /// A client's units enter the population, or wait for the DataRelease to end.
+    /// A client's units ask to enter the population (the engine checks them, during a
+    /// DataRelease as during rounds).
     fn admit(
         &mut self,
         client: ClientId,
         units: Vec<UnitRange>,
         queue: &mut VecDeque<Event>,
     ) -> anyhow::Result<()> {
-        match self.release.as_mut() {
-            Some(r) => {
-                let actions = r.join(client, units);
-                self.release_actions(actions, queue)
-            }
-            None => {
-                queue.push_back(Event::ClientJoined { client, units });
-                Ok(())
-            }
-        }
-    }
-
-    /// Sends what the release asks for; once it is over, accounts it and starts training.
-    fn release_actions(
-        &mut self,
-        actions: Vec<ReleaseAction>,
-        queue: &mut VecDeque<Event>,
-    ) -> anyhow::Result<()> {
-        for a in actions {
-            match a {
-                ReleaseAction::Request(client, req) => {
-                    self.send(client, Outbound::Control(Message::TrajectoryRequest(req)));
-                }
-                ReleaseAction::Query(client, q, payload) => {
-                    self.send(
-                        client,
-                        Outbound::ControlWithPayload(Message::PrefixQuery(q), payload),
-                    );
-                }
-                ReleaseAction::Drop(client, m) => {
-                    self.rejected += 1;
-                    tracing::warn!(client, message = %m, "DataRelease: client dropped");
-                    self.send(
-                        client,
-                        Outbound::Close {
-                            code: close_code::PROTOCOL,
-                            message: Some(Message::error(ErrorCode::Unexpected, &m, None, None)),
-                            reason: m,
-                        },
-                    );
-                }
-            }
-        }
-        if self.release.as_ref().is_some_and(Release::is_done) {
-            self.finish_release(queue)?;
-        }
+        queue.push_back(Event::ClientJoined { client, units });
         Ok(())
     }
 
-    /// The release is over: it is accounted in the ledger (fsynced) before anything of it
-    /// leaves, then D_stable is published, handed to the model and the owners, and the held
-    /// clients join the engine's population.
-    fn finish_release(&mut self, queue: &mut VecDeque<Event>) -> anyhow::Result<()> {
-        let Some(mut release) = self.release.take() else {
-            return Ok(());
+    /// The release is accounted (the engine saw `LedgerAppended`): D_stable is published,
+    /// handed to the model and the central mode's data, and each owner is told which of its
+    /// prefixes are public. Errors are returned to the engine as a failed publication.
+    fn publish_stable(&mut self, release: &StableRelease) -> anyhow::Result<()> {
+        use fedrl_rl::task::OfflineCqlTaskExt;
+        let fedrl_common::scenario::Task::OfflineCql(task) = &self.scenario.task else {
+            anyhow::bail!("a DataRelease ran for a task without expert demonstrations");
         };
-        let event = self
-            .scenario
-            .release_event()?
-            .context("a DataRelease ran without a release budget")?;
-        let record = fedrl_common::privacy::ledger::RoundRecord {
-            round: 0,
-            phase: super::release::RELEASE_PHASE.into(),
-            event,
-            // Every expert was queried: the release charges the whole population.
-            sampled_by_aggregator: true,
-            units: (0..self.scenario.users).collect(),
-            clip_norm: None,
-            expected_cohort: None,
-            noise_source: match self.scenario.seed {
-                Some(seed) => fedrl_common::privacy::noise::NoiseSource::Seeded { seed },
-                None => fedrl_common::privacy::noise::NoiseSource::Os,
-            },
-            unix_time_s: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0),
-        };
-        self.ledger
-            .append(record)
-            .context("accounting the DataRelease in the ledger")?;
-        let (stable, published) = super::release::publish(&release, &self.scenario, &self.dir)?;
+        let spec = task.qnet_spec()?;
+        let rows = super::release::stable_rows(&spec, release)?;
+        let (stable, published) = super::release::publish(&rows, &spec, &self.scenario, &self.dir)?;
         let transitions = stable.len();
         self.model
             .set_stable_data(stable)
             .context("handing D_stable to the model")?;
         self.snapshot = Bytes::from(encode_payload(self.model.params()));
-        let prefixes: Vec<_> = release.stable().iter().map(|s| s.prefix).collect();
+        let prefixes: Vec<_> = release.prefixes.iter().map(|(p, _)| *p).collect();
         if let Some(c) = self.central.as_mut() {
             c.release_prefixes(&prefixes);
         }
-        let joined = release.take_joined();
-        for (client, units) in &joined {
-            let mine: Vec<_> = prefixes
-                .iter()
-                .filter(|p| units.iter().any(|r| r.contains(p.unit)))
-                .copied()
-                .collect();
+        for (client, mine) in &release.owners {
             self.send(
                 *client,
-                Outbound::Control(Message::StableReleased(StableReleased { prefixes: mine })),
+                Outbound::Control(Message::StableReleased(StableReleased {
+                    prefixes: mine.clone(),
+                })),
             );
         }
-        let walk_s = release.walk_seconds();
+        let started = release.started_at.unwrap_or(release.done_at);
+        let walk_s = (release.done_at - started).max(0.0);
         self.timings.data_release_s += walk_s;
-        let p = release.params();
+        let spec = self.engine.config().release.clone();
+        let p = spec.as_ref().map(|s| s.params);
+        let p_min = fedrl_common::selective::expert_p_min(&task.dataset);
         // Informational: a bound that cannot be computed leaves the fields null.
-        let (longest, bound) = release.stable_bound().ok().unzip();
+        let (longest, bound) = match (&spec, p_min) {
+            (Some(s), Some(p_min)) => super::release::stable_bound(s, self.scenario.users, p_min)
+                .ok()
+                .unzip(),
+            _ => (None, None),
+        };
+        let cfg = self.scenario.selective().and_then(|s| s.release.as_ref());
         self.selective_report = Some(serde_json::json!({
             "release": {
-                "epsilon_1": self.scenario.selective().and_then(|s| s.release.as_ref()).map(|r| r.epsilon),
-                "delta_1": self.scenario.selective().and_then(|s| s.release.as_ref()).map(|r| r.delta),
-                "trajectories_walked": release.walked(),
+                "epsilon_1": cfg.map(|r| r.epsilon),
+                "delta_1": cfg.map(|r| r.delta),
+                "chunk": cfg.map(|r| r.chunk),
+                "trajectories_walked": release.walked,
                 "prefixes_released": prefixes.len(),
                 "stable_transitions": transitions,
                 // The paper's derived ceiling (T x L*): how far the experts' disagreement kept
                 // the release from it.
                 "max_stable_prefix": longest,
                 "stable_transitions_bound": bound,
-                "epsilon_prime": p.epsilon_prime,
-                "delta_prime": p.delta_prime,
-                "c_min": p.c_min,
-                "theta": p.theta,
-                "theta_hat_offset": p.theta_hat_offset,
+                "epsilon_prime": p.map(|p| p.epsilon_prime),
+                "delta_prime": p.map(|p| p.delta_prime),
+                "c_min": p.map(|p| p.c_min),
+                "theta": p.map(|p| p.theta),
+                "theta_hat_offset": p.map(|p| p.theta_hat_offset),
+                "noise": "discrete Laplace on a count grid of 2^-16 (exact, integer arithmetic)",
                 "release_seconds": walk_s,
                 // Of release_seconds: waiting for the agents to load their data and experts
-                // (federated mode) before the first candidate's counts were all in.
-                "agents_ready_seconds": release.agents_ready_seconds(),
-                "started_after_seconds": self.started.elapsed().as_secs_f64() - walk_s,
+                // (federated mode) before the first chunk's counts were all in.
+                "agents_ready_seconds": release
+                    .first_counts_at
+                    .map_or(0.0, |f| (f - started).max(0.0)),
+                "started_after_seconds": started,
                 "published": published,
             },
         }));
         tracing::info!(
             prefixes = prefixes.len(),
             transitions,
+            walked = release.walked,
+            refused = release.refused,
+            dropped = release.dropped,
             "DataRelease accounted and published; training starts"
         );
         // A checkpoint right away: the state directory agrees with the ledger if the process
         // dies before the first round.
         self.save_checkpoint()?;
-        for (client, units) in joined {
-            if self.sessions.contains_key(&client) {
-                queue.push_back(Event::ClientJoined { client, units });
-            }
-        }
         Ok(())
     }
 
@@ -1104,6 +1032,50 @@ impl EngineThread {
                         rounds_abandoned: self.engine.rounds_abandoned(),
                         reason,
                     })?;
+                }
+                Action::RequestSteps { client, request } => {
+                    self.send(
+                        client,
+                        Outbound::Control(Message::TrajectoryRequest(request)),
+                    );
+                }
+                Action::QueryPrefix {
+                    client,
+                    query,
+                    payload,
+                } => {
+                    self.send(
+                        client,
+                        Outbound::ControlWithPayload(Message::PrefixQuery(query), payload),
+                    );
+                }
+                Action::DropClient { client, message } => {
+                    self.rejected += 1;
+                    tracing::warn!(client, message = %message, "DataRelease: client dropped");
+                    self.send(
+                        client,
+                        Outbound::Close {
+                            code: close_code::PROTOCOL,
+                            message: Some(Message::error(
+                                ErrorCode::Unexpected,
+                                &message,
+                                None,
+                                None,
+                            )),
+                            reason: message,
+                        },
+                    );
+                }
+                Action::PublishStable(release) => {
+                    let failed = match self.publish_stable(&release) {
+                        Ok(()) => None,
+                        Err(e) => {
+                            let m = format!("{e:#}");
+                            self.failure = Some(m.clone());
+                            Some(m)
+                        }
+                    };
+                    queue.push_back(Event::StablePublished { failed });
                 }
                 Action::Finished { reason } => {
                     self.ended_by_engine = true;

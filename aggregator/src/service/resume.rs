@@ -77,6 +77,10 @@ pub fn resume_point(
     let mut resume = Resume {
         next_round: last_ledger_round.max(ckpt_round) + 1,
         rounds_completed: ledger.records().len() as u64,
+        release_done: ledger
+            .records()
+            .iter()
+            .any(|r| r.phase == crate::engine::RELEASE_PHASE),
         ..Resume::default()
     };
     if let Some(meta) = checkpoint {

@@ -109,7 +109,6 @@ pub async fn run(
             .set_stable_data(stable)
             .context("handing the published D_stable to the model")?;
     }
-    let release = super::release::for_scenario(&scenario, &ledger)?;
 
     let cfg = EngineConfig::for_scenario(&scenario)?;
     if model.params().len() != cfg.offer_dim {
@@ -179,7 +178,7 @@ pub async fn run(
     let users_released = ledger
         .records()
         .iter()
-        .filter(|r| r.phase != super::release::RELEASE_PHASE)
+        .filter(|r| r.phase != crate::engine::RELEASE_PHASE)
         .map(|r| r.units.len() as u64)
         .sum();
     let ctx = EngineThread {
@@ -200,7 +199,6 @@ pub async fn run(
         shared: engine_shared,
         last_round,
         central: super::central::Central::for_scenario(&scenario)?,
-        release,
         selective_report: None,
         ended_by_engine: false,
         failure: None,

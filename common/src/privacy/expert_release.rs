@@ -189,6 +189,137 @@ pub fn prefix_query<R: Rng + ?Sized>(
     Ok(count + laplace::sample(query_noise_scale(epsilon_prime), rng)? > theta_hat)
 }
 
+/// Counts are compared on an integer grid of step 2^-[`COUNT_GRID_BITS`] count units (see
+/// [`ExactPrefixTest`]).
+pub const COUNT_GRID_BITS: u32 = 16;
+
+/// The sparse vector test of Algorithms 1-2 with exact noise: every number it compares is an
+/// integer and every noise draw is a discrete Laplace sample drawn with integer arithmetic only
+/// ([`super::discrete_gaussian::discrete_laplace`], CKS20 Algorithm 2 over exact Bernoulli
+/// samplers). A floating-point Laplace sampler leaves gaps in its output that can reveal the
+/// exact count (Mironov 2012); this one has none.
+///
+/// # The grid and the sensitivity
+/// A client's summed answer `c` (a real count in `[0, hosted]`) enters as
+/// `floor(min(c, hosted) * 2^k)` grid units, `k = COUNT_GRID_BITS` (exact in f64: a product by
+/// a power of two and a floor); the aggregator sums the clients' integers in i128. One expert
+/// moves its client's real count by at most 1 (a probability), plus the client's floating-point
+/// rounding of the sum, below `hosted x 2^-52` and so far below one grid step `2^-k` for any
+/// population this project runs; clamping to `[0, hosted]` is 1-Lipschitz. Since
+/// `|floor(a) - floor(b)| <= ceil(|a - b|)`, the integer count moves by at most
+/// `Delta = 2^k + 1` grid units ([`Self::sensitivity`]).
+///
+/// # The noise and why the proof carries over
+/// The threshold `theta^ = theta + (4/epsilon') ln(1/delta')` enters as `ceil(theta^ 2^k)`
+/// (a public, data-independent rounding) plus `DLap(t_thr)`, and each prefix query adds
+/// `DLap(t_q)`, where `DLap(t)` has probability proportional to `exp(-|x| / t)` on the integers,
+/// `t_thr = ceil(2 Delta / epsilon')` and `t_q = ceil(4 Delta / epsilon')` (each with a relative
+/// margin of 1e-9 against the rounding of the division, so that `t >= 2 Delta / epsilon'` holds
+/// for the exact rational value). The privacy proof of AboveThreshold (Dwork & Roth 2014,
+/// Theorem 3.23, on which seed 002's Theorem 5.3 builds) uses only two facts about the noise:
+/// its probability ratio under a shift by `c` is at most `exp(|c| / t)`, and a shift of the
+/// threshold noise by `Delta` and of the query noise by `2 Delta` maps the accepting set of one
+/// dataset into the other's. Both hold for the discrete Laplace on the integers when the
+/// queries, the threshold and `Delta` are integers (the change of variables is a bijection of Z,
+/// sums replace integrals). So each pass stays `2 epsilon'` plus the paper's delta, with
+/// `Delta` in grid units: no slack is added to delta. The grid's rounding is in `Delta` (the
+/// `+ 1`), and the integer threshold `ceil(theta^ 2^k)` only raises the bar (the stability
+/// argument of Lemma 5.1 needs counts above theta, never below).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExactPrefixTest {
+    /// ceil((theta + (4/epsilon') ln(1/delta')) 2^k): the threshold before its noise.
+    threshold: i128,
+    /// Scale of the threshold's discrete Laplace noise (grid units).
+    threshold_scale: u128,
+    /// Scale of each query's discrete Laplace noise (grid units).
+    query_scale: u128,
+}
+
+impl ExactPrefixTest {
+    /// The integer test for `params`.
+    pub fn new(params: &ReleaseParameters) -> Result<Self, PrivacyError> {
+        let offset = params.theta_hat_offset;
+        let eps = params.epsilon_prime;
+        if !(offset.is_finite() && eps.is_finite() && eps > 0.0) {
+            return Err(PrivacyError::InvalidParameter(format!(
+                "an exact prefix test needs a finite threshold and epsilon' > 0, got ({offset}, {eps})"
+            )));
+        }
+        let grid = (1u64 << COUNT_GRID_BITS) as f64;
+        let threshold = (offset * grid).ceil();
+        let delta = Self::sensitivity() as f64;
+        // ceil with a relative margin: the f64 division may round the exact quotient down.
+        let scale = |mult: f64| -> Result<u128, PrivacyError> {
+            let t = (mult * delta / eps * (1.0 + 1e-9)).ceil();
+            if !(t.is_finite() && t >= 1.0 && t < 2f64.powi(100)) {
+                return Err(PrivacyError::InvalidParameter(format!(
+                    "epsilon' = {eps} gives a discrete Laplace scale of {t} grid units, outside the sampler's range"
+                )));
+            }
+            Ok(t as u128)
+        };
+        if threshold.abs() >= 2f64.powi(100) {
+            return Err(PrivacyError::InvalidParameter(format!(
+                "the threshold {offset} is too large for the count grid"
+            )));
+        }
+        Ok(Self {
+            threshold: threshold as i128,
+            threshold_scale: scale(2.0)?,
+            query_scale: scale(4.0)?,
+        })
+    }
+
+    /// Delta: how far one expert can move the integer count (grid units), `2^k + 1`.
+    pub fn sensitivity() -> u128 {
+        (1u128 << COUNT_GRID_BITS) + 1
+    }
+
+    /// One client's summed answer on the grid: `floor(min(count, hosted) 2^k)`. `None` for a
+    /// count that is negative or not finite (refused before it gets here).
+    pub fn count_on_grid(count: f64, hosted: u64) -> Option<i128> {
+        if !(count.is_finite() && count >= 0.0) {
+            return None;
+        }
+        let c = count.min(hosted as f64) * (1u64 << COUNT_GRID_BITS) as f64;
+        Some(c.floor() as i128)
+    }
+
+    /// The threshold before its noise (grid units).
+    pub fn threshold(&self) -> i128 {
+        self.threshold
+    }
+
+    /// (threshold noise scale, query noise scale), grid units.
+    pub fn scales(&self) -> (u128, u128) {
+        (self.threshold_scale, self.query_scale)
+    }
+
+    /// theta^ for one candidate trajectory (Algorithm 2, line 7): the threshold plus its
+    /// discrete Laplace noise, drawn once per trajectory.
+    pub fn noisy_threshold<R: rand::Rng + ?Sized>(
+        &self,
+        rng: &mut R,
+    ) -> Result<i128, PrivacyError> {
+        let z = super::discrete_gaussian::discrete_laplace(rng, self.threshold_scale)
+            .map_err(|e| PrivacyError::InvalidParameter(e.to_string()))?;
+        Ok(self.threshold + z)
+    }
+
+    /// PrefixQuery (Algorithm 1) on the grid: "stable" when the summed count plus its discrete
+    /// Laplace noise exceeds `noisy_threshold`.
+    pub fn passes<R: rand::Rng + ?Sized>(
+        &self,
+        count: i128,
+        noisy_threshold: i128,
+        rng: &mut R,
+    ) -> Result<bool, PrivacyError> {
+        let z = super::discrete_gaussian::discrete_laplace(rng, self.query_scale)
+            .map_err(|e| PrivacyError::InvalidParameter(e.to_string()))?;
+        Ok(count + z > noisy_threshold)
+    }
+}
+
 /// All parameters of one DataRelease run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReleaseParameters {
@@ -263,6 +394,9 @@ impl ReleaseParameters {
 /// line 4, and which ones were examined stays secret.) Noise comes from
 /// `rng` (the aggregator's CSPRNG): theta^'s Laplace draw first, then one draw per query, and no
 /// draw after the first failure.
+///
+/// This is the floating-point reference of the walk (tests compare against it); the
+/// aggregator runs the integer version, [`ExactPrefixTest`], whose noise has no gaps.
 ///
 /// Refuses (`InvalidAnswer`) an empty walk, one longer than L, and counts that are negative or
 /// not finite (a NaN would silently fail every comparison); answers should have passed
@@ -408,6 +542,80 @@ mod tests {
             (p.theta_hat_offset - (p.theta + 4.0 / eps * (1.0 / p.delta_prime).ln())).abs()
                 < 1e-9 * p.theta_hat_offset
         );
+    }
+
+    #[test]
+    fn the_exact_test_works_on_integers_with_the_stated_scales() {
+        use rand::SeedableRng;
+        let p = ReleaseParameters::new(10.0, 1e-3, 0.05, 25, 200).unwrap_or_else(|e| panic!("{e}"));
+        let t = ExactPrefixTest::new(&p).unwrap_or_else(|e| panic!("{e}"));
+        let grid = (1u64 << COUNT_GRID_BITS) as f64;
+        let delta = ExactPrefixTest::sensitivity() as f64;
+        let (tt, tq) = t.scales();
+        // At least 2 Delta / epsilon' and 4 Delta / epsilon', and not much more.
+        assert!(tt as f64 * p.epsilon_prime >= 2.0 * delta);
+        assert!(tq as f64 * p.epsilon_prime >= 4.0 * delta);
+        assert!((tq as f64 * p.epsilon_prime) < 4.0 * delta + 2.0 * p.epsilon_prime);
+        assert_eq!(t.threshold(), (p.theta_hat_offset * grid).ceil() as i128);
+        // Grid counts: floored, clamped to the client's experts, refused when not a count.
+        assert_eq!(
+            ExactPrefixTest::count_on_grid(1.5, 3),
+            Some((1.5 * grid) as i128)
+        );
+        assert_eq!(
+            ExactPrefixTest::count_on_grid(7.0, 3),
+            Some((3.0 * grid) as i128)
+        );
+        assert_eq!(ExactPrefixTest::count_on_grid(f64::NAN, 3), None);
+        assert_eq!(ExactPrefixTest::count_on_grid(-1e-9, 3), None);
+        // The noise is the discrete Laplace of the stated scale: integer, mean |x| near t.
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(1);
+        let n = 4000;
+        let mut abs = 0.0;
+        for _ in 0..n {
+            abs += (t.noisy_threshold(&mut rng).unwrap_or(0) - t.threshold()).abs() as f64;
+        }
+        let mean = abs / n as f64;
+        assert!(
+            (mean / tt as f64 - 1.0).abs() < 0.1,
+            "E|Z| = {mean}, t = {tt}"
+        );
+        // Far above the threshold a count passes, far below it fails.
+        let far = (t.threshold_scale as i128) * 60;
+        assert!(
+            t.passes(t.threshold() + far, t.threshold(), &mut rng)
+                .unwrap_or(false)
+        );
+        assert!(
+            !t.passes(t.threshold() - far, t.threshold(), &mut rng)
+                .unwrap_or(true)
+        );
+    }
+
+    #[test]
+    fn the_exact_test_passes_as_often_as_the_float_reference() {
+        use rand::SeedableRng;
+        let p = ReleaseParameters::new(10.0, 1e-3, 0.05, 25, 200).unwrap_or_else(|e| panic!("{e}"));
+        let t = ExactPrefixTest::new(&p).unwrap_or_else(|e| panic!("{e}"));
+        let b = query_noise_scale(p.epsilon_prime);
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(5);
+        let n = 6000;
+        for x in [-2.0, 0.0, 2.0] {
+            let count = p.theta_hat_offset + x * b;
+            let grid = ExactPrefixTest::count_on_grid(count, 1_000_000).unwrap_or(0);
+            let exact = (0..n)
+                .filter(|_| {
+                    let thr = t.noisy_threshold(&mut rng).unwrap_or(i128::MAX);
+                    t.passes(grid, thr, &mut rng).unwrap_or(false)
+                })
+                .count() as f64
+                / n as f64;
+            let float = (0..n)
+                .filter(|_| stable_prefix(&[count], &p, &mut rng).unwrap_or(0) == 1)
+                .count() as f64
+                / n as f64;
+            assert!((exact - float).abs() < 0.03, "x = {x}: {exact} vs {float}");
+        }
     }
 
     #[test]

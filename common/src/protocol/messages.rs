@@ -153,17 +153,23 @@ pub struct DataComplete {
 }
 
 /// Server -> client on the control stream: an update was accepted into the round's sum.
-/// DataRelease (seed 002, Algorithm 2), aggregator to the client hosting `unit`: send episode
-/// `episode` of that expert's demonstrations, the candidate trajectory `query`.
+/// DataRelease (seed 002, Algorithm 2), aggregator to the client hosting `unit`: send steps
+/// `from_step..from_step + steps` of episode `episode` of that expert's demonstrations, the
+/// candidate trajectory `query`. A candidate is revealed `chunk` steps at a time, and the next
+/// steps are asked for only after the prefix before them passed the sparse vector test.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrajectoryRequest {
     pub query: u64,
     pub unit: UnitId,
     pub episode: u32,
+    /// The first step asked for (0 at a candidate's start).
+    pub from_step: u32,
+    /// How many steps at most (the episode may end sooner).
+    pub steps: u32,
 }
 
-/// The answer to a [`TrajectoryRequest`], on its own stream: `rows` transitions of
-/// `fedrl_rl::offline::dpsgd::encode_rows`' layout follow as the payload.
+/// The answer to a [`TrajectoryRequest`], on its own stream: `rows` transitions (1 to the
+/// steps asked for) of `fedrl_rl::offline::dpsgd::encode_rows`' layout follow as the payload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrajectoryData {
     pub query: u64,
@@ -172,26 +178,34 @@ pub struct TrajectoryData {
     /// Row of the episode's first transition among the unit's transitions (episodes in
     /// order): where a released prefix sits in the unit's data.
     pub first_row: u32,
+    /// The step these rows start at (the request's `from_step`).
+    pub from_step: u32,
     pub rows: u32,
     pub obs_dim: u32,
+    /// The episode ends with these rows (there is no step `from_step + rows`).
+    pub ended: bool,
 }
 
-/// DataRelease, aggregator to every client: the candidate trajectory `query` (payload: `steps`
-/// rows of `obs_dim` observation values then the action index, as f32). Each client answers
-/// with [`PrefixCounts`].
+/// DataRelease, aggregator to every client: steps `from_step..from_step + steps` of the
+/// candidate trajectory `query` (payload: `steps` rows of `obs_dim` observation values then the
+/// action index, as f32). A client keeps what it was sent of the candidate (`from_step` = 0
+/// starts a new one) and answers with [`PrefixCounts`] for the prefixes ending in these steps.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefixQuery {
     pub query: u64,
+    pub from_step: u32,
     pub steps: u32,
     pub obs_dim: u32,
 }
 
-/// A client's answer to [`PrefixQuery`] `query`: for h = 1..=steps, the sum over the client's
-/// experts of the probability that the expert plays the prefix's first h actions (each expert's
-/// term is a probability, so at most 1: the sensitivity of the count is 1 per expert).
+/// A client's answer to [`PrefixQuery`] `query`: for h = from_step + 1..=from_step + steps,
+/// the sum over the client's experts of the probability that the expert plays the prefix's
+/// first h actions (each expert's term is a probability, so at most 1: the sensitivity of the
+/// count is 1 per expert).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefixCounts {
     pub query: u64,
+    pub from_step: u32,
     pub counts: Vec<f64>,
 }
 

@@ -38,7 +38,10 @@ pub use messages::*;
 /// server optimizer's fields (`server_optimizer`, `server_adam_*`). A version-4 agent would
 /// refuse such a task as unknown fields; the version says why instead.
 /// Version 6: the `primorl` task (seed 001) in `Welcome`.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// Version 7: the DataRelease reveals a candidate in chunks (`TrajectoryRequest::from_step` and
+/// `steps`, `TrajectoryData::from_step` and `ended`, `PrefixQuery::from_step`,
+/// `PrefixCounts::from_step`).
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).
