@@ -85,7 +85,6 @@ use fedrl_common::privacy::ledger::{Participation, RoundRecord};
 use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
 use fedrl_common::protocol::{ErrorCode, RoundSpec, UnitId, UnitRange};
 use fedrl_common::scenario::{Scenario, TaskError};
-use fedrl_rl::task::TaskExt;
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -140,11 +139,18 @@ pub enum EngineError {
 
 impl EngineConfig {
     /// The configuration a scenario runs with (what the service builds, and what a replay of
-    /// its journal must use). A non-private twin runs with C = +inf and no noise.
-    pub fn for_scenario(scenario: &Scenario) -> Result<Self, EngineError> {
+    /// its journal must use). A non-private twin runs with C = +inf and no noise. The caller
+    /// gives the task's dimensions (`fedrl_tasks::TaskExt`: they need the model built for the
+    /// environment, which the engine, free of candle and the simulators, cannot build): `dim`
+    /// values per update, `offer_dim` per offered model.
+    pub fn for_scenario(
+        scenario: &Scenario,
+        dim: usize,
+        offer_dim: usize,
+    ) -> Result<Self, EngineError> {
         Ok(EngineConfig {
-            dim: scenario.task.dim()?,
-            offer_dim: scenario.task.offer_dim()?,
+            dim,
+            offer_dim,
             rounds: scenario.rounds,
             population: scenario.users,
             participation: scenario.participation,

@@ -261,7 +261,7 @@ fn d_max_frame() -> u64 {
 impl Scenario {
     /// Parses and validates TOML text whose task's dimension is one of its parameters
     /// ([`PlainTasks`]); a task that needs its model built is an error here (load it through
-    /// `fedrl_rl::task::scenario_from_toml_str`).
+    /// `fedrl_tasks::scenario_from_toml_str`).
     pub fn from_toml_str(text: &str) -> Result<Self, ScenarioError> {
         Self::from_toml_str_with(text, &PlainTasks)
     }

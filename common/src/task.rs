@@ -1,7 +1,7 @@
 //! The task a scenario trains: plain serde data whose shape never changes with cargo features.
 //!
 //! What needs the model built for a task's environment (its parameter count, the checks that
-//! build it) lives in `fedrl-rl`, which implements [`TaskModels`]; a scenario is validated against
+//! build it) lives in `fedrl-tasks`, which implements [`TaskModels`]; a scenario is validated against
 //! the implementation it is handed ([`crate::scenario::Scenario::from_toml_str_with`]). This crate
 //! alone knows [`PlainTasks`]: tasks whose dimension is one of their parameters.
 
@@ -29,7 +29,7 @@ pub enum TaskError {
     /// The task's dimension depends on its model, which this [`TaskModels`] cannot build.
     #[error(
         "task `{kind}`: its parameter count depends on the model built for its environment; \
-         load the scenario through fedrl-rl (fedrl_rl::task::scenario_from_toml_str or \
+         load the scenario through fedrl-tasks (fedrl_tasks::scenario_from_toml_str or \
          scenario_from_file)"
     )]
     NeedsModel { kind: &'static str },
@@ -38,7 +38,7 @@ pub enum TaskError {
     Json(#[from] serde_json::Error),
 }
 
-/// What only the crate that builds a task's model knows (`fedrl_rl::task::Models` for every
+/// What only the crate that builds a task's model knows (`fedrl_tasks::Models` for every
 /// task).
 pub trait TaskModels {
     /// Length of the model and of every update (number of f32). Building the model is also the
@@ -245,7 +245,7 @@ pub struct DppgTask {
 }
 
 impl DppgTask {
-    /// Checks the fields that need no model (`fedrl_rl::task` builds the model).
+    /// Checks the fields that need no model (`fedrl_tasks` builds the model).
     fn validate(&self) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Invalid(m));
         if !(self.server_lr.is_finite() && self.server_lr > 0.0) {
@@ -513,7 +513,7 @@ impl LogLinearTask {
         (self.lr / self.lr_decay_factor.powi(k)).max(self.lr_min)
     }
 
-    /// Checks the fields that need no model (`fedrl_rl::task` builds the model).
+    /// Checks the fields that need no model (`fedrl_tasks` builds the model).
     fn validate(&self) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Invalid(m));
         let pos = |x: f64| x.is_finite() && x > 0.0;

@@ -46,7 +46,7 @@ pub mod primorl;
 pub mod rollout;
 pub mod sac;
 pub mod server_rule;
-pub mod task;
+pub mod tensor_io;
 pub mod value;
 
 pub use device::DeviceError;

@@ -1,10 +1,11 @@
-//! The client-side task trait and the mean-estimation trainer.
+//! The client-side task trait ([`LocalTrainer`]) and its optional capabilities: what a client
+//! agent asks of a task kind. Every kind implements [`LocalTrainer::local_updates`]; only the
+//! kinds that need them return [`CentralData`] (central update mode) or [`ExpertHost`]
+//! (DataRelease), so no kind stubs methods it has no use for.
 
 use std::sync::Arc;
 
 use fedrl_common::protocol::{ReleasedPrefix, RoundSpec, UnitId, UnitRange, Welcome};
-use fedrl_common::scenario::{MeanEstimationTask, Task};
-use fedrl_rl::candle_core::Device;
 
 /// Computes local updates for the units a client agent hosts.
 ///
@@ -24,32 +25,39 @@ pub trait LocalTrainer: Send {
         units: &[UnitId],
     ) -> Vec<(UnitId, Vec<f32>)>;
 
-    /// The units' data to upload once after joining, for tasks in the central update mode
-    /// (DESIGN §2.5: the aggregator then computes the units' clipped updates itself). Empty (the
-    /// default) in the federated mode: the data never leaves the agent.
-    fn unit_data(&self) -> Vec<UnitUpload> {
-        Vec::new()
+    /// The central update mode's capability (DESIGN §2.5: the agent uploads its units' data
+    /// once after joining and the aggregator computes their clipped updates itself). `None`
+    /// (the default, and the federated mode): the data never leaves the agent.
+    fn central_data(&self) -> Option<&dyn CentralData> {
+        None
     }
 
-    /// DataRelease (seed 002): episode `episode` of unit `unit`, as an upload (its `payload` in
-    /// `encode_rows` layout) and the row of its first transition among the unit's transitions.
-    fn episode_rows(&self, unit: UnitId, episode: u32) -> Result<(UnitUpload, u32), String> {
-        let _ = (unit, episode);
-        Err("this task holds no expert demonstrations".into())
+    /// DataRelease's capability (seed 002): a trainer whose units are experts with
+    /// demonstrations and policies. `None` (the default): this task holds no experts.
+    fn expert_host(&mut self) -> Option<&mut dyn ExpertHost> {
+        None
     }
+}
 
-    /// DataRelease: for h = 1..=L, the sum over this agent's experts of the probability of
-    /// playing the trajectory's first h actions (`obs`: L rows of `obs_dim` raw observations).
-    fn prefix_counts(&self, obs: &[f32], actions: &[u32]) -> Result<Vec<f64>, String> {
-        let _ = (obs, actions);
-        Err("this task has no expert policies".into())
-    }
+/// Optional capability of a [`LocalTrainer`]: the units' data for the central update mode.
+pub trait CentralData {
+    /// The units' data to upload once after joining (the aggregator then computes the units'
+    /// clipped updates itself).
+    fn unit_data(&self) -> Vec<UnitUpload>;
+}
 
-    /// DataRelease: these prefixes of this agent's units are public now; DP-SGD steps draw from
-    /// the rest.
-    fn stable_released(&mut self, prefixes: &[ReleasedPrefix]) {
-        let _ = prefixes;
-    }
+/// Optional capability of a [`LocalTrainer`]: hosting experts for DataRelease (seed 002).
+pub trait ExpertHost {
+    /// Episode `episode` of unit `unit`, as an upload (its `payload` in `encode_rows` layout)
+    /// and the row of its first transition among the unit's transitions.
+    fn episode_rows(&self, unit: UnitId, episode: u32) -> Result<(UnitUpload, u32), String>;
+
+    /// For h = 1..=L, the sum over this agent's experts of the probability of playing the
+    /// trajectory's first h actions (`obs`: L rows of `obs_dim` raw observations).
+    fn prefix_counts(&self, obs: &[f32], actions: &[u32]) -> Result<Vec<f64>, String>;
+
+    /// These prefixes of this agent's units are public now; DP-SGD steps draw from the rest.
+    fn stable_released(&mut self, prefixes: &[ReleasedPrefix]);
 }
 
 /// One unit's data for a `UnitData` frame: `rows` rows of f32 (layout:
@@ -62,66 +70,8 @@ pub struct UnitUpload {
     pub payload: Vec<f32>,
 }
 
-/// Builds an agent's trainer from the server's welcome (task JSON, dimension, seed) and the unit
-/// ranges the agent hosts. Called once per agent process, at the first successful join.
+/// Builds an agent's trainer from the server's welcome (the task, dimension, seed) and the unit
+/// ranges the agent hosts. Called once per agent process, at the first successful join
+/// ([`crate::registry::default_factory`] builds every registered kind).
 pub type TrainerFactory =
     Arc<dyn Fn(&Welcome, &[UnitRange]) -> anyhow::Result<Box<dyn LocalTrainer>> + Send + Sync>;
-
-/// The factory for the built-in tasks, computing on `device` (`fedrl client --device`); add an
-/// arm per task.
-pub fn default_factory(device: Device) -> TrainerFactory {
-    Arc::new(move |welcome: &Welcome, units: &[UnitRange]| {
-        let task = Task::from_json(&welcome.task_json)?;
-        match task {
-            Task::MeanEstimation(t) => {
-                Ok(Box::new(MeanEstimationTrainer::new(t)) as Box<dyn LocalTrainer>)
-            }
-            Task::Dppg(t) => Ok(Box::new(crate::dppg::DppgTrainer::new(&t, device.clone())?)
-                as Box<dyn LocalTrainer>),
-            Task::LogLinearPg(t) => {
-                Ok(Box::new(crate::loglinear::LogLinearTrainer::new(&t)?) as Box<dyn LocalTrainer>)
-            }
-            Task::OfflineCql(t) => Ok(Box::new(crate::cql::CqlTrainer::new(
-                &t,
-                units,
-                device.clone(),
-            )?) as Box<dyn LocalTrainer>),
-            Task::Primorl(t) => Ok(Box::new(crate::primorl::PrimorlTrainer::new(
-                &t,
-                units,
-                device.clone(),
-            )?) as Box<dyn LocalTrainer>),
-        }
-    })
-}
-
-/// DP mean estimation, client side: user `u`'s update is `x_u - global`.
-pub struct MeanEstimationTrainer {
-    task: MeanEstimationTask,
-    mu: Vec<f32>,
-}
-
-impl MeanEstimationTrainer {
-    pub fn new(task: MeanEstimationTask) -> Self {
-        let mu = task.true_mean();
-        MeanEstimationTrainer { task, mu }
-    }
-}
-
-impl LocalTrainer for MeanEstimationTrainer {
-    fn local_updates(
-        &mut self,
-        _round: &RoundSpec,
-        global: &[f32],
-        units: &[UnitId],
-    ) -> Vec<(UnitId, Vec<f32>)> {
-        units
-            .iter()
-            .map(|u| {
-                let x = self.task.user_vector(&self.mu, *u);
-                let delta = x.iter().zip(global).map(|(a, b)| a - b).collect();
-                (*u, delta)
-            })
-            .collect()
-    }
-}

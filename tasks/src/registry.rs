@@ -1,23 +1,70 @@
-//! What a scenario's task needs the model for: its dimension, the checks that build the model,
-//! and loading a scenario with them.
+//! The one registry of task kinds: it maps a scenario's [`Task`] (plain serde data in
+//! `fedrl_common::task`) to its kind's folder in this crate, for the model's dimension (which
+//! needs the model built for the environment's spaces), the client agent's trainer
+//! ([`default_factory`]) and the aggregator's server model ([`server_model`]).
 //!
-//! The task types are plain data in `fedrl_common::task`; the length of a DPPG or log-linear
-//! parameter vector depends on the environment's spaces, which only this crate (with the
-//! simulators) can build. [`Models`] is the [`TaskModels`] that knows every task, and
-//! [`scenario_from_toml_str`] / [`scenario_from_file`] load a scenario with it: the CLI loads
-//! scenarios through them, so a task whose model cannot be built fails at load time.
+//! Adding a kind is one arm of [`with_kind!`] here (docs/adding-a-task-kind.md). [`Models`] is
+//! the [`TaskModels`] that knows every kind, and [`scenario_from_toml_str`] /
+//! [`scenario_from_file`] load a scenario with it: the CLI loads scenarios through them, so a
+//! task whose model cannot be built fails at load time.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use fedrl_common::primorl::PrimorlTask;
+use fedrl_common::protocol::{UnitRange, Welcome};
 use fedrl_common::scenario::{Scenario, ScenarioError};
-use fedrl_common::task::{DppgTask, LogLinearTask, OfflineCqlTask, Task, TaskError, TaskModels};
-use fedrl_sim::population::{Population, PumpOverrides};
+use fedrl_common::task::{Task, TaskError, TaskModels};
+use fedrl_rl::candle_core::Device;
 
-use crate::local_update::LocalUpdateExt;
-use crate::loglinear::LogLinearSpec;
-use crate::mlp::ModelSpec;
-use crate::offline::qnet::QNetSpec;
+use crate::client::{LocalTrainer, TrainerFactory};
+use crate::server::ServerModel;
+
+/// What the registry needs from a task kind; implemented once, in the kind's folder.
+pub trait TaskKind {
+    /// The kind's parameters (its variant's payload in [`Task`]).
+    type Spec;
+    /// Length of the model and of every update (number of f32). Building the model is also the
+    /// validation of the fields it reads (environment, hidden sizes, preprocessing).
+    fn dim(spec: &Self::Spec) -> Result<usize, TaskError>;
+    /// A client agent's trainer for the units it hosts (`units`), computing on `device`.
+    fn trainer(
+        spec: &Self::Spec,
+        units: &[UnitRange],
+        device: &Device,
+    ) -> anyhow::Result<Box<dyn LocalTrainer>>;
+    /// The aggregator's model for `scenario` (whose task is `spec`), freshly initialised.
+    fn server_model(spec: &Self::Spec, scenario: &Scenario)
+    -> anyhow::Result<Box<dyn ServerModel>>;
+}
+
+/// The table of task kinds: evaluates `$body` with `$spec` bound to the task's parameters and
+/// `$K` to its [`TaskKind`]. The only place that lists the kinds; add one arm per kind.
+macro_rules! with_kind {
+    ($task:expr, $spec:ident, $K:ident => $body:expr) => {
+        match $task {
+            Task::MeanEstimation($spec) => {
+                type $K = crate::mean_estimation::MeanEstimation;
+                $body
+            }
+            Task::Dppg($spec) => {
+                type $K = crate::dppg::Dppg;
+                $body
+            }
+            Task::LogLinearPg($spec) => {
+                type $K = crate::loglinear::LogLinear;
+                $body
+            }
+            Task::OfflineCql($spec) => {
+                type $K = crate::offline_cql::OfflineCql;
+                $body
+            }
+            Task::Primorl($spec) => {
+                type $K = crate::primorl::Primorl;
+                $body
+            }
+        }
+    };
+}
 
 /// [`TaskModels`] for every task: builds the model to know its dimension.
 #[derive(Clone, Copy, Debug, Default)]
@@ -25,14 +72,22 @@ pub struct Models;
 
 impl TaskModels for Models {
     fn dim(&self, task: &Task) -> Result<usize, TaskError> {
-        match task {
-            Task::MeanEstimation(t) => Ok(t.dim),
-            Task::Dppg(t) => Ok(t.model_spec()?.layout().len()),
-            Task::LogLinearPg(t) => Ok(t.spec()?.dim()),
-            Task::OfflineCql(t) => Ok(t.qnet_spec()?.dim()),
-            Task::Primorl(t) => Ok(t.ensemble_shape()?.len()),
-        }
+        with_kind!(task, t, K => K::dim(t))
     }
+}
+
+/// The factory for every registered kind, computing on `device` (`fedrl client --device`).
+pub fn default_factory(device: Device) -> TrainerFactory {
+    Arc::new(move |welcome: &Welcome, units: &[UnitRange]| {
+        let task = Task::from_json(&welcome.task_json)?;
+        with_kind!(&task, t, K => K::trainer(t, units, &device))
+    })
+}
+
+/// The server model for `scenario`'s task, freshly initialised; its tensors live on the
+/// scenario's `device`.
+pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>> {
+    with_kind!(&scenario.task, t, K => K::server_model(t, scenario))
 }
 
 /// The length of `task`'s model and of every update (number of f32).
@@ -55,130 +110,7 @@ impl TaskExt for Task {
     }
 }
 
-/// The Q-network an [`OfflineCqlTask`] trains.
-pub trait OfflineCqlTaskExt {
-    /// `obs_dim -> cql.hidden -> n_actions` for the dataset's environment, which must have a
-    /// box observation and discrete actions.
-    fn qnet_spec(&self) -> Result<QNetSpec, TaskError>;
-}
-
-impl OfflineCqlTaskExt for OfflineCqlTask {
-    fn qnet_spec(&self) -> Result<QNetSpec, TaskError> {
-        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
-            .and_then(|p| p.user_env(0))
-            .map_err(|e| model_error("task.dataset.env", e))?;
-        let obs_dim = match env.observation_space() {
-            fedrl_sim::Space::Box { low, .. } => low.len(),
-            other => {
-                return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: offline CQL needs a box observation space, `{}` has {other:?}",
-                    self.dataset.env
-                )));
-            }
-        };
-        let n_actions = match env.action_space() {
-            fedrl_sim::Space::Discrete { n } => *n,
-            other => {
-                return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: discrete CQL needs discrete actions, `{}` has {other:?}",
-                    self.dataset.env
-                )));
-            }
-        };
-        Ok(QNetSpec {
-            obs_dim,
-            hidden: self.cql.hidden.clone(),
-            n_actions,
-        })
-    }
-}
-
-/// The dynamics ensemble a [`PrimorlTask`] trains.
-pub trait PrimorlTaskExt {
-    /// The ensemble for the dataset's environment (box observations and actions), with identity
-    /// input normalisation: the shape only. The normalisation comes from the public split once
-    /// the dataset is loaded.
-    fn ensemble_shape(&self) -> Result<crate::ensemble::EnsembleSpec, TaskError>;
-}
-
-impl PrimorlTaskExt for PrimorlTask {
-    fn ensemble_shape(&self) -> Result<crate::ensemble::EnsembleSpec, TaskError> {
-        let env =
-            fedrl_sim::make(&self.dataset.env).map_err(|e| model_error("task.dataset.env", e))?;
-        let (obs_dim, act_dim) = match (env.observation_space(), env.action_space()) {
-            (fedrl_sim::Space::Box { low: o, .. }, fedrl_sim::Space::Box { low: a, .. }) => {
-                (o.len(), a.len())
-            }
-            (o, a) => {
-                return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: PriMORL needs box observations and actions, `{}` has {o:?} and {a:?}",
-                    self.dataset.env
-                )));
-            }
-        };
-        let spec = crate::ensemble::EnsembleSpec::new(
-            obs_dim,
-            act_dim,
-            self.ensemble.hidden.clone(),
-            self.ensemble.members,
-        );
-        spec.check().map_err(|e| model_error("task.ensemble", e))?;
-        Ok(spec)
-    }
-}
-
-/// The MLP a [`DppgTask`] trains.
-pub trait DppgTaskExt {
-    /// The task's population with its pump overrides (`low_risk_weight`, `decision_min`,
-    /// `low_glucose_suspend`, `iob_limit`, `sensitivity_scaling`).
-    fn population(&self) -> Result<Population, TaskError>;
-    /// The policy/value model for the population's environment.
-    fn model_spec(&self) -> Result<ModelSpec, TaskError>;
-}
-
-impl DppgTaskExt for DppgTask {
-    fn population(&self) -> Result<Population, TaskError> {
-        Population::new(&self.population, self.population_seed)
-            .and_then(|p| {
-                p.with_pump_overrides(PumpOverrides {
-                    low_risk_weight: self.low_risk_weight,
-                    decision_min: self.decision_min,
-                    low_glucose_suspend: self.low_glucose_suspend,
-                    iob_limit: self.iob_limit,
-                    sensitivity_scaling: self.sensitivity_scaling,
-                })
-            })
-            .map_err(|e| model_error("task.population", e))
-    }
-
-    fn model_spec(&self) -> Result<ModelSpec, TaskError> {
-        let env = self
-            .population()?
-            .user_env(0)
-            .map_err(|e| model_error("task.population", e))?;
-        self.local
-            .model_spec(env.observation_space(), env.action_space())
-            .map_err(|e| model_error("task.local", e))
-    }
-}
-
-/// The log-linear policy a [`LogLinearTask`] trains.
-pub trait LogLinearTaskExt {
-    /// The policy's shape for the population's environment.
-    fn spec(&self) -> Result<LogLinearSpec, TaskError>;
-}
-
-impl LogLinearTaskExt for LogLinearTask {
-    fn spec(&self) -> Result<LogLinearSpec, TaskError> {
-        let env = Population::new(&self.population, self.population_seed)
-            .and_then(|p| p.user_env(0))
-            .map_err(|e| model_error("task.population", e))?;
-        LogLinearSpec::from_spaces(env.observation_space(), env.action_space())
-            .map_err(|e| model_error("task.population", e))
-    }
-}
-
-fn model_error(
+pub(crate) fn model_error(
     field: &'static str,
     e: impl std::error::Error + Send + Sync + 'static,
 ) -> TaskError {
@@ -201,6 +133,7 @@ pub fn scenario_from_file(path: impl AsRef<Path>) -> Result<Scenario, ScenarioEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dppg::DppgTaskExt;
 
     /// The dimension comes from the model built for the environment: CartPole's default
     /// 4-64-64-2 policy and 4-64-64-1 value network; no silent 0.

@@ -30,7 +30,7 @@ use super::report::{OperatorCounts, Outcome, PublicReport, RunReport, Timings};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, Event};
 use crate::journal::JournalWriter;
-use crate::model::{EvaluationDone, EvaluationJob, ServerModel};
+use fedrl_tasks::server::{EvaluationDone, EvaluationJob, ServerModel};
 
 /// Inputs of the engine thread.
 pub(super) enum Input {
@@ -653,6 +653,8 @@ impl EngineThread {
         let (stable, published) = super::release::publish(&release, &self.scenario, &self.dir)?;
         let transitions = stable.len();
         self.model
+            .stable_data()
+            .context("this task trains on no released data")?
             .set_stable_data(stable)
             .context("handing D_stable to the model")?;
         self.snapshot = Bytes::from(encode_payload(self.model.params()));

@@ -585,7 +585,7 @@ pub(super) fn for_scenario(
     scenario: &fedrl_common::scenario::Scenario,
     ledger: &fedrl_common::privacy::ledger::PrivacyLedger,
 ) -> anyhow::Result<Option<Release>> {
-    use fedrl_rl::task::OfflineCqlTaskExt;
+    use fedrl_tasks::offline_cql::OfflineCqlTaskExt;
     let fedrl_common::scenario::Task::OfflineCql(task) = &scenario.task else {
         return Ok(None);
     };

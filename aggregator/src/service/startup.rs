@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use fedrl_tasks::TaskExt;
 use bytes::Bytes;
 use fedrl_common::privacy::ledger::{OpenPolicy, PrivacyLedger};
 use fedrl_common::protocol::Welcome;
@@ -25,7 +26,7 @@ use super::{AddressFile, AggregatorOptions, RunReport, resume};
 use crate::checkpoint;
 use crate::engine::{self, Engine, EngineConfig};
 use crate::journal::{JOURNAL_FILE, JournalWriter};
-use crate::model::ServerModel;
+use fedrl_tasks::server::ServerModel;
 use crate::state;
 use crate::tls;
 
@@ -96,7 +97,7 @@ pub async fn run(
     if scenario.selective().is_some() && super::release::released_already(&ledger) {
         let obs_dim = match &scenario.task {
             fedrl_common::scenario::Task::OfflineCql(t) => {
-                fedrl_rl::task::OfflineCqlTaskExt::qnet_spec(t)?.obs_dim
+                fedrl_tasks::offline_cql::OfflineCqlTaskExt::qnet_spec(t)?.obs_dim
             }
             _ => 0,
         };
@@ -106,12 +107,18 @@ pub async fn run(
             stable.len()
         );
         model
+            .stable_data()
+            .context("this task trains on no released data")?
             .set_stable_data(stable)
             .context("handing the published D_stable to the model")?;
     }
     let release = super::release::for_scenario(&scenario, &ledger)?;
 
-    let cfg = EngineConfig::for_scenario(&scenario)?;
+    let cfg = EngineConfig::for_scenario(
+        &scenario,
+        scenario.task.dim()?,
+        scenario.task.offer_dim()?,
+    )?;
     if model.params().len() != cfg.offer_dim {
         anyhow::bail!(
             "the model offers {} values but the task's offer has {}",

@@ -6,12 +6,12 @@
 use fedrl_common::protocol::{RoundSpec, UnitId};
 use fedrl_common::scenario::DppgTask;
 use fedrl_rl::candle_core::Device;
-use fedrl_rl::task::DppgTaskExt;
+use super::DppgTaskExt;
 use fedrl_rl::{LocalUpdateConfig, ModelSpec, local_updates};
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
-use crate::trainer::LocalTrainer;
+use crate::client::LocalTrainer;
 
 /// The DPPG local trainer of one client agent.
 pub struct DppgTrainer {

@@ -11,11 +11,11 @@ use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::protocol::{RoundSpec, UnitId};
 use fedrl_common::scenario::LogLinearTask;
 use fedrl_rl::loglinear::{self, LogLinearSpec};
-use fedrl_rl::task::LogLinearTaskExt;
+use super::LogLinearTaskExt;
 use fedrl_sim::population::Population;
 
 use crate::dppg::episode_seed;
-use crate::trainer::LocalTrainer;
+use crate::client::LocalTrainer;
 
 /// The log-linear local trainer of one client agent.
 pub struct LogLinearTrainer {
@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn updates_are_clipped_deterministic_and_carry_the_learning_rate() {
         let s =
-            fedrl_rl::task::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
+            crate::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
         let Task::LogLinearPg(task) = s.task.clone() else {
             unreachable!()
         };
