@@ -124,8 +124,6 @@ pub struct EngineConfig {
     /// A non-private twin (comparison runs only): no noise, no ledger record
     /// ([`Action::AppendLedger`] is never emitted), every round goes straight to release.
     pub non_private: bool,
-    /// The task specification sent with every offer (JSON).
-    pub task_json: String,
 }
 
 /// A configuration the engine cannot run.
@@ -162,7 +160,6 @@ impl EngineConfig {
             clip_norm: scenario.effective_clip_norm(),
             noise_multiplier: scenario.effective_noise_multiplier(),
             non_private: scenario.non_private,
-            task_json: scenario.task.to_json()?,
         })
     }
 
@@ -1146,7 +1143,6 @@ impl Engine {
             offer_dim: self.cfg.offer_dim as u32,
             clip_norm: self.cfg.clip_norm,
             deadline_s: self.cfg.deadline_s,
-            task_json: self.cfg.task_json.clone(),
         };
         let mut by_client: BTreeMap<ClientId, Vec<UnitId>> = BTreeMap::new();
         let mut cohort_map = BTreeMap::new();

@@ -96,7 +96,6 @@ fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> 
             offer_dim: dim as u32,
             clip_norm: c,
             deadline_s: 1.0,
-            task_json: String::new(),
         };
         let global = model.params().to_vec();
         let ups = trainer.local_updates(&spec, &global, &units);

@@ -3,7 +3,7 @@
 //! needs the model built for the environment's spaces), the client agent's trainer
 //! ([`default_factory`]) and the aggregator's server model ([`server_model`]).
 //!
-//! Adding a kind is one arm of [`with_kind!`] here (docs/adding-a-task-kind.md). [`Models`] is
+//! Adding a kind is one arm of `with_kind!` here (docs/adding-a-task-kind.md). [`Models`] is
 //! the [`TaskModels`] that knows every kind, and [`scenario_from_toml_str`] /
 //! [`scenario_from_file`] load a scenario with it: the CLI loads scenarios through them, so a
 //! task whose model cannot be built fails at load time.
@@ -79,7 +79,7 @@ impl TaskModels for Models {
 /// The factory for every registered kind, computing on `device` (`fedrl client --device`).
 pub fn default_factory(device: Device) -> TrainerFactory {
     Arc::new(move |welcome: &Welcome, units: &[UnitRange]| {
-        let task = Task::from_json(&welcome.task_json)?;
+        let task = Task::from_wire(&welcome.task)?;
         with_kind!(&task, t, K => K::trainer(t, units, &device))
     })
 }

@@ -338,7 +338,6 @@ hidden = [8]
             offer_dim: 2 * c.spec.dim() as u32,
             clip_norm: 0.01,
             deadline_s: 1.0,
-            task_json: String::new(),
         };
         c.offer(1, spec, vec![0, 1]);
         assert!(c.has_work());

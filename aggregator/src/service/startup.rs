@@ -160,7 +160,7 @@ pub async fn run(
         offer_permits: Arc::new(Semaphore::new(MAX_CONCURRENT_OFFERS)),
         welcome: Welcome {
             session: 0,
-            task_json: scenario.task.to_json()?,
+            task: scenario.task.to_wire()?,
             churn_json: serde_json::to_string(&scenario.churn)?,
             dim: cfg.dim as u32,
             clip_norm: scenario.clip_norm,

@@ -38,7 +38,11 @@ pub use messages::*;
 /// server optimizer's fields (`server_optimizer`, `server_adam_*`). A version-4 agent would
 /// refuse such a task as unknown fields; the version says why instead.
 /// Version 6: the `primorl` task (seed 001) in `Welcome`.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// Version 7: `Welcome` carries the task as a `TaskConfig` (kind, the kind's own configuration
+/// version, the configuration); round specs no longer repeat the task. From this version on, a
+/// new task kind or a change of one kind's configuration travels as data and is versioned by the
+/// task (`TaskSpec::CONFIG_VERSION`), not by this number.
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the
 /// client agent (which decides from them whether to reconnect).

@@ -107,7 +107,6 @@ mod tests {
             offer_dim: 18,
             clip_norm: s.effective_clip_norm(),
             deadline_s: 1.0,
-            task_json: s.task.to_json().unwrap(),
         };
         let units: Vec<UnitId> = (0..50).collect();
         let a = t.local_updates(&spec, &global, &units);
