@@ -19,9 +19,9 @@ use rand::{RngExt, SeedableRng};
 use tokio::sync::Semaphore;
 
 use crate::tls;
-use fedrl_tasks::{LocalTrainer, TrainerFactory, UnitUpload};
 use fedrl_common::protocol::close_code;
 use fedrl_common::protocol::quic_io::{ReadFrameError, WriteFrameError, read_frame, write_frame};
+use fedrl_tasks::{LocalTrainer, TrainerFactory, UnitUpload};
 
 /// Why a DataRelease request is not answered when the task has no expert capability.
 const NO_EXPERTS: &str = "this task hosts no experts";
@@ -533,10 +533,10 @@ impl Agent {
                             Message::TrajectoryRequest(r) => self.send_trajectory(conn, r).await,
                             Message::PrefixQuery(q) => self.answer_prefix_query(conn, q, f.payload).await,
                             Message::StableReleased(r) => {
-                                if let Some(t) = &self.trainer {
-                                    if let Some(h) = t.lock().unwrap_or_else(|p| p.into_inner()).expert_host() {
-                                        h.stable_released(&r.prefixes);
-                                    }
+                                if let Some(t) = &self.trainer
+                                    && let Some(h) = t.lock().unwrap_or_else(|p| p.into_inner()).expert_host()
+                                {
+                                    h.stable_released(&r.prefixes);
                                 }
                             }
                             _ => {}
@@ -573,7 +573,11 @@ impl Agent {
         let Some(trainer) = self.trainer.clone() else {
             return;
         };
-        let rows = match trainer.lock().unwrap_or_else(|p| p.into_inner()).expert_host() {
+        let rows = match trainer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .expert_host()
+        {
             Some(h) => h.episode_rows(r.unit, r.episode),
             None => Err(NO_EXPERTS.to_string()),
         };
@@ -626,7 +630,11 @@ impl Agent {
             actions.push(a as u32);
         }
         let counts = tokio::task::spawn_blocking(move || {
-            match trainer.lock().unwrap_or_else(|p| p.into_inner()).expert_host() {
+            match trainer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .expert_host()
+            {
                 Some(h) => h.prefix_counts(&obs, &actions),
                 None => Err(NO_EXPERTS.to_string()),
             }

@@ -1112,7 +1112,10 @@ mod tests {
             config_json: "{\"kind\":\"privorl\"}".into(),
         };
         let err = Task::from_wire(&unknown).unwrap_err().to_string();
-        assert!(err.contains("privorl") && err.contains("not known"), "{err}");
+        assert!(
+            err.contains("privorl") && err.contains("not known"),
+            "{err}"
+        );
         let mislabelled = TaskConfig {
             kind: "mean_estimation".into(),
             config_version: Task::config_version_of("mean_estimation").unwrap(),

@@ -1200,11 +1200,11 @@ pub fn load(path: &std::path::Path) -> Result<(EnsembleSpec, Vec<f32>)> {
     use safetensors::tensor::Dtype;
     let bytes = std::fs::read(path)?;
     let json = tensor_io::metadata_entry(&bytes, ENSEMBLE_SPEC_KEY)?.ok_or_else(|| {
-            NnError::Invalid(format!(
-                "{}: no {ENSEMBLE_SPEC_KEY} metadata",
-                path.display()
-            ))
-        })?;
+        NnError::Invalid(format!(
+            "{}: no {ENSEMBLE_SPEC_KEY} metadata",
+            path.display()
+        ))
+    })?;
     let spec: EnsembleSpec =
         serde_json::from_str(&json).map_err(|e| NnError::Invalid(format!("ensemble spec: {e}")))?;
     spec.check()?;

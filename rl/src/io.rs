@@ -5,7 +5,6 @@
 
 use std::path::Path;
 
-
 use crate::mlp::{ModelSpec, ParamLayout};
 use crate::tensor_io::{self, Tensor};
 use crate::{NnError, Result};

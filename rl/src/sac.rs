@@ -999,8 +999,8 @@ impl SacAgent {
     pub fn load(path: &Path, seed: u64, device: &Device) -> Result<Self> {
         let bytes = std::fs::read(path)?;
         let json = tensor_io::metadata_entry(&bytes, SAC_META_KEY)?.ok_or_else(|| {
-                NnError::Invalid(format!("{}: no {SAC_META_KEY} metadata", path.display()))
-            })?;
+            NnError::Invalid(format!("{}: no {SAC_META_KEY} metadata", path.display()))
+        })?;
         let meta: SacMeta =
             serde_json::from_str(&json).map_err(|e| NnError::Invalid(format!("SAC meta: {e}")))?;
         meta.config.check()?;

@@ -71,13 +71,11 @@ pub fn tensor_bytes<'data>(
 ) -> Result<&'data [u8]> {
     let t = st.tensor(name)?;
     match shape {
-        Some(shape) if t.dtype() != dtype || t.shape() != shape => {
-            Err(NnError::Invalid(format!(
-                "{name}: {:?} {:?}, expected {dtype:?} {shape:?}",
-                t.dtype(),
-                t.shape()
-            )))
-        }
+        Some(shape) if t.dtype() != dtype || t.shape() != shape => Err(NnError::Invalid(format!(
+            "{name}: {:?} {:?}, expected {dtype:?} {shape:?}",
+            t.dtype(),
+            t.shape()
+        ))),
         None if t.dtype() != dtype => Err(NnError::Invalid(format!(
             "{name}: {:?}, expected {dtype:?}",
             t.dtype()
@@ -126,7 +124,10 @@ mod tests {
             "{\"x\":1}".into(),
         )
         .unwrap();
-        assert_eq!(metadata_entry(&bytes, "k").unwrap().as_deref(), Some("{\"x\":1}"));
+        assert_eq!(
+            metadata_entry(&bytes, "k").unwrap().as_deref(),
+            Some("{\"x\":1}")
+        );
         assert_eq!(metadata_entry(&bytes, "other").unwrap(), None);
         let st = parse(&bytes).unwrap();
         assert_eq!(read_f32(&st, "a", &[1, 3]).unwrap(), vec![0.0, 1.0, 2.0]);

@@ -203,8 +203,8 @@ impl LocalRun {
                 reason,
             };
             let text = fs::read_to_string(&stored_path).map_err(|e| no_stored(e.to_string()))?;
-            let mut stored = fedrl_tasks::scenario_from_toml_str(&text)
-                .map_err(|e| no_stored(e.to_string()))?;
+            let mut stored =
+                fedrl_tasks::scenario_from_toml_str(&text).map_err(|e| no_stored(e.to_string()))?;
             // Where it computes is no part of the run; the budget is the ledger's to check.
             stored.device = parsed.device;
             let raised_from = stored.target_epsilon;

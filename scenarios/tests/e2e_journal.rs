@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_support::*;
+use fedrl_aggregator::checkpoint;
 use fedrl_aggregator::engine::{Action, Engine, EngineConfig, Resume, for_seed};
 use fedrl_aggregator::journal::{JOURNAL_FILE, JournalReader, ReplayError, replay};
-use fedrl_aggregator::checkpoint;
 use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::scenario::Scenario;
 use fedrl_tasks::TaskExt;

@@ -9,9 +9,6 @@ use std::process::Command;
 use e2e_support::*;
 use fedrl_aggregator::ServerModel;
 use fedrl_aggregator::engine::round_noise_seed;
-use fedrl_tasks::loglinear::LogLinearModel;
-use fedrl_tasks::LocalTrainer;
-use fedrl_tasks::loglinear::LogLinearTrainer;
 use fedrl_common::privacy::clipping::{clip_l2, l2_norm};
 use fedrl_common::privacy::fixed_point::{noisy_mean, non_private_mean};
 use fedrl_common::privacy::noise::DiscreteGaussianNoise;
@@ -19,8 +16,11 @@ use fedrl_common::privacy::trust_region::TrustRegionBound;
 use fedrl_common::protocol::RoundSpec;
 use fedrl_common::scenario::{Scenario, Task};
 use fedrl_rl::loglinear::riverswim_optimal_return;
-use fedrl_tasks::{TaskExt, scenario_from_file};
 use fedrl_sim::riverswim::RiverSwim;
+use fedrl_tasks::LocalTrainer;
+use fedrl_tasks::loglinear::LogLinearModel;
+use fedrl_tasks::loglinear::LogLinearTrainer;
+use fedrl_tasks::{TaskExt, scenario_from_file};
 
 fn scenario_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name)

@@ -135,6 +135,48 @@ mod tests {
     use super::*;
     use crate::dppg::DppgTaskExt;
 
+    /// The registry builds both sides of a kind from the scenario (the client's from the
+    /// welcome's task), the optional capabilities are absent unless a kind opts in, and a kind
+    /// or configuration version this build does not know is refused by name.
+    #[test]
+    fn the_registry_builds_both_sides_and_capabilities_are_opt_in() {
+        let s = scenario_from_toml_str("[task]\nkind = \"mean_estimation\"\ndim = 5\n").unwrap();
+        let mut model = server_model(&s).unwrap();
+        assert_eq!(model.params().len(), 5);
+        assert!(model.stable_data().is_none());
+        let welcome = |task| Welcome {
+            session: 1,
+            task,
+            churn_json: "{}".into(),
+            dim: 5,
+            clip_norm: 1.0,
+            max_frame_bytes: 1 << 20,
+            seed: None,
+        };
+        let factory = default_factory(Device::Cpu);
+        let units = [UnitRange { start: 0, end: 4 }];
+        let mut trainer = factory(&welcome(s.task.to_wire().unwrap()), &units).unwrap();
+        assert!(trainer.central_data().is_none());
+        assert!(trainer.expert_host().is_none());
+        let mut unknown = s.task.to_wire().unwrap();
+        unknown.kind = "no_such_kind".into();
+        let err = factory(&welcome(unknown), &units)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("no_such_kind"), "{err}");
+        let mut newer = s.task.to_wire().unwrap();
+        newer.config_version += 1;
+        let err = factory(&welcome(newer), &units).err().unwrap().to_string();
+        assert!(err.contains("version"), "{err}");
+        // Offline CQL opts in to training on D_stable.
+        let Task::OfflineCql(cql) = Task::from_json("{\"kind\":\"offline_cql\"}").unwrap() else {
+            unreachable!()
+        };
+        let mut cql = crate::offline_cql::CqlModel::new(&cql).unwrap();
+        assert!(ServerModel::stable_data(&mut cql).is_some());
+    }
+
     /// The dimension comes from the model built for the environment: CartPole's default
     /// 4-64-64-2 policy and 4-64-64-1 value network; no silent 0.
     #[test]

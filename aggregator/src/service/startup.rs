@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use fedrl_tasks::TaskExt;
 use bytes::Bytes;
 use fedrl_common::privacy::ledger::{OpenPolicy, PrivacyLedger};
 use fedrl_common::protocol::Welcome;
+use fedrl_tasks::TaskExt;
 use quinn::VarInt;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -26,9 +26,9 @@ use super::{AddressFile, AggregatorOptions, RunReport, resume};
 use crate::checkpoint;
 use crate::engine::{self, Engine, EngineConfig};
 use crate::journal::{JOURNAL_FILE, JournalWriter};
-use fedrl_tasks::server::ServerModel;
 use crate::state;
 use crate::tls;
+use fedrl_tasks::server::ServerModel;
 
 /// Runs an aggregator until the scenario's rounds are done (or the budget or population is
 /// exhausted, or `shutdown` fires). Returns the report: its `outcome` is
@@ -114,11 +114,8 @@ pub async fn run(
     }
     let release = super::release::for_scenario(&scenario, &ledger)?;
 
-    let cfg = EngineConfig::for_scenario(
-        &scenario,
-        scenario.task.dim()?,
-        scenario.task.offer_dim()?,
-    )?;
+    let cfg =
+        EngineConfig::for_scenario(&scenario, scenario.task.dim()?, scenario.task.offer_dim()?)?;
     if model.params().len() != cfg.offer_dim {
         anyhow::bail!(
             "the model offers {} values but the task's offer has {}",

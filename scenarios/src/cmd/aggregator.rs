@@ -50,8 +50,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.max_connections == 0 {
         return Err(UsageError("--max-connections must be at least 1".into()).into());
     }
-    let mut scenario = fedrl_tasks::scenario_from_file(&args.scenario)
-        .map_err(|e| UsageError(e.to_string()))?;
+    let mut scenario =
+        fedrl_tasks::scenario_from_file(&args.scenario).map_err(|e| UsageError(e.to_string()))?;
     if let Some(d) = args.device {
         scenario.device = d;
     }

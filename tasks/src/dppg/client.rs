@@ -3,10 +3,10 @@
 //! optimizer; all offered users of this agent are trained as one batched tensor job
 //! ([`fedrl_rl::local_updates`]) on the agent's device.
 
+use super::DppgTaskExt;
 use fedrl_common::protocol::{RoundSpec, UnitId};
 use fedrl_common::scenario::DppgTask;
 use fedrl_rl::candle_core::Device;
-use super::DppgTaskExt;
 use fedrl_rl::{LocalUpdateConfig, ModelSpec, local_updates};
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;

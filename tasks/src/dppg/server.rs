@@ -19,11 +19,11 @@
 
 use std::path::Path;
 
+use super::DppgTaskExt;
 use fedrl_common::scenario::DppgTask;
 use fedrl_common::task::ServerOptimizerKind;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::evaluate::evaluate_logged;
-use super::DppgTaskExt;
 use fedrl_rl::{EvalConfig, ModelSpec, evaluate, io};
 use fedrl_sim::Env;
 use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};

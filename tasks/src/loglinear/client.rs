@@ -7,15 +7,15 @@
 //! the round's clip norm `C' = eta_t C` (the agent and the aggregator clip again), which the
 //! scenario derived from the L2 trust region (`fedrl_common::privacy::trust_region`).
 
+use super::LogLinearTaskExt;
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::protocol::{RoundSpec, UnitId};
 use fedrl_common::scenario::LogLinearTask;
 use fedrl_rl::loglinear::{self, LogLinearSpec};
-use super::LogLinearTaskExt;
 use fedrl_sim::population::Population;
 
-use crate::dppg::episode_seed;
 use crate::client::LocalTrainer;
+use crate::dppg::episode_seed;
 
 /// The log-linear local trainer of one client agent.
 pub struct LogLinearTrainer {
@@ -94,8 +94,7 @@ mod tests {
 
     #[test]
     fn updates_are_clipped_deterministic_and_carry_the_learning_rate() {
-        let s =
-            crate::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
+        let s = crate::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
         let Task::LogLinearPg(task) = s.task.clone() else {
             unreachable!()
         };

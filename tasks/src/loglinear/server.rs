@@ -10,9 +10,9 @@
 
 use std::path::Path;
 
+use super::LogLinearTaskExt;
 use fedrl_common::scenario::LogLinearTask;
 use fedrl_rl::loglinear::{self, LogLinearSpec};
-use super::LogLinearTaskExt;
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
