@@ -14,7 +14,7 @@ use fedrl_common::protocol::encode_payload;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::model::ModelState;
+use fedrl_tasks::server::ModelState;
 
 const MAGIC: &[u8; 4] = b"FRCK";
 /// File name inside the state directory.

@@ -99,13 +99,26 @@ use fedrl_common::protocol::{
     ErrorCode, PrefixQuery, RoundSpec, TrajectoryRequest, UnitId, UnitRange,
 };
 use fedrl_common::scenario::{Scenario, TaskError};
-use fedrl_rl::task::TaskExt;
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// A connection (session) id assigned by the driver.
 pub type ClientId = u64;
+
+/// The task's shapes the engine needs, computed by its caller from the task kind
+/// (`fedrl_aggregator::engine_config` does it with fedrl-tasks): the engine itself depends on
+/// neither candle nor the simulators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shapes {
+    /// Values per update (f32).
+    pub dim: usize,
+    /// Values per offered model (f32).
+    pub offer_dim: usize,
+    /// Observation values per step and number of discrete actions of the transitions a
+    /// DataRelease walks; `None` for a task without one.
+    pub transitions: Option<(usize, u32)>,
+}
 
 /// The fixed parameters of a run.
 #[derive(Clone, Debug)]
@@ -139,8 +152,6 @@ pub struct EngineConfig {
     /// A non-private twin (comparison runs only): no noise, no ledger record
     /// ([`Action::AppendLedger`] is never emitted), every round goes straight to release.
     pub non_private: bool,
-    /// The task specification sent with every offer (JSON).
-    pub task_json: String,
     /// The DataRelease that runs before the first round (expert-level runs, seed 002), if any
     /// ([`release`]). A resumed run whose ledger holds it already skips it
     /// ([`Resume::release_done`]).
@@ -158,11 +169,14 @@ pub enum EngineError {
 
 impl EngineConfig {
     /// The configuration a scenario runs with (what the service builds, and what a replay of
-    /// its journal must use). A non-private twin runs with C = +inf and no noise.
-    pub fn for_scenario(scenario: &Scenario) -> Result<Self, EngineError> {
+    /// its journal must use). A non-private twin runs with C = +inf and no noise. The caller
+    /// gives the task's [`Shapes`] (they need the model built for the environment, which the
+    /// engine, free of candle and the simulators, cannot build; `crate::engine_config` computes
+    /// them with fedrl-tasks).
+    pub fn for_scenario(scenario: &Scenario, shapes: Shapes) -> Result<Self, EngineError> {
         Ok(EngineConfig {
-            dim: scenario.task.dim()?,
-            offer_dim: scenario.task.offer_dim()?,
+            dim: shapes.dim,
+            offer_dim: shapes.offer_dim,
             rounds: scenario.rounds,
             population: scenario.users,
             participation: scenario.participation,
@@ -174,8 +188,7 @@ impl EngineConfig {
             clip_norm: scenario.effective_clip_norm(),
             noise_multiplier: scenario.effective_noise_multiplier(),
             non_private: scenario.non_private,
-            task_json: scenario.task.to_json()?,
-            release: ReleaseSpec::for_scenario(scenario)?,
+            release: ReleaseSpec::for_scenario(scenario, shapes.transitions)?,
         })
     }
 
@@ -1297,7 +1310,6 @@ impl Engine {
             offer_dim: self.cfg.offer_dim as u32,
             clip_norm: self.cfg.clip_norm,
             deadline_s: self.cfg.deadline_s,
-            task_json: self.cfg.task_json.clone(),
         };
         let mut by_client: BTreeMap<ClientId, Vec<UnitId>> = BTreeMap::new();
         let mut cohort_map = BTreeMap::new();

@@ -26,7 +26,7 @@ pub struct PrimorlRun {
 pub fn load_primorl_run(run: &std::path::Path) -> anyhow::Result<PrimorlRun> {
     use anyhow::Context;
     let scenario_path = run.join("scenario.toml");
-    let scenario = fedrl_rl::task::scenario_from_file(&scenario_path)
+    let scenario = fedrl_tasks::scenario_from_file(&scenario_path)
         .with_context(|| format!("reading {}", scenario_path.display()))?;
     let fedrl_common::scenario::Task::Primorl(task) = scenario.task else {
         anyhow::bail!("{}: not a primorl scenario", scenario_path.display());

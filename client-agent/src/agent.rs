@@ -19,9 +19,12 @@ use rand::{RngExt, SeedableRng};
 use tokio::sync::Semaphore;
 
 use crate::tls;
-use crate::trainer::{LocalTrainer, TrainerFactory, UnitUpload};
 use fedrl_common::protocol::close_code;
 use fedrl_common::protocol::quic_io::{ReadFrameError, WriteFrameError, read_frame, write_frame};
+use fedrl_tasks::{LocalTrainer, TrainerFactory, UnitUpload};
+
+/// Why a DataRelease request is not answered when the task has no expert capability.
+const NO_EXPERTS: &str = "this task hosts no experts";
 
 /// How to run a client agent.
 #[derive(Clone)]
@@ -381,7 +384,10 @@ impl Agent {
         let uploads = self
             .trainer
             .as_ref()
-            .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()).unit_data())
+            .and_then(|t| {
+                let t = t.lock().unwrap_or_else(|p| p.into_inner());
+                t.central_data().map(|c| c.unit_data())
+            })
             .unwrap_or_default();
         if !uploads.is_empty() {
             tracing::info!(units = uploads.len(), "uploading the units' data");
@@ -539,8 +545,10 @@ impl Agent {
                             Message::TrajectoryRequest(r) => self.send_trajectory(conn, r).await,
                             Message::PrefixQuery(q) => self.answer_prefix_query(conn, q, f.payload).await,
                             Message::StableReleased(r) => {
-                                if let Some(t) = &self.trainer {
-                                    t.lock().unwrap_or_else(|p| p.into_inner()).stable_released(&r.prefixes);
+                                if let Some(t) = &self.trainer
+                                    && let Some(h) = t.lock().unwrap_or_else(|p| p.into_inner()).expert_host()
+                                {
+                                    h.stable_released(&r.prefixes);
                                 }
                             }
                             _ => {}
@@ -578,10 +586,14 @@ impl Agent {
         let Some(trainer) = self.trainer.clone() else {
             return;
         };
-        let rows = trainer
+        let rows = match trainer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .episode_rows(r.unit, r.episode, r.from_step, r.steps);
+            .expert_host()
+        {
+            Some(h) => h.episode_rows(r.unit, r.episode, r.from_step, r.steps),
+            None => Err(NO_EXPERTS.to_string()),
+        };
         let (up, first_row, ended) = match rows {
             Ok(x) => x,
             Err(e) => {
@@ -646,10 +658,14 @@ impl Agent {
             actions.push(a as u32);
         }
         let counts = tokio::task::spawn_blocking(move || {
-            let c = trainer
+            let c = match trainer
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .prefix_counts(&mut running, &obs, &actions);
+                .expert_host()
+            {
+                Some(h) => h.prefix_counts(&mut running, &obs, &actions),
+                None => Err(NO_EXPERTS.to_string()),
+            };
             c.map(|c| (c, running))
         })
         .await;

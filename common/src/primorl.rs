@@ -283,6 +283,18 @@ pub struct PrimorlTask {
     pub policy: PolicyPhaseConfig,
 }
 
+/// One episode per unit: a PriMORL unit is a trajectory.
+impl crate::task::TaskSpec for PrimorlTask {
+    const KIND: &'static str = "primorl";
+    const CONFIG_VERSION: u32 = 1;
+    fn unit_kind(&self) -> crate::privacy::ledger::UnitKind {
+        crate::privacy::ledger::UnitKind::Trajectory
+    }
+    fn check(&self) -> Result<(), crate::task::TaskError> {
+        self.validate().map_err(crate::task::TaskError::Invalid)
+    }
+}
+
 impl PrimorlTask {
     pub fn validate(&self) -> Result<(), String> {
         self.dataset.validate()?;

@@ -261,7 +261,7 @@ fn d_max_frame() -> u64 {
 impl Scenario {
     /// Parses and validates TOML text whose task's dimension is one of its parameters
     /// ([`PlainTasks`]); a task that needs its model built is an error here (load it through
-    /// `fedrl_rl::task::scenario_from_toml_str`).
+    /// `fedrl_tasks::scenario_from_toml_str`).
     pub fn from_toml_str(text: &str) -> Result<Self, ScenarioError> {
         Self::from_toml_str_with(text, &PlainTasks)
     }
@@ -1058,7 +1058,7 @@ mod tests {
         let err = Scenario::from_toml_str("[task]\nkind = \"dppg\"\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("dppg") && err.contains("fedrl-rl"), "{err}");
+        assert!(err.contains("dppg") && err.contains("fedrl-tasks"), "{err}");
         let t = Task::from_json("{\"kind\":\"loglinear_pg\"}").unwrap();
         assert!(matches!(
             PlainTasks.dim(&t),
@@ -1066,6 +1066,62 @@ mod tests {
                 kind: "loglinear_pg"
             })
         ));
+    }
+
+    /// Every kind's declared name is its serde tag, and the task travels on the wire as its
+    /// kind, its configuration version and its configuration; an unknown kind or another
+    /// version is refused by name before the configuration is read.
+    #[test]
+    fn tasks_travel_as_kind_version_and_config() {
+        use crate::protocol::TaskConfig;
+        // PriMORL has no defaults for its dataset and model: take a shipped scenario's task.
+        let primorl: toml::Value = toml::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../scenarios/pendulum-primorl.toml"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let primorl: Task = primorl["task"].clone().try_into().unwrap();
+        let tasks = ["mean_estimation", "dppg", "loglinear_pg", "offline_cql"]
+            .map(|kind| Task::from_json(&format!("{{\"kind\":\"{kind}\"}}")).unwrap());
+        for t in tasks.into_iter().chain([primorl]) {
+            let kind = t.kind_name();
+            // The declared name is the serde tag.
+            let json: serde_json::Value = serde_json::from_str(&t.to_json().unwrap()).unwrap();
+            assert_eq!(json["kind"], kind);
+            let wire = t.to_wire().unwrap();
+            assert_eq!(wire.kind, kind);
+            assert_eq!(Some(wire.config_version), Task::config_version_of(kind));
+            assert_eq!(Task::from_wire(&wire).unwrap(), t);
+        }
+        let t = Task::from_json("{\"kind\":\"dppg\"}").unwrap();
+        let wire = t.to_wire().unwrap();
+        let newer = TaskConfig {
+            config_version: wire.config_version + 1,
+            // A configuration this build could not parse: the version check comes first.
+            config_json: "{\"kind\":\"dppg\",\"field_of_the_future\":1}".into(),
+            ..wire.clone()
+        };
+        let err = Task::from_wire(&newer).unwrap_err().to_string();
+        assert!(err.contains("dppg") && err.contains("version"), "{err}");
+        let unknown = TaskConfig {
+            kind: "privorl".into(),
+            config_version: 1,
+            config_json: "{\"kind\":\"privorl\"}".into(),
+        };
+        let err = Task::from_wire(&unknown).unwrap_err().to_string();
+        assert!(
+            err.contains("privorl") && err.contains("not known"),
+            "{err}"
+        );
+        let mislabelled = TaskConfig {
+            kind: "mean_estimation".into(),
+            config_version: Task::config_version_of("mean_estimation").unwrap(),
+            ..wire
+        };
+        assert!(Task::from_wire(&mislabelled).is_err());
     }
 
     /// The device is a plain string in TOML with default `cpu`; a bad one is named.

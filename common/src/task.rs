@@ -1,7 +1,7 @@
 //! The task a scenario trains: plain serde data whose shape never changes with cargo features.
 //!
 //! What needs the model built for a task's environment (its parameter count, the checks that
-//! build it) lives in `fedrl-rl`, which implements [`TaskModels`]; a scenario is validated against
+//! build it) lives in `fedrl-tasks`, which implements [`TaskModels`]; a scenario is validated against
 //! the implementation it is handed ([`crate::scenario::Scenario::from_toml_str_with`]). This crate
 //! alone knows [`PlainTasks`]: tasks whose dimension is one of their parameters.
 
@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::privacy::ledger::UnitKind;
+use crate::protocol::TaskConfig;
 
 /// Why a task is invalid, has no known dimension, or cannot be encoded.
 #[derive(Debug, Error)]
@@ -29,7 +30,7 @@ pub enum TaskError {
     /// The task's dimension depends on its model, which this [`TaskModels`] cannot build.
     #[error(
         "task `{kind}`: its parameter count depends on the model built for its environment; \
-         load the scenario through fedrl-rl (fedrl_rl::task::scenario_from_toml_str or \
+         load the scenario through fedrl-tasks (fedrl_tasks::scenario_from_toml_str or \
          scenario_from_file)"
     )]
     NeedsModel { kind: &'static str },
@@ -38,7 +39,7 @@ pub enum TaskError {
     Json(#[from] serde_json::Error),
 }
 
-/// What only the crate that builds a task's model knows (`fedrl_rl::task::Models` for every
+/// What only the crate that builds a task's model knows (`fedrl_tasks::Models` for every
 /// task).
 pub trait TaskModels {
     /// Length of the model and of every update (number of f32). Building the model is also the
@@ -62,12 +63,94 @@ impl TaskModels for PlainTasks {
     }
 }
 
-/// The task: a tagged enum (`kind = "..."` in TOML). Add a variant per task.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-// A scenario holds one task, parsed once: the size difference between variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Task {
+/// What every task kind's parameters (its spec) say about the kind; implemented once, beside the
+/// spec. `task_kinds!` reads it, so [`Task`]'s methods need no per-kind match.
+pub trait TaskSpec {
+    /// The `kind` written in TOML and carried on the wire (the variant's serde tag).
+    const KIND: &'static str;
+    /// Version of this kind's configuration as carried on the wire ([`TaskConfig`]). Bump it
+    /// when the spec changes in a way an agent built before would misread; the protocol version
+    /// stays (a new kind, or a new version of one, travels as data).
+    const CONFIG_VERSION: u32;
+    /// What one clipped contribution holds, hence what a privacy unit is. `user` unless the
+    /// kind says otherwise: calling a unit a trajectory or an expert would print a level of
+    /// protection nothing enforces.
+    fn unit_kind(&self) -> UnitKind {
+        UnitKind::User
+    }
+    /// How many model-sized vectors a round offer carries (1 unless the offer also carries
+    /// public state derived from earlier releases).
+    fn offer_copies(&self) -> usize {
+        1
+    }
+    /// Checks every parameter that needs no model; the message names the field.
+    fn check(&self) -> Result<(), TaskError>;
+}
+
+/// Declares [`Task`] from its list of kinds (one line per kind, its doc and serde attributes
+/// above it) and derives every per-kind dispatch from the kinds' [`TaskSpec`]s.
+macro_rules! task_kinds {
+    ($($(#[$m:meta])* $variant:ident($spec:ty),)*) => {
+        /// The task: a tagged enum (`kind = "..."` in TOML), one variant per kind.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "kind", rename_all = "snake_case")]
+        // A scenario holds one task, parsed once: the size difference between variants costs
+        // nothing.
+        #[allow(clippy::large_enum_variant)]
+        pub enum Task {
+            $($(#[$m])* $variant($spec),)*
+        }
+
+        impl Task {
+            /// The `kind` written in TOML.
+            pub fn kind_name(&self) -> &'static str {
+                match self {
+                    $(Task::$variant(_) => <$spec as TaskSpec>::KIND,)*
+                }
+            }
+
+            /// The version of this kind's configuration on the wire.
+            pub fn config_version(&self) -> u32 {
+                match self {
+                    $(Task::$variant(_) => <$spec as TaskSpec>::CONFIG_VERSION,)*
+                }
+            }
+
+            /// The configuration version this build reads for `kind`; `None` for a kind it
+            /// does not know.
+            pub fn config_version_of(kind: &str) -> Option<u32> {
+                $(if kind == <$spec as TaskSpec>::KIND {
+                    return Some(<$spec as TaskSpec>::CONFIG_VERSION);
+                })*
+                None
+            }
+
+            /// What one clipped contribution of this task holds, hence what a privacy unit is
+            /// ([`TaskSpec::unit_kind`]).
+            pub fn unit_kind(&self) -> UnitKind {
+                match self {
+                    $(Task::$variant(t) => TaskSpec::unit_kind(t),)*
+                }
+            }
+
+            /// How many model-sized vectors a round offer carries ([`TaskSpec::offer_copies`]).
+            pub fn offer_copies(&self) -> usize {
+                match self {
+                    $(Task::$variant(t) => TaskSpec::offer_copies(t),)*
+                }
+            }
+
+            /// Checks every parameter that needs no model; the message names the field.
+            pub fn validate(&self) -> Result<(), TaskError> {
+                match self {
+                    $(Task::$variant(t) => TaskSpec::check(t),)*
+                }
+            }
+        }
+    };
+}
+
+task_kinds! {
     /// DP federated mean estimation: each user holds a private vector; the aggregator learns
     /// their mean (needs no RL; proves the transport, engine and ledger on their own).
     MeanEstimation(MeanEstimationTask),
@@ -90,40 +173,40 @@ pub enum Task {
 }
 
 impl Task {
-    /// The `kind` written in TOML.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            Task::MeanEstimation(_) => "mean_estimation",
-            Task::Dppg(_) => "dppg",
-            Task::LogLinearPg(_) => "loglinear_pg",
-            Task::OfflineCql(_) => "offline_cql",
-            Task::Primorl(_) => "primorl",
-        }
+    /// The task as the protocol carries it: its kind, the kind's configuration version and the
+    /// configuration.
+    pub fn to_wire(&self) -> Result<TaskConfig, TaskError> {
+        Ok(TaskConfig {
+            kind: self.kind_name().into(),
+            config_version: self.config_version(),
+            config_json: self.to_json()?,
+        })
     }
 
-    /// What one clipped contribution of this task holds, hence what a privacy unit is. Every
-    /// task here computes one update from one user's data (mean estimation: the user's vector;
-    /// DPPG and log-linear PG: the user's own episodes), so each is `user`: calling that unit a
-    /// trajectory or an expert would print a level of protection nothing enforces.
-    ///
-    /// An offline CQL unit owns its episodes: one episode makes it a trajectory, several (an
-    /// expert's demonstrations) an expert.
-    pub fn unit_kind(&self) -> UnitKind {
-        match self {
-            Task::MeanEstimation(_) | Task::Dppg(_) | Task::LogLinearPg(_) => UnitKind::User,
-            Task::OfflineCql(t) if t.dataset.episodes_per_unit == 1 => UnitKind::Trajectory,
-            Task::OfflineCql(_) => UnitKind::Expert,
-            // One episode per unit.
-            Task::Primorl(_) => UnitKind::Trajectory,
-        }
-    }
-
-    /// How many model-sized vectors a round offer carries: 1, or 2 for offline CQL, whose offer
-    /// also carries the target network (a copy of an earlier released model, so public).
-    pub fn offer_copies(&self) -> usize {
-        match self {
-            Task::OfflineCql(_) => 2,
-            _ => 1,
+    /// Reads a task carried by the protocol. A kind this build does not know, or another
+    /// version of a known kind's configuration, is refused with a message naming both (before
+    /// the configuration is parsed, so a newer configuration is never half-read).
+    pub fn from_wire(wire: &TaskConfig) -> Result<Self, TaskError> {
+        let kind = &wire.kind;
+        match Self::config_version_of(kind) {
+            None => Err(TaskError::Invalid(format!(
+                "task kind `{kind}` (configuration version {}) is not known to this build",
+                wire.config_version
+            ))),
+            Some(v) if v != wire.config_version => Err(TaskError::Invalid(format!(
+                "task `{kind}`: configuration version {} was sent, this build reads version {v}",
+                wire.config_version
+            ))),
+            Some(_) => {
+                let task = Self::from_json(&wire.config_json)?;
+                if task.kind_name() != kind {
+                    return Err(TaskError::Invalid(format!(
+                        "task configuration of kind `{}` sent as `{kind}`",
+                        task.kind_name()
+                    )));
+                }
+                Ok(task)
+            }
         }
     }
 
@@ -135,17 +218,6 @@ impl Task {
     /// Parses the JSON form carried on the wire.
     pub fn from_json(text: &str) -> Result<Self, TaskError> {
         Ok(serde_json::from_str(text)?)
-    }
-
-    /// Checks every parameter that needs no model; the message names the field.
-    pub fn validate(&self) -> Result<(), TaskError> {
-        match self {
-            Task::Dppg(t) => t.validate(),
-            Task::LogLinearPg(t) => t.validate(),
-            Task::MeanEstimation(t) => t.validate(),
-            Task::OfflineCql(t) => t.validate(),
-            Task::Primorl(t) => t.validate().map_err(TaskError::Invalid),
-        }
     }
 }
 
@@ -244,8 +316,16 @@ pub struct DppgTask {
     pub local: LocalUpdateConfig,
 }
 
+impl TaskSpec for DppgTask {
+    const KIND: &'static str = "dppg";
+    const CONFIG_VERSION: u32 = 1;
+    fn check(&self) -> Result<(), TaskError> {
+        self.validate()
+    }
+}
+
 impl DppgTask {
-    /// Checks the fields that need no model (`fedrl_rl::task` builds the model).
+    /// Checks the fields that need no model (`fedrl_tasks` builds the model).
     fn validate(&self) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Invalid(m));
         if !(self.server_lr.is_finite() && self.server_lr > 0.0) {
@@ -355,6 +435,28 @@ pub struct OfflineCqlTask {
     /// public schedule of DP and free steps. Absent: every round is one DP-SGD step.
     #[serde(default)]
     pub selective: Option<crate::selective::SelectiveConfig>,
+}
+
+impl TaskSpec for OfflineCqlTask {
+    const KIND: &'static str = "offline_cql";
+    const CONFIG_VERSION: u32 = 1;
+    /// A unit owns its episodes: one episode makes it a trajectory, several (an expert's
+    /// demonstrations) an expert.
+    fn unit_kind(&self) -> UnitKind {
+        if self.dataset.episodes_per_unit == 1 {
+            UnitKind::Trajectory
+        } else {
+            UnitKind::Expert
+        }
+    }
+    /// The offer also carries the target network (a copy of an earlier released model, so
+    /// public): online parameters, then target parameters.
+    fn offer_copies(&self) -> usize {
+        2
+    }
+    fn check(&self) -> Result<(), TaskError> {
+        self.validate()
+    }
 }
 
 impl OfflineCqlTask {
@@ -504,6 +606,14 @@ pub struct LogLinearTask {
     pub final_eval_users: u64,
 }
 
+impl TaskSpec for LogLinearTask {
+    const KIND: &'static str = "loglinear_pg";
+    const CONFIG_VERSION: u32 = 1;
+    fn check(&self) -> Result<(), TaskError> {
+        self.validate()
+    }
+}
+
 impl LogLinearTask {
     /// The policy learning rate eta_t of `round` (rounds count from 1):
     /// `max(lr_min, lr / lr_decay_factor^floor((round - 1) / lr_decay_every))`.
@@ -513,7 +623,7 @@ impl LogLinearTask {
         (self.lr / self.lr_decay_factor.powi(k)).max(self.lr_min)
     }
 
-    /// Checks the fields that need no model (`fedrl_rl::task` builds the model).
+    /// Checks the fields that need no model (`fedrl_tasks` builds the model).
     fn validate(&self) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Invalid(m));
         let pos = |x: f64| x.is_finite() && x > 0.0;
@@ -615,6 +725,14 @@ pub struct MeanEstimationTask {
     /// Default 0.
     #[serde(default)]
     pub data_seed: u64,
+}
+
+impl TaskSpec for MeanEstimationTask {
+    const KIND: &'static str = "mean_estimation";
+    const CONFIG_VERSION: u32 = 1;
+    fn check(&self) -> Result<(), TaskError> {
+        self.validate()
+    }
 }
 
 impl MeanEstimationTask {

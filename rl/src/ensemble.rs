@@ -1166,13 +1166,11 @@ pub const ENSEMBLE_SPEC_KEY: &str = "fedrl.ensemble_spec";
 /// Writes `params` of `spec` as safetensors (`member.{i}.{l}.weight` `[out, in]` and
 /// `member.{i}.{l}.bias`), the spec as JSON metadata.
 pub fn save(spec: &EnsembleSpec, params: &[f32], path: &std::path::Path) -> Result<()> {
-    use safetensors::tensor::{Dtype, TensorView};
+    use crate::tensor_io::{self, Tensor};
     spec.check()?;
     check_params(spec, params)?;
     let widths = spec.widths();
-    let mut names = Vec::new();
-    let mut bytes: Vec<Vec<u8>> = Vec::new();
-    let mut shapes = Vec::new();
+    let mut tensors = Vec::new();
     let mut off = 0;
     for i in 0..spec.members {
         for (l, p) in widths.windows(2).enumerate() {
@@ -1180,63 +1178,49 @@ pub fn save(spec: &EnsembleSpec, params: &[f32], path: &std::path::Path) -> Resu
                 ("weight", p[0] * p[1], vec![p[1], p[0]]),
                 ("bias", p[1], vec![p[1]]),
             ] {
-                names.push(format!("member.{i}.{l}.{kind}"));
-                bytes.push(
-                    params[off..off + n]
-                        .iter()
-                        .flat_map(|x| x.to_le_bytes())
-                        .collect(),
-                );
-                shapes.push(shape);
+                tensors.push(Tensor::f32(
+                    format!("member.{i}.{l}.{kind}"),
+                    shape,
+                    &params[off..off + n],
+                ));
                 off += n;
             }
         }
     }
-    let mut views = Vec::with_capacity(names.len());
-    for ((name, b), shape) in names.iter().zip(&bytes).zip(shapes) {
-        views.push((name.as_str(), TensorView::new(Dtype::F32, shape, b)?));
-    }
     let json =
         serde_json::to_string(spec).map_err(|e| NnError::Invalid(format!("ensemble spec: {e}")))?;
-    let meta = std::collections::HashMap::from([(ENSEMBLE_SPEC_KEY.to_string(), json)]);
-    let out = safetensors::serialize(views, Some(meta))?;
+    let out = tensor_io::serialize(&tensors, ENSEMBLE_SPEC_KEY, json)?;
     std::fs::write(path, out)?;
     Ok(())
 }
 
 /// Reads an ensemble written by [`save`]: its spec and flat parameters.
 pub fn load(path: &std::path::Path) -> Result<(EnsembleSpec, Vec<f32>)> {
-    use safetensors::tensor::SafeTensors;
+    use crate::tensor_io;
+    use safetensors::tensor::Dtype;
     let bytes = std::fs::read(path)?;
-    let (_, header) = SafeTensors::read_metadata(&bytes)?;
-    let json = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(ENSEMBLE_SPEC_KEY))
-        .ok_or_else(|| {
-            NnError::Invalid(format!(
-                "{}: no {ENSEMBLE_SPEC_KEY} metadata",
-                path.display()
-            ))
-        })?;
+    let json = tensor_io::metadata_entry(&bytes, ENSEMBLE_SPEC_KEY)?.ok_or_else(|| {
+        NnError::Invalid(format!(
+            "{}: no {ENSEMBLE_SPEC_KEY} metadata",
+            path.display()
+        ))
+    })?;
     let spec: EnsembleSpec =
-        serde_json::from_str(json).map_err(|e| NnError::Invalid(format!("ensemble spec: {e}")))?;
+        serde_json::from_str(&json).map_err(|e| NnError::Invalid(format!("ensemble spec: {e}")))?;
     spec.check()?;
-    let st = SafeTensors::deserialize(&bytes)?;
+    let st = tensor_io::parse(&bytes)?;
     let widths = spec.widths();
     let mut params = Vec::with_capacity(spec.len());
     for i in 0..spec.members {
         for l in 0..widths.len() - 1 {
             for kind in ["weight", "bias"] {
-                let t = st.tensor(&format!("member.{i}.{l}.{kind}"))?;
-                if t.dtype() != safetensors::tensor::Dtype::F32 {
-                    return Err(NnError::Invalid(format!("member.{i}.{l}.{kind}: not F32")));
-                }
-                params.extend(
-                    t.data()
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                );
+                let name = format!("member.{i}.{l}.{kind}");
+                params.extend(tensor_io::le_f32s(tensor_io::tensor_bytes(
+                    &st,
+                    &name,
+                    Dtype::F32,
+                    None,
+                )?));
             }
         }
     }

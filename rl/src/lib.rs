@@ -5,7 +5,8 @@
 //! Every tensor is made on a [`Device`](candle_core::Device) passed in ([`device::open`] turns the
 //! scenario's `device` name into one); parameters travel as `Vec<f32>` and are moved to and from
 //! the device at the edges of [`local_updates`], [`collect_rollouts`] and [`evaluate`].
-//! [`task`] builds each scenario task's model (its dimension, the checks that need it).
+//! Building each scenario task's model (its dimension, the checks that need it) is the task
+//! kinds' business, in `fedrl-tasks`.
 //!
 //! The pieces of the DPPG client step (seed 004, Algorithms 2 and 3):
 //! - [`mlp`]: the model description ([`ModelSpec`]), the flat parameter layout ([`ParamLayout`]),
@@ -14,6 +15,7 @@
 //! - [`activation`]: the tanh of the MLPs (a fast rational approximation on the CPU);
 //! - [`policy`] / [`value`]: categorical and diagonal-Gaussian policy heads, the value network;
 //! - [`io`]: safetensors save/load with PyTorch-compatible names (`policy.0.weight`, ...);
+//!   every safetensors file of this crate is written and read through [`tensor_io`];
 //! - [`ppo`]: GAE and the PPO loss over many users' stacked parameter copies;
 //! - [`rollout`]: acting in many environments at once with one forward pass per step;
 //! - [`local_update`]: the per-user local PPO update, batched across users, clipped to C;
@@ -46,7 +48,7 @@ pub mod primorl;
 pub mod rollout;
 pub mod sac;
 pub mod server_rule;
-pub mod task;
+pub mod tensor_io;
 pub mod value;
 
 pub use device::DeviceError;

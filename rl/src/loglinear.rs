@@ -40,15 +40,15 @@
 //! learning rate `beta`); the aggregator clips it, adds noise and applies the noisy mean with
 //! server learning rate 1 (see `privacy::trust_region` for why the learning rate lives here).
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use fedrl_sim::{Action, Env, Space};
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
 
+use crate::tensor_io::{self, Tensor};
 use crate::{NnError, Result};
 
 /// Metadata key holding the [`LogLinearSpec`] as JSON in an exported policy file.
@@ -351,53 +351,42 @@ pub fn evaluate(
 /// `baseline.w` `[obs_dim]` (f32), the spec as JSON under [`LOGLINEAR_SPEC_KEY`].
 pub fn to_bytes(spec: &LogLinearSpec, params: &[f32]) -> Result<Vec<u8>> {
     spec.check(params)?;
-    let le = |xs: &[f32]| -> Vec<u8> { xs.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    let theta = le(&params[..spec.policy_len()]);
-    let w = le(&params[spec.policy_len()..]);
-    let views = vec![
-        (
-            THETA_NAME.to_string(),
-            TensorView::new(Dtype::F32, vec![spec.obs_dim, spec.n_actions], &theta)?,
+    let tensors = [
+        Tensor::f32(
+            THETA_NAME,
+            vec![spec.obs_dim, spec.n_actions],
+            &params[..spec.policy_len()],
         ),
-        (
-            BASELINE_NAME.to_string(),
-            TensorView::new(Dtype::F32, vec![spec.obs_dim], &w)?,
+        Tensor::f32(
+            BASELINE_NAME,
+            vec![spec.obs_dim],
+            &params[spec.policy_len()..],
         ),
     ];
     let json = serde_json::to_string(spec).map_err(|e| NnError::Invalid(e.to_string()))?;
-    let meta = HashMap::from([(LOGLINEAR_SPEC_KEY.to_string(), json)]);
-    Ok(safetensors::serialize(views, Some(meta))?)
+    tensor_io::serialize(&tensors, LOGLINEAR_SPEC_KEY, json)
 }
 
 /// Parses bytes written by [`to_bytes`].
 pub fn from_bytes(bytes: &[u8]) -> Result<(LogLinearSpec, Vec<f32>)> {
-    let (_, meta) = SafeTensors::read_metadata(bytes)?;
-    let json = meta
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(LOGLINEAR_SPEC_KEY))
+    let json = tensor_io::metadata_entry(bytes, LOGLINEAR_SPEC_KEY)?
         .ok_or_else(|| NnError::Invalid(format!("no {LOGLINEAR_SPEC_KEY} in the metadata")))?;
     let spec: LogLinearSpec =
-        serde_json::from_str(json).map_err(|e| NnError::Invalid(e.to_string()))?;
-    let st = SafeTensors::deserialize(bytes)?;
+        serde_json::from_str(&json).map_err(|e| NnError::Invalid(e.to_string()))?;
+    let st = tensor_io::parse(bytes)?;
     let mut params = Vec::with_capacity(spec.dim());
     for (name, n) in [
         (THETA_NAME, spec.policy_len()),
         (BASELINE_NAME, spec.obs_dim),
     ] {
-        let t = st.tensor(name)?;
-        if t.dtype() != Dtype::F32 || t.data().len() != 4 * n {
+        let data = tensor_io::tensor_bytes(&st, name, Dtype::F32, None)?;
+        if data.len() != 4 * n {
             return Err(NnError::Invalid(format!(
-                "{name}: expected {n} f32 values, got {:?} of {} bytes",
-                t.dtype(),
-                t.data().len()
+                "{name}: expected {n} f32 values, got {} bytes",
+                data.len()
             )));
         }
-        params.extend(
-            t.data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
+        params.extend(tensor_io::le_f32s(data));
     }
     Ok((spec, params))
 }

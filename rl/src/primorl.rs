@@ -8,8 +8,51 @@ use fedrl_common::task::TaskError;
 
 use crate::ensemble::{EnsembleSpec, LocalModelConfig, ModelRows};
 use crate::offline::continuous::{ContinuousDataset, ContinuousEpisode};
-use crate::task::PrimorlTaskExt;
 use crate::{NnError, Result};
+
+/// The dynamics ensemble a [`PrimorlTask`] trains.
+pub trait PrimorlTaskExt {
+    /// The ensemble for the dataset's environment (box observations and actions), with identity
+    /// input normalisation: the shape only. The normalisation comes from the public split once
+    /// the dataset is loaded.
+    fn ensemble_shape(&self) -> std::result::Result<crate::ensemble::EnsembleSpec, TaskError>;
+}
+
+impl PrimorlTaskExt for PrimorlTask {
+    fn ensemble_shape(&self) -> std::result::Result<crate::ensemble::EnsembleSpec, TaskError> {
+        let env =
+            fedrl_sim::make(&self.dataset.env).map_err(|e| model_error("task.dataset.env", e))?;
+        let (obs_dim, act_dim) = match (env.observation_space(), env.action_space()) {
+            (fedrl_sim::Space::Box { low: o, .. }, fedrl_sim::Space::Box { low: a, .. }) => {
+                (o.len(), a.len())
+            }
+            (o, a) => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: PriMORL needs box observations and actions, `{}` has {o:?} and {a:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        let spec = crate::ensemble::EnsembleSpec::new(
+            obs_dim,
+            act_dim,
+            self.ensemble.hidden.clone(),
+            self.ensemble.members,
+        );
+        spec.check().map_err(|e| model_error("task.ensemble", e))?;
+        Ok(spec)
+    }
+}
+
+fn model_error(
+    field: &'static str,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> TaskError {
+    TaskError::Model {
+        field,
+        source: Box::new(e),
+    }
+}
 
 /// The task's ensemble for `dataset`, its inputs normalised by the mean and standard deviation
 /// of the public split's steps (public by the task's definition, so nothing private shapes the

@@ -15,7 +15,6 @@
 //! in]`) then `{net}.{2l}.bias` (`[out]`). Inside, the actor keeps weights as `[in, out]` and the
 //! two critics are stacked (`[2, in, out]`) so one batched matmul serves both.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Device, Tensor, Var};
@@ -24,10 +23,10 @@ use fedrl_sim::{Action, Env, Space};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal, Uniform};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::offline::adam::Adam;
+use crate::tensor_io::{self, read_f32};
 use crate::{NnError, Result};
 
 /// Metadata key of a saved agent: JSON of the dimensions, action box and [`SacConfig`].
@@ -979,14 +978,10 @@ impl SacAgent {
             );
         }
         named.push(("log_alpha".into(), vec![1], &log_alpha));
-        let bytes: Vec<Vec<u8>> = named
-            .iter()
-            .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        let tensors: Vec<tensor_io::Tensor> = named
+            .into_iter()
+            .map(|(name, shape, v)| tensor_io::Tensor::f32(name, shape, v))
             .collect();
-        let mut views = Vec::with_capacity(named.len());
-        for ((name, shape, _), b) in named.iter().zip(&bytes) {
-            views.push((name.clone(), TensorView::new(Dtype::F32, shape.clone(), b)?));
-        }
         let meta = SacMeta {
             obs_dim: self.obs_dim,
             act_low: self.act_low.clone(),
@@ -995,8 +990,7 @@ impl SacAgent {
         };
         let json =
             serde_json::to_string(&meta).map_err(|e| NnError::Invalid(format!("SAC meta: {e}")))?;
-        let meta = HashMap::from([(SAC_META_KEY.to_string(), json)]);
-        std::fs::write(path, safetensors::serialize(views, Some(meta))?)?;
+        std::fs::write(path, tensor_io::serialize(&tensors, SAC_META_KEY, json)?)?;
         Ok(())
     }
 
@@ -1004,18 +998,13 @@ impl SacAgent {
     /// fresh; later sampling noise comes from `seed`.
     pub fn load(path: &Path, seed: u64, device: &Device) -> Result<Self> {
         let bytes = std::fs::read(path)?;
-        let (_, header) = SafeTensors::read_metadata(&bytes)?;
-        let json = header
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get(SAC_META_KEY))
-            .ok_or_else(|| {
-                NnError::Invalid(format!("{}: no {SAC_META_KEY} metadata", path.display()))
-            })?;
+        let json = tensor_io::metadata_entry(&bytes, SAC_META_KEY)?.ok_or_else(|| {
+            NnError::Invalid(format!("{}: no {SAC_META_KEY} metadata", path.display()))
+        })?;
         let meta: SacMeta =
-            serde_json::from_str(json).map_err(|e| NnError::Invalid(format!("SAC meta: {e}")))?;
+            serde_json::from_str(&json).map_err(|e| NnError::Invalid(format!("SAC meta: {e}")))?;
         meta.config.check()?;
-        let st = SafeTensors::deserialize(&bytes)?;
+        let st = tensor_io::parse(&bytes)?;
         let act_dim = meta.act_low.len();
         let aw = widths(meta.obs_dim, &meta.config.hidden, 2 * act_dim);
         let cw = widths(meta.obs_dim + act_dim, &meta.config.hidden, 1);
@@ -1089,21 +1078,6 @@ fn split<'a>(flat: &'a [f32], w: &[usize]) -> Vec<&'a [f32]> {
         off += p[1];
     }
     out
-}
-
-fn read_f32(st: &SafeTensors<'_>, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-    let t = st.tensor(name)?;
-    if t.dtype() != Dtype::F32 || t.shape() != shape {
-        return Err(NnError::Invalid(format!(
-            "{name}: {:?} {:?}, expected F32 {shape:?}",
-            t.dtype(),
-            t.shape()
-        )));
-    }
-    Ok(t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
 }
 
 /// Schedule of [`train_online`] (counts are environment steps).

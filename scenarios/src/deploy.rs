@@ -179,7 +179,7 @@ impl LocalRun {
             (None, _) => DEFAULT_SCENARIO.to_string(),
         };
         let mut parsed =
-            fedrl_rl::task::scenario_from_toml_str(&text).map_err(|e| match scenario {
+            fedrl_tasks::scenario_from_toml_str(&text).map_err(|e| match scenario {
                 Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
                 None => anyhow::anyhow!("built-in scenario: {e}"),
             })?;
@@ -213,8 +213,8 @@ impl LocalRun {
                 reason,
             };
             let text = fs::read_to_string(&stored_path).map_err(|e| no_stored(e.to_string()))?;
-            let mut stored = fedrl_rl::task::scenario_from_toml_str(&text)
-                .map_err(|e| no_stored(e.to_string()))?;
+            let mut stored =
+                fedrl_tasks::scenario_from_toml_str(&text).map_err(|e| no_stored(e.to_string()))?;
             // Where it computes is no part of the run; the budget is the ledger's to check.
             stored.device = parsed.device;
             let raised_from = stored.target_epsilon;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_support::*;
-use fedrl_aggregator::engine::{Action, Engine, EngineConfig, Resume, for_seed};
+use fedrl_aggregator::engine::{Action, Engine, Resume, for_seed};
 use fedrl_aggregator::journal::{JOURNAL_FILE, JournalReader, replay};
 use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::selective::{Schedule, SelectiveConfig};
@@ -100,12 +100,12 @@ fn schedule(p: f64) -> Schedule {
 /// seed, reproduces the DataRelease and every round: the same ledger records (release first) and
 /// the same D_stable, transition for transition.
 fn replays_bit_for_bit(out: &Path, published: &fedrl_rl::offline::TransitionBatch) {
-    let scenario = fedrl_rl::task::scenario_from_file(out.join("scenario.toml")).unwrap();
+    let scenario = fedrl_tasks::scenario_from_file(out.join("scenario.toml")).unwrap();
     let state = out.join("state");
     let (entries, torn) = JournalReader::read_all(state.join(JOURNAL_FILE)).unwrap();
     assert_eq!(torn, None);
     let mut engine = Engine::new(
-        EngineConfig::for_scenario(&scenario).unwrap(),
+        fedrl_aggregator::engine_config(&scenario).unwrap(),
         Resume::default(),
         for_seed(scenario.seed),
     )
@@ -287,10 +287,10 @@ fn agents_with_out_of_range_or_overlapping_experts_are_refused_before_the_releas
     let data = dir.path().join("datasets");
     // The clean run (two agents, 0..24 and 24..48) also generates and caches the dataset.
     let clean = run(dir.path(), &data, "clean", &scenario("federated", 0.0));
-    let clean_rel = fedrl_rl::task::scenario_from_file(clean.join("scenario.toml")).unwrap();
+    let clean_rel = fedrl_tasks::scenario_from_file(clean.join("scenario.toml")).unwrap();
     let (entries, _) = JournalReader::read_all(clean.join("state").join(JOURNAL_FILE)).unwrap();
     let mut engine = Engine::new(
-        EngineConfig::for_scenario(&clean_rel).unwrap(),
+        fedrl_aggregator::engine_config(&clean_rel).unwrap(),
         Resume::default(),
         for_seed(clean_rel.seed),
     )
@@ -396,10 +396,10 @@ fn agents_with_out_of_range_or_overlapping_experts_are_refused_before_the_releas
         agg.log_text()
     );
 
-    let scenario = fedrl_rl::task::scenario_from_file(&file).unwrap();
+    let scenario = fedrl_tasks::scenario_from_file(&file).unwrap();
     let (entries, _) = JournalReader::read_all(state.join(JOURNAL_FILE)).unwrap();
     let mut engine = Engine::new(
-        EngineConfig::for_scenario(&scenario).unwrap(),
+        fedrl_aggregator::engine_config(&scenario).unwrap(),
         Resume::default(),
         for_seed(scenario.seed),
     )

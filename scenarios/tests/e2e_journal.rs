@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_support::*;
-use fedrl_aggregator::engine::{Action, Engine, EngineConfig, Resume, for_seed};
+use fedrl_aggregator::checkpoint;
+use fedrl_aggregator::engine::{Action, Engine, Resume, for_seed};
 use fedrl_aggregator::journal::{JOURNAL_FILE, JournalReader, ReplayError, replay};
-use fedrl_aggregator::{checkpoint, tasks};
 use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_common::scenario::Scenario;
 
@@ -58,7 +58,7 @@ fn run(dir: &Path, journal: &str) -> std::path::PathBuf {
 
 fn fresh_engine(scenario: &Scenario) -> Engine {
     Engine::new(
-        EngineConfig::for_scenario(scenario).unwrap(),
+        fedrl_aggregator::engine_config(scenario).unwrap(),
         Resume::default(),
         for_seed(scenario.seed),
     )
@@ -97,7 +97,7 @@ fn a_full_journal_of_a_real_run_replays_its_releases_exactly() {
     assert_eq!(replayed, stamped);
 
     // The releases, applied to a fresh model, give the run's final model to the bit.
-    let mut model = tasks::server_model(&scenario).unwrap();
+    let mut model = fedrl_tasks::server_model(&scenario).unwrap();
     let mut releases = 0;
     for (_, a) in &actions {
         if let Action::Release(r) = a {

@@ -20,7 +20,6 @@ use fedrl_aggregator::service::{
     self, AUTH_TIMEOUT_S, AddressFile, AggregatorOptions, ConnectionStats,
     DEFAULT_MAX_UNAUTHENTICATED, RunReport,
 };
-use fedrl_aggregator::tasks;
 use fedrl_client::{AgentError, AgentOptions, AgentSummary, default_factory, run_agent};
 use fedrl_common::protocol::auth::parse_fingerprint;
 use fedrl_common::protocol::{UnitRange, close_code};
@@ -74,7 +73,7 @@ impl InProcess {
         let scenario = Scenario::from_toml_str(text).unwrap();
         let state_dir = dir.join("state");
         let secret = prepare_state(&state_dir);
-        let model = tasks::server_model(&scenario).unwrap();
+        let model = fedrl_tasks::server_model(&scenario).unwrap();
         let mut opts =
             AggregatorOptions::new(scenario, "127.0.0.1:0".parse().unwrap(), state_dir.clone());
         opts.drain_s = 0.5;

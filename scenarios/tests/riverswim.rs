@@ -9,9 +9,6 @@ use std::process::Command;
 use e2e_support::*;
 use fedrl_aggregator::ServerModel;
 use fedrl_aggregator::engine::round_noise_seed;
-use fedrl_aggregator::loglinear::LogLinearModel;
-use fedrl_client::LocalTrainer;
-use fedrl_client::loglinear::LogLinearTrainer;
 use fedrl_common::privacy::clipping::{clip_l2, l2_norm};
 use fedrl_common::privacy::fixed_point::{noisy_mean, non_private_mean};
 use fedrl_common::privacy::noise::DiscreteGaussianNoise;
@@ -19,8 +16,11 @@ use fedrl_common::privacy::trust_region::TrustRegionBound;
 use fedrl_common::protocol::RoundSpec;
 use fedrl_common::scenario::{Scenario, Task};
 use fedrl_rl::loglinear::riverswim_optimal_return;
-use fedrl_rl::task::{TaskExt, scenario_from_file};
 use fedrl_sim::riverswim::RiverSwim;
+use fedrl_tasks::LocalTrainer;
+use fedrl_tasks::loglinear::LogLinearModel;
+use fedrl_tasks::loglinear::LogLinearTrainer;
+use fedrl_tasks::{TaskExt, scenario_from_file};
 
 fn scenario_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name)
@@ -96,7 +96,6 @@ fn run_in_process(s: &Scenario, rounds: u64, noise_seed: u64, verbose: bool) -> 
             offer_dim: dim as u32,
             clip_norm: c,
             deadline_s: 1.0,
-            task_json: String::new(),
         };
         let global = model.params().to_vec();
         let ups = trainer.local_updates(&spec, &global, &units);
@@ -264,7 +263,7 @@ fn fedrl_run_trains_riverswim_loglinear() {
         assert_eq!(r.clip_norm, Some(parsed.effective_clip_norm()));
     }
     let (spec, params) = fedrl_rl::loglinear::from_bytes(
-        &std::fs::read(out.join(fedrl_aggregator::dppg::POLICY_FILE)).unwrap(),
+        &std::fs::read(out.join(fedrl_tasks::dppg::POLICY_FILE)).unwrap(),
     )
     .unwrap();
     assert_eq!((spec.obs_dim, spec.n_actions, params.len()), (6, 2, 18));
@@ -298,7 +297,7 @@ fn fedrl_run_trains_riverswim_loglinear() {
             "--json",
             "--policy",
         ])
-        .arg(out.join(fedrl_aggregator::dppg::POLICY_FILE))
+        .arg(out.join(fedrl_tasks::dppg::POLICY_FILE))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

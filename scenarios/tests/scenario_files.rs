@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use fedrl_common::scenario::Task;
-use fedrl_rl::task::{scenario_from_file, scenario_from_toml_str};
+use fedrl_tasks::{scenario_from_file, scenario_from_toml_str};
 
 fn scenario_files() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -115,8 +115,12 @@ pub struct ReleaseSpec {
 
 impl ReleaseSpec {
     /// The release of `scenario`'s task, if it has one.
-    pub fn for_scenario(scenario: &Scenario) -> Result<Option<Self>, EngineError> {
-        use fedrl_rl::task::OfflineCqlTaskExt;
+    /// `transitions`: observation values per step and discrete actions of the task's
+    /// transitions (the caller's, from the task kind: [`super::Shapes::transitions`]).
+    pub fn for_scenario(
+        scenario: &Scenario,
+        transitions: Option<(usize, u32)>,
+    ) -> Result<Option<Self>, EngineError> {
         let Task::OfflineCql(task) = &scenario.task else {
             return Ok(None);
         };
@@ -134,7 +138,9 @@ impl ReleaseSpec {
         let params = budget
             .parameters(p_min, cfg.horizon)
             .map_err(|e| bad(e.to_string()))?;
-        let spec = task.qnet_spec().map_err(|e| bad(e.to_string()))?;
+        let (obs_dim, n_actions) = transitions.ok_or_else(|| {
+            bad("the caller gave no transition shape for the task's DataRelease".into())
+        })?;
         let episodes_per_unit = task.dataset.episodes_per_unit;
         if cfg.trajectories > scenario.users.saturating_mul(episodes_per_unit) {
             return Err(bad(format!(
@@ -155,8 +161,8 @@ impl ReleaseSpec {
             chunk: cfg.chunk,
             answer_deadline_s: cfg.answer_deadline_s,
             episodes_per_unit,
-            obs_dim: spec.obs_dim,
-            n_actions: spec.n_actions as u32,
+            obs_dim,
+            n_actions,
         }))
     }
 

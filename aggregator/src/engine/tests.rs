@@ -22,7 +22,6 @@ fn cfg(participation: Participation) -> EngineConfig {
         clip_norm: 1.0,
         noise_multiplier: 0.5,
         non_private: false,
-        task_json: "{}".into(),
         release: None,
     }
 }

@@ -21,7 +21,7 @@ use fedrl_rl::candle_core::Device;
 use fedrl_rl::offline::TransitionBatch;
 use fedrl_rl::offline::dpsgd::{decode_rows, unit_gradients};
 use fedrl_rl::offline::qnet::QNetSpec;
-use fedrl_rl::task::OfflineCqlTaskExt;
+use fedrl_tasks::offline_cql::OfflineCqlTaskExt;
 
 use crate::engine::ClientId;
 
@@ -243,7 +243,7 @@ mod tests {
     use fedrl_rl::offline::dpsgd::encode_rows;
 
     fn central() -> Central {
-        let scenario = fedrl_rl::task::scenario_from_toml_str(
+        let scenario = fedrl_tasks::scenario_from_toml_str(
             r#"
 users = 4
 participation = { kind = "sampled", rate = 0.5 }
@@ -338,7 +338,6 @@ hidden = [8]
             offer_dim: 2 * c.spec.dim() as u32,
             clip_norm: 0.01,
             deadline_s: 1.0,
-            task_json: String::new(),
         };
         c.offer(1, spec, vec![0, 1]);
         assert!(c.has_work());

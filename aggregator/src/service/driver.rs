@@ -29,7 +29,7 @@ use super::report::{OperatorCounts, Outcome, PublicReport, RunReport, Timings};
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::engine::{Action, ClientId, Engine, Event, StableRelease};
 use crate::journal::JournalWriter;
-use crate::model::{EvaluationDone, EvaluationJob, ServerModel};
+use fedrl_tasks::server::{EvaluationDone, EvaluationJob, ServerModel};
 
 /// Inputs of the engine thread.
 pub(super) enum Input {
@@ -565,7 +565,7 @@ impl EngineThread {
     /// handed to the model and the central mode's data, and each owner is told which of its
     /// prefixes are public. Errors are returned to the engine as a failed publication.
     fn publish_stable(&mut self, release: &StableRelease) -> anyhow::Result<()> {
-        use fedrl_rl::task::OfflineCqlTaskExt;
+        use fedrl_tasks::offline_cql::OfflineCqlTaskExt;
         let fedrl_common::scenario::Task::OfflineCql(task) = &self.scenario.task else {
             anyhow::bail!("a DataRelease ran for a task without expert demonstrations");
         };
@@ -574,6 +574,8 @@ impl EngineThread {
         let (stable, published) = super::release::publish(&rows, &spec, &self.scenario, &self.dir)?;
         let transitions = stable.len();
         self.model
+            .stable_data()
+            .context("this task trains on no released data")?
             .set_stable_data(stable)
             .context("handing D_stable to the model")?;
         self.snapshot = Bytes::from(encode_payload(self.model.params()));

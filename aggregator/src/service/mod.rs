@@ -1,6 +1,6 @@
 //! The aggregator service: QUIC endpoint, connection handling, and the engine thread that drives
 //! the sans-IO [`Engine`](crate::engine::Engine), the ledger and the
-//! [`ServerModel`](crate::model::ServerModel).
+//! [`ServerModel`](fedrl_tasks::server::ServerModel).
 //!
 //! Modules, by concern:
 //! - [`transport`]: QUIC transport tuning (MTU, GSO cap, receive windows) and endpoint creation.

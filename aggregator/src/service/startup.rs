@@ -23,11 +23,11 @@ use super::report::{Outcome, RunFailed};
 use super::transport::{self, IDLE_RECEIVE_WINDOW};
 use super::{AddressFile, AggregatorOptions, RunReport, resume};
 use crate::checkpoint;
-use crate::engine::{self, Engine, EngineConfig};
+use crate::engine::{self, Engine};
 use crate::journal::{JOURNAL_FILE, JournalWriter};
-use crate::model::ServerModel;
 use crate::state;
 use crate::tls;
+use fedrl_tasks::server::ServerModel;
 
 /// Runs an aggregator until the scenario's rounds are done (or the budget or population is
 /// exhausted, or `shutdown` fires). Returns the report: its `outcome` is
@@ -96,7 +96,7 @@ pub async fn run(
     if scenario.selective().is_some() && super::release::released_already(&ledger) {
         let obs_dim = match &scenario.task {
             fedrl_common::scenario::Task::OfflineCql(t) => {
-                fedrl_rl::task::OfflineCqlTaskExt::qnet_spec(t)?.obs_dim
+                fedrl_tasks::offline_cql::OfflineCqlTaskExt::qnet_spec(t)?.obs_dim
             }
             _ => 0,
         };
@@ -106,11 +106,13 @@ pub async fn run(
             stable.len()
         );
         model
+            .stable_data()
+            .context("this task trains on no released data")?
             .set_stable_data(stable)
             .context("handing the published D_stable to the model")?;
     }
 
-    let cfg = EngineConfig::for_scenario(&scenario)?;
+    let cfg = crate::engine_config(&scenario)?;
     if model.params().len() != cfg.offer_dim {
         anyhow::bail!(
             "the model offers {} values but the task's offer has {}",
@@ -152,7 +154,7 @@ pub async fn run(
         offer_permits: Arc::new(Semaphore::new(MAX_CONCURRENT_OFFERS)),
         welcome: Welcome {
             session: 0,
-            task_json: scenario.task.to_json()?,
+            task: scenario.task.to_wire()?,
             churn_json: serde_json::to_string(&scenario.churn)?,
             dim: cfg.dim as u32,
             clip_norm: scenario.clip_norm,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use fedrl_aggregator::service::{AggregatorOptions, read_address_file, run};
-use fedrl_aggregator::{state, tasks};
+use fedrl_aggregator::state;
 use fedrl_client::{AgentOptions, LocalTrainer, TrainerFactory, run_agent};
 use fedrl_common::protocol::auth::{issue_token, parse_fingerprint};
 use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
@@ -84,8 +84,8 @@ fn cpu_seconds() -> f64 {
 }
 
 fn serve(scenario: &Path, state_dir: &Path, args: &Args) -> anyhow::Result<()> {
-    let s = fedrl_rl::task::scenario_from_file(scenario)?;
-    let model = tasks::server_model(&s)?;
+    let s = fedrl_tasks::scenario_from_file(scenario)?;
+    let model = fedrl_tasks::server_model(&s)?;
     let mut opts = AggregatorOptions::new(s, "127.0.0.1:0".parse()?, state_dir.to_path_buf());
     opts.max_inflight_updates = args.inflight;
     opts.tuning.stream_receive_window = args.stream_window_kib << 10;

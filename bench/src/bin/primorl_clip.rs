@@ -77,7 +77,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 fn main() -> anyhow::Result<()> {
     fedrl_bench::train_like_fedrl();
     let args = Args::parse();
-    let scenario = fedrl_rl::task::scenario_from_file(&args.scenario)
+    let scenario = fedrl_tasks::scenario_from_file(&args.scenario)
         .with_context(|| format!("reading {}", args.scenario.display()))?;
     let Task::Primorl(task) = &scenario.task else {
         bail!("{}: not a primorl scenario", args.scenario.display());

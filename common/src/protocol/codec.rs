@@ -408,7 +408,11 @@ mod tests {
             join(),
             Message::Welcome(Welcome {
                 session: 1,
-                task_json: "{}".into(),
+                task: TaskConfig {
+                    kind: "x".into(),
+                    config_version: 2,
+                    config_json: "{\"kind\":\"x\"}".into(),
+                },
                 churn_json: "{}".into(),
                 dim: 3,
                 clip_norm: 1.0,
@@ -422,7 +426,6 @@ mod tests {
                     offer_dim: 3,
                     clip_norm: 1.5,
                     deadline_s: 2.0,
-                    task_json: "{\"kind\":\"x\"}".into(),
                 },
                 units: vec![1, 2, 3],
             }),

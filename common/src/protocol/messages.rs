@@ -2,8 +2,10 @@
 //! configuration); vectors (model parameters, updates) never appear here: they travel as the raw
 //! little-endian f32 payload of the frame that carries the message.
 //!
-//! Task specifications cross the wire as JSON text (`task_json`), because the scenario's task enum
-//! is internally tagged for TOML, which bincode cannot decode; JSON keeps new task variants free.
+//! A task crosses the wire once, in the [`Welcome`], as a [`TaskConfig`]: its kind, the version of
+//! that kind's configuration and the configuration as JSON text (the scenario's task enum is
+//! internally tagged for TOML, which bincode cannot decode). A new task kind, or a new version of
+//! one kind's configuration, is data in that message and needs no protocol version.
 
 use serde::{Deserialize, Serialize};
 
@@ -81,13 +83,26 @@ pub struct Join {
     pub instance: u64,
 }
 
+/// A task as the protocol carries it (`fedrl_common::task::Task::to_wire` / `from_wire`). The
+/// task versions its own configuration: an agent that does not know `kind`, or reads another
+/// `config_version` of it, refuses the task with a message naming both.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskConfig {
+    /// The task's kind (`kind` in the scenario's TOML).
+    pub kind: String,
+    /// The version of that kind's configuration (`fedrl_common::task::TaskSpec::CONFIG_VERSION`).
+    pub config_version: u32,
+    /// The configuration: JSON of `fedrl_common::scenario::Task` (its `kind` tag is `kind`).
+    pub config_json: String,
+}
+
 /// Server -> client, answer to an accepted [`Join`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Welcome {
     /// The session id the server assigned to this connection.
     pub session: u64,
-    /// The scenario's task specification (JSON of `fedrl_common::scenario::Task`).
-    pub task_json: String,
+    /// The scenario's task.
+    pub task: TaskConfig,
     /// The scenario's churn model (JSON of `fedrl_common::scenario::Churn`), applied by client
     /// agents in stress tests.
     pub churn_json: String,
@@ -114,8 +129,6 @@ pub struct RoundSpec {
     pub clip_norm: f64,
     /// Seconds from the offer until the round closes; later updates are discarded.
     pub deadline_s: f64,
-    /// The task specification (JSON of `fedrl_common::scenario::Task`).
-    pub task_json: String,
 }
 
 /// Server -> client on its own unidirectional stream; the frame's payload is the current global

@@ -40,7 +40,10 @@ pub use messages::*;
 /// Version 6: the `primorl` task (seed 001) in `Welcome`.
 /// Version 7: the DataRelease reveals a candidate in chunks (`TrajectoryRequest::from_step` and
 /// `steps`, `TrajectoryData::from_step` and `ended`, `PrefixQuery::from_step`,
-/// `PrefixCounts::from_step`).
+/// `PrefixCounts::from_step`); `Welcome` carries the task as a `TaskConfig` (kind, the kind's
+/// own configuration version, the configuration) and round specs no longer repeat the task.
+/// From this version on, a new task kind or a change of one kind's configuration travels as
+/// data and is versioned by the task (`TaskSpec::CONFIG_VERSION`), not by this number.
 pub const PROTOCOL_VERSION: u16 = 7;
 
 /// QUIC application close codes, shared by the aggregator (which closes with them) and the

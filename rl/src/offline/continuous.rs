@@ -10,17 +10,17 @@
 //! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own (Minari's
 //! Box-action layout is HDF5-based and nothing here reads it).
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use rand_distr::Distribution;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
 
 use super::dataset::spread;
 use crate::ensemble::{EnsembleSpec, ModelRows};
+use crate::tensor_io::{self, Tensor, le_f32s, le_i64s};
 use crate::{NnError, Result};
 use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
 
@@ -128,24 +128,6 @@ pub struct ContinuousDataset {
     pub episodes: Vec<ContinuousEpisode>,
 }
 
-/// Little-endian f32 values of `b` (a whole number of them).
-fn le_f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-/// Little-endian i64 values of `b`.
-fn le_i64s(b: &[u8]) -> Vec<i64> {
-    b.chunks_exact(8)
-        .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-        .collect()
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 fn invalid(m: impl Into<String>) -> NnError {
     NnError::Invalid(m.into())
 }
@@ -196,52 +178,35 @@ impl ContinuousDataset {
             lengths.extend_from_slice(&(e.len() as i64).to_le_bytes());
             term.push(u8::from(e.terminated));
         }
-        let (obs, act, rew) = (f32_bytes(&obs), f32_bytes(&act), f32_bytes(&rew));
         let k = self.episodes.len();
-        let views = vec![
-            (
-                "observations",
-                TensorView::new(Dtype::F32, vec![rows, d], &obs)?,
-            ),
-            (
-                "actions",
-                TensorView::new(Dtype::F32, vec![steps, a], &act)?,
-            ),
-            ("rewards", TensorView::new(Dtype::F32, vec![steps], &rew)?),
-            ("units", TensorView::new(Dtype::I64, vec![k], &units)?),
-            ("lengths", TensorView::new(Dtype::I64, vec![k], &lengths)?),
-            ("terminated", TensorView::new(Dtype::U8, vec![k], &term)?),
+        let raw = |name: &str, dtype: Dtype, bytes: Vec<u8>| Tensor {
+            name: name.into(),
+            dtype,
+            shape: vec![k],
+            bytes,
+        };
+        let tensors = [
+            Tensor::f32("observations", vec![rows, d], &obs),
+            Tensor::f32("actions", vec![steps, a], &act),
+            Tensor::f32("rewards", vec![steps], &rew),
+            raw("units", Dtype::I64, units),
+            raw("lengths", Dtype::I64, lengths),
+            raw("terminated", Dtype::U8, term),
         ];
         let meta = serde_json::to_string(&self.meta)
             .map_err(|e| invalid(format!("dataset metadata: {e}")))?;
-        Ok(safetensors::serialize(
-            views,
-            Some(HashMap::from([(META_KEY.to_string(), meta)])),
-        )?)
+        tensor_io::serialize(&tensors, META_KEY, meta)
     }
 
     /// Parses bytes written by [`ContinuousDataset::to_bytes`], checking every length.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let (_, header) = SafeTensors::read_metadata(bytes)?;
-        let json = header
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get(META_KEY))
+        let json = tensor_io::metadata_entry(bytes, META_KEY)?
             .ok_or_else(|| invalid(format!("not a continuous dataset: no {META_KEY} metadata")))?;
         let meta: ContinuousMeta =
-            serde_json::from_str(json).map_err(|e| invalid(format!("dataset metadata: {e}")))?;
-        let st = SafeTensors::deserialize(bytes)?;
+            serde_json::from_str(&json).map_err(|e| invalid(format!("dataset metadata: {e}")))?;
+        let st = tensor_io::parse(bytes)?;
         // Borrowed from `bytes`: the arrays are converted once, not copied first.
-        let get = |name: &str, dtype: Dtype| -> Result<&[u8]> {
-            let t = st.tensor(name)?;
-            if t.dtype() != dtype {
-                return Err(invalid(format!(
-                    "{name}: {:?}, expected {dtype:?}",
-                    t.dtype()
-                )));
-            }
-            Ok(t.data())
-        };
+        let get = |name: &str, dtype: Dtype| tensor_io::tensor_bytes(&st, name, dtype, None);
         let obs = le_f32s(get("observations", Dtype::F32)?);
         let act = le_f32s(get("actions", Dtype::F32)?);
         let rew = le_f32s(get("rewards", Dtype::F32)?);

@@ -40,7 +40,7 @@ use fedrl_common::offline::{Behaviour, DatasetSpec, SHARED_COHORT};
 use fedrl_sim::{Action, Env, Population, Space};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::Dtype;
 
 use super::cache::{self, CacheError};
 use super::dataset::{Dataset, Episode, spread};
@@ -48,6 +48,7 @@ use super::generate::{MAX_EPISODES, Progress, mix};
 use crate::local_update::{LocalUpdateExt, train_users};
 use crate::mlp::{ModelSpec, RowMlp, RowScratch};
 use crate::rollout::{UserBatch, run_users_own};
+use crate::tensor_io;
 use crate::{LocalUpdateConfig, NnError, Result};
 
 /// The file beside a dataset's `data/` holding its experts' (unsoftened) policy parameters.
@@ -1038,25 +1039,19 @@ impl ExpertSet {
     pub fn save(&self, path: &Path) -> Result<()> {
         let layout = policy_layout(&self.model);
         let m = self.policies.len();
-        let bytes: Vec<Vec<u8>> = layout
+        let tensors: Vec<tensor_io::Tensor> = layout
             .params
             .iter()
             .map(|p| {
-                let mut b = Vec::with_capacity(m * p.numel() * 4);
+                let mut values = Vec::with_capacity(m * p.numel());
                 for pol in &self.policies {
-                    for x in &pol[p.offset..p.offset + p.numel()] {
-                        b.extend_from_slice(&x.to_le_bytes());
-                    }
+                    values.extend_from_slice(&pol[p.offset..p.offset + p.numel()]);
                 }
-                b
+                let mut shape = vec![m];
+                shape.extend_from_slice(&p.shape);
+                tensor_io::Tensor::f32(p.name.clone(), shape, &values)
             })
             .collect();
-        let mut views = Vec::with_capacity(layout.params.len());
-        for (p, b) in layout.params.iter().zip(&bytes) {
-            let mut shape = vec![m];
-            shape.extend_from_slice(&p.shape);
-            views.push((p.name.clone(), TensorView::new(Dtype::F32, shape, b)?));
-        }
         let header = ExpertsHeader {
             format: EXPERTS_FORMAT,
             model: self.model.clone(),
@@ -1065,8 +1060,7 @@ impl ExpertSet {
         };
         let json =
             serde_json::to_string(&header).map_err(|e| invalid(format!("experts header: {e}")))?;
-        let meta = HashMap::from([(META_HEADER.to_string(), json)]);
-        let data = safetensors::serialize(views, Some(meta))?;
+        let data = tensor_io::serialize(&tensors, META_HEADER, json)?;
         std::fs::write(path, data)?;
         Ok(())
     }
@@ -1076,11 +1070,7 @@ impl ExpertSet {
     pub fn read(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path)?;
         let bad = |m: String| invalid(format!("{}: {m}", path.display()));
-        let (_, meta) = SafeTensors::read_metadata(&bytes)?;
-        let meta = meta
-            .metadata()
-            .clone()
-            .ok_or_else(|| bad("no metadata".into()))?;
+        let meta = tensor_io::metadata(&bytes)?.ok_or_else(|| bad("no metadata".into()))?;
         let ExpertsHeader {
             model,
             p_min,
@@ -1097,7 +1087,7 @@ impl ExpertSet {
             }
             None => header_v1(&meta).map_err(bad)?,
         };
-        let st = SafeTensors::deserialize(&bytes)?;
+        let st = tensor_io::parse(&bytes)?;
         let layout = policy_layout(&model);
         if st.len() != layout.params.len() {
             return Err(bad(format!(
@@ -1108,24 +1098,17 @@ impl ExpertSet {
         }
         let mut tensors = Vec::with_capacity(layout.params.len());
         for p in &layout.params {
-            let t = st.tensor(&p.name)?;
             let mut shape = vec![m];
             shape.extend_from_slice(&p.shape);
-            if t.dtype() != Dtype::F32 || t.shape() != shape.as_slice() {
-                return Err(bad(format!(
-                    "{}: {:?} {:?}, expected F32 {shape:?}",
-                    p.name,
-                    t.dtype(),
-                    t.shape()
-                )));
-            }
-            tensors.push(t);
+            let data = tensor_io::tensor_bytes(&st, &p.name, Dtype::F32, Some(&shape))
+                .map_err(|e| bad(e.to_string()))?;
+            tensors.push(data);
         }
         // Allocated only once the file's tensors are known to hold m experts.
         let mut policies = vec![vec![0.0f32; layout.len]; m];
         for (p, t) in layout.params.iter().zip(&tensors) {
             let n = p.numel();
-            for (i, c) in t.data().chunks_exact(4).enumerate() {
+            for (i, c) in t.chunks_exact(4).enumerate() {
                 policies[i / n][p.offset + i % n] = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_aggregator::service::{self, AggregatorOptions, Outcome, RunFailed};
-use fedrl_aggregator::{state, tasks};
+use fedrl_aggregator::state;
 use fedrl_common::device::DeviceSpec;
 use fedrl_common::protocol::auth::issue_token;
 
@@ -50,8 +50,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.max_connections == 0 {
         return Err(UsageError("--max-connections must be at least 1".into()).into());
     }
-    let mut scenario = fedrl_rl::task::scenario_from_file(&args.scenario)
-        .map_err(|e| UsageError(e.to_string()))?;
+    let mut scenario =
+        fedrl_tasks::scenario_from_file(&args.scenario).map_err(|e| UsageError(e.to_string()))?;
     if let Some(d) = args.device {
         scenario.device = d;
     }
@@ -67,7 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let model = tasks::server_model(&scenario)?;
+    let model = fedrl_tasks::server_model(&scenario)?;
     let state_dir = args.state_dir.clone();
     let mut opts = AggregatorOptions::new(scenario, args.listen, args.state_dir);
     opts.max_inflight_updates = args.max_inflight_updates;

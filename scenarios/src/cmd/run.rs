@@ -24,14 +24,14 @@ const POLICY_CURVE_FILE: &str = "policy_curve.png";
 /// File name of the control variability grid (glucose simulators only).
 const CVGA_FILE: &str = "cvga.png";
 /// File name of the exported policy (written by the aggregator's model).
-const POLICY_FILE: &str = fedrl_aggregator::dppg::POLICY_FILE;
+const POLICY_FILE: &str = fedrl_tasks::dppg::POLICY_FILE;
 /// What a task's model exports and the run copies next to report.json: the DPPG policy, the
 /// CQL Q-network, PriMORL's ensemble and its SAC policy.
 const MODEL_FILES: [&str; 4] = [
     POLICY_FILE,
-    fedrl_aggregator::cql::QNET_FILE,
-    fedrl_aggregator::primorl::ENSEMBLE_FILE,
-    fedrl_aggregator::primorl::POLICY_FILE,
+    fedrl_tasks::offline_cql::QNET_FILE,
+    fedrl_tasks::primorl::ENSEMBLE_FILE,
+    fedrl_tasks::primorl::POLICY_FILE,
 ];
 
 #[derive(clap::Args)]
@@ -460,7 +460,7 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         );
         obj.insert("noise_source".into(), serde_json::json!(noise_source));
         for file in MODEL_FILES {
-            if file != fedrl_aggregator::primorl::ENSEMBLE_FILE && state_dir.join(file).exists() {
+            if file != fedrl_tasks::primorl::ENSEMBLE_FILE && state_dir.join(file).exists() {
                 obj.insert("policy".into(), serde_json::json!(file));
             }
         }

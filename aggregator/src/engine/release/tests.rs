@@ -51,7 +51,6 @@ fn cfg(chunk: u32) -> EngineConfig {
         clip_norm: 1.0,
         noise_multiplier: 1.0,
         non_private: false,
-        task_json: "{}".into(),
         release: Some(spec(chunk)),
     }
 }

@@ -17,7 +17,7 @@ use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
 use fedrl_rl::primorl::{PolicyData, PolicyEpoch, ensemble_spec, policy_phase, public_rows};
 use fedrl_rl::sac::SacAgent;
 
-use crate::model::{ModelError, ModelState, ServerModel};
+use crate::server::{ModelError, ModelState, ServerModel};
 
 /// File name of the exported (early-stopping selected) ensemble in the output directory.
 pub const ENSEMBLE_FILE: &str = "ensemble.safetensors";

@@ -13,7 +13,7 @@ use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{EnsembleSpec, ModelRows, local_updates};
 use fedrl_rl::primorl::{ensemble_spec, local_config, private_rows, trajectory_seed};
 
-use crate::trainer::LocalTrainer;
+use crate::client::LocalTrainer;
 
 /// Trajectories trained in one batched call (bounds the stacked tensors' memory).
 const GROUP: usize = 64;

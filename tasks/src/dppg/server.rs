@@ -19,17 +19,17 @@
 
 use std::path::Path;
 
+use super::DppgTaskExt;
 use fedrl_common::scenario::DppgTask;
 use fedrl_common::task::ServerOptimizerKind;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::evaluate::evaluate_logged;
-use fedrl_rl::task::DppgTaskExt;
 use fedrl_rl::{EvalConfig, ModelSpec, evaluate, io};
 use fedrl_sim::Env;
 use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};
 use fedrl_sim::population::Population;
 
-use crate::model::{
+use crate::server::{
     BestModel, CosineDecay, EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel,
     ServerOptimizer, ServerRule, final_evaluation_json, keep_best, restore_with_best,
     state_with_best,

@@ -7,15 +7,15 @@
 //! the round's clip norm `C' = eta_t C` (the agent and the aggregator clip again), which the
 //! scenario derived from the L2 trust region (`fedrl_common::privacy::trust_region`).
 
+use super::LogLinearTaskExt;
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::protocol::{RoundSpec, UnitId};
 use fedrl_common::scenario::LogLinearTask;
 use fedrl_rl::loglinear::{self, LogLinearSpec};
-use fedrl_rl::task::LogLinearTaskExt;
 use fedrl_sim::population::Population;
 
+use crate::client::LocalTrainer;
 use crate::dppg::episode_seed;
-use crate::trainer::LocalTrainer;
 
 /// The log-linear local trainer of one client agent.
 pub struct LogLinearTrainer {
@@ -94,8 +94,7 @@ mod tests {
 
     #[test]
     fn updates_are_clipped_deterministic_and_carry_the_learning_rate() {
-        let s =
-            fedrl_rl::task::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
+        let s = crate::scenario_from_toml_str("[task]\nkind = \"loglinear_pg\"\n").unwrap();
         let Task::LogLinearPg(task) = s.task.clone() else {
             unreachable!()
         };
@@ -107,7 +106,6 @@ mod tests {
             offer_dim: 18,
             clip_norm: s.effective_clip_norm(),
             deadline_s: 1.0,
-            task_json: s.task.to_json().unwrap(),
         };
         let units: Vec<UnitId> = (0..50).collect();
         let a = t.local_updates(&spec, &global, &units);

@@ -3,15 +3,15 @@
 //! optimizer; all offered users of this agent are trained as one batched tensor job
 //! ([`fedrl_rl::local_updates`]) on the agent's device.
 
+use super::DppgTaskExt;
 use fedrl_common::protocol::{RoundSpec, UnitId};
 use fedrl_common::scenario::DppgTask;
 use fedrl_rl::candle_core::Device;
-use fedrl_rl::task::DppgTaskExt;
 use fedrl_rl::{LocalUpdateConfig, ModelSpec, local_updates};
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
-use crate::trainer::LocalTrainer;
+use crate::client::LocalTrainer;
 
 /// The DPPG local trainer of one client agent.
 pub struct DppgTrainer {

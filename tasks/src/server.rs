@@ -1,7 +1,8 @@
-//! The server-side model trait, its server optimizer (SGD with momentum, or Adam), and the
-//! mean-estimation model.
+//! The server-side model trait ([`ServerModel`]), its optional capability
+//! ([`TrainsOnStableData`]), and the pieces every kind's server model shares: the server
+//! optimizer (SGD with momentum, or Adam), model selection on held-out evaluations, and
+//! checkpoints that keep the selected model.
 
-use fedrl_common::scenario::MeanEstimationTask;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -70,10 +71,10 @@ pub trait ServerModel: Send {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         None
     }
-    /// Expert-level runs: D_stable, the released prefixes, for the noise-free steps of the
-    /// schedule. Called once the release is accounted in the ledger. Other models refuse it.
-    fn set_stable_data(&mut self, _data: fedrl_rl::offline::TransitionBatch) -> anyhow::Result<()> {
-        anyhow::bail!("this task trains on no released data")
+    /// Expert-level runs' capability: a model that also trains on D_stable (the prefixes
+    /// DataRelease published). `None` (the default): this task trains on no released data.
+    fn stable_data(&mut self) -> Option<&mut dyn TrainsOnStableData> {
+        None
     }
 
     /// The run ended normally (not by a signal): finish anything the model has scheduled after
@@ -87,6 +88,13 @@ pub trait ServerModel: Send {
         let _ = dir;
         Ok(())
     }
+}
+
+/// Optional capability of a [`ServerModel`]: training on DataRelease's D_stable.
+pub trait TrainsOnStableData {
+    /// D_stable, the released prefixes, for the noise-free steps of the schedule. Called once
+    /// the release is accounted in the ledger.
+    fn set_stable_data(&mut self, data: fedrl_rl::offline::TransitionBatch) -> anyhow::Result<()>;
 }
 
 /// An evaluation of released parameters that can run off the engine thread: a copy of the
@@ -364,50 +372,6 @@ pub fn restore_with_best(
     };
     sgd.restore(&state)?;
     Ok(best)
-}
-
-/// DP federated mean estimation, server side: theta starts at 0 and follows the released noisy
-/// mean of `x_u - theta`. Evaluation compares with the simulation's true mean (known only
-/// because this is a simulation; it is not derived from any user's data beyond the seed).
-pub struct MeanEstimationModel {
-    sgd: ServerOptimizer,
-    truth: Vec<f32>,
-}
-
-impl MeanEstimationModel {
-    pub fn new(task: &MeanEstimationTask) -> Self {
-        MeanEstimationModel {
-            sgd: ServerOptimizer::new(vec![0.0; task.dim], task.server_lr, 0.0),
-            truth: task.true_mean(),
-        }
-    }
-}
-
-impl ServerModel for MeanEstimationModel {
-    fn params(&self) -> &[f32] {
-        &self.sgd.params
-    }
-    fn apply(&mut self, noisy_mean_update: &[f32]) -> Result<(), ModelError> {
-        self.sgd.step(noisy_mean_update)
-    }
-    fn state(&self) -> ModelState {
-        self.sgd
-            .state(serde_json::json!({"model": "mean_estimation", "dim": self.truth.len()}))
-    }
-    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
-        self.sgd.restore(&state)
-    }
-    fn evaluate(&mut self, _round: u64) -> Option<serde_json::Value> {
-        let err: f64 = self
-            .sgd
-            .params
-            .iter()
-            .zip(&self.truth)
-            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        Some(serde_json::json!({ "l2_error": err }))
-    }
 }
 
 #[cfg(test)]

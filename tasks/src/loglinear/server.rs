@@ -10,14 +10,14 @@
 
 use std::path::Path;
 
+use super::LogLinearTaskExt;
 use fedrl_common::scenario::LogLinearTask;
 use fedrl_rl::loglinear::{self, LogLinearSpec};
-use fedrl_rl::task::LogLinearTaskExt;
 use fedrl_sim::Env;
 use fedrl_sim::population::Population;
 
 use crate::dppg::POLICY_FILE;
-use crate::model::{
+use crate::server::{
     BestModel, ModelError, ModelState, ServerModel, ServerOptimizer, final_evaluation_json,
     keep_best, restore_with_best, state_with_best,
 };
@@ -162,7 +162,7 @@ mod tests {
     use super::*;
 
     fn task() -> LogLinearTask {
-        let s = fedrl_rl::task::scenario_from_toml_str(
+        let s = crate::scenario_from_toml_str(
             "[task]\nkind = \"loglinear_pg\"\neval_every = 2\neval_users = 20\nfinal_eval_users = 30\n",
         )
         .unwrap();

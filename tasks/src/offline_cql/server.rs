@@ -24,11 +24,11 @@ use fedrl_rl::offline::TransitionBatch;
 use fedrl_rl::offline::cql::loss_and_grad;
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_rl::offline::train::{CqlTrainer, evaluate_greedy_for};
-use fedrl_rl::task::OfflineCqlTaskExt;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
-use crate::model::{ModelError, ModelState, ServerModel};
+use super::OfflineCqlTaskExt;
+use crate::server::{ModelError, ModelState, ServerModel, TrainsOnStableData};
 
 /// File name of the exported Q-network in the output directory.
 pub const QNET_FILE: &str = "q_network.safetensors";
@@ -274,20 +274,8 @@ impl ServerModel for CqlModel {
         Ok(())
     }
 
-    fn set_stable_data(&mut self, data: TransitionBatch) -> anyhow::Result<()> {
-        if self.schedule.is_none() {
-            anyhow::bail!("released data for a task without a selective schedule");
-        }
-        if data.obs_dim != self.spec.obs_dim {
-            anyhow::bail!(
-                "D_stable has observations of {} values, the Q-network expects {}",
-                data.obs_dim,
-                self.spec.obs_dim
-            );
-        }
-        self.stable = Some(data);
-        // The free steps before the first DP step (all of them when there is none).
-        self.run_free_steps(false)
+    fn stable_data(&mut self) -> Option<&mut dyn TrainsOnStableData> {
+        Some(self)
     }
 
     fn finish(&mut self) -> anyhow::Result<()> {
@@ -342,6 +330,24 @@ impl ServerModel for CqlModel {
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
         self.spec.save(&dir.join(QNET_FILE), self.online())?;
         Ok(())
+    }
+}
+
+impl TrainsOnStableData for CqlModel {
+    fn set_stable_data(&mut self, data: TransitionBatch) -> anyhow::Result<()> {
+        if self.schedule.is_none() {
+            anyhow::bail!("released data for a task without a selective schedule");
+        }
+        if data.obs_dim != self.spec.obs_dim {
+            anyhow::bail!(
+                "D_stable has observations of {} values, the Q-network expects {}",
+                data.obs_dim,
+                self.spec.obs_dim
+            );
+        }
+        self.stable = Some(data);
+        // The free steps before the first DP step (all of them when there is none).
+        self.run_free_steps(false)
     }
 }
 

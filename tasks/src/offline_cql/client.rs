@@ -20,9 +20,9 @@ use fedrl_rl::candle_core::Device;
 use fedrl_rl::offline::TransitionBatch;
 use fedrl_rl::offline::dpsgd::{encode_rows, unit_gradients};
 use fedrl_rl::offline::qnet::QNetSpec;
-use fedrl_rl::task::OfflineCqlTaskExt;
 
-use crate::trainer::{LocalTrainer, UnitUpload};
+use super::OfflineCqlTaskExt;
+use crate::client::{CentralData, ExpertHost, LocalTrainer, UnitUpload};
 
 /// The CQL trainer of one client agent: its units' data and the Q-network's shape.
 pub struct CqlTrainer {
@@ -146,6 +146,16 @@ impl LocalTrainer for CqlTrainer {
         }
     }
 
+    fn central_data(&self) -> Option<&dyn CentralData> {
+        (self.task.mode == UpdateMode::Central).then_some(self as &dyn CentralData)
+    }
+
+    fn expert_host(&mut self) -> Option<&mut dyn ExpertHost> {
+        Some(self)
+    }
+}
+
+impl ExpertHost for CqlTrainer {
     fn episode_rows(
         &self,
         unit: UnitId,
@@ -241,11 +251,10 @@ impl LocalTrainer for CqlTrainer {
             "released prefixes dropped from the units' DP-SGD data"
         );
     }
+}
 
+impl CentralData for CqlTrainer {
     fn unit_data(&self) -> Vec<UnitUpload> {
-        if self.task.mode != UpdateMode::Central {
-            return Vec::new();
-        }
         self.units
             .iter()
             .map(|(u, d)| UnitUpload {

@@ -3,13 +3,14 @@
 //! (clipping near the typical norm keeps the signal while the noise, scaled to the clip norm,
 //! stays fixed). Simulated users only; never run on real users' data.
 //!
-//!     cargo run --release -p fedrl-rl --example update_norms -- SCENARIO.toml [USERS] [FIRST_USER]
+//!     cargo run --release -p fedrl-tasks --example update_norms -- SCENARIO.toml [USERS] [FIRST_USER]
 
 use fedrl_common::scenario::Scenario;
 use fedrl_common::task::Task;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::local_updates;
-use fedrl_rl::task::{DppgTaskExt, scenario_from_toml_str};
+use fedrl_tasks::dppg::DppgTaskExt;
+use fedrl_tasks::scenario_from_toml_str;
 
 type Error = Box<dyn std::error::Error>;
 

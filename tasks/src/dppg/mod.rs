@@ -1,0 +1,87 @@
+//! User-level DP policy gradient (seed 004): users play episodes in their own simulators and
+//! send clipped local PPO updates ([`client`]); the aggregator applies the released noisy mean
+//! update with its server optimizer, evaluates on held-out users and exports the policy
+//! ([`server`]). The shapes: [`DppgTaskExt`] builds the population and the policy/value model.
+
+pub mod client;
+pub mod server;
+
+pub use client::{DppgTrainer, episode_seed};
+pub use server::{DppgModel, PID_TUNING_USERS, POLICY_FILE};
+
+use anyhow::Context;
+use fedrl_common::protocol::UnitRange;
+use fedrl_common::scenario::Scenario;
+use fedrl_common::task::{DppgTask, TaskError};
+use fedrl_rl::ModelSpec;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::local_update::LocalUpdateExt;
+use fedrl_sim::population::{Population, PumpOverrides};
+
+use crate::client::LocalTrainer;
+use crate::registry::{TaskKind, model_error};
+use crate::server::ServerModel;
+
+/// The DPPG kind in the registry.
+pub struct Dppg;
+
+impl TaskKind for Dppg {
+    type Spec = DppgTask;
+
+    fn dim(spec: &DppgTask) -> Result<usize, TaskError> {
+        Ok(spec.model_spec()?.layout().len())
+    }
+
+    fn trainer(
+        spec: &DppgTask,
+        _units: &[UnitRange],
+        device: &Device,
+    ) -> anyhow::Result<Box<dyn LocalTrainer>> {
+        Ok(Box::new(DppgTrainer::new(spec, device.clone())?))
+    }
+
+    fn server_model(spec: &DppgTask, scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>> {
+        let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
+        Ok(Box::new(DppgModel::new(
+            spec,
+            scenario.users,
+            scenario.rounds,
+            device,
+        )?))
+    }
+}
+
+/// The MLP a [`DppgTask`] trains.
+pub trait DppgTaskExt {
+    /// The task's population with its pump overrides (`low_risk_weight`, `decision_min`,
+    /// `low_glucose_suspend`, `iob_limit`, `sensitivity_scaling`).
+    fn population(&self) -> Result<Population, TaskError>;
+    /// The policy/value model for the population's environment.
+    fn model_spec(&self) -> Result<ModelSpec, TaskError>;
+}
+
+impl DppgTaskExt for DppgTask {
+    fn population(&self) -> Result<Population, TaskError> {
+        Population::new(&self.population, self.population_seed)
+            .and_then(|p| {
+                p.with_pump_overrides(PumpOverrides {
+                    low_risk_weight: self.low_risk_weight,
+                    decision_min: self.decision_min,
+                    low_glucose_suspend: self.low_glucose_suspend,
+                    iob_limit: self.iob_limit,
+                    sensitivity_scaling: self.sensitivity_scaling,
+                })
+            })
+            .map_err(|e| model_error("task.population", e))
+    }
+
+    fn model_spec(&self) -> Result<ModelSpec, TaskError> {
+        let env = self
+            .population()?
+            .user_env(0)
+            .map_err(|e| model_error("task.population", e))?;
+        self.local
+            .model_spec(env.observation_space(), env.action_space())
+            .map_err(|e| model_error("task.local", e))
+    }
+}

@@ -1,0 +1,94 @@
+//! Discrete CQL trained by per-unit DP-SGD on an offline dataset held by its units (DESIGN
+//! §2.3-2.5), with its expert-level Selective variant (seeds 000/002): the units' gradients and,
+//! for expert-level runs, the experts' DataRelease answers ([`client`]); the Q-network, its
+//! target network and the selective schedule ([`server`]). The shape: [`OfflineCqlTaskExt`].
+//! The central update mode and the DataRelease walk themselves are the aggregator's service
+//! (`aggregator/src/service/{central,release}.rs`).
+
+pub mod client;
+pub mod server;
+
+pub use client::CqlTrainer;
+pub use server::{CqlModel, QNET_FILE};
+
+use fedrl_common::protocol::UnitRange;
+use fedrl_common::scenario::Scenario;
+use fedrl_common::task::{OfflineCqlTask, TaskError};
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_sim::population::Population;
+
+use crate::client::LocalTrainer;
+use crate::registry::{TaskKind, model_error};
+use crate::server::ServerModel;
+
+/// The offline CQL kind in the registry.
+pub struct OfflineCql;
+
+impl TaskKind for OfflineCql {
+    type Spec = OfflineCqlTask;
+
+    fn dim(spec: &OfflineCqlTask) -> Result<usize, TaskError> {
+        Ok(spec.qnet_spec()?.dim())
+    }
+
+    fn trainer(
+        spec: &OfflineCqlTask,
+        units: &[UnitRange],
+        device: &Device,
+    ) -> anyhow::Result<Box<dyn LocalTrainer>> {
+        Ok(Box::new(CqlTrainer::new(spec, units, device.clone())?))
+    }
+
+    // The server model only applies released gradients (flat vectors) and evaluates on the
+    // CPU; the central mode's gradients run on the scenario's device (service::central).
+    fn server_model(
+        spec: &OfflineCqlTask,
+        _scenario: &Scenario,
+    ) -> anyhow::Result<Box<dyn ServerModel>> {
+        Ok(Box::new(CqlModel::new(spec)?))
+    }
+
+    fn transition_shape(spec: &OfflineCqlTask) -> Result<Option<(usize, u32)>, TaskError> {
+        let q = spec.qnet_spec()?;
+        Ok(Some((q.obs_dim, q.n_actions as u32)))
+    }
+}
+
+/// The Q-network an [`OfflineCqlTask`] trains.
+pub trait OfflineCqlTaskExt {
+    /// `obs_dim -> cql.hidden -> n_actions` for the dataset's environment, which must have a
+    /// box observation and discrete actions.
+    fn qnet_spec(&self) -> Result<QNetSpec, TaskError>;
+}
+
+impl OfflineCqlTaskExt for OfflineCqlTask {
+    fn qnet_spec(&self) -> Result<QNetSpec, TaskError> {
+        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
+            .and_then(|p| p.user_env(0))
+            .map_err(|e| model_error("task.dataset.env", e))?;
+        let obs_dim = match env.observation_space() {
+            fedrl_sim::Space::Box { low, .. } => low.len(),
+            other => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: offline CQL needs a box observation space, `{}` has {other:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        let n_actions = match env.action_space() {
+            fedrl_sim::Space::Discrete { n } => *n,
+            other => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: discrete CQL needs discrete actions, `{}` has {other:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        Ok(QNetSpec {
+            obs_dim,
+            hidden: self.cql.hidden.clone(),
+            n_actions,
+        })
+    }
+}

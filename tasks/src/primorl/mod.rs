@@ -1,0 +1,49 @@
+//! PriMORL (seed 001): a dynamics-model ensemble trained by DP-FedAvg over the trajectories of a
+//! continuous-action dataset ([`client`]: each sampled trajectory's clipped ensemble delta),
+//! then SAC inside the pessimistic private model on the aggregator ([`server`]). The shape is
+//! `fedrl_rl::primorl::PrimorlTaskExt` (the learner in `fedrl-rl` needs it too).
+
+pub mod client;
+pub mod server;
+
+pub use client::PrimorlTrainer;
+pub use fedrl_rl::primorl::PrimorlTaskExt;
+pub use server::{ENSEMBLE_FILE, POLICY_FILE, PrimorlModel};
+
+use anyhow::Context;
+use fedrl_common::primorl::PrimorlTask;
+use fedrl_common::protocol::UnitRange;
+use fedrl_common::scenario::Scenario;
+use fedrl_common::task::TaskError;
+use fedrl_rl::candle_core::Device;
+
+use crate::client::LocalTrainer;
+use crate::registry::TaskKind;
+use crate::server::ServerModel;
+
+/// The PriMORL kind in the registry.
+pub struct Primorl;
+
+impl TaskKind for Primorl {
+    type Spec = PrimorlTask;
+
+    fn dim(spec: &PrimorlTask) -> Result<usize, TaskError> {
+        Ok(spec.ensemble_shape()?.len())
+    }
+
+    fn trainer(
+        spec: &PrimorlTask,
+        units: &[UnitRange],
+        device: &Device,
+    ) -> anyhow::Result<Box<dyn LocalTrainer>> {
+        Ok(Box::new(PrimorlTrainer::new(spec, units, device.clone())?))
+    }
+
+    fn server_model(
+        spec: &PrimorlTask,
+        scenario: &Scenario,
+    ) -> anyhow::Result<Box<dyn ServerModel>> {
+        let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
+        Ok(Box::new(PrimorlModel::new(spec, device)?))
+    }
+}
