@@ -160,13 +160,17 @@ pub enum EngineError {
 }
 
 /// The summed path's public bounds for a scenario whose aggregator computes the units'
-/// gradients (offline CQL in the central mode, private): at most the population (`sampled`) or
+/// gradients and sums them (offline CQL in the central mode with `central_path = "summed"`, the
+/// default, private): at most the population (`sampled`) or
 /// the cohort (`fresh`) per round, each with `transitions_per_unit` rows.
 fn summed_bound(scenario: &Scenario) -> Option<SummedBound> {
     let fedrl_common::scenario::Task::OfflineCql(task) = &scenario.task else {
         return None;
     };
-    if task.mode != fedrl_common::offline::UpdateMode::Central || scenario.non_private {
+    if task.mode != fedrl_common::offline::UpdateMode::Central
+        || task.central_path != fedrl_common::offline::CentralPath::Summed
+        || scenario.non_private
+    {
         return None;
     }
     let max_units = match scenario.participation {

@@ -13,8 +13,8 @@
 //! which quantises it once; the engine's noise is calibrated to that path's (slightly larger)
 //! sensitivity and the ledger records it ([`crate::engine`]'s module docs).
 //!
-//! **The per-unit path** ([`Central::compute`], also what a non-private twin uses, whose clip
-//! norm is infinite): every unit's clipped gradient from [`unit_gradients`], the very function a
+//! **The per-unit path** ([`Central::compute`]; `central_path = "per_unit"`, and what a
+//! non-private twin uses, whose clip norm is infinite): every unit's clipped gradient from [`unit_gradients`], the very function a
 //! federated agent runs, fed back as that client's updates through the same re-clipping and
 //! per-update quantisation as federated ones. Both paths draw the same per-(round, unit)
 //! transitions, so under one seed and one engine calibration they release the same parameters
@@ -88,8 +88,10 @@ impl Central {
             return Ok(None);
         }
         Ok(Some(Central {
-            // A twin clips at +inf: no grid, no summed path.
-            summed: !scenario.non_private,
+            // A twin clips at +inf: no grid, no summed path. Must agree with the engine's
+            // configuration (`EngineConfig::summed`), whose noise is calibrated for it.
+            summed: !scenario.non_private
+                && task.central_path == fedrl_common::offline::CentralPath::Summed,
             spec: task.qnet_spec()?,
             task: task.clone(),
             device: fedrl_rl::device::open(scenario.device)?,

@@ -1,6 +1,6 @@
 //! One central DP-SGD step (DESIGN §2.5, issue 55 §3) with `--units` sampled units of one
 //! transition each, discrete CQL loss, for the Q-network 8-256-256-4 and an MLP of about 1 M
-//! parameters (8-1024-1024-4, 1,064,964 parameters), on the CPU:
+//! parameters (8-1024-1024-4, 1,062,916 parameters), on the CPU:
 //!
 //! - `summed`: the summed path the central mode runs (`summed_clipped`: per-example norms, one
 //!   weighted f64 product per layer), the sum quantised once onto the public grid, exact

@@ -1015,6 +1015,71 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn the_summed_sensitivity_adds_sqrt_d_and_the_rounding_bound() {
+        let g = Grid::for_clip_norm(1.0, 24).unwrap();
+        let ratio = 2f64.powi(24);
+        let b = SummedBound {
+            max_units: 256,
+            max_rows: 256,
+        };
+        let e = b.rounding_relative();
+        // gamma_258 x 256 x R: about 258 x 2^-53 x 256 x 64.
+        assert!(e > 258.0 * 2f64.powi(-53) * 256.0 * 64.0 && e < 1e-9, "{e}");
+        let s = b.sensitivity_sq(&g, 10_000).unwrap();
+        let want = ratio * (1.0 + 2.0 * e) + 100.0;
+        assert!((s as f64).sqrt() >= want, "{} < {want}", (s as f64).sqrt());
+        assert!((s as f64).sqrt() <= want * (1.0 + 1e-12) + 1.0);
+        // The noise is calibrated to it: sigma / Delta >= z for the recorded Delta.
+        let c = NoiseCalibration::for_summed(&g, &b, 10_000, 1.1).unwrap();
+        assert_eq!(c.l2_sensitivity_sq(), s);
+        assert!(c.l2_sensitivity() >= want);
+        assert!(c.noise_multiplier() >= 1.1);
+        assert!(c.sigma() > NoiseCalibration::new(&g, 1.1).unwrap().sigma());
+        // A bound whose rounding is not small next to C is refused.
+        let huge = SummedBound {
+            max_units: 1 << 40,
+            max_rows: 1 << 40,
+        };
+        assert!(matches!(
+            huge.sensitivity_sq(&g, 10),
+            Err(FixedPointError::RoundingTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_pre_summed_vector_is_quantised_toward_zero_and_checked() {
+        let g = Grid::for_clip_norm(1.0, 4).unwrap(); // gamma = 1/16, C / gamma = 16
+        let mut q = [0i64; 4];
+        g.quantize_sum(&[1.5, -1.53, 0.06, -0.0], 2, &mut q).unwrap();
+        assert_eq!(q, [24, -24, 0, 0]);
+        // 2 contributions reach at most 2 x 2^5 (1 + 2^-9) + 1 grid units.
+        assert!(g.quantize_sum(&[4.0, 0.0, 0.0, 0.0], 2, &mut q).is_ok());
+        assert!(matches!(
+            g.quantize_sum(&[4.2, 0.0, 0.0, 0.0], 2, &mut q),
+            Err(FixedPointError::SumOutOfRange { .. })
+        ));
+        assert!(matches!(
+            g.quantize_sum(&[0.2, 0.0, 0.0, 0.0], 0, &mut q),
+            Err(FixedPointError::SumOutOfRange { .. })
+        ));
+        assert!(matches!(
+            g.quantize_sum(&[0.0, f64::INFINITY, 0.0, 0.0], 2, &mut q),
+            Err(FixedPointError::NonFinite { index: 1 })
+        ));
+        assert!(g.quantize_sum(&[0.0; 3], 2, &mut q).is_err());
+        let mut s = FixedPointSum::new(g, 4);
+        s.add_quantized(&[24, -24, 0, 0], 2).unwrap();
+        s.add(&[0.5, 0.0, 0.0, 0.0]).unwrap();
+        assert_eq!(s.sum(), &[32, -24, 0, 0]);
+        assert_eq!(s.count(), 3);
+        let before = s.sum().to_vec();
+        assert!(s.add_quantized(&[200, 0, 0, 0], 1).is_err());
+        assert!(s.add_quantized(&[1, 0], 1).is_err());
+        assert_eq!(s.sum(), &before[..]);
+        assert_eq!(s.count(), 3);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
