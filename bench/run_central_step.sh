@@ -16,8 +16,18 @@ secs="${2:-2}"
 export RAYON_NUM_THREADS=2
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-cargo build -q --release -p fedrl-bench --bin central_step
-bin="${CARGO_TARGET_DIR:-$root/target}/release/central_step"
+# CENTRAL_STEP_PROFILE=dev-opt builds in the dev profile with opt-level 3 for every crate
+# (dependencies and fedrl-common are at 3 there already; this adds fedrl-rl and fedrl-bench):
+# for a machine whose dev build is warm and a release build of candle would take too long.
+if [ "${CENTRAL_STEP_PROFILE:-release}" = dev-opt ]; then
+  cargo build -q -p fedrl-bench --bin central_step \
+    --config 'profile.dev.package.fedrl-rl.opt-level=3' \
+    --config 'profile.dev.package.fedrl-bench.opt-level=3'
+  bin="${CARGO_TARGET_DIR:-$root/target}/debug/central_step"
+else
+  cargo build -q --release -p fedrl-bench --bin central_step
+  bin="${CARGO_TARGET_DIR:-$root/target}/release/central_step"
+fi
 echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== fedrl (candle, RAYON_NUM_THREADS=2, $rounds interleaved rounds)"
 "$bin" --units 256 --rounds "$rounds" --seconds "$secs" --networks 256,1024 | tee "$out/fedrl.jsonl"
@@ -38,11 +48,11 @@ fi
 echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$out/fedrl.jsonl" "$out/peer.jsonl" "$root/bench/results/central_step.jsonl" \
   "$(git rev-parse --short HEAD)" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
-import json, statistics, sys, time
+import json, os, statistics, sys, time
 fedrl, peer, results, commit, load = sys.argv[1:6]
 rows = [json.loads(l) for f in (fedrl, peer) for l in open(f) if l.startswith("{")]
 stamp = {"utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
-         "loadavg_after": load}
+         "loadavg_after": load, "profile": os.environ.get("CENTRAL_STEP_PROFILE", "release")}
 with open(results, "a") as f:
     for r in rows:
         f.write(json.dumps({**stamp, **r}) + "\n")

@@ -547,7 +547,9 @@ impl Engine {
         } else {
             let exact = Grid::for_clip_norm(cfg.clip_norm, DEFAULT_GRID_BITS).and_then(|grid| {
                 match &cfg.summed {
-                    Some(b) => NoiseCalibration::for_summed(&grid, b, cfg.dim, cfg.noise_multiplier),
+                    Some(b) => {
+                        NoiseCalibration::for_summed(&grid, b, cfg.dim, cfg.noise_multiplier)
+                    }
                     None => NoiseCalibration::new(&grid, cfg.noise_multiplier),
                 }
             });
@@ -775,7 +777,10 @@ impl Engine {
         let mut q = vec![0i64; dim];
         let problem = problem.or_else(|| {
             let RoundSum::Exact(acc) = &mut open.sum else {
-                return Some((ErrorCode::Internal, "a twin takes no pre-summed contributions".into()));
+                return Some((
+                    ErrorCode::Internal,
+                    "a twin takes no pre-summed contributions".into(),
+                ));
             };
             let n = units.len() as u64;
             acc.grid()
@@ -787,15 +792,18 @@ impl Engine {
                         FixedPointError::NonFinite { .. } => ErrorCode::NonFinite,
                         _ => ErrorCode::Internal,
                     };
-                    (code, format!("the summed contribution cannot be added: {e}"))
+                    (
+                        code,
+                        format!("the summed contribution cannot be added: {e}"),
+                    )
                 })
         });
         if let Some((code, message)) = problem {
             for u in units {
-                if let Some(done) = open.cohort.get_mut(&u.unit) {
-                    if !open.contributed.contains(&u.unit) {
-                        *done = true;
-                    }
+                if !open.contributed.contains(&u.unit)
+                    && let Some(done) = open.cohort.get_mut(&u.unit)
+                {
+                    *done = true;
                 }
             }
             open.rejected += units.len() as u64;

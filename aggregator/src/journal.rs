@@ -542,7 +542,10 @@ impl JournalReader {
             }
             Header::Event { t, event } => {
                 if bl != 0
-                    || matches!(event, Event::UpdateArrived { .. } | Event::SumArrived { .. })
+                    || matches!(
+                        event,
+                        Event::UpdateArrived { .. } | Event::SumArrived { .. }
+                    )
                 {
                     return Err(corrupt("an update outside an update entry".into()));
                 }
@@ -625,7 +628,9 @@ impl JournalReader {
                     }
                     let sum = body
                         .chunks_exact(8)
-                        .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                        .map(|b| {
+                            f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+                        })
                         .collect();
                     Entry::Event {
                         t,

@@ -163,7 +163,10 @@ fn federated_and_central_modes_release_the_same_q_network() {
         assert_eq!(a.units, b.units, "round {}: different samples", a.round);
         let ((sf, df), (ss, ds)) = (leaf(&a.event), leaf(&b.event));
         assert!(ds > df && ds < df * (1.0 + 1e-3), "{df} vs {ds}");
-        assert!(ss / ds >= 1.0 && sf / df >= 1.0, "z = 1 holds for the recorded sensitivity");
+        assert!(
+            ss / ds >= 1.0 && sf / df >= 1.0,
+            "z = 1 holds for the recorded sensitivity"
+        );
     }
     let op: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(sum.join("operator").join("report.json")).unwrap(),

@@ -112,7 +112,10 @@ fn a_sum_is_recorded_with_its_larger_sensitivity_and_released_after_the_ledger()
         panic!("a discrete Gaussian record: {rec:?}");
     };
     let ratio = C / grid.gamma();
-    assert!(l2_sensitivity >= ratio + (DIM as f64).sqrt(), "{l2_sensitivity}");
+    assert!(
+        l2_sensitivity >= ratio + (DIM as f64).sqrt(),
+        "{l2_sensitivity}"
+    );
     assert!(l2_sensitivity <= (ratio + (DIM as f64).sqrt()) * (1.0 + 1e-6));
     assert!(sigma / l2_sensitivity >= Z, "{sigma} / {l2_sensitivity}");
     let a = e.handle(1.5, Event::LedgerAppended { round: 1 });

@@ -405,7 +405,10 @@ hidden = [8]
         )
         .unwrap();
         let cfg = EngineConfig::for_scenario(&scenario).unwrap();
-        assert!(cfg.summed.is_some(), "central private runs take the summed path");
+        assert!(
+            cfg.summed.is_some(),
+            "central private runs take the summed path"
+        );
         // Each path with its own engine, same configuration and seed.
         let mut releases = Vec::new();
         let mut records = Vec::new();
@@ -424,12 +427,20 @@ hidden = [8]
             }
             c.data_complete(1, 6).unwrap();
             let (client, units) = c.ready().pop().unwrap();
-            let mut e =
-                Engine::new(cfg.clone(), Resume::default(), Box::new(SeededEntropy::new(9)))
-                    .unwrap();
+            let mut e = Engine::new(
+                cfg.clone(),
+                Resume::default(),
+                Box::new(SeededEntropy::new(9)),
+            )
+            .unwrap();
             let mut a = e.handle(0.0, Event::ClientJoined { client, units });
             for act in std::mem::take(&mut a) {
-                if let Action::SendOffer { client, spec, units } = act {
+                if let Action::SendOffer {
+                    client,
+                    spec,
+                    units,
+                } = act
+                {
                     c.offer(client, spec, units);
                 }
             }

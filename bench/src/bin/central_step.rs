@@ -167,8 +167,7 @@ fn main() -> anyhow::Result<()> {
                 let with_noise = !case.ends_with("no_noise");
                 let t = match *case {
                     "plain" => time(seconds, &mut || {
-                        let (_, g) =
-                            loss_and_grad(&spec, &cfg, &p_plain, &target, &data, &device)?;
+                        let (_, g) = loss_and_grad(&spec, &cfg, &p_plain, &target, &data, &device)?;
                         adam_plain.step(&mut p_plain, &g);
                         Ok(())
                     })?,
@@ -184,8 +183,7 @@ fn main() -> anyhow::Result<()> {
                     })?,
                     _ => time(seconds, &mut || {
                         let g = per_unit_clipped(
-                            &spec, &cfg, &p_unit, &target, &data, &one_each, units, clip,
-                            &device,
+                            &spec, &cfg, &p_unit, &target, &data, &one_each, units, clip, &device,
                         )?;
                         let mut acc = FixedPointSum::new(grid, d);
                         for mut v in g.grads {

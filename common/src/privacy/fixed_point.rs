@@ -121,13 +121,17 @@ impl SummedBound {
         let u = f64::EPSILON / 2.0; // 2^-53
         let n = self.max_rows as f64 + 2.0;
         let nu = n * u;
-        if !(nu < 0.5) {
+        if nu.is_nan() || nu >= 0.5 {
             return f64::INFINITY;
         }
         // gamma_n = n u / (1 - n u); every f64 op below rounds by at most u relative: the
         // final factor (1 + 2^-40) covers them many times over.
         let gamma = nu / (1.0 - nu);
-        gamma * self.max_units as f64 * SUMMED_ROW_NORM_CAP * (1.0 + 2f64.powi(-50)) * (1.0 + 2f64.powi(-40))
+        gamma
+            * self.max_units as f64
+            * SUMMED_ROW_NORM_CAP
+            * (1.0 + 2f64.powi(-50))
+            * (1.0 + 2f64.powi(-40))
     }
 
     /// The squared L2 sensitivity in grid units of a quantised sum of `dim` coordinates on
@@ -136,7 +140,7 @@ impl SummedBound {
     /// per-unit path, and the caller should use that path instead.
     pub fn sensitivity_sq(&self, grid: &Grid, dim: usize) -> Result<u128, FixedPointError> {
         let e = self.rounding_relative();
-        if !(e <= 2f64.powi(-10)) {
+        if e.is_nan() || e > 2f64.powi(-10) {
             return Err(FixedPointError::RoundingTooLarge { relative: e });
         }
         // C / gamma exactly (a power-of-two scaling), below 2^31.
@@ -1051,7 +1055,8 @@ mod tests {
     fn a_pre_summed_vector_is_quantised_toward_zero_and_checked() {
         let g = Grid::for_clip_norm(1.0, 4).unwrap(); // gamma = 1/16, C / gamma = 16
         let mut q = [0i64; 4];
-        g.quantize_sum(&[1.5, -1.53, 0.06, -0.0], 2, &mut q).unwrap();
+        g.quantize_sum(&[1.5, -1.53, 0.06, -0.0], 2, &mut q)
+            .unwrap();
         assert_eq!(q, [24, -24, 0, 0]);
         // 2 contributions reach at most 2 x 2^5 (1 + 2^-9) + 1 grid units.
         assert!(g.quantize_sum(&[4.0, 0.0, 0.0, 0.0], 2, &mut q).is_ok());
