@@ -212,7 +212,9 @@ fn sums_are_journalled_and_replay_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     for mode in [JournalMode::Full, JournalMode::Digest] {
         let path = dir.path().join(format!("{mode:?}.journal"));
-        let c = cfg(Some(bound()));
+        // Three fresh rounds of 4 units need 12 units.
+        let mut c = cfg(Some(bound()));
+        c.population = 12;
         let mut e = engine(c.clone());
         let mut w = JournalWriter::open(&path, mode).unwrap();
         let mut actions = Vec::new();
@@ -229,7 +231,7 @@ fn sums_are_journalled_and_replay_bit_for_bit() {
             0.0,
             Event::ClientJoined {
                 client: 1,
-                units: vec![UnitRange { start: 0, end: 6 }],
+                units: vec![UnitRange { start: 0, end: 12 }],
             },
         );
         for round in 1..=3u64 {

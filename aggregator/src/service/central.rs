@@ -387,8 +387,7 @@ hidden = [8]
         let scenario = fedrl_rl::task::scenario_from_toml_str(
             r#"
 users = 6
-cohort_size = 6
-participation = { kind = "fresh" }
+participation = { kind = "sampled", rate = 1.0 }
 unit_kind = "trajectory"
 clip_norm = 0.05
 noise_multiplier = 1.0
