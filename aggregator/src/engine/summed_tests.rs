@@ -63,7 +63,7 @@ fn unit(u: UnitId) -> SummedUnit {
         client: 1,
         unit: u,
         norm: 0.5,
-        clipped: u % 2 == 0,
+        clipped: u.is_multiple_of(2),
     }
 }
 
@@ -224,7 +224,7 @@ fn sums_are_journalled_and_replay_bit_for_bit() {
             actions.extend(a.iter().cloned().map(|x| (t, x)));
             a
         };
-        let marker = 1234.567_891_f64;
+        let marker = 1_234.567_891_f64;
         let mut a = feed(
             &mut e,
             &mut w,
