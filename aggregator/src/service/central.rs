@@ -239,8 +239,14 @@ impl Central {
             let clip = first.spec.clip_norm;
             let mut chosen = Vec::new();
             let mut owners = Vec::new();
+            // A unit offered twice in one round (a re-offer) is summed once: the engine would
+            // refuse the whole sum for a duplicate.
+            let mut seen = std::collections::HashSet::new();
             for w in &of_round {
                 for u in &w.units {
+                    if !seen.insert(*u) {
+                        continue;
+                    }
                     if let Some(d) = self.data.get(u) {
                         chosen.push((*u, d));
                         owners.push(w.client);
