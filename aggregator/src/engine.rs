@@ -77,6 +77,22 @@
 //!
 //! Updates are accumulated as they arrive into one i64 sum of the model's length (f64 for a
 //! non-private twin): memory grows with the model size, not with the number of clients.
+//!
+//! # Pre-summed contributions (the central mode's summed path)
+//! In the central mode (DESIGN §2.5) the aggregator computes the sampled units' clipped
+//! gradients itself and can hand the engine their sum instead ([`Event::SumArrived`],
+//! [`Engine::handle_sum`]), computed in f64 without materialising the per-unit vectors. The
+//! engine checks every unit of it as it checks an update's (open round, in the cohort, hosted
+//! by the named client, not yet contributed; one bad unit refuses the whole sum), quantises the
+//! sum once toward zero onto the same grid, and adds it to the round's integer sum. Rounding once
+//! after summing has a larger sensitivity than rounding each contribution:
+//! `(1 + 2e) C / gamma + sqrt(d)` grid units, `e` the proven bound on the f64 summation's error
+//! ([`SummedBound`]). An engine configured for it ([`EngineConfig::summed`]) calibrates its
+//! noise to that sensitivity for every round (`sigma / Delta >= z` for the larger `Delta`, so
+//! the epsilon the scenario asked for holds), and the ledger records the discrete Gaussian with
+//! that sensitivity. Nothing else changes: the commit order, the denominator and the release
+//! are the same, and an engine without [`EngineConfig::summed`] (the federated mode) refuses
+//! pre-summed contributions.
 
 mod entropy;
 pub mod release;
@@ -91,7 +107,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use fedrl_common::privacy::DpEvent;
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::privacy::fixed_point::{
-    DEFAULT_GRID_BITS, FixedPointError, FixedPointSum, Grid, NoiseCalibration,
+    DEFAULT_GRID_BITS, FixedPointError, FixedPointSum, Grid, NoiseCalibration, SummedBound,
 };
 use fedrl_common::privacy::ledger::{Participation, RoundRecord};
 use fedrl_common::privacy::noise::{DiscreteGaussianNoise, NoiseSource};
@@ -156,6 +172,11 @@ pub struct EngineConfig {
     /// ([`release`]). A resumed run whose ledger holds it already skips it
     /// ([`Resume::release_done`]).
     pub release: Option<ReleaseSpec>,
+    /// The central mode's summed path: rounds take pre-summed contributions
+    /// ([`Event::SumArrived`]) within these public bounds, and every round's noise is
+    /// calibrated to the summed path's larger sensitivity (see the module documentation).
+    /// `None`: per-unit updates only (the federated mode, a non-private twin).
+    pub summed: Option<SummedBound>,
 }
 
 /// A configuration the engine cannot run.
@@ -165,6 +186,30 @@ pub enum EngineError {
     InvalidConfig(String),
     #[error(transparent)]
     Task(#[from] TaskError),
+}
+
+/// The summed path's public bounds for a scenario whose aggregator computes the units'
+/// gradients and sums them (offline CQL in the central mode with `central_path = "summed"`, the
+/// default, private): at most the population (`sampled`) or
+/// the cohort (`fresh`) per round, each with `transitions_per_unit` rows.
+fn summed_bound(scenario: &Scenario) -> Option<SummedBound> {
+    let fedrl_common::scenario::Task::OfflineCql(task) = &scenario.task else {
+        return None;
+    };
+    if task.mode != fedrl_common::offline::UpdateMode::Central
+        || task.central_path != fedrl_common::offline::CentralPath::Summed
+        || scenario.non_private
+    {
+        return None;
+    }
+    let max_units = match scenario.participation {
+        Participation::Fresh => scenario.cohort_size.min(scenario.users),
+        Participation::Sampled { .. } => scenario.users,
+    };
+    Some(SummedBound {
+        max_units,
+        max_rows: max_units.saturating_mul(u64::from(task.transitions_per_unit)),
+    })
 }
 
 impl EngineConfig {
@@ -189,6 +234,7 @@ impl EngineConfig {
             noise_multiplier: scenario.effective_noise_multiplier(),
             non_private: scenario.non_private,
             release: ReleaseSpec::for_scenario(scenario, shapes.transitions)?,
+            summed: summed_bound(scenario),
         })
     }
 
@@ -268,6 +314,14 @@ pub enum Event {
         unit: UnitId,
         update: Vec<f32>,
     },
+    /// The central mode's summed path: the sum of `units`' clipped gradients for `round`,
+    /// computed by the aggregator in f64 (see the module documentation). The journal stores
+    /// the sum as raw little-endian f64, not through this type's serde form.
+    SumArrived {
+        round: u64,
+        units: Vec<SummedUnit>,
+        sum: Vec<f64>,
+    },
     /// Time passed (deadlines, start timeout).
     Tick,
     /// The ledger record of `round` ([`Action::AppendLedger`]) is appended and fsynced.
@@ -313,6 +367,18 @@ pub enum Event {
     /// of a later round before the evaluation is in, so the run stops where a synchronous
     /// evaluation would have stopped it).
     TargetReached { round: u64 },
+}
+
+/// One unit of a pre-summed contribution ([`Event::SumArrived`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SummedUnit {
+    /// The client hosting the unit (whose offer it answers).
+    pub client: ClientId,
+    pub unit: UnitId,
+    /// The unit's gradient norm before clipping (operator-only, as an update's).
+    pub norm: f64,
+    /// Whether its clip factor was below 1.
+    pub clipped: bool,
 }
 
 /// A round's release: what the driver applies to the model after its ledger record is durable.
@@ -565,8 +631,14 @@ impl Engine {
         let calibration = if cfg.non_private {
             None
         } else {
-            let exact = Grid::for_clip_norm(cfg.clip_norm, DEFAULT_GRID_BITS)
-                .and_then(|grid| NoiseCalibration::new(&grid, cfg.noise_multiplier));
+            let exact = Grid::for_clip_norm(cfg.clip_norm, DEFAULT_GRID_BITS).and_then(|grid| {
+                match &cfg.summed {
+                    Some(b) => {
+                        NoiseCalibration::for_summed(&grid, b, cfg.dim, cfg.noise_multiplier)
+                    }
+                    None => NoiseCalibration::new(&grid, cfg.noise_multiplier),
+                }
+            });
             Some(exact.map_err(|e| {
                 EngineError::InvalidConfig(format!(
                     "no exact noise for clip norm {} and noise multiplier {}: {e}",
@@ -635,6 +707,9 @@ impl Engine {
                 unit,
                 mut update,
             } => self.on_update(now, client, round, unit, &mut update, &mut out),
+            Event::SumArrived { round, units, sum } => {
+                self.on_sum(now, round, &units, &sum, &mut out)
+            }
             Event::Tick => self.on_tick(now, &mut out),
             Event::LedgerAppended { round }
                 if round == RELEASE_ROUND && matches!(self.phase, Phase::ReleaseRecording(_)) =>
@@ -780,6 +855,143 @@ impl Engine {
         let mut out = Vec::new();
         self.on_update(now, client, round, unit, update, &mut out);
         out
+    }
+
+    /// The same as [`Event::SumArrived`], without moving the sum into an event (the driver
+    /// journals it from the same buffer).
+    pub fn handle_sum(
+        &mut self,
+        now: f64,
+        round: u64,
+        units: &[SummedUnit],
+        sum: &[f64],
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.on_sum(now, round, units, sum, &mut out);
+        out
+    }
+
+    /// A pre-summed contribution: every unit checked as an update's, then the sum quantised
+    /// once. One bad unit, or a bad sum, refuses it whole (its units are resolved as rejected).
+    fn on_sum(
+        &mut self,
+        now: f64,
+        round: u64,
+        units: &[SummedUnit],
+        sum: &[f64],
+        out: &mut Vec<Action>,
+    ) {
+        let mut clients: Vec<ClientId> = units.iter().map(|u| u.client).collect();
+        clients.sort_unstable();
+        clients.dedup();
+        let reject_all = |out: &mut Vec<Action>, code: ErrorCode, message: &str| {
+            for &client in &clients {
+                out.push(Action::Rejected {
+                    client,
+                    round: Some(round),
+                    unit: None,
+                    code,
+                    message: message.to_string(),
+                });
+            }
+        };
+        let summed = self.cfg.summed.is_some();
+        let hosts: Vec<Option<ClientId>> = units.iter().map(|u| self.host_of(u.unit)).collect();
+        let dim = self.cfg.dim;
+        let open = match &mut self.phase {
+            Phase::Open(o) if o.round == round => o,
+            _ => {
+                reject_all(
+                    out,
+                    ErrorCode::LateUpdate,
+                    &format!("round {round} is not open; summed contribution discarded"),
+                );
+                return;
+            }
+        };
+        let mut seen = BTreeSet::new();
+        let problem = if !summed {
+            Some((
+                ErrorCode::Internal,
+                "this engine is not configured for pre-summed contributions (its noise is calibrated to per-unit updates)".to_string(),
+            ))
+        } else if let Some(u) = units.iter().zip(&hosts).find_map(|(u, h)| {
+            (*h != Some(u.client) || !open.cohort.contains_key(&u.unit)).then_some(u.unit)
+        }) {
+            Some((
+                ErrorCode::NotInCohort,
+                format!("unit {u} is not in round {round}'s cohort for its client"),
+            ))
+        } else if let Some(u) = units
+            .iter()
+            .find(|u| open.contributed.contains(&u.unit) || !seen.insert(u.unit))
+        {
+            Some((
+                ErrorCode::DuplicateUnit,
+                format!("unit {} contributes twice to round {round}", u.unit),
+            ))
+        } else if sum.len() != dim {
+            Some((
+                ErrorCode::WrongLength,
+                format!("a sum of {} values, the model has {dim}", sum.len()),
+            ))
+        } else {
+            None
+        };
+        let mut q = vec![0i64; dim];
+        let problem = problem.or_else(|| {
+            let RoundSum::Exact(acc) = &mut open.sum else {
+                return Some((
+                    ErrorCode::Internal,
+                    "a twin takes no pre-summed contributions".into(),
+                ));
+            };
+            let n = units.len() as u64;
+            acc.grid()
+                .quantize_sum(sum, n, &mut q)
+                .and_then(|()| acc.add_quantized(&q, n))
+                .err()
+                .map(|e| {
+                    let code = match e {
+                        FixedPointError::NonFinite { .. } => ErrorCode::NonFinite,
+                        _ => ErrorCode::Internal,
+                    };
+                    (
+                        code,
+                        format!("the summed contribution cannot be added: {e}"),
+                    )
+                })
+        });
+        if let Some((code, message)) = problem {
+            for u in units {
+                if !open.contributed.contains(&u.unit)
+                    && let Some(done) = open.cohort.get_mut(&u.unit)
+                {
+                    *done = true;
+                }
+            }
+            open.rejected += units.len() as u64;
+            reject_all(out, code, &message);
+            self.maybe_close(now, out);
+            return;
+        }
+        for u in units {
+            open.contributed.insert(u.unit);
+            if let Some(done) = open.cohort.get_mut(&u.unit) {
+                *done = true;
+            }
+            if u.clipped {
+                open.clipped += 1;
+            }
+            out.push(Action::Accepted {
+                client: u.client,
+                round,
+                unit: u.unit,
+                norm: u.norm,
+                clipped: u.clipped,
+            });
+        }
+        self.maybe_close(now, out);
     }
 
     fn host_of(&self, unit: UnitId) -> Option<ClientId> {
@@ -1370,6 +1582,9 @@ fn first_non_finite(v: &[f32]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod summed_tests;
 
 #[cfg(test)]
 mod scan_tests {

@@ -22,7 +22,9 @@
 //! header := JSON of the entry, without update values; an update's header carries the SHA-256
 //!           of its body (the raw little-endian f32 values), so the 8-byte frame checksum covers
 //!           the body too while every byte is hashed once
-//! body   := the update's values as raw little-endian f32 (full mode), else empty
+//! body   := the update's values as raw little-endian f32 (full mode), else empty; for a
+//!           pre-summed contribution ([`Event::SumArrived`], the central mode's summed path),
+//!           the sum as raw little-endian f64, with its digest and units in the header
 //! ```
 //!
 //! Frames are written with one `write` each and are not fsynced (the privacy ledger is the
@@ -40,7 +42,7 @@ use ring::digest::{self, SHA256};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::engine::{Action, ClientId, Engine, Event};
+use crate::engine::{Action, ClientId, Engine, Event, SummedUnit};
 
 /// The journal's file name inside a state directory.
 pub const JOURNAL_FILE: &str = "events.journal";
@@ -89,6 +91,16 @@ pub enum Entry {
         /// SHA-256 of the values as raw little-endian f32.
         sha256: [u8; 32],
     },
+    /// A pre-summed contribution recorded by its digest only (digest mode).
+    SumDigest {
+        t: f64,
+        round: u64,
+        units: Vec<SummedUnit>,
+        /// Number of f64 values.
+        len: u64,
+        /// SHA-256 of the values as raw little-endian f64.
+        sha256: [u8; 32],
+    },
 }
 
 /// The JSON header of a frame.
@@ -114,6 +126,17 @@ enum Header {
         /// Hex SHA-256 of the values as raw little-endian f32.
         sha256: String,
         /// Whether the body follows the header.
+        body: bool,
+    },
+    Sum {
+        #[serde(rename = "t_bits", with = "f64_bits")]
+        t: f64,
+        round: u64,
+        /// `(client, unit, norm as f64 bits, clipped)` of every unit in the sum.
+        units: Vec<(ClientId, UnitId, u64, bool)>,
+        len: u64,
+        /// Hex SHA-256 of the sum as raw little-endian f64.
+        sha256: String,
         body: bool,
     },
 }
@@ -219,6 +242,9 @@ impl JournalWriter {
             }
             return self.write_frame(&Header::Event { t, event: kept }, None);
         }
+        if let Event::SumArrived { round, units, sum } = event {
+            return self.record_sum(t, *round, units, sum);
+        }
         self.write_frame(
             &Header::Event {
                 t,
@@ -268,6 +294,31 @@ impl JournalWriter {
         let r = self.write_frame(&header, full.then_some(bytes));
         self.buf = scratch;
         r
+    }
+
+    /// Records a pre-summed contribution ([`Event::SumArrived`]): its units and digest, and the
+    /// sum as raw little-endian f64 in full mode.
+    pub fn record_sum(
+        &mut self,
+        t: f64,
+        round: u64,
+        units: &[SummedUnit],
+        sum: &[f64],
+    ) -> Result<(), JournalError> {
+        let bytes: Vec<u8> = sum.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let full = self.mode == JournalMode::Full;
+        let header = Header::Sum {
+            t,
+            round,
+            units: units
+                .iter()
+                .map(|u| (u.client, u.unit, u.norm.to_bits(), u.clipped))
+                .collect(),
+            len: sum.len() as u64,
+            sha256: hex(digest::digest(&SHA256, &bytes).as_ref()),
+            body: full,
+        };
+        self.write_frame(&header, full.then_some(&bytes[..]))
     }
 
     fn write_frame(&mut self, header: &Header, body: Option<&[u8]>) -> Result<(), JournalError> {
@@ -506,7 +557,12 @@ impl JournalReader {
                 Entry::Start { format, mode }
             }
             Header::Event { t, event } => {
-                if bl != 0 || matches!(event, Event::UpdateArrived { .. }) {
+                if bl != 0
+                    || matches!(
+                        event,
+                        Event::UpdateArrived { .. } | Event::SumArrived { .. }
+                    )
+                {
                     return Err(corrupt("an update outside an update entry".into()));
                 }
                 Entry::Event { t, event }
@@ -558,6 +614,57 @@ impl JournalReader {
                     }
                 }
             }
+            Header::Sum {
+                t,
+                round,
+                units,
+                len,
+                sha256,
+                body: has_body,
+            } => {
+                let want = parse_hex32(&sha256)
+                    .ok_or_else(|| corrupt(format!("bad digest {sha256:?}")))?;
+                let units: Vec<SummedUnit> = units
+                    .into_iter()
+                    .map(|(client, unit, norm, clipped)| SummedUnit {
+                        client,
+                        unit,
+                        norm: f64::from_bits(norm),
+                        clipped,
+                    })
+                    .collect();
+                if has_body {
+                    if bl as u64 != len * 8 {
+                        return Err(corrupt(format!(
+                            "a sum of {len} values with a body of {bl} bytes"
+                        )));
+                    }
+                    if digest::digest(&SHA256, &body).as_ref() != want {
+                        return Err(corrupt("a sum body does not match its digest".into()));
+                    }
+                    let sum = body
+                        .chunks_exact(8)
+                        .map(|b| {
+                            f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+                        })
+                        .collect();
+                    Entry::Event {
+                        t,
+                        event: Event::SumArrived { round, units, sum },
+                    }
+                } else {
+                    if bl != 0 {
+                        return Err(corrupt("a digest-only sum with a body".into()));
+                    }
+                    Entry::SumDigest {
+                        t,
+                        round,
+                        units,
+                        len,
+                        sha256: want,
+                    }
+                }
+            }
         }))
     }
 }
@@ -577,6 +684,10 @@ pub enum ReplayError {
         "entry {index}: a DataRelease chunk of candidate {query} was journalled without its steps (journal = \"digest\"); an exact replay needs journal = \"full\""
     )]
     MissingSteps { index: usize, query: u64 },
+    #[error(
+        "entry {index}: the summed contribution to round {round} was journalled by its digest only (journal = \"digest\"); an exact replay needs journal = \"full\""
+    )]
+    MissingSumBody { index: usize, round: u64 },
     #[error(
         "entry {index}: a second segment (the aggregator restarted); replay each segment with an engine resumed as that process was"
     )]
@@ -613,6 +724,9 @@ pub fn replay(
             }
             Entry::UpdateDigest { round, unit, .. } => {
                 return Err(ReplayError::MissingBody { index, round, unit });
+            }
+            Entry::SumDigest { round, .. } => {
+                return Err(ReplayError::MissingSumBody { index, round });
             }
         }
     }

@@ -13,7 +13,9 @@ double-DQN target (no gradient), plus alpha (logsumexp_a Q(s_i, a) - Q(s_i, a_i)
 Noise multiplier 0 and clip norm 1 for Opacus: the noise is not what is measured.
 
 Usage: python bench/peers/opacus_peer.py [--batch 256] [--threads 2] [--seconds 3]
-Prints one JSON line per mode.
+       [--hidden 256,256] [--modes plain,hooks,ghost] [--repeats 1]
+Prints one JSON line per mode (and repeat); `--hidden 1024,1024` is the ~1 M-parameter MLP of
+bench/run_central_step.sh.
 """
 
 import argparse
@@ -86,10 +88,14 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--modes", default="plain,hooks,ghost")
+    ap.add_argument("--hidden", default="256,256")
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    obs_dim, hidden, n_actions, gamma, alpha = 8, [256, 256], 4, 0.99, 1.0
+    obs_dim, n_actions, gamma, alpha = 8, 4, 0.99, 1.0
+    hidden = [int(h) for h in args.hidden.split(",")]
+    network = "-".join(str(x) for x in [obs_dim, *hidden, n_actions])
     b = args.batch
     obs = torch.randn(b, obs_dim)
     next_obs = torch.randn(b, obs_dim)
@@ -102,7 +108,7 @@ def main():
 
     base = qnet(obs_dim, hidden, n_actions)
     loader = DataLoader(TensorDataset(obs, actions), batch_size=b)
-    for mode in args.modes.split(","):
+    for mode in [m for _ in range(args.repeats) for m in args.modes.split(",")]:
         model = copy.deepcopy(base)
         target = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=1e-6)
@@ -131,7 +137,8 @@ def main():
         eps, per_step = time_mode(step, b, args.seconds)
         print(json.dumps({
             "peer": "pytorch" if mode == "plain" else f"opacus-{mode}",
-            "case": mode, "batch": b, "threads": args.threads,
+            "case": mode, "batch": b, "threads": args.threads, "network": network,
+            "params": sum(p.numel() for p in base.parameters()),
             "examples_per_s": eps, "seconds_per_step": per_step,
             "torch": torch.__version__,
         }), flush=True)

@@ -347,6 +347,22 @@ pub enum UpdateMode {
     Central,
 }
 
+/// In the central mode, how the aggregator hands the sampled units' gradients to the round
+/// engine (issue 55 §3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CentralPath {
+    /// The sum of the clipped gradients, computed in f64 without materialising them and
+    /// quantised once; the noise is calibrated to that path's slightly larger sensitivity
+    /// (`(1 + 2e) C / gamma + sqrt(d)` grid units instead of `C / gamma`).
+    #[default]
+    Summed,
+    /// Every unit's clipped gradient materialised and quantised one by one, as federated
+    /// updates are: the same noise and ledger records as the federated mode (slower; kept for
+    /// comparisons).
+    PerUnit,
+}
+
 fn d_env() -> String {
     "CartPole-v1".into()
 }

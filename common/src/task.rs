@@ -408,6 +408,10 @@ pub struct OfflineCqlTask {
     /// `federated` (default) or `central` (DESIGN §2.5).
     #[serde(default)]
     pub mode: crate::offline::UpdateMode,
+    /// Central mode only: `summed` (default; the sum of the clipped gradients, quantised once)
+    /// or `per_unit` (each unit's clipped gradient quantised, as in the federated mode).
+    #[serde(default)]
+    pub central_path: crate::offline::CentralPath,
     /// Transitions each sampled unit draws from its own data per step. Default 1.
     #[serde(default = "d_one_u32")]
     pub transitions_per_unit: u32,

@@ -2,7 +2,10 @@
 //! scenario run `federated` (the agents compute the sampled units' clipped gradients and send
 //! them over QUIC) and `central` (the agents upload their units' data once; the aggregator
 //! computes the gradients) draws the same Poisson samples, records the same ledger and releases
-//! the same Q-network to float tolerance after 50 DP-SGD steps.
+//! the same Q-network to float tolerance after 50 DP-SGD steps, when the central mode takes the
+//! per-unit path (`central_path = "per_unit"`). Its default, the summed path (issue 55 §3),
+//! draws the same samples and records the same mechanism with the summed path's slightly larger
+//! sensitivity, its noise calibrated to it.
 
 mod e2e_support;
 
@@ -13,10 +16,10 @@ use e2e_support::*;
 use fedrl_common::privacy::ledger::PrivacyLedger;
 use fedrl_rl::candle_core::{Device, safetensors};
 
-fn scenario(mode: &str) -> String {
+fn scenario(mode: &str, central_path: &str) -> String {
     format!(
         r#"
-name = "e2e-offline-{mode}"
+name = "e2e-offline-{mode}-{central_path}"
 seed = 11
 rounds = 50
 users = 24
@@ -33,6 +36,7 @@ checkpoint_every = 20
 [task]
 kind = "offline_cql"
 mode = "{mode}"
+central_path = "{central_path}"
 transitions_per_unit = 2
 eval_every = 1000
 eval_episodes = 1
@@ -51,10 +55,12 @@ target_update_interval = 10
     )
 }
 
-/// Runs the scenario in `mode` into `dir/mode` with the dataset cache at `data`.
-fn run(dir: &Path, data: &Path, mode: &str) -> std::path::PathBuf {
-    let file = write(dir, &format!("{mode}.toml"), &scenario(mode));
-    let out = dir.join(mode);
+/// Runs the scenario in `mode` (and `central_path`) into `dir/mode-path` with the dataset cache
+/// at `data`.
+fn run(dir: &Path, data: &Path, mode: &str, central_path: &str) -> std::path::PathBuf {
+    let name = format!("{mode}-{central_path}");
+    let file = write(dir, &format!("{name}.toml"), &scenario(mode, central_path));
+    let out = dir.join(&name);
     let o = Command::new(exe())
         .arg("run")
         .arg(&file)
@@ -86,8 +92,9 @@ fn q_network(out: &Path) -> Vec<(String, Vec<f32>)> {
 fn federated_and_central_modes_release_the_same_q_network() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("datasets");
-    let fed = run(dir.path(), &data, "federated");
-    let cen = run(dir.path(), &data, "central");
+    let fed = run(dir.path(), &data, "federated", "summed");
+    let cen = run(dir.path(), &data, "central", "per_unit");
+    let sum = run(dir.path(), &data, "central", "summed");
 
     // The same 50 rounds, the same Poisson samples (operator-only unit lists), the same events.
     let lf = PrivacyLedger::read_file(fed.join("operator").join("privacy.ledger")).unwrap();
@@ -136,4 +143,37 @@ fn federated_and_central_modes_release_the_same_q_network() {
         op["timings"]["central_compute_s"].as_f64().unwrap() > 0.0,
         "{op}"
     );
+
+    // The summed path: the same samples, the same mechanism with a slightly larger recorded
+    // sensitivity (the rounding of the one quantised sum), and sigma calibrated to it.
+    let ls = PrivacyLedger::read_file(sum.join("operator").join("privacy.ledger")).unwrap();
+    let rs = ls.records();
+    assert_eq!(rs.len(), 50);
+    let leaf = |e: &fedrl_common::privacy::DpEvent| match e {
+        fedrl_common::privacy::DpEvent::PoissonSampled { event, .. } => match **event {
+            fedrl_common::privacy::DpEvent::DiscreteGaussian {
+                sigma,
+                l2_sensitivity,
+            } => (sigma, l2_sensitivity),
+            ref other => panic!("not a discrete Gaussian: {other:?}"),
+        },
+        other => panic!("not a sampled event: {other:?}"),
+    };
+    for (a, b) in rf.iter().zip(&rs) {
+        assert_eq!(a.units, b.units, "round {}: different samples", a.round);
+        let ((sf, df), (ss, ds)) = (leaf(&a.event), leaf(&b.event));
+        assert!(ds > df && ds < df * (1.0 + 1e-3), "{df} vs {ds}");
+        assert!(
+            ss / ds >= 1.0 && sf / df >= 1.0,
+            "z = 1 holds for the recorded sensitivity"
+        );
+    }
+    let op: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(sum.join("operator").join("report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(op["updates_rejected"], 0, "{op}");
+    let qs = q_network(&sum);
+    assert!(qs.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())));
+    assert_ne!(qs, qc, "the summed path's noise is calibrated differently");
 }

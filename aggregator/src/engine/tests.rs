@@ -23,6 +23,7 @@ fn cfg(participation: Participation) -> EngineConfig {
         noise_multiplier: 0.5,
         non_private: false,
         release: None,
+        summed: None,
     }
 }
 

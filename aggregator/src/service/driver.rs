@@ -22,7 +22,7 @@ use fedrl_common::protocol::{
 use fedrl_common::scenario::Scenario;
 use tokio::sync::mpsc;
 
-use super::central::{Central, CentralUpdate};
+use super::central::{Central, CentralSum, CentralUpdate};
 use super::connection::{OutTx, Outbound, Shared, UpdateBody};
 use super::metrics::{Abandoned, Released, RoundMetrics};
 use super::report::{OperatorCounts, Outcome, PublicReport, RunReport, Timings};
@@ -659,6 +659,26 @@ impl EngineThread {
             return Ok(None);
         };
         let t = Instant::now();
+        if c.summed() {
+            // The summed path: one pre-summed contribution per round, journalled and fed as
+            // one event (the engine quantises it once).
+            let sums = c
+                .compute_summed(self.model.params())
+                .context("computing the units' clipped gradient sum (central mode)")?;
+            self.timings.central_compute_s += t.elapsed().as_secs_f64();
+            for CentralSum { round, units, sum } in sums {
+                self.journal
+                    .record_sum(now, round, &units, &sum)
+                    .context("journalling a summed contribution")?;
+                let t = Instant::now();
+                let actions = self.engine.handle_sum(now, round, &units, &sum);
+                self.timings.updates_s += t.elapsed().as_secs_f64();
+                if let Some(reason) = self.execute(now, actions, queue, metrics)? {
+                    return Ok(Some(reason));
+                }
+            }
+            return self.drain(now, queue, metrics);
+        }
         let updates = c
             .compute(self.model.params())
             .context("computing the units' gradients (central mode)")?;

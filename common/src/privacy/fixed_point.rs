@@ -11,6 +11,14 @@
 //! coordinate is rounded toward zero (so the integer vector is never longer than the float one)
 //! and the squared integer norm is then checked exactly against `floor((C / gamma)^2)`.
 //!
+//! **The summed path** (central mode, DESIGN §2.5): a caller that computes the sum of the
+//! clipped contributions itself (in f64, without materialising them) hands the engine that sum,
+//! quantised once ([`Grid::quantize_sum`], [`FixedPointSum::add_quantized`]). Its sensitivity is
+//! larger: `C / gamma + sqrt(d) + 2 e C / gamma` grid units, with `e` the proven relative bound
+//! on the summation's floating-point error ([`SummedBound`]), and the noise is calibrated to that
+//! larger sensitivity ([`NoiseCalibration::for_summed`]), so `sigma / Delta >= z` still holds for
+//! the sensitivity the ledger records.
+//!
 //! Typical use (the round engine, or [`noisy_mean`] for tests and examples):
 //! ```
 //! use fedrl_common::privacy::fixed_point::{FixedPointSum, Grid, NoiseCalibration, DEFAULT_GRID_BITS};
@@ -59,6 +67,89 @@ const SUM_BOUND: u64 = 1 << 62;
 /// than that means the input was not clipped to `C`, which is an error, not something to fix.
 const OVERSHOOT_SHIFT: u32 = 20;
 
+/// Row-norm cap `R` of the summed path (see [`SummedBound`]): a unit's clip factor `s_u` is also
+/// held to `s_u mean_{i in u} |g_i| <= R C`, where `g_i` are its rows' per-example gradients. A
+/// unit of one row never reaches it (there `mean |g_i| = |g_u|` and `s_u |g_u| <= C`); a unit
+/// of several rows reaches it only when its rows cancel to less than `1/R` of their mean norm.
+/// It bounds what the floating-point error of the sum can depend on by public numbers.
+pub const SUMMED_ROW_NORM_CAP: f64 = 64.0;
+
+/// Public bounds on one round of the summed path, from which its floating-point error and so
+/// its sensitivity follow: at most `max_units` units (the population under `sampled`, the
+/// cohort under `fresh`: never the realised sample, which is secret) and `max_rows` rows in all
+/// (`max_units` times the rows per unit).
+///
+/// # The rounding bound (relative to `C`)
+/// The caller computes `S = sum_i w_i d_i a~_i^T` per layer in f64 (`fedrl_rl::offline::
+/// per_example::summed_clipped`): `d_i`, `a~_i = [a_i, 1]` are f32 values converted exactly,
+/// `w_i = s_u / k_u` rounded once (relative error `<= u = 2^-53`), `w_i d_i` rounded once, and
+/// every output coordinate is a dot product over the `B <= max_rows` rows in any order (with or
+/// without FMA). The standard bound for a dot product of `n` terms in any order
+/// (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1, eq. 3.5),
+/// `|fl - exact| <= gamma_n sum |x_i y_i|` with `gamma_n = n u / (1 - n u)`, and the two
+/// roundings before it give, coordinate by coordinate,
+/// `|S^ - S| <= gamma_{B+2} sum_i (s_u / k_u) |d_i| |a~_i|^T` (`(1 + u)^2 (1 + gamma_B) <= 1 +
+/// gamma_{B+2}`). Over all coordinates of all layers, with the triangle inequality on the
+/// rank-one terms (`|x y^T|_F = |x| |y|`):
+/// `|S^ - S|_2 <= gamma_{B+2} sum_u s_u mean_{i in u} |g_i|`, where `|g_i|` is row `i`'s whole
+/// per-example gradient norm. Each unit's term is at most `R C` (for one-row units `s_u |g_u| <=
+/// C` from the clip itself; for others the cap [`SUMMED_ROW_NORM_CAP`], enforced with the
+/// norm rounded up and the products rounded with a `2^-50` relative slack), so
+/// `|S^ - S|_2 <= e C` with `e = gamma_{max_rows + 2} max_units R (1 + 2^-50)`
+/// ([`Self::rounding_relative`]).
+///
+/// # The sensitivity
+/// Removing (or adding) unit `k` changes the exact sum by its clipped contribution, at most `C`
+/// in norm, and each of the two computed sums is within `e C` of its exact sum. Quantising
+/// toward zero moves a coordinate by less than one grid unit, and for any reals `x, y`,
+/// `|trunc(x) - trunc(y)| < |x - y| + 1` (same sign: a floor or ceiling difference; opposite
+/// signs: `|trunc(x) - trunc(y)| <= |x - y|`). So the two quantised sums differ in L2 by less
+/// than `|S^ - S^'|_2 / gamma + sqrt(d) <= (1 + 2 e) C / gamma + sqrt(d)` grid units:
+/// [`Self::sensitivity_sq`] returns the square of that, rounded up to an integer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SummedBound {
+    /// Most units one sum can hold (public).
+    pub max_units: u64,
+    /// Most rows (per-example gradients) one sum can hold (public).
+    pub max_rows: u64,
+}
+
+impl SummedBound {
+    /// `e`: the bound on `|computed sum - exact sum|_2 / C` (see the type's documentation),
+    /// rounded up. `+inf` when `max_rows` is so large that `gamma_n` is undefined.
+    pub fn rounding_relative(&self) -> f64 {
+        let u = f64::EPSILON / 2.0; // 2^-53
+        let n = self.max_rows as f64 + 2.0;
+        let nu = n * u;
+        if nu.is_nan() || nu >= 0.5 {
+            return f64::INFINITY;
+        }
+        // gamma_n = n u / (1 - n u); every f64 op below rounds by at most u relative: the
+        // final factor (1 + 2^-40) covers them many times over.
+        let gamma = nu / (1.0 - nu);
+        gamma
+            * self.max_units as f64
+            * SUMMED_ROW_NORM_CAP
+            * (1.0 + 2f64.powi(-50))
+            * (1.0 + 2f64.powi(-40))
+    }
+
+    /// The squared L2 sensitivity in grid units of a quantised sum of `dim` coordinates on
+    /// `grid`, rounded up: `ceil(((1 + 2 e) C / gamma + sqrt(dim))^2)`. Refuses a bound whose
+    /// rounding term is not small (`e > 2^-10`): the sum would then need far more noise than the
+    /// per-unit path, and the caller should use that path instead.
+    pub fn sensitivity_sq(&self, grid: &Grid, dim: usize) -> Result<u128, FixedPointError> {
+        let e = self.rounding_relative();
+        if e.is_nan() || e > 2f64.powi(-10) {
+            return Err(FixedPointError::RoundingTooLarge { relative: e });
+        }
+        // C / gamma exactly (a power-of-two scaling), below 2^31.
+        let ratio = grid.clip_norm * grid.inverse_gamma();
+        let root = (ratio * (1.0 + 2.0 * e) + (dim as f64).sqrt()) * (1.0 + 2f64.powi(-45));
+        Ok((root * root * (1.0 + 2f64.powi(-45))).ceil() as u128)
+    }
+}
+
 /// Errors of fixed-point aggregation.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum FixedPointError {
@@ -99,6 +190,14 @@ pub enum FixedPointError {
     /// The divisor of the release must be finite and > 0.
     #[error("denominator must be finite and > 0, got {0}")]
     InvalidDenominator(f64),
+    /// The summed path's floating-point bound is not small next to the clip norm.
+    #[error(
+        "the summed path's rounding bound is {relative:e} of the clip norm (more than 2^-10): too many rows or units for one sum"
+    )]
+    RoundingTooLarge { relative: f64 },
+    /// A pre-summed vector is larger than its number of contributions allows.
+    #[error("a sum of {contributions} contributions has a coordinate of {value} grid units")]
+    SumOutOfRange { contributions: u64, value: f64 },
     /// The sampler failed (an event of probability below `exp(-2^64)`).
     #[error(transparent)]
     Noise(#[from] DiscreteGaussianError),
@@ -253,6 +352,54 @@ impl Grid {
     }
 }
 
+impl Grid {
+    /// Quantises a pre-summed vector (the summed path: the sum of up to `contributions` clipped
+    /// contributions, computed by the caller in f64) into `out`, every coordinate rounded toward
+    /// zero (`x / gamma` is exact in f64, a power-of-two scaling). Its sensitivity is
+    /// [`SummedBound::sensitivity_sq`], not this grid's. Refuses non-finite coordinates, a wrong
+    /// length, and a coordinate beyond [`Self::summed_limit`] (more than that many clipped
+    /// contributions can reach, even with the rounding that [`SummedBound`] allows; it also
+    /// keeps the i64 sums of [`FixedPointSum`] far from overflowing).
+    pub fn quantize_sum(
+        &self,
+        sum: &[f64],
+        contributions: u64,
+        out: &mut [i64],
+    ) -> Result<(), FixedPointError> {
+        if sum.len() != out.len() {
+            return Err(FixedPointError::WrongLength {
+                expected: out.len(),
+                got: sum.len(),
+            });
+        }
+        let scale = self.inverse_gamma();
+        let limit = self.summed_limit(contributions) as f64;
+        for (i, (&x, q)) in sum.iter().zip(out.iter_mut()).enumerate() {
+            if !x.is_finite() {
+                return Err(FixedPointError::NonFinite { index: i });
+            }
+            let scaled = (x * scale).trunc();
+            if scaled.abs() > limit {
+                return Err(FixedPointError::SumOutOfRange {
+                    contributions,
+                    value: scaled,
+                });
+            }
+            *q = scaled as i64;
+        }
+        Ok(())
+    }
+
+    /// Largest coordinate magnitude (grid units) a pre-summed vector of `contributions`
+    /// contributions may have: `c 2^(bits+1) (1 + 2^-9) + 1`, above the `c C / gamma (1 + 2e)`
+    /// an honest sum reaches (`C / gamma < 2^(bits+1)`, `e <= 2^-10`). With at most
+    /// [`Self::max_contributions`] in a sum, every coordinate stays below `2^62 (1 + 2^-9)`.
+    pub fn summed_limit(&self, contributions: u64) -> u128 {
+        let base = contributions as u128 * (1u128 << (self.bits + 1));
+        base + (base >> 9) + 1
+    }
+}
+
 /// Shrinks the largest `|q_i|` by one toward zero until `sum q_i^2 <= bound`.
 fn shrink_largest(q: &mut [i64], mut norm_sq: u128, bound: u128) {
     let mut heap: BinaryHeap<(u64, usize)> = q
@@ -289,6 +436,9 @@ fn sqrt_down(x: u128) -> f64 {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NoiseCalibration {
     grid: Grid,
+    /// The squared L2 sensitivity the noise is calibrated to (grid units): the grid's own for
+    /// per-contribution quantisation, the summed path's larger one otherwise.
+    sensitivity_sq: u128,
     noise: DiscreteGaussian,
 }
 
@@ -298,11 +448,33 @@ impl NoiseCalibration {
     /// `sigma / Delta >= z` holds with `Delta^2 = floor((C / gamma)^2)`. Refuses a standard
     /// deviation below [`MIN_SIGMA_GRID_UNITS`] or a variance above `2^62`.
     pub fn new(grid: &Grid, noise_multiplier: f64) -> Result<Self, FixedPointError> {
+        Self::with_sensitivity_sq(grid, grid.sensitivity_sq, noise_multiplier)
+    }
+
+    /// Noise for noise multiplier `z` on `grid` for a pre-summed contribution of `dim`
+    /// coordinates (the summed path): calibrated, as [`Self::new`] is, to the larger
+    /// sensitivity [`SummedBound::sensitivity_sq`], so `sigma / l2_sensitivity >= z` holds for
+    /// the sensitivity it reports (and the ledger records). It covers per-contribution
+    /// quantisation too (that sensitivity is smaller).
+    pub fn for_summed(
+        grid: &Grid,
+        bound: &SummedBound,
+        dim: usize,
+        noise_multiplier: f64,
+    ) -> Result<Self, FixedPointError> {
+        let s = bound.sensitivity_sq(grid, dim)?;
+        Self::with_sensitivity_sq(grid, s.max(grid.sensitivity_sq), noise_multiplier)
+    }
+
+    fn with_sensitivity_sq(
+        grid: &Grid,
+        s: u128,
+        noise_multiplier: f64,
+    ) -> Result<Self, FixedPointError> {
         let z = noise_multiplier;
         if !(z.is_finite() && z > 0.0) {
             return Err(FixedPointError::InvalidNoiseMultiplier(z));
         }
-        let s = grid.sensitivity_sq;
         // Three roundings of relative size 2^-53 each (s to f64, two products); the 2^-40 margin
         // covers them, and the exact check below proves it.
         let estimate = z * z * (s as f64) * (1.0 + 2f64.powi(-40));
@@ -323,7 +495,11 @@ impl NoiseCalibration {
             return Err(FixedPointError::NoiseTooLarge { variance: estimate });
         }
         let noise = DiscreteGaussian::new(variance, 1)?;
-        Ok(Self { grid: *grid, noise })
+        Ok(Self {
+            grid: *grid,
+            sensitivity_sq: s,
+            noise,
+        })
     }
 
     /// The grid this calibration is for.
@@ -348,7 +524,12 @@ impl NoiseCalibration {
 
     /// L2 sensitivity in grid units, rounded up (what the ledger records as `l2_sensitivity`).
     pub fn l2_sensitivity(&self) -> f64 {
-        self.grid.l2_sensitivity()
+        sqrt_up(self.sensitivity_sq)
+    }
+
+    /// Squared L2 sensitivity in grid units the noise is calibrated to (an integer).
+    pub fn l2_sensitivity_sq(&self) -> u128 {
+        self.sensitivity_sq
     }
 
     /// `sigma / l2_sensitivity` rounded down: at least the requested noise multiplier.
@@ -443,6 +624,37 @@ impl FixedPointSum {
             *s += *q;
         }
         self.count += 1;
+        Ok(())
+    }
+
+    /// Adds a pre-summed, quantised vector standing for `contributions` contributions (the
+    /// summed path, [`Grid::quantize_sum`]). Its sensitivity is the caller's to account
+    /// ([`NoiseCalibration::for_summed`]). On error the sum is unchanged.
+    pub fn add_quantized(&mut self, q: &[i64], contributions: u64) -> Result<(), FixedPointError> {
+        if q.len() != self.sum.len() {
+            return Err(FixedPointError::WrongLength {
+                expected: self.sum.len(),
+                got: q.len(),
+            });
+        }
+        let max = self.grid.max_contributions();
+        let count = self.count.saturating_add(contributions);
+        if count > max {
+            return Err(FixedPointError::TooManyContributions { max });
+        }
+        let limit = self.grid.summed_limit(contributions);
+        if let Some(&v) = q.iter().find(|v| v.unsigned_abs() as u128 > limit) {
+            return Err(FixedPointError::SumOutOfRange {
+                contributions,
+                value: v as f64,
+            });
+        }
+        // Every coordinate stays below count 2^(bits+1) (1 + 2^-9) + count <= 2^62 (1 + 2^-8),
+        // leaving the rest of the i64 range to the noise: no overflow.
+        for (s, v) in self.sum.iter_mut().zip(q) {
+            *s += *v;
+        }
+        self.count = count;
         Ok(())
     }
 
@@ -805,6 +1017,72 @@ mod tests {
             non_private_mean([&a[..]], 3, 0.0),
             Err(FixedPointError::InvalidDenominator(_))
         ));
+    }
+
+    #[test]
+    fn the_summed_sensitivity_adds_sqrt_d_and_the_rounding_bound() {
+        let g = Grid::for_clip_norm(1.0, 24).unwrap();
+        let ratio = 2f64.powi(24);
+        let b = SummedBound {
+            max_units: 256,
+            max_rows: 256,
+        };
+        let e = b.rounding_relative();
+        // gamma_258 x 256 x R: about 258 x 2^-53 x 256 x 64.
+        assert!(e > 258.0 * 2f64.powi(-53) * 256.0 * 64.0 && e < 1e-9, "{e}");
+        let s = b.sensitivity_sq(&g, 10_000).unwrap();
+        let want = ratio * (1.0 + 2.0 * e) + 100.0;
+        assert!((s as f64).sqrt() >= want, "{} < {want}", (s as f64).sqrt());
+        assert!((s as f64).sqrt() <= want * (1.0 + 1e-12) + 1.0);
+        // The noise is calibrated to it: sigma / Delta >= z for the recorded Delta.
+        let c = NoiseCalibration::for_summed(&g, &b, 10_000, 1.1).unwrap();
+        assert_eq!(c.l2_sensitivity_sq(), s);
+        assert!(c.l2_sensitivity() >= want);
+        assert!(c.noise_multiplier() >= 1.1);
+        assert!(c.sigma() > NoiseCalibration::new(&g, 1.1).unwrap().sigma());
+        // A bound whose rounding is not small next to C is refused.
+        let huge = SummedBound {
+            max_units: 1 << 40,
+            max_rows: 1 << 40,
+        };
+        assert!(matches!(
+            huge.sensitivity_sq(&g, 10),
+            Err(FixedPointError::RoundingTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_pre_summed_vector_is_quantised_toward_zero_and_checked() {
+        let g = Grid::for_clip_norm(1.0, 4).unwrap(); // gamma = 1/16, C / gamma = 16
+        let mut q = [0i64; 4];
+        g.quantize_sum(&[1.5, -1.53, 0.06, -0.0], 2, &mut q)
+            .unwrap();
+        assert_eq!(q, [24, -24, 0, 0]);
+        // 2 contributions reach at most 2 x 2^5 (1 + 2^-9) + 1 grid units.
+        assert!(g.quantize_sum(&[4.0, 0.0, 0.0, 0.0], 2, &mut q).is_ok());
+        assert!(matches!(
+            g.quantize_sum(&[4.2, 0.0, 0.0, 0.0], 2, &mut q),
+            Err(FixedPointError::SumOutOfRange { .. })
+        ));
+        assert!(matches!(
+            g.quantize_sum(&[0.2, 0.0, 0.0, 0.0], 0, &mut q),
+            Err(FixedPointError::SumOutOfRange { .. })
+        ));
+        assert!(matches!(
+            g.quantize_sum(&[0.0, f64::INFINITY, 0.0, 0.0], 2, &mut q),
+            Err(FixedPointError::NonFinite { index: 1 })
+        ));
+        assert!(g.quantize_sum(&[0.0; 3], 2, &mut q).is_err());
+        let mut s = FixedPointSum::new(g, 4);
+        s.add_quantized(&[24, -24, 0, 0], 2).unwrap();
+        s.add(&[0.5, 0.0, 0.0, 0.0]).unwrap();
+        assert_eq!(s.sum(), &[32, -24, 0, 0]);
+        assert_eq!(s.count(), 3);
+        let before = s.sum().to_vec();
+        assert!(s.add_quantized(&[200, 0, 0, 0], 1).is_err());
+        assert!(s.add_quantized(&[1, 0], 1).is_err());
+        assert_eq!(s.sum(), &before[..]);
+        assert_eq!(s.count(), 3);
     }
 
     proptest! {

@@ -3,6 +3,10 @@
 //! uploaded data. Which transitions a unit uses at step `r` depends only on `(data_seed, r,
 //! unit)` and the unit's own data, so both modes feed the engine the same clipped gradients.
 //!
+//! [`summed_unit_gradients`] is the central mode's summed path: the same units, rows and clip,
+//! but only the sum of the clipped gradients, accumulated in f64 (see
+//! [`super::per_example`]'s "The summed path").
+//!
 //! Also the wire form of a unit's data for the central mode's one-time upload
 //! ([`encode_rows`] / [`decode_rows`]).
 
@@ -13,7 +17,7 @@ use rand::{RngExt, SeedableRng};
 use thiserror::Error;
 
 use super::batch::TransitionBatch;
-use super::per_example::per_unit_clipped;
+use super::per_example::{SummedGradient, per_unit_clipped, summed_clipped};
 use super::qnet::QNetSpec;
 use crate::rollout::mix;
 
@@ -51,24 +55,14 @@ pub fn unit_gradients(
         });
     }
     let (params, target) = offer.split_at(dim);
-    let mut batch = TransitionBatch::new(spec.obs_dim);
-    let mut unit_of_row = Vec::new();
-    let mut ids = Vec::new();
     // A unit with no data left (every transition of it released as a stable prefix) still
     // answers its offer, with a zero gradient: the round need not wait for it.
-    let mut empty: Vec<(u64, Vec<f32>)> = Vec::new();
-    for (unit, data) in units {
-        if data.is_empty() {
-            empty.push((*unit, vec![0.0; dim]));
-            continue;
-        }
-        let idx = ids.len() as u32;
-        for row in draw_rows(data_seed, round, *unit, data.len(), transitions_per_unit) {
-            batch.push_from(data, row);
-            unit_of_row.push(idx);
-        }
-        ids.push(*unit);
-    }
+    let empty: Vec<(u64, Vec<f32>)> = units
+        .iter()
+        .filter(|(_, d)| d.is_empty())
+        .map(|(u, _)| (*u, vec![0.0; dim]))
+        .collect();
+    let (batch, unit_of_row, ids) = gather(spec, units, round, data_seed, transitions_per_unit);
     if ids.is_empty() {
         return Ok(empty);
     }
@@ -92,6 +86,78 @@ pub fn unit_gradients(
     let mut out: Vec<(u64, Vec<f32>)> = ids.into_iter().zip(grads.grads).collect();
     out.extend(empty);
     Ok(out)
+}
+
+/// The rows of every given unit with data at step `round` ([`draw_rows`]), as one batch, the
+/// unit index of each row, and the ids of the units with data in batch order.
+fn gather(
+    spec: &QNetSpec,
+    units: &[(u64, &TransitionBatch)],
+    round: u64,
+    data_seed: u64,
+    transitions_per_unit: u32,
+) -> (TransitionBatch, Vec<u32>, Vec<u64>) {
+    let mut batch = TransitionBatch::new(spec.obs_dim);
+    let mut unit_of_row = Vec::new();
+    let mut ids = Vec::new();
+    for (unit, data) in units {
+        if data.is_empty() {
+            continue;
+        }
+        let idx = ids.len() as u32;
+        for row in draw_rows(data_seed, round, *unit, data.len(), transitions_per_unit) {
+            batch.push_from(data, row);
+            unit_of_row.push(idx);
+        }
+        ids.push(*unit);
+    }
+    (batch, unit_of_row, ids)
+}
+
+/// The summed path of [`unit_gradients`]: the sum of every given unit's clipped gradient at step
+/// `round` (same rows, same clip), accumulated in f64, without materialising the per-unit
+/// vectors. A unit without data adds nothing (its per-unit gradient is zero) and has no entry
+/// in the result's `norms` and `clip_factors`, which follow the order of the units with data.
+/// `clip_norm` must be finite (the summed path is for private rounds).
+#[allow(clippy::too_many_arguments)]
+pub fn summed_unit_gradients(
+    spec: &QNetSpec,
+    cfg: &CqlConfig,
+    offer: &[f32],
+    units: &[(u64, &TransitionBatch)],
+    round: u64,
+    data_seed: u64,
+    transitions_per_unit: u32,
+    clip_norm: f64,
+    device: &Device,
+) -> crate::Result<SummedGradient> {
+    let dim = spec.dim();
+    if offer.len() != 2 * dim {
+        return Err(crate::NnError::ParamLength {
+            got: offer.len(),
+            expected: 2 * dim,
+        });
+    }
+    let (params, target) = offer.split_at(dim);
+    let (batch, unit_of_row, ids) = gather(spec, units, round, data_seed, transitions_per_unit);
+    if ids.is_empty() {
+        return Ok(SummedGradient {
+            sum: vec![0.0; dim],
+            norms: Vec::new(),
+            clip_factors: Vec::new(),
+        });
+    }
+    summed_clipped(
+        spec,
+        cfg,
+        params,
+        target,
+        &batch,
+        &unit_of_row,
+        ids.len(),
+        clip_norm,
+        device,
+    )
 }
 
 /// Values per uploaded row: observation, next observation, action, reward, terminal.

@@ -32,6 +32,8 @@ pub use cql::loss_and_grad;
 pub use dataset::{Dataset, DatasetSummary, Episode};
 pub use experts::{ExpertReturns, ExpertSet};
 pub use generate::generate;
-pub use per_example::{UnitGradients, clipped_sum, per_unit_clipped};
+pub use per_example::{
+    SummedGradient, UnitGradients, clipped_sum, per_unit_clipped, summed_clipped,
+};
 pub use qnet::QNetSpec;
 pub use train::{CqlTrainer, evaluate_greedy, evaluate_greedy_for, train_cql};

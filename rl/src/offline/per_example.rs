@@ -29,9 +29,35 @@
 //! returned are the plain estimates (before clipping, without the margin). This relies on
 //! IEEE f32 matmuls: candle's CUDA backend must keep `set_gemm_reduced_precision_f32(false)`
 //! (its default: no TF32).
+//!
+//! # The summed path (central mode)
+//! [`summed_clipped`] gives the central aggregator what DP-SGD adds noise to, the sum of the
+//! units' clipped gradients, without materialising them, **accumulated in f64**: `d_i` and
+//! `a_i` (f32) are converted exactly, the row weights `w_i = s_u / k_u` are rounded once, and
+//! the product `sum_i w_i d_i a~_i^T` is one f64 matmul per layer. That keeps the floating-point
+//! error of the sum provably tiny next to `C` for any public bound on the round's rows and
+//! units (an f32 product's worst-case error grows with the number of units times the rows, and
+//! would cost several percent of `C` at ten thousand units). The bound and the sensitivity it
+//! gives after quantising the sum once are proven in
+//! [`SummedBound`](fedrl_common::privacy::fixed_point::SummedBound); what that proof needs from
+//! this computation:
+//! - each unit's exact clipped contribution `s_u g_u` (exact arithmetic on the f32 `d_i`,
+//!   `a_i`) has norm at most `C`: the clip factor from [`unit_clip`]'s rounding-safe norm bound
+//!   (above);
+//! - `s_u mean_{i in u} |g_i| <= R C` ([`SUMMED_ROW_NORM_CAP`]): automatic for one-row units,
+//!   enforced for larger ones by lowering `s_u` where needed, with the row norms computed in f64
+//!   and rounded up;
+//! - every output coordinate is an ordinary f64 dot product over the rows in some order (the
+//!   CPU gemm and cuBLAS DGEMM are; no reduced-precision mode exists for f64).
+//!
+//! One assumption is shared with the per-unit path and not proven here: a row's `d_i` and `a_i`
+//! do not depend on the other rows of the batch (each is computed from its own row; a matmul
+//! kernel whose reduction order over the inner dimension changed with the number of rows could
+//! change them in the last bits).
 
-use candle_core::{D, Device, Tensor};
+use candle_core::{D, DType, Device, Tensor};
 use fedrl_common::offline::CqlConfig;
+use fedrl_common::privacy::fixed_point::SUMMED_ROW_NORM_CAP;
 
 use super::batch::TransitionBatch;
 use super::cql::{PerExample, flatten_layers, per_example};
@@ -358,6 +384,141 @@ pub fn clipped_sum(
         })
         .collect::<candle_core::Result<_>>()?;
     Ok((flatten_layers(&grads)?, clip.norms))
+}
+
+/// The summed path's result ([`summed_clipped`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SummedGradient {
+    /// `sum_u s_u g_u` in f64 (flat layout of [`QNetSpec`]): to be quantised once onto the
+    /// public grid ([`Grid::quantize_sum`](fedrl_common::privacy::fixed_point::Grid::quantize_sum)).
+    /// Operator-only: an exact sum of private gradients.
+    pub sum: Vec<f64>,
+    /// Each unit's gradient norm before clipping (plain estimate, as in [`UnitGradients`]).
+    pub norms: Vec<f64>,
+    /// Each unit's clip factor `s_u` in `(0, 1]` (below 1: clipped). Operator-only.
+    pub clip_factors: Vec<f64>,
+}
+
+/// The sum over units of their clipped mean CQL gradients, accumulated in f64 (see "The summed
+/// path" in the module docs): per-example norms, then one weighted f64 matmul per layer. Same
+/// arguments as [`per_unit_clipped`]; agrees with the sum of its vectors to f32 rounding, except
+/// for a unit of several rows whose rows cancel to below `1/R` of their mean norm, which the
+/// row-norm cap clips harder ([`SUMMED_ROW_NORM_CAP`]).
+#[allow(clippy::too_many_arguments)]
+pub fn summed_clipped(
+    spec: &QNetSpec,
+    cfg: &CqlConfig,
+    params: &[f32],
+    target: &[f32],
+    batch: &TransitionBatch,
+    unit_of_row: &[u32],
+    n_units: usize,
+    clip_norm: f64,
+    device: &Device,
+) -> Result<SummedGradient> {
+    let (pe, g, _, clip) = prepare(
+        spec,
+        cfg,
+        params,
+        target,
+        batch,
+        unit_of_row,
+        n_units,
+        clip_norm,
+        device,
+    )?;
+    let mut scales = clip.scales;
+    let deltas: Vec<Tensor> = pe
+        .deltas
+        .iter()
+        .map(|t| t.to_dtype(DType::F64))
+        .collect::<candle_core::Result<_>>()?;
+    let inputs: Vec<Tensor> = pe
+        .inputs
+        .iter()
+        .map(|t| t.to_dtype(DType::F64))
+        .collect::<candle_core::Result<_>>()?;
+    if g.kmax > 1 {
+        row_norm_cap(&deltas, &inputs, &g, clip_norm, &mut scales)?;
+    }
+    // Row weight s_u / k_u (f64, one rounding) for the row's unit.
+    let mut w = Vec::with_capacity(batch.len());
+    for (u, &k) in g.counts.iter().enumerate() {
+        w.extend(std::iter::repeat_n(scales[u] / k as f64, k));
+    }
+    let n = w.len();
+    let w = Tensor::from_vec(w, (n, 1), device)?;
+    let mut parts = Vec::with_capacity(2 * deltas.len());
+    for (delta, input) in deltas.iter().zip(&inputs) {
+        let dw = delta.broadcast_mul(&w)?;
+        parts.push(dw.t()?.matmul(input)?.flatten_all()?);
+        parts.push(dw.sum(0)?);
+    }
+    let sum: Vec<f64> = Tensor::cat(&parts, 0)?.to_vec1()?;
+    Ok(SummedGradient {
+        sum,
+        norms: clip.norms,
+        clip_factors: scales,
+    })
+}
+
+/// Lowers `scales[u]` so that `s_u mean_{i in u} |g_i| <= R C` ([`SUMMED_ROW_NORM_CAP`]), with
+/// the row norms `|g_i|^2 = sum_l |d_i|^2 (|a_i|^2 + 1)` computed in f64 from the exact f64
+/// copies and rounded up: a chain of at most `n = w + 2 L + 4` f64 roundings of relative size
+/// `2^-53` per row (`w` the widest layer's fan-in plus fan-out, `L` layers), covered by the
+/// factor `1 + 2 n 2^-53`; the square root, mean and division by a further `1 + 2^-40`.
+fn row_norm_cap(
+    deltas: &[Tensor],
+    inputs: &[Tensor],
+    g: &Grouping,
+    clip_norm: f64,
+    scales: &mut [f64],
+) -> Result<()> {
+    let mut sq: Option<Tensor> = None;
+    for (delta, input) in deltas.iter().zip(inputs) {
+        let dn = delta.sqr()?.sum(D::Minus1)?;
+        let an = (input.sqr()?.sum(D::Minus1)? + 1.0)?;
+        let t = dn.mul(&an)?;
+        sq = Some(match sq {
+            None => t,
+            Some(acc) => acc.add(&t)?,
+        });
+    }
+    let Some(sq) = sq else {
+        return Err(NnError::Invalid("Q-network without layers".into()));
+    };
+    let sq: Vec<f64> = sq.to_vec1()?;
+    let widest = deltas
+        .iter()
+        .zip(inputs)
+        .map(|(d, a)| d.dim(1).unwrap_or(0) + a.dim(1).unwrap_or(0))
+        .max()
+        .unwrap_or(0);
+    let chain = widest + 2 * deltas.len() + 4;
+    let sq_up = 1.0 + 2.0 * chain as f64 * 2f64.powi(-53);
+    let up = 1.0 + 2f64.powi(-40);
+    for (u, (&start, &k)) in g.starts.iter().zip(&g.counts).enumerate() {
+        if k == 0 {
+            continue;
+        }
+        let mean = sq[start..start + k]
+            .iter()
+            .map(|x| (x * sq_up).sqrt())
+            .sum::<f64>()
+            / k as f64
+            * up;
+        if !mean.is_finite() {
+            return Err(NnError::Invalid(format!(
+                "unit {u}: a row gradient norm is not finite (diverged parameters?)"
+            )));
+        }
+        // The cap with a 2^-50 relative slack for the division and product roundings.
+        let cap = SUMMED_ROW_NORM_CAP * clip_norm / mean * (1.0 - 2f64.powi(-50));
+        if scales[u] * mean > SUMMED_ROW_NORM_CAP * clip_norm * (1.0 - 2f64.powi(-50)) {
+            scales[u] = scales[u].min(cap);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

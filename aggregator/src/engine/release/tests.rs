@@ -52,6 +52,7 @@ fn cfg(chunk: u32) -> EngineConfig {
         noise_multiplier: 1.0,
         non_private: false,
         release: Some(spec(chunk)),
+        summed: None,
     }
 }
 
