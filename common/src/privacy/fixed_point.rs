@@ -53,9 +53,11 @@ pub const DEFAULT_GRID_BITS: u32 = 24;
 /// Largest accepted grid resolution (`C / gamma < 2^31`).
 pub const MAX_GRID_BITS: u32 = 30;
 
-/// Smallest noise standard deviation the mechanism accepts, in grid units. At `sigma >= 10`
-/// the discrete Gaussian's deviations from the continuous one are negligible (see
-/// [`super::discrete_gaussian`]); with the default grid sigma is of order `2^24` anyway.
+/// Smallest noise standard deviation the mechanism accepts, in grid units. Not by itself enough
+/// for the (epsilon, delta) accounting: the ledger also requires the discrete Gaussian's proven
+/// gap to the continuous one to be at most 1e-12 per event
+/// ([`crate::privacy::event::discrete_gaussian_gap_bound`]), about 1.2e-15 / z^2 at the default
+/// grid, where sigma is of order `z 2^24`.
 pub const MIN_SIGMA_GRID_UNITS: u64 = 10;
 
 /// Bound on the magnitude of every coordinate of a fixed-point sum before noise: half of the

@@ -389,7 +389,7 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
         .with_context(|| format!("preparing the dataset under {}", root.display()))?;
         bar.finish_and_clear();
         eprintln!(
-            "dataset {} ({}): {} episodes, {} steps",
+            "operator-only (exact counts, do not publish): dataset {} ({}): {} episodes, {} steps",
             t.dataset.file_name(),
             h.meta.env_id,
             h.episodes,
