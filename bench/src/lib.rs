@@ -17,7 +17,7 @@ pub struct PrimorlRun {
     pub name: String,
     /// Whether the scenario is `non_private` (only then may a re-run read the dataset).
     pub non_private: bool,
-    pub task: fedrl_common::primorl::PrimorlTask,
+    pub task: fedrl_common::task::primorl::PrimorlTask,
     pub ensemble: fedrl_rl::ensemble::Ensemble,
 }
 

@@ -9,7 +9,6 @@
 
 pub mod device;
 pub mod offline;
-pub mod primorl;
 pub mod privacy;
 pub mod protocol;
 pub mod scenario;

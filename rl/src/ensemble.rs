@@ -61,7 +61,7 @@ pub struct EnsembleSpec {
     pub output_scale: Vec<f32>,
 }
 
-pub use fedrl_common::primorl::{EnsembleClipping, Uncertainty};
+pub use fedrl_common::task::primorl::{EnsembleClipping, Uncertainty};
 
 impl EnsembleSpec {
     /// An ensemble with identity input normalisation.

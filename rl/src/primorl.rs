@@ -3,8 +3,8 @@
 //! minibatch seeds. The ensemble itself is [`crate::ensemble`]; the data,
 //! [`crate::offline::continuous`].
 
-use fedrl_common::primorl::PrimorlTask;
 use fedrl_common::task::TaskError;
+use fedrl_common::task::primorl::PrimorlTask;
 
 use crate::ensemble::{EnsembleSpec, LocalModelConfig, ModelRows};
 use crate::offline::continuous::{ContinuousDataset, ContinuousEpisode};
@@ -208,7 +208,7 @@ pub fn normalized_return(env_id: &str, ret: f64) -> f64 {
 /// the task's policy settings or a re-run's overrides of them; units from `private_units` on
 /// are public (the task's `dataset.units`).
 pub fn public_start_states(
-    policy: &fedrl_common::primorl::PolicyPhaseConfig,
+    policy: &fedrl_common::task::primorl::PolicyPhaseConfig,
     dataset: &ContinuousDataset,
     private_units: u64,
 ) -> Result<Option<crate::sac::ReplayBuffer>> {
@@ -236,7 +236,7 @@ pub struct PolicyData {
 impl PolicyData {
     /// Units from `private_units` on are public (the task's `dataset.units`).
     pub fn from_dataset(
-        policy: &fedrl_common::primorl::PolicyPhaseConfig,
+        policy: &fedrl_common::task::primorl::PolicyPhaseConfig,
         dataset: &ContinuousDataset,
         private_units: u64,
         real: bool,
@@ -384,7 +384,7 @@ pub struct StartData<'a> {
 /// `cfg.model_start_fraction` from states the model generated earlier (`model`, once it holds
 /// any), and the others from `env`'s public initial distribution.
 pub fn rollout_starts(
-    cfg: &fedrl_common::primorl::PolicyPhaseConfig,
+    cfg: &fedrl_common::task::primorl::PolicyPhaseConfig,
     data: StartData<'_>,
     model: &crate::sac::ReplayBuffer,
     rng: &mut impl rand::Rng,
@@ -440,7 +440,7 @@ pub fn rollout_starts(
 pub fn policy_phase(
     ensemble: &crate::ensemble::Ensemble,
     env_id: &str,
-    cfg: &fedrl_common::primorl::PolicyPhaseConfig,
+    cfg: &fedrl_common::task::primorl::PolicyPhaseConfig,
     data: StartData<'_>,
     device: &candle_core::Device,
     on_epoch: &mut dyn FnMut(&PolicyEpoch),

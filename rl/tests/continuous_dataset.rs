@@ -2,7 +2,7 @@
 //! batching, the file round-trips exactly, corrupt files are refused, and the public split is
 //! the episodes past the private units; `cache::list` shows stored datasets from their headers.
 
-use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+use fedrl_common::task::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
 use fedrl_rl::offline::cache;
 use fedrl_rl::offline::continuous::{
     ContinuousDataset, generate, load_or_generate, load_or_generate_units, prepare,

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use fedrl_common::primorl::{
+use fedrl_common::task::primorl::{
     ContinuousBehaviour, ContinuousDatasetSpec, EnsembleClipping, PolicyPhaseConfig, Uncertainty,
 };
 use fedrl_rl::candle_core::Device;

@@ -269,7 +269,7 @@ fn experts_generate_and_summarise_with_their_return_spread() {
 
 #[test]
 fn continuous_datasets_are_listed_and_summarised() {
-    use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+    use fedrl_common::task::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
     let root = tempfile::tempdir().unwrap();
     let spec = ContinuousDatasetSpec {
         env: "Pendulum-v1".into(),

@@ -3,7 +3,7 @@
 //! needs the model built for the environment's spaces), the client agent's trainer
 //! ([`default_factory`]) and the aggregator's server model ([`server_model`]).
 //!
-//! Adding a kind is one arm of `with_kind!` here (docs/adding-a-task-kind.md). [`Models`] is
+//! The kinds are listed once, in `fedrl_common::task` (docs/adding-a-task-kind.md). [`Models`] is
 //! the [`TaskModels`] that knows every kind, and [`scenario_from_toml_str`] /
 //! [`scenario_from_file`] load a scenario with it: the CLI loads scenarios through them, so a
 //! task whose model cannot be built fails at load time.
@@ -44,34 +44,26 @@ pub trait TaskKind {
     }
 }
 
-/// The table of task kinds: evaluates `$body` with `$spec` bound to the task's parameters and
-/// `$K` to its [`TaskKind`]. The only place that lists the kinds; add one arm per kind.
-macro_rules! with_kind {
-    ($task:expr, $spec:ident, $K:ident => $body:expr) => {
-        match $task {
-            Task::MeanEstimation($spec) => {
-                type $K = crate::mean_estimation::MeanEstimation;
-                $body
-            }
-            Task::Dppg($spec) => {
-                type $K = crate::dppg::Dppg;
-                $body
-            }
-            Task::LogLinearPg($spec) => {
-                type $K = crate::loglinear::LogLinear;
-                $body
-            }
-            Task::OfflineCql($spec) => {
-                type $K = crate::offline_cql::OfflineCql;
-                $body
-            }
-            Task::Primorl($spec) => {
-                type $K = crate::primorl::Primorl;
-                $body
-            }
+/// Defines `with_kind!`, the table of task kinds, from the one list of kinds in
+/// `fedrl_common::task` (`task_kinds!`, exported as `for_each_task_kind!`):
+/// `with_kind!(task, spec, K => body)` evaluates `body` with `spec` bound to the task's
+/// parameters and `K` to its [`TaskKind`], `crate::<module>::<Variant>`. Nothing here names a
+/// kind: a kind's folder declares its `TaskKind` type under its variant's name.
+macro_rules! define_with_kind {
+    ($($variant:ident $module:ident,)*) => {
+        macro_rules! with_kind {
+            ($task:expr, $spec:ident, $K:ident => $body:expr) => {
+                match $task {
+                    $(Task::$variant($spec) => {
+                        type $K = crate::$module::$variant;
+                        $body
+                    })*
+                }
+            };
         }
     };
 }
+fedrl_common::for_each_task_kind!(define_with_kind);
 
 /// [`TaskModels`] for every task: builds the model to know its dimension.
 #[derive(Clone, Copy, Debug, Default)]

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use fedrl_common::primorl::EnsembleClipping;
+use fedrl_common::task::primorl::EnsembleClipping;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{
     EnsembleSpec, LocalModelConfig, ModelRows, local_updates, local_updates_on_tensors,

@@ -22,9 +22,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use fedrl_common::primorl::EnsembleClipping;
 use fedrl_common::privacy::ledger::Participation;
 use fedrl_common::scenario::Task;
+use fedrl_common::task::primorl::EnsembleClipping;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{Ensemble, EnsembleSpec, LocalModelConfig, ModelRows, local_updates};
 use fedrl_rl::primorl::{ensemble_spec, local_config, private_rows, public_rows, trajectory_seed};

@@ -22,7 +22,7 @@ use super::dataset::spread;
 use crate::ensemble::{EnsembleSpec, ModelRows};
 use crate::tensor_io::{self, Tensor, le_f32s, le_i64s};
 use crate::{NnError, Result};
-use fedrl_common::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+use fedrl_common::task::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
 
 /// Metadata key of the dataset's description (JSON of [`ContinuousMeta`]).
 pub const META_KEY: &str = "fedrl.continuous_dataset";

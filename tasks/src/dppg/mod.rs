@@ -3,6 +3,10 @@
 //! update with its server optimizer, evaluates on held-out users and exports the policy
 //! ([`server`]). The shapes: [`DppgTaskExt`] builds the population and the policy/value model.
 
+/// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
+/// `fedrl_common::task::dppg` (its doc says why).
+pub use fedrl_common::task::dppg as spec;
+
 pub mod client;
 pub mod server;
 

@@ -2,6 +2,10 @@
 //! §4.2.1, its Riverswim experiments): one REINFORCE step per user ([`client`]), the server's
 //! learning-rate schedule and the exported policy ([`server`]). The shape: [`LogLinearTaskExt`].
 
+/// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
+/// `fedrl_common::task::loglinear` (its doc says why).
+pub use fedrl_common::task::loglinear as spec;
+
 pub mod client;
 pub mod server;
 
@@ -20,9 +24,9 @@ use crate::registry::{TaskKind, model_error};
 use crate::server::ServerModel;
 
 /// The log-linear policy-gradient kind in the registry.
-pub struct LogLinear;
+pub struct LogLinearPg;
 
-impl TaskKind for LogLinear {
+impl TaskKind for LogLinearPg {
     type Spec = LogLinearTask;
 
     fn dim(spec: &LogLinearTask) -> Result<usize, TaskError> {

@@ -2,6 +2,10 @@
 //! their mean. It needs no RL: it proves the transport, the engine and the ledger on their own.
 //! The dimension is one of the task's parameters.
 
+/// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
+/// `fedrl_common::task::mean_estimation` (its doc says why).
+pub use fedrl_common::task::mean_estimation as spec;
+
 pub mod client;
 pub mod server;
 

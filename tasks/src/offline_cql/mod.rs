@@ -5,6 +5,10 @@
 //! The central update mode and the DataRelease walk themselves are the aggregator's service
 //! (`aggregator/src/service/{central,release}.rs`).
 
+/// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
+/// `fedrl_common::task::offline_cql` (its doc says why).
+pub use fedrl_common::task::offline_cql as spec;
+
 pub mod client;
 pub mod server;
 

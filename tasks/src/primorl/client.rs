@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use fedrl_common::primorl::PrimorlTask;
 use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
+use fedrl_common::task::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{EnsembleSpec, ModelRows, local_updates};
 use fedrl_rl::primorl::{ensemble_spec, local_config, private_rows, trajectory_seed};

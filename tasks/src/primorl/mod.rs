@@ -3,6 +3,10 @@
 //! then SAC inside the pessimistic private model on the aggregator ([`server`]). The shape is
 //! `fedrl_rl::primorl::PrimorlTaskExt` (the learner in `fedrl-rl` needs it too).
 
+/// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
+/// `fedrl_common::task::primorl` (its doc says why).
+pub use fedrl_common::task::primorl as spec;
+
 pub mod client;
 pub mod server;
 
@@ -11,10 +15,10 @@ pub use fedrl_rl::primorl::PrimorlTaskExt;
 pub use server::{ENSEMBLE_FILE, POLICY_FILE, PrimorlModel};
 
 use anyhow::Context;
-use fedrl_common::primorl::PrimorlTask;
 use fedrl_common::protocol::UnitRange;
 use fedrl_common::scenario::Scenario;
 use fedrl_common::task::TaskError;
+use fedrl_common::task::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 
 use crate::client::LocalTrainer;

@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use fedrl_common::primorl::PrimorlTask;
+use fedrl_common::task::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
 use fedrl_rl::primorl::{PolicyData, PolicyEpoch, ensemble_spec, policy_phase, public_rows};

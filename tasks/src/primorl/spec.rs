@@ -1,7 +1,13 @@
 //! Plain-data description of PriMORL (seed 001): the continuous-action dataset its trajectories
 //! hold, the dynamics ensemble trained by DP-FedAvg over trajectories (Algorithms 1-3), and the
 //! policy phase, SAC inside the pessimistic private model (Algorithm 4). The ensemble, the SAC
-//! learner and the dataset generation live in `fedrl_rl`; this crate stays free of candle.
+//! learner and the dataset generation live in `fedrl_rl`.
+//!
+//! This is the kind's spec: plain serde data, checked without a model. It sits in the kind's
+//! folder with the rest of the kind, but `common/src/task.rs` compiles it into `fedrl-common`
+//! (as `fedrl_common::task::primorl`): `Task`, which the protocol, the scenario loader and the
+//! engine read without candle, names it. So `crate` here is `fedrl_common`. Adding a kind:
+//! docs/adding-a-task-kind.md.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,216 @@
+//! User-level DP policy gradient's parameters ([`Task::Dppg`], seed 004).
+//!
+//! This is the kind's spec: plain serde data, checked without a model. It sits in the kind's
+//! folder with the rest of the kind, but `common/src/task.rs` compiles it into `fedrl-common`
+//! (as `fedrl_common::task::dppg`): `Task`, which the protocol, the scenario loader and the
+//! engine read without candle, names it. So `crate` here is `fedrl_common`. Adding a kind:
+//! docs/adding-a-task-kind.md.
+
+use serde::{Deserialize, Serialize};
+
+use crate::task::{LocalUpdateConfig, ServerOptimizerKind, TaskError, TaskSpec};
+// Named by the docs only.
+#[cfg(doc)]
+use crate::task::Task;
+
+/// Parameters of [`Task::Dppg`]: the population of simulated users, the policy, the local update
+/// and the server side.
+///
+/// Training users are ids `0..users`; evaluation uses held-out users `users..users + eval_users`
+/// of the same population, never a training user.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DppgTask {
+    /// Population name or environment id (`fedrl sim list`). Default `CartPole-v1`.
+    #[serde(default = "d_population")]
+    pub population: String,
+    /// Seed of the population's per-user parameters. Default 0.
+    #[serde(default)]
+    pub population_seed: u64,
+    /// `uva-padova-pump*` populations only: weight of the low (hypoglycaemic) branch of the
+    /// risk index in the reward, 1 being Kovatchev's symmetric index. Default: the pump
+    /// setting's own (3).
+    #[serde(default)]
+    pub low_risk_weight: Option<f64>,
+    /// `uva-padova-pump*` populations only: minutes per decision, a multiple of the 3-minute
+    /// CGM sample. Default: the pump setting's own (30).
+    #[serde(default)]
+    pub decision_min: Option<u32>,
+    /// `uva-padova-pump*` populations only: the pump's predictive low-glucose suspend (basal
+    /// stops while a low is predicted; the baseline controllers run behind it too). Default:
+    /// the pump setting's own (off).
+    #[serde(default)]
+    pub low_glucose_suspend: Option<bool>,
+    /// `uva-padova-pump*` populations only: the pump's insulin-on-board limit (no basal above
+    /// the programmed rate while the insulin on board covers the reading's correction; the
+    /// baseline controllers run behind it too). Default: the pump setting's own (off).
+    #[serde(default)]
+    pub iob_limit: Option<bool>,
+    /// `uva-padova-pump*` populations only: exponent k in [0, 1]; the policy's basal above the
+    /// programmed rate is scaled by (14 mg/dL / (correction factor x basal per hour))^k, the
+    /// patient's programmed insulin sensitivity (1: one action lowers glucose alike on every
+    /// patient). Default: the pump setting's own (0, no scaling).
+    #[serde(default)]
+    pub sensitivity_scaling: Option<f64>,
+    /// Seed of the initial global parameters. Default 0.
+    #[serde(default)]
+    pub model_seed: u64,
+    /// Base seed of the users' episodes (simulation randomness, not privacy noise). Default 0.
+    #[serde(default)]
+    pub episode_seed: u64,
+    /// Server learning rate applied to the released noisy mean update. Default 1.
+    #[serde(default = "d_one_f")]
+    pub server_lr: f64,
+    /// When set, the server learning rate decays from `server_lr` at the first released round
+    /// to this value at the scenario's last (`rounds`) along a half cosine; after `rounds`
+    /// (a resumed run given more) it stays here. Default: none, a constant `server_lr`.
+    /// Post-processing of released updates: no privacy cost.
+    #[serde(default)]
+    pub server_lr_final: Option<f64>,
+    /// Server momentum in [0, 1) of the `sgd` server optimizer. Default 0.
+    #[serde(default)]
+    pub server_momentum: f64,
+    /// How the server applies each released noisy mean update: `sgd` (default; `theta +=
+    /// server_lr * velocity`, with `server_momentum`) or `adam` (DP-FedAdam: Adam with
+    /// `server_adam_beta1`, `server_adam_beta2` and `server_adam_eps`, step size `server_lr`
+    /// in parameter units per round). Post-processing of released updates: no privacy cost.
+    #[serde(default)]
+    pub server_optimizer: ServerOptimizerKind,
+    /// Adam's first-moment decay. Default 0.9.
+    #[serde(default = "d_server_adam_beta1")]
+    pub server_adam_beta1: f64,
+    /// Adam's second-moment decay. Default 0.99.
+    #[serde(default = "d_server_adam_beta2")]
+    pub server_adam_beta2: f64,
+    /// Adam's denominator floor (update units; Reddi et al.'s adaptivity tau). Default 1e-3.
+    #[serde(default = "d_server_adam_eps")]
+    pub server_adam_eps: f64,
+    /// Evaluate on held-out users every K released rounds (and at the end). Default 5.
+    #[serde(default = "d_eval_every")]
+    pub eval_every: u64,
+    /// Held-out users evaluated during training. Default 20.
+    #[serde(default = "d_eval_users")]
+    pub eval_users: u64,
+    /// Held-out users (one episode each) in the final evaluation. Default 100.
+    #[serde(default = "d_final_eval_users")]
+    pub final_eval_users: u64,
+    /// Episodes per held-out user in periodic evaluations. Default 1.
+    #[serde(default = "d_one_usize")]
+    pub eval_episodes: usize,
+    /// Stop training once a periodic evaluation on held-out users reaches this mean return (a
+    /// non-private diagnostic on simulated users: post-processing, no privacy cost). Default:
+    /// never; train for `rounds`.
+    #[serde(default)]
+    pub stop_at_return: Option<f64>,
+    /// The local PPO update (episodes per user, epochs, learning rate, hidden sizes, ...); its
+    /// `clip_norm` is replaced by the scenario's `clip_norm`.
+    #[serde(default)]
+    pub local: LocalUpdateConfig,
+}
+
+impl TaskSpec for DppgTask {
+    const KIND: &'static str = "dppg";
+    const CONFIG_VERSION: u32 = 1;
+    fn check(&self) -> Result<(), TaskError> {
+        self.validate()
+    }
+}
+
+impl DppgTask {
+    /// Checks the fields that need no model (`fedrl_tasks` builds the model).
+    fn validate(&self) -> Result<(), TaskError> {
+        let bad = |m: String| Err(TaskError::Invalid(m));
+        if !(self.server_lr.is_finite() && self.server_lr > 0.0) {
+            return bad(format!(
+                "task.server_lr must be > 0, got {}",
+                self.server_lr
+            ));
+        }
+        if let Some(f) = self.server_lr_final
+            && !(f.is_finite() && f >= 0.0)
+        {
+            return bad(format!("task.server_lr_final must be >= 0, got {f}"));
+        }
+        if !(0.0..1.0).contains(&self.server_momentum) {
+            return bad(format!(
+                "task.server_momentum must be in [0, 1), got {}",
+                self.server_momentum
+            ));
+        }
+        if self.server_optimizer == ServerOptimizerKind::Adam {
+            if self.server_momentum != 0.0 {
+                return bad(
+                    "task.server_momentum applies to the sgd server optimizer; Adam's is \
+                     task.server_adam_beta1"
+                        .into(),
+                );
+            }
+            for (name, b) in [
+                ("server_adam_beta1", self.server_adam_beta1),
+                ("server_adam_beta2", self.server_adam_beta2),
+            ] {
+                if !(0.0..1.0).contains(&b) {
+                    return bad(format!("task.{name} must be in [0, 1), got {b}"));
+                }
+            }
+            if !(self.server_adam_eps.is_finite() && self.server_adam_eps > 0.0) {
+                return bad(format!(
+                    "task.server_adam_eps must be > 0, got {}",
+                    self.server_adam_eps
+                ));
+            }
+        }
+        if self.eval_every == 0 || self.eval_users == 0 || self.final_eval_users == 0 {
+            return bad(
+                "task.eval_every, task.eval_users and task.final_eval_users must be >= 1".into(),
+            );
+        }
+        let l = &self.local;
+        if l.episodes_per_user == 0 || l.epochs == 0 || l.minibatches == 0 || l.hidden.is_empty() {
+            return bad(
+                "task.local: episodes_per_user, epochs, minibatches >= 1 and hidden non-empty"
+                    .into(),
+            );
+        }
+        if !(l.lr.is_finite() && l.lr > 0.0) {
+            return bad(format!("task.local.lr must be > 0, got {}", l.lr));
+        }
+        Ok(())
+    }
+}
+
+fn d_population() -> String {
+    "CartPole-v1".into()
+}
+
+fn d_eval_every() -> u64 {
+    5
+}
+
+fn d_eval_users() -> u64 {
+    20
+}
+
+fn d_final_eval_users() -> u64 {
+    100
+}
+
+fn d_one_usize() -> usize {
+    1
+}
+
+fn d_server_adam_beta1() -> f64 {
+    0.9
+}
+
+fn d_server_adam_beta2() -> f64 {
+    0.99
+}
+
+fn d_server_adam_eps() -> f64 {
+    1e-3
+}
+
+fn d_one_f() -> f64 {
+    1.0
+}
