@@ -1499,3 +1499,53 @@ fn a_fresh_run_that_runs_out_of_units_says_so() {
     assert!(a.iter().any(|x| matches!(x, Action::Finished { .. })));
     assert!(!e.ran_out_of_units());
 }
+
+/// Issue 59, item 1: a unit the central mode left out of a step (its gradient is not finite)
+/// is resolved as rejected, so the round closes without waiting for its deadline, and the
+/// unit's client is told; an exclusion for a unit that is not in the round for that client,
+/// or for a closed round, changes nothing.
+#[test]
+fn an_excluded_unit_is_resolved_and_the_round_goes_on() {
+    let mut c = cfg(Participation::sampled(1.0).unwrap());
+    c.expected_cohort = 10.0;
+    let (mut e, o) = started(c);
+    let cohort: Vec<(ClientId, UnitId)> = o
+        .iter()
+        .flat_map(|(c, _, us)| us.iter().map(move |u| (*c, *u)))
+        .collect();
+    assert_eq!(cohort.len(), 10);
+    let (bad_client, bad) = cohort[3];
+    let excluded = |client, round, unit| Event::UnitExcluded {
+        client,
+        round,
+        unit,
+        reason: "its gradient is not finite".into(),
+    };
+    // Named with the wrong client, or for another round: ignored.
+    assert!(e.handle(1.0, excluded(bad_client + 7, 1, bad)).is_empty());
+    assert!(e.handle(1.0, excluded(bad_client, 2, bad)).is_empty());
+    let mut a = Vec::new();
+    for (client, u) in &cohort {
+        if *u != bad {
+            a.extend(e.handle(1.0, update(*client, 1, *u, &[0.1; 3])));
+        }
+    }
+    assert!(record(&a).is_none(), "the round waits for the last unit");
+    let a = e.handle(1.0, excluded(bad_client, 1, bad));
+    assert!(a.iter().any(|x| matches!(
+        x,
+        Action::Rejected {
+            code: ErrorCode::NonFinite,
+            unit: Some(u),
+            ..
+        } if *u == bad
+    )));
+    let rec = record(&a).expect("the round closes at once, well before its deadline");
+    // The record lists the contributors; under `sampled` its event charges every unit anyway.
+    assert_eq!(rec.units.len(), 9);
+    assert!(!rec.units.contains(&bad));
+    let rel = release(&e.handle(1.0, Event::LedgerAppended { round: 1 })).unwrap();
+    assert_eq!(rel.accepted, 9);
+    // Late: the round is closed.
+    assert!(e.handle(1.1, excluded(bad_client, 1, bad)).is_empty());
+}

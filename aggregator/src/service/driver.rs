@@ -55,11 +55,12 @@ pub(super) enum Input {
         message: Message,
         reason: String,
     },
-    /// Central update mode: one unit's uploaded transitions (DESIGN §2.5).
+    /// Central update mode: one unit's uploaded transitions (DESIGN §2.5), in a body that holds
+    /// its read permit until it is checked.
     UnitData {
         session: ClientId,
         header: UnitData,
-        payload: Vec<f32>,
+        body: UpdateBody,
     },
     /// Central update mode: the client uploaded all its `units` units.
     DataComplete {
@@ -425,13 +426,15 @@ impl EngineThread {
                 Input::UnitData {
                     session,
                     header,
-                    payload,
+                    body,
                 } => {
                     let unit = header.unit;
                     let result = match self.central.as_mut() {
-                        Some(c) => c.unit_data(session, &header, &payload),
+                        Some(c) => c.unit_data(session, &header, &body.data),
                         None => Err("unit data, but this run is not in the central update mode (the data stays with the clients)".into()),
                     };
+                    // The buffer and the permit go back.
+                    drop(body);
                     match result {
                         Ok(()) => self.central_ready(&mut queue)?,
                         Err(m) => {
