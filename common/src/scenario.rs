@@ -1116,7 +1116,8 @@ mod tests {
     #[test]
     fn agents_split_users_evenly() {
         let mut s =
-            Scenario::from_toml_str("users = 10\n[task]\nkind = \"mean_estimation\"\n").unwrap();
+            Scenario::from_toml_str("users = 10\nrounds = 1\n[task]\nkind = \"mean_estimation\"\n")
+                .unwrap();
         s.client_agents = 3;
         let ranges: Vec<_> = (0..3).map(|i| s.agent_units(i)).collect();
         assert_eq!(ranges[0].start, 0);

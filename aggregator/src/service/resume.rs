@@ -176,7 +176,7 @@ mod tests {
                 units: (0..4).collect(),
                 clip_norm: None,
                 expected_cohort: None,
-                noise_source: seeded.clone(),
+                noise_source: seeded,
                 unix_time_s: 0.0,
             })
             .unwrap();
@@ -189,7 +189,7 @@ mod tests {
                     1.0,
                     Some(0.5),
                     2.0,
-                    seeded.clone(),
+                    seeded,
                 ))
                 .unwrap();
         }
