@@ -94,6 +94,43 @@
 //! are the same, and an engine without [`EngineConfig::summed`] (the federated mode) refuses
 //! pre-summed contributions.
 
+//!
+//! # Excluding a unit (the central mode)
+//! In the central mode the aggregator computes each sampled unit's clipped gradient from the
+//! data the unit's client uploaded. A unit whose gradient norm is not finite at some step (its
+//! rows are absurd, e.g. observations of 1e30, and overflow the network; or the model diverged
+//! on them) is left out of that step: its gradient is dropped, the other units' are computed
+//! again without it (`fedrl_rl::offline::dpsgd::without_non_finite_units`), the driver logs the
+//! unit id and its client, and feeds [`Event::UnitExcluded`], which resolves the unit as
+//! rejected (as a non-finite update is in the federated mode) so the round does not wait for
+//! it. The run goes on; the unit may contribute at later steps, where the model differs.
+//!
+//! Why this keeps the privacy guarantee (add/remove-one-unit neighbours, as the ledger
+//! assumes):
+//! - The decision depends only on the unit's own data, the public model of the round and the
+//!   public row draw `(data_seed, round, unit)`: no other unit's data. So the unit's
+//!   contribution is a function `f_u(D_u)` that is either its clipped gradient or the zero
+//!   vector, of norm at most `C` either way, as clipping is. The sum is still `sum_u f_u(D_u)`;
+//!   adding or removing one unit changes it by one `f_u` (norm <= C), so the L2 sensitivity,
+//!   the noise calibration (including the summed path's rounding term, which only shrinks with
+//!   fewer units) and the ledger's record hold unchanged. Under replace-one neighbours the
+//!   sensitivity is `2C`, as it always is.
+//! - The other units' contributions do not change when a unit is left out: a unit's rows and
+//!   each row's per-example gradient depend on that row alone. This is the assumption the
+//!   per-unit clip already rests on (`fedrl_rl::offline::per_example`: a matmul kernel whose
+//!   reduction order changed with the batch could move the last bits); if it failed, the
+//!   other units' contributions could differ by rounding with and without the left-out unit,
+//!   which the proof above does not cover. That is a shared caveat, not a new one.
+//! - The release does not depend on it: central runs are `sampled`, every sampled round is
+//!   released and charged to every unit whatever the realised count, and the denominator is
+//!   the fixed public expected cohort, never the number of units that contributed.
+//! - Conservatively, the fact that a unit was left out is itself a function of its data: it
+//!   appears only in operator-only outputs (the aggregator's log, the rejected counts of
+//!   `operator/metrics.jsonl` and `operator/report.json`, the journal) and must not be
+//!   published, like the exact clipped counts. Clients are told about their own units only.
+//! - Data that is finite but absurd without making the gradient overflow is not detected: it
+//!   is clipped like any other unit's data, which bounds its influence to `C`.
+
 mod entropy;
 pub mod release;
 
@@ -188,30 +225,6 @@ pub enum EngineError {
     Task(#[from] TaskError),
 }
 
-/// The summed path's public bounds for a scenario whose aggregator computes the units'
-/// gradients and sums them (offline CQL in the central mode with `central_path = "summed"`, the
-/// default, private): at most the population (`sampled`) or
-/// the cohort (`fresh`) per round, each with `transitions_per_unit` rows.
-fn summed_bound(scenario: &Scenario) -> Option<SummedBound> {
-    let fedrl_common::scenario::Task::OfflineCql(task) = &scenario.task else {
-        return None;
-    };
-    if task.mode != fedrl_common::offline::UpdateMode::Central
-        || task.central_path != fedrl_common::offline::CentralPath::Summed
-        || scenario.non_private
-    {
-        return None;
-    }
-    let max_units = match scenario.participation {
-        Participation::Fresh => scenario.cohort_size.min(scenario.users),
-        Participation::Sampled { .. } => scenario.users,
-    };
-    Some(SummedBound {
-        max_units,
-        max_rows: max_units.saturating_mul(u64::from(task.transitions_per_unit)),
-    })
-}
-
 impl EngineConfig {
     /// The configuration a scenario runs with (what the service builds, and what a replay of
     /// its journal must use). A non-private twin runs with C = +inf and no noise. The caller
@@ -234,7 +247,7 @@ impl EngineConfig {
             noise_multiplier: scenario.effective_noise_multiplier(),
             non_private: scenario.non_private,
             release: ReleaseSpec::for_scenario(scenario, shapes.transitions)?,
-            summed: summed_bound(scenario),
+            summed: scenario.summed_bound(),
         })
     }
 
@@ -321,6 +334,15 @@ pub enum Event {
         round: u64,
         units: Vec<SummedUnit>,
         sum: Vec<f64>,
+    },
+    /// The central mode left `unit` (hosted by `client`) out of `round`: its gradient was not
+    /// finite (see "Excluding a unit" in the module documentation). The unit is resolved as
+    /// rejected, like a non-finite update, so the round does not wait for it.
+    UnitExcluded {
+        client: ClientId,
+        round: u64,
+        unit: UnitId,
+        reason: String,
     },
     /// Time passed (deadlines, start timeout).
     Tick,
@@ -585,6 +607,9 @@ pub struct Engine {
     rounds_abandoned: u64,
     /// Whether this process opened a round yet (the first waits for the whole population).
     opened_any: bool,
+    /// The run ended before its last round because the population ran out of units
+    /// ([`Engine::ran_out_of_units`]).
+    out_of_units: bool,
 }
 
 /// The ledger record of a released private round: the exact discrete Gaussian as run (sigma
@@ -617,6 +642,61 @@ fn ledger_record(
 /// A twin's release: the plain mean of its unclipped updates over the fixed denominator.
 fn twin_mean(sum: &[f64], denom: f64) -> Vec<f32> {
     sum.iter().map(|s| (s / denom) as f32).collect()
+}
+
+/// The units a join asks for, checked against the population and the units `hosted` already
+/// (start -> (end, host)): `units` sorted, or, when empty, every unit nobody hosts. The message
+/// says why a join is refused (a range empty or outside `0..population`, overlapping ranges,
+/// units hosted by another client). The engine's own rule for joins, shared with the central
+/// mode, which checks a join before its data is uploaded.
+pub fn resolve_units(
+    units: &[UnitRange],
+    hosted: &BTreeMap<UnitId, (UnitId, ClientId)>,
+    population: u64,
+) -> Result<Vec<UnitRange>, String> {
+    let mut sorted = units.to_vec();
+    if sorted.is_empty() {
+        // No units named: host every unit nobody else hosts.
+        let mut next = 0;
+        for (s, (e, _)) in hosted {
+            if *s > next {
+                sorted.push(UnitRange {
+                    start: next,
+                    end: *s,
+                });
+            }
+            next = next.max(*e);
+        }
+        if next < population {
+            sorted.push(UnitRange {
+                start: next,
+                end: population,
+            });
+        }
+        if sorted.is_empty() {
+            return Err("every unit is already hosted by another client".into());
+        }
+    }
+    sorted.sort_by_key(|r| r.start);
+    for (i, r) in sorted.iter().enumerate() {
+        if r.is_empty() || r.end > population {
+            return Err(format!(
+                "unit range {r} is empty or outside the population 0..{population}"
+            ));
+        }
+        if i > 0 && sorted[i - 1].end > r.start {
+            return Err(format!("unit ranges {} and {r} overlap", sorted[i - 1]));
+        }
+        let before = hosted.range(..r.end).next_back();
+        if let Some((s, (e, other))) = before
+            && *e > r.start
+        {
+            return Err(format!(
+                "units {r} overlap units {s}..{e} hosted by another client (session {other})"
+            ));
+        }
+    }
+    Ok(sorted)
 }
 
 impl Engine {
@@ -664,12 +744,23 @@ impl Engine {
             hosted: BTreeMap::new(),
             clients: HashMap::new(),
             opened_any: false,
+            out_of_units: false,
         })
     }
 
     /// The configuration the engine runs.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+    /// Who hosts which units: start -> (end, client), the units of every joined client.
+    pub fn hosted(&self) -> &BTreeMap<UnitId, (UnitId, ClientId)> {
+        &self.hosted
+    }
+    /// Whether the engine ended the run before its last round because too few units were left
+    /// (`fresh` participation: fewer units that never contributed than the quorum). The
+    /// driver decides what that means for the run (the scenario's `allow_fewer_rounds`).
+    pub fn ran_out_of_units(&self) -> bool {
+        self.out_of_units
     }
     /// Released rounds so far (including before a restart).
     pub fn rounds_completed(&self) -> u64 {
@@ -710,6 +801,12 @@ impl Engine {
             Event::SumArrived { round, units, sum } => {
                 self.on_sum(now, round, &units, &sum, &mut out)
             }
+            Event::UnitExcluded {
+                client,
+                round,
+                unit,
+                reason,
+            } => self.on_excluded(now, client, round, unit, reason, &mut out),
             Event::Tick => self.on_tick(now, &mut out),
             Event::LedgerAppended { round }
                 if round == RELEASE_ROUND && matches!(self.phase, Phase::ReleaseRecording(_)) =>
@@ -994,6 +1091,41 @@ impl Engine {
         self.maybe_close(now, out);
     }
 
+    /// A unit the central mode left out of `round` ([`Event::UnitExcluded`]): resolved as
+    /// rejected if it is in the open round's cohort for `client` and has not contributed;
+    /// anything else is stale and ignored (the round is closed, or the unit answered).
+    fn on_excluded(
+        &mut self,
+        now: f64,
+        client: ClientId,
+        round: u64,
+        unit: UnitId,
+        reason: String,
+        out: &mut Vec<Action>,
+    ) {
+        let host = self.host_of(unit);
+        let Phase::Open(open) = &mut self.phase else {
+            return;
+        };
+        if open.round != round
+            || host != Some(client)
+            || open.contributed.contains(&unit)
+            || open.cohort.get(&unit) != Some(&false)
+        {
+            return;
+        }
+        open.cohort.insert(unit, true);
+        open.rejected += 1;
+        out.push(Action::Rejected {
+            client,
+            round: Some(round),
+            unit: Some(unit),
+            code: ErrorCode::NonFinite,
+            message: format!("unit {unit} left out of round {round}: {reason}"),
+        });
+        self.maybe_close(now, out);
+    }
+
     fn host_of(&self, unit: UnitId) -> Option<ClientId> {
         let (_, (end, client)) = self.hosted.range(..=unit).next_back()?;
         (unit < *end).then_some(*client)
@@ -1017,58 +1149,13 @@ impl Engine {
             out.push(reject(format!("session {client} already joined")));
             return;
         }
-        let mut sorted = units.clone();
-        if sorted.is_empty() {
-            // No units named: host every unit nobody else hosts.
-            let mut next = 0;
-            for (s, (e, _)) in &self.hosted {
-                if *s > next {
-                    sorted.push(UnitRange {
-                        start: next,
-                        end: *s,
-                    });
-                }
-                next = next.max(*e);
-            }
-            if next < self.cfg.population {
-                sorted.push(UnitRange {
-                    start: next,
-                    end: self.cfg.population,
-                });
-            }
-            if sorted.is_empty() {
-                out.push(reject(
-                    "every unit is already hosted by another client".into(),
-                ));
+        let sorted = match resolve_units(&units, &self.hosted, self.cfg.population) {
+            Ok(s) => s,
+            Err(m) => {
+                out.push(reject(m));
                 return;
             }
-        }
-        sorted.sort_by_key(|r| r.start);
-        for (i, r) in sorted.iter().enumerate() {
-            if r.is_empty() || r.end > self.cfg.population {
-                out.push(reject(format!(
-                    "unit range {r} is empty or outside the population 0..{}",
-                    self.cfg.population
-                )));
-                return;
-            }
-            if i > 0 && sorted[i - 1].end > r.start {
-                out.push(reject(format!(
-                    "unit ranges {} and {r} overlap",
-                    sorted[i - 1]
-                )));
-                return;
-            }
-            let before = self.hosted.range(..r.end).next_back();
-            if let Some((s, (e, other))) = before
-                && *e > r.start
-            {
-                out.push(reject(format!(
-                    "units {r} overlap units {s}..{e} hosted by another client (session {other})"
-                )));
-                return;
-            }
-        }
+        };
         for r in &sorted {
             self.hosted.insert(r.start, (r.end, client));
         }
@@ -1457,6 +1544,7 @@ impl Engine {
                 let unused_total = self.cfg.population - self.used.len() as u64;
                 if unused_total < self.cfg.quorum.max(1) {
                     self.phase = Phase::Finished;
+                    self.out_of_units = true;
                     out.push(Action::Finished {
                         reason: format!(
                             "participation is fresh and only {unused_total} units never contributed (quorum {})",

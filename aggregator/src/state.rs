@@ -8,6 +8,7 @@
 //! | --- | --- | --- |
 //! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
 //! | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
+//! | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section), read back on resume |
 //! | `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
 //! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
@@ -50,6 +51,7 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | --- | --- | --- |
 | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
 | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
+| `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section) |
 | `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
 | model export (e.g. `policy.safetensors`) | public | the released model |
 | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |

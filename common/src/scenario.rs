@@ -35,6 +35,9 @@ use thiserror::Error;
 
 pub use crate::device::DeviceSpec;
 use crate::privacy::accountant::{self, AccountantKind};
+use crate::privacy::fixed_point::{
+    DEFAULT_GRID_BITS, FixedPointError, Grid, NoiseCalibration, SummedBound,
+};
 use crate::privacy::ledger::{LedgerConfig, Participation, UnitKind, training_event};
 use crate::privacy::params::{ClipNorm, Delta, NoiseMultiplier};
 use crate::privacy::{DpEvent, PrivacyError};
@@ -125,6 +128,14 @@ pub struct Scenario {
     /// task groups into one clipped contribution ([`Task::unit_kind`]); another value is refused.
     #[serde(default = "d_unit_kind")]
     pub unit_kind: UnitKind,
+    /// Whether the run may end before its `rounds` because the population ran out of units
+    /// (`fresh` participation: every unit contributes at most once, so `users` below `rounds x
+    /// cohort_size`, or units lost to dropouts, end the run early). Default false: such a
+    /// scenario is refused when it is loaded, and a run that still stops short for lack of units
+    /// says so and ends as failed (the aggregator and `fedrl run` exit non-zero). Set it for a
+    /// run meant to use up its population.
+    #[serde(default)]
+    pub allow_fewer_rounds: bool,
     /// Checkpoint every K released rounds (and at shutdown). Default 10.
     #[serde(default = "d_checkpoint")]
     pub checkpoint_every: u64,
@@ -303,8 +314,82 @@ impl Scenario {
         self.resolve_selective_rounds()?;
         self.resolve_noise_multiplier()?;
         self.validate(models)?;
-        self.resolve_clip_norm(models.dim(&self.task)?)?;
+        let dim = models.dim(&self.task)?;
+        self.resolve_clip_norm(dim)?;
+        self.check_exact_noise(dim)?;
         Ok(self)
+    }
+
+    /// The central mode's summed path's public bounds, when the aggregator computes the units'
+    /// gradients and sums them (offline CQL in the central mode with `central_path = "summed"`,
+    /// the default, private): at most the population (`sampled`) or the cohort (`fresh`) per
+    /// round, each with `transitions_per_unit` rows. `None` for every other run.
+    pub fn summed_bound(&self) -> Option<SummedBound> {
+        let Task::OfflineCql(task) = &self.task else {
+            return None;
+        };
+        if task.mode != crate::offline::UpdateMode::Central
+            || task.central_path != crate::offline::CentralPath::Summed
+            || self.non_private
+        {
+            return None;
+        }
+        let max_units = match self.participation {
+            Participation::Fresh => self.cohort_size.min(self.users),
+            Participation::Sampled { .. } => self.users,
+        };
+        Some(SummedBound {
+            max_units,
+            max_rows: max_units.saturating_mul(u64::from(task.transitions_per_unit)),
+        })
+    }
+
+    /// The exact noise the aggregator will draw (a discrete Gaussian on the clip norm's grid,
+    /// `fixed_point`) for a model of `dim` values, as the engine calibrates it.
+    fn exact_noise(&self, dim: usize, z: f64) -> Result<NoiseCalibration, FixedPointError> {
+        let grid = Grid::for_clip_norm(self.clip_norm, DEFAULT_GRID_BITS)?;
+        match self.summed_bound() {
+            Some(b) => NoiseCalibration::for_summed(&grid, &b, dim, z),
+            None => NoiseCalibration::new(&grid, z),
+        }
+    }
+
+    /// Refuses, at load, a noise multiplier the exact sampler cannot draw at this clip norm
+    /// (its variance in grid units is capped): otherwise the aggregator would refuse it only
+    /// when it builds its engine, after it started listening. The message gives the largest
+    /// multiplier that fits and the smallest epsilon it reaches.
+    fn check_exact_noise(&self, dim: usize) -> Result<(), ScenarioError> {
+        if self.non_private {
+            return Ok(());
+        }
+        let z = self.noise_multiplier;
+        let Err(e) = self.exact_noise(dim, z) else {
+            return Ok(());
+        };
+        if !matches!(e, FixedPointError::NoiseTooLarge { .. }) {
+            return Err(ScenarioError::Invalid(format!(
+                "no exact noise for clip_norm {} and noise_multiplier {z}: {e}",
+                self.clip_norm
+            )));
+        }
+        // The largest multiplier that still fits, by bisection (the limit is monotone in z).
+        let (mut lo, mut hi) = (0.0f64, z);
+        for _ in 0..80 {
+            let mid = 0.5 * (lo + hi);
+            if self.exact_noise(dim, mid).is_ok() {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let reach = self
+            .planned_epsilon(lo)
+            .map(|eps| format!("{eps:.4}"))
+            .unwrap_or_else(|e| format!("unknown ({e})"));
+        Err(ScenarioError::Invalid(format!(
+            "noise_multiplier {z} (for target_epsilon {} at delta {}) is above the largest the exact discrete Gaussian can draw at clip_norm {} ({lo:.4}: {e}); with it the plan reaches epsilon {reach} at the least: raise target_epsilon (or take fewer rounds, or a lower sampling rate) or lower noise_multiplier",
+            self.target_epsilon, self.delta, self.clip_norm
+        )))
     }
 
     /// The TOML form (for writing a resolved scenario next to a run's results). An error (a
@@ -570,6 +655,18 @@ impl Scenario {
                     return bad(format!(
                         "cohort_size must be between 1 and users ({}), got {}",
                         self.users, self.cohort_size
+                    ));
+                }
+                // Every released round uses up to cohort_size units that never contributed:
+                // fewer users than that for all rounds stops the run part-way.
+                let needed = self.rounds.saturating_mul(self.cohort_size);
+                if self.users < needed && !self.allow_fewer_rounds {
+                    return bad(format!(
+                        "users ({}) is below what `fresh` participation needs: {} rounds x cohort_size {} = {needed} units that never contributed, so the run would stop after about {} rounds; raise users, lower rounds or cohort_size, or set allow_fewer_rounds = true to let the run end when the units run out",
+                        self.users,
+                        self.rounds,
+                        self.cohort_size,
+                        self.users / self.cohort_size
                     ));
                 }
             }
@@ -1019,7 +1116,8 @@ mod tests {
     #[test]
     fn agents_split_users_evenly() {
         let mut s =
-            Scenario::from_toml_str("users = 10\n[task]\nkind = \"mean_estimation\"\n").unwrap();
+            Scenario::from_toml_str("users = 10\nrounds = 1\n[task]\nkind = \"mean_estimation\"\n")
+                .unwrap();
         s.client_agents = 3;
         let ranges: Vec<_> = (0..3).map(|i| s.agent_units(i)).collect();
         assert_eq!(ranges[0].start, 0);
@@ -1157,5 +1255,55 @@ mod tests {
         assert!((n - 2.0).abs() < 1e-5);
         assert_eq!(t.user_vector(&mu, 3), t.user_vector(&mu, 3));
         assert_ne!(t.user_vector(&mu, 3), t.user_vector(&mu, 4));
+    }
+
+    /// Issue 59, item 5: plans the run cannot carry out are refused when the scenario is
+    /// loaded (before any aggregator listens, and for `--issue-token` too), with the numbers.
+    #[test]
+    fn infeasible_plans_are_refused_at_load_with_the_numbers() {
+        let task = "[task]\nkind = \"mean_estimation\"\n";
+        // `fresh`: 20 rounds of 10 need 200 units that never contributed; 40 run out after 4.
+        let e = Scenario::from_toml_str(&format!(
+            "users = 40\nrounds = 20\ncohort_size = 10\nquorum = 5\nnoise_multiplier = 5.0\n{task}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("users (40)")
+                && e.contains("20 rounds x cohort_size 10 = 200")
+                && e.contains("allow_fewer_rounds"),
+            "{e}"
+        );
+        // Allowed explicitly: the run may end when the units run out.
+        let s = Scenario::from_toml_str(&format!(
+            "users = 40\nrounds = 20\ncohort_size = 10\nquorum = 5\nnoise_multiplier = 5.0\nallow_fewer_rounds = true\n{task}"
+        ))
+        .unwrap();
+        assert!(s.allow_fewer_rounds);
+        // Enough users: accepted, and the field defaults to false.
+        let s = Scenario::from_toml_str(&format!(
+            "users = 200\nrounds = 20\ncohort_size = 10\nnoise_multiplier = 5.0\n{task}"
+        ))
+        .unwrap();
+        assert!(!s.allow_fewer_rounds);
+
+        // "auto" with an epsilon so small that the noise it needs is beyond what the exact
+        // discrete Gaussian can draw at this clip norm: refused now, not after "listening".
+        let e = Scenario::from_toml_str(&format!(
+            "noise_multiplier = \"auto\"\ntarget_epsilon = 0.001\n{task}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("noise_multiplier") && e.contains("largest") && e.contains("epsilon"),
+            "{e}"
+        );
+        // The same for an explicit multiplier that large.
+        let e = Scenario::from_toml_str(&format!("noise_multiplier = 5000.0\n{task}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("5000") && e.contains("largest"), "{e}");
+        // A multiplier the sampler can draw still loads.
+        Scenario::from_toml_str(&format!("noise_multiplier = 50.0\n{task}")).unwrap();
     }
 }

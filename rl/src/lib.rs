@@ -84,6 +84,12 @@ pub enum NnError {
     ParamLength { got: usize, expected: usize },
     #[error("{0}")]
     Invalid(String),
+    /// Per-unit DP-SGD: the gradient norm of the units at these positions of the batch (the
+    /// order of the units with rows) is not finite: their data (or the model) overflowed.
+    #[error(
+        "the gradient norm of the unit(s) at batch position(s) {units:?} is not finite (absurd data, or diverged parameters?)"
+    )]
+    NonFiniteUnits { units: Vec<usize> },
 }
 
 /// Result type of this crate.

@@ -433,3 +433,49 @@ fn agents_with_out_of_range_or_overlapping_experts_are_refused_before_the_releas
     }
     assert_eq!(stable_of(&actions), clean_stable);
 }
+
+/// Issue 59, item 6: resuming an expert-level run keeps the report's `selective` section and
+/// does not count the release's ledger record as a round; with the published D_stable gone,
+/// the resume is refused with a clear message (it used to go on with "0 released transitions
+/// read back").
+#[test]
+fn a_resumed_expert_run_keeps_its_release_or_refuses_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("datasets");
+    let out = run(dir.path(), &data, "resumed", &scenario("federated", 0.0));
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let before = read(&out.join("report.json"));
+    assert!(before["selective"]["release"].is_object(), "{before}");
+    assert_eq!(before["rounds_completed"], 0, "{before}");
+    let resume = |out: &Path| {
+        Command::new(exe())
+            .arg("run")
+            .arg("--out")
+            .arg(out)
+            .arg("--resume")
+            .env("FEDRL_DATA_DIR", &data)
+            .output()
+            .unwrap()
+    };
+    // The run is over: its resume attempts nothing, and reports what the run did.
+    let o = resume(&out);
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{stderr}");
+    let after = read(&out.join("report.json"));
+    assert_eq!(
+        after["rounds_completed"], 0,
+        "the release counted as a round: {after}"
+    );
+    assert_eq!(after["selective"], before["selective"], "{after}");
+    // D_stable deleted from the state directory: the resume is refused, saying what is missing.
+    std::fs::remove_dir_all(out.join("state").join("d_stable")).unwrap();
+    let o = resume(&out);
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "resumed without D_stable: {stderr}");
+    assert!(
+        stderr.contains("d_stable") && stderr.contains("missing"),
+        "{stderr}"
+    );
+}

@@ -304,3 +304,84 @@ fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
         "{agent}"
     );
 }
+
+/// Issue 59, item 5: plans the run cannot carry out are refused when the scenario is loaded,
+/// with the numbers, before anything listens (and `--issue-token` refuses them too); a run the
+/// scenario allows to end early (`allow_fewer_rounds`) stops when its units run out, says so,
+/// and exits 0.
+#[test]
+fn infeasible_scenarios_are_refused_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "name = \"short\"\nseed = 5\nclient_agents = 1\nparticipation = { kind = \"fresh\" }\nround_deadline_s = 10.0\nstart_timeout_s = 10.0\ntarget_epsilon = 50.0\n[task]\nkind = \"mean_estimation\"\ndim = 4\n";
+    // 20 rounds of 10 under `fresh` need 200 users; 40 stop after 4 rounds.
+    let few = write(
+        dir.path(),
+        "few.toml",
+        &format!("rounds = 20\nusers = 40\ncohort_size = 10\nquorum = 5\n{base}"),
+    );
+    let out = dir.path().join("out-few");
+    let (code, stdout, stderr) =
+        fedrl_output(&["run", few.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("users (40)") && stderr.contains("= 200"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("listening") && !stderr.contains("listening"));
+    // "auto" with an epsilon out of the exact sampler's reach.
+    let tiny = write(
+        dir.path(),
+        "tiny.toml",
+        &format!("rounds = 2\nusers = 40\ncohort_size = 10\nnoise_multiplier = \"auto\"\n{base}")
+            .replace("target_epsilon = 50.0", "target_epsilon = 0.001"),
+    );
+    let state_dir = dir.path().join("state");
+    let (code, stdout, stderr) = fedrl_output(&[
+        "aggregator",
+        "--scenario",
+        tiny.to_str().unwrap(),
+        "--state-dir",
+        state_dir.to_str().unwrap(),
+        "--issue-token",
+        "agent-0",
+    ]);
+    assert_ne!(code, 0, "a token was issued: {stdout}");
+    assert!(stderr.contains("largest"), "{stderr}");
+    let (code, stdout, stderr) = fedrl_output(&[
+        "aggregator",
+        "--scenario",
+        tiny.to_str().unwrap(),
+        "--state-dir",
+        state_dir.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert!(!stdout.contains("listening"), "{stdout}");
+    assert!(stderr.contains("largest"), "{stderr}");
+
+    // Allowed: 3 rounds of 10 from 30 users, then the run ends for lack of units, exit 0.
+    let allowed = write(
+        dir.path(),
+        "allowed.toml",
+        &format!(
+            "rounds = 5\nusers = 30\ncohort_size = 10\nquorum = 5\nallow_fewer_rounds = true\n{base}"
+        ),
+    );
+    let out = dir.path().join("out-allowed");
+    let (code, _, stderr) = fedrl_output(&[
+        "run",
+        allowed.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["rounds_completed"], 3, "{report}");
+    assert!(
+        report["finished"]
+            .as_str()
+            .unwrap()
+            .contains("never contributed"),
+        "{report}"
+    );
+}

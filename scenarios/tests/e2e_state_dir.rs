@@ -187,3 +187,63 @@ fn a_larger_target_epsilon_on_resume_needs_the_operators_flag() {
     );
     drop(agg);
 }
+
+/// Issue 59, item 5: a run that stops short of its rounds for lack of units says so and ends
+/// as failed (exit non-zero, `outcome: failed`) unless the scenario sets `allow_fewer_rounds`.
+/// A scenario that cannot reach its rounds is refused at load, so the case arises here from a
+/// resume with a smaller cohort after the first process used every unit.
+#[test]
+fn a_run_short_of_units_fails_unless_the_scenario_allows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |cohort: u64, rounds: u64, allow: bool| {
+        format!(
+            "name = \"short\"\nseed = 5\nrounds = {rounds}\nusers = 40\nparticipation = {{ kind = \"fresh\" }}\ncohort_size = {cohort}\nquorum = 5\nround_deadline_s = 10.0\nstart_timeout_s = 60.0\nnoise_multiplier = 2.0\ntarget_epsilon = 50.0\ncheckpoint_every = 1\nallow_fewer_rounds = {allow}\n[task]\nkind = \"mean_estimation\"\ndim = 4\n"
+        )
+    };
+    let state_dir = dir.path().join("state");
+    let secret = prepare_state(&state_dir);
+    // Two rounds of 20 use all 40 units.
+    let s1 = write(dir.path(), "s1.toml", &text(20, 2, false));
+    let (mut agg, addr) = aggregator(&s1, &state_dir, "127.0.0.1:0", &dir.path().join("a1.log"));
+    let mut c = client(
+        "c",
+        &addr,
+        &token(&secret, "c"),
+        "0..40",
+        &dir.path().join("c1.log"),
+    );
+    assert!(
+        agg.wait(Duration::from_secs(90)).success(),
+        "{}",
+        agg.log_text()
+    );
+    c.wait(Duration::from_secs(30));
+    assert_eq!(ledger_rounds(&state_dir), [1, 2]);
+    // Four rounds of 10 (40 users are enough at load), resumed at round 3: no unit is left.
+    let s2 = write(dir.path(), "s2.toml", &text(10, 4, false));
+    let p = spawn_aggregator(&s2, &state_dir, &[], &dir.path().join("a2.log"));
+    let log = refused(p);
+    assert!(
+        log.contains("stopped short of its 4 rounds") && log.contains("allow_fewer_rounds"),
+        "{log}"
+    );
+    let r = report(&state_dir);
+    assert_eq!(r["outcome"], "failed", "{r}");
+    // Allowed: the same end is a finished run.
+    let s3 = write(dir.path(), "s3.toml", &text(10, 4, true));
+    let mut p = spawn_aggregator(&s3, &state_dir, &[], &dir.path().join("a3.log"));
+    assert!(
+        p.wait(Duration::from_secs(60)).success(),
+        "{}",
+        p.log_text()
+    );
+    let r = report(&state_dir);
+    assert_eq!(r["outcome"], "finished", "{r}");
+    assert!(
+        r["finished"]
+            .as_str()
+            .unwrap()
+            .contains("never contributed"),
+        "{r}"
+    );
+}

@@ -1436,3 +1436,116 @@ fn sampled_rounds_wait_while_no_client_is_connected() {
     );
     assert_eq!(e.open_round(), Some(2));
 }
+
+/// Issue 59, item 5: a `fresh` run whose population runs out before its last round ends, and
+/// the engine says that it ran out of units (the driver turns it into a failed run unless the
+/// scenario allows fewer rounds); a run that attempted all its rounds does not.
+#[test]
+fn a_fresh_run_that_runs_out_of_units_says_so() {
+    // 10 units, cohort 4, 5 rounds: two released rounds use 8, the 2 left are below quorum 3.
+    let mut c = cfg(Participation::Fresh);
+    c.quorum = 3;
+    let (mut e, mut o) = started(c);
+    for round in 1..=2u64 {
+        let mut a = Vec::new();
+        for (client, _, units) in &o {
+            for u in units {
+                a.extend(e.handle(1.0, update(*client, round, *u, &[0.1; 3])));
+            }
+        }
+        assert!(record(&a).is_some(), "round {round} closes");
+        assert!(!e.ran_out_of_units());
+        e.handle(1.0, Event::LedgerAppended { round });
+        let a = e.handle(
+            1.0,
+            Event::Released {
+                round,
+                target_reached: false,
+            },
+        );
+        o = offers(&a);
+        if round == 2 {
+            assert!(o.is_empty());
+            let reason = a
+                .iter()
+                .find_map(|x| match x {
+                    Action::Finished { reason } => Some(reason.clone()),
+                    _ => None,
+                })
+                .expect("the run ends");
+            assert!(reason.contains("only 2 units"), "{reason}");
+        }
+    }
+    assert!(e.ran_out_of_units());
+    assert_eq!(e.rounds_completed(), 2);
+
+    // All rounds attempted: not short.
+    let mut c = cfg(Participation::Fresh);
+    c.rounds = 1;
+    let (mut e, o) = started(c);
+    for (client, _, units) in &o {
+        for u in units {
+            e.handle(1.0, update(*client, 1, *u, &[0.1; 3]));
+        }
+    }
+    e.handle(1.0, Event::LedgerAppended { round: 1 });
+    let a = e.handle(
+        1.0,
+        Event::Released {
+            round: 1,
+            target_reached: false,
+        },
+    );
+    assert!(a.iter().any(|x| matches!(x, Action::Finished { .. })));
+    assert!(!e.ran_out_of_units());
+}
+
+/// Issue 59, item 1: a unit the central mode left out of a step (its gradient is not finite)
+/// is resolved as rejected, so the round closes without waiting for its deadline, and the
+/// unit's client is told; an exclusion for a unit that is not in the round for that client,
+/// or for a closed round, changes nothing.
+#[test]
+fn an_excluded_unit_is_resolved_and_the_round_goes_on() {
+    let mut c = cfg(Participation::sampled(1.0).unwrap());
+    c.expected_cohort = 10.0;
+    let (mut e, o) = started(c);
+    let cohort: Vec<(ClientId, UnitId)> = o
+        .iter()
+        .flat_map(|(c, _, us)| us.iter().map(move |u| (*c, *u)))
+        .collect();
+    assert_eq!(cohort.len(), 10);
+    let (bad_client, bad) = cohort[3];
+    let excluded = |client, round, unit| Event::UnitExcluded {
+        client,
+        round,
+        unit,
+        reason: "its gradient is not finite".into(),
+    };
+    // Named with the wrong client, or for another round: ignored.
+    assert!(e.handle(1.0, excluded(bad_client + 7, 1, bad)).is_empty());
+    assert!(e.handle(1.0, excluded(bad_client, 2, bad)).is_empty());
+    let mut a = Vec::new();
+    for (client, u) in &cohort {
+        if *u != bad {
+            a.extend(e.handle(1.0, update(*client, 1, *u, &[0.1; 3])));
+        }
+    }
+    assert!(record(&a).is_none(), "the round waits for the last unit");
+    let a = e.handle(1.0, excluded(bad_client, 1, bad));
+    assert!(a.iter().any(|x| matches!(
+        x,
+        Action::Rejected {
+            code: ErrorCode::NonFinite,
+            unit: Some(u),
+            ..
+        } if *u == bad
+    )));
+    let rec = record(&a).expect("the round closes at once, well before its deadline");
+    // The record lists the contributors; under `sampled` its event charges every unit anyway.
+    assert_eq!(rec.units.len(), 9);
+    assert!(!rec.units.contains(&bad));
+    let rel = release(&e.handle(1.0, Event::LedgerAppended { round: 1 })).unwrap();
+    assert_eq!(rel.accepted, 9);
+    // Late: the round is closed.
+    assert!(e.handle(1.1, excluded(bad_client, 1, bad)).is_empty());
+}

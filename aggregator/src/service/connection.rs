@@ -605,10 +605,13 @@ async fn update_stream(
                 }
             }
             Message::UnitData(header) => {
+                // The body keeps its read permit until the engine thread has checked it: at
+                // most `max_inflight_updates` uploads are held in flight, however many
+                // clients send.
                 let input = Input::UnitData {
                     session,
                     header,
-                    payload: std::mem::take(&mut body.data),
+                    body,
                 };
                 if shared.engine_tx.send(input).await.is_err() {
                     return;

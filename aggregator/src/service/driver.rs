@@ -22,7 +22,7 @@ use fedrl_common::protocol::{
 use fedrl_common::scenario::Scenario;
 use tokio::sync::mpsc;
 
-use super::central::{Central, CentralSum, CentralUpdate};
+use super::central::{Central, CentralSum, CentralUpdate, ExcludedUnit};
 use super::connection::{OutTx, Outbound, Shared, UpdateBody};
 use super::metrics::{Abandoned, Released, RoundMetrics};
 use super::report::{OperatorCounts, Outcome, PublicReport, RunReport, Timings};
@@ -55,11 +55,12 @@ pub(super) enum Input {
         message: Message,
         reason: String,
     },
-    /// Central update mode: one unit's uploaded transitions (DESIGN §2.5).
+    /// Central update mode: one unit's uploaded transitions (DESIGN §2.5), in a body that holds
+    /// its read permit until it is checked.
     UnitData {
         session: ClientId,
         header: UnitData,
-        payload: Vec<f32>,
+        body: UpdateBody,
     },
     /// Central update mode: the client uploaded all its `units` units.
     DataComplete {
@@ -212,7 +213,24 @@ impl EngineThread {
         if outcome == Outcome::Failed {
             return self.failed_report(reason, &mut metrics);
         }
-        match self.wrap_up(outcome, reason, &mut metrics) {
+        // A run that ended before its rounds because the units ran out did not do what its
+        // scenario planned: it is wrapped up as usual (checkpoint, final evaluation, report)
+        // but ends as failed, unless the scenario allows fewer rounds.
+        let short = outcome == Outcome::Finished
+            && self.ended_by_engine
+            && self.engine.ran_out_of_units()
+            && !self.scenario.allow_fewer_rounds;
+        let reason = if short {
+            format!(
+                "the run stopped short of its {} rounds for lack of units ({} released, {} abandoned): {reason}; the scenario does not allow fewer rounds (set allow_fewer_rounds = true to accept this end, or give it more users)",
+                self.scenario.rounds,
+                self.engine.rounds_completed(),
+                self.engine.rounds_abandoned()
+            )
+        } else {
+            reason
+        };
+        match self.wrap_up(outcome, reason, short, &mut metrics) {
             Ok(report) => Ok(report),
             // E.g. the checkpoint cannot be written: the run did not end as it says.
             Err(e) => self.failed_report(format!("{e:#}"), &mut metrics),
@@ -221,10 +239,13 @@ impl EngineThread {
 
     /// The end of a run that finished or was interrupted: the model's last scheduled steps, the
     /// checkpoint, the evaluation, the export and the report.
+    /// `short`: the run is over but stopped short of its rounds, which the scenario does not
+    /// allow: its report says failed.
     fn wrap_up(
         &mut self,
         outcome: Outcome,
         reason: String,
+        short: bool,
         metrics: &mut RoundMetrics,
     ) -> anyhow::Result<RunReport> {
         // The last released model's evaluation belongs in its metrics line and the report.
@@ -246,6 +267,7 @@ impl EngineThread {
         self.model
             .export(&self.dir)
             .context("exporting the trained model")?;
+        let outcome = if short { Outcome::Failed } else { outcome };
         let report = self.report(reason, outcome)?;
         report.write(&self.dir)?;
         Ok(report)
@@ -338,8 +360,28 @@ impl EngineThread {
                     tracing::info!(session, client_id = %client_id, units = units.len(), "client joined");
                     self.sessions.insert(session, out);
                     match self.central.as_mut() {
-                        // Its units join the population once their data is here.
-                        Some(c) => c.hold_join(session, units),
+                        // Its units join the population once their data is here; units the
+                        // engine would refuse (outside the population, hosted or claimed by
+                        // another session) refuse the join now, before any upload.
+                        Some(c) => {
+                            if let Err(m) = c.hold_join(session, units, self.engine.hosted()) {
+                                self.rejected += 1;
+                                tracing::warn!(session, message = %m, "join refused");
+                                self.send(
+                                    session,
+                                    Outbound::Close {
+                                        code: close_code::REFUSED,
+                                        message: Some(Message::error(
+                                            ErrorCode::UnitsInUse,
+                                            &m,
+                                            None,
+                                            None,
+                                        )),
+                                        reason: m,
+                                    },
+                                );
+                            }
+                        }
                         None => self.admit(session, units, &mut queue)?,
                     }
                 }
@@ -384,13 +426,15 @@ impl EngineThread {
                 Input::UnitData {
                     session,
                     header,
-                    payload,
+                    body,
                 } => {
                     let unit = header.unit;
                     let result = match self.central.as_mut() {
-                        Some(c) => c.unit_data(session, &header, &payload),
+                        Some(c) => c.unit_data(session, &header, &body.data),
                         None => Err("unit data, but this run is not in the central update mode (the data stays with the clients)".into()),
                     };
+                    // The buffer and the permit go back.
+                    drop(body);
                     match result {
                         Ok(()) => self.central_ready(&mut queue)?,
                         Err(m) => {
@@ -633,6 +677,10 @@ impl EngineThread {
                 "published": published,
             },
         }));
+        if let Some(summary) = &self.selective_report {
+            super::release::write_summary(&self.dir, summary)
+                .context("writing the release's summary beside D_stable")?;
+        }
         tracing::info!(
             prefixes = prefixes.len(),
             transitions,
@@ -662,10 +710,14 @@ impl EngineThread {
         if c.summed() {
             // The summed path: one pre-summed contribution per round, journalled and fed as
             // one event (the engine quantises it once).
-            let sums = c
+            let (sums, excluded) = c
                 .compute_summed(self.model.params())
                 .context("computing the units' clipped gradient sum (central mode)")?;
             self.timings.central_compute_s += t.elapsed().as_secs_f64();
+            // The units left out first: the sum then closes a round that waits for nobody.
+            if let Some(reason) = self.exclude(now, excluded, queue, metrics)? {
+                return Ok(Some(reason));
+            }
             for CentralSum { round, units, sum } in sums {
                 self.journal
                     .record_sum(now, round, &units, &sum)
@@ -679,10 +731,13 @@ impl EngineThread {
             }
             return self.drain(now, queue, metrics);
         }
-        let updates = c
+        let (updates, excluded) = c
             .compute(self.model.params())
             .context("computing the units' gradients (central mode)")?;
         self.timings.central_compute_s += t.elapsed().as_secs_f64();
+        if let Some(reason) = self.exclude(now, excluded, queue, metrics)? {
+            return Ok(Some(reason));
+        }
         for CentralUpdate {
             client,
             round,
@@ -697,6 +752,46 @@ impl EngineThread {
             }
         }
         self.drain(now, queue, metrics)
+    }
+
+    /// Central mode: units left out of a step because their gradient is not finite. Each is
+    /// logged by unit id and client (operator-only) and fed to the engine, which resolves it
+    /// as rejected; the run goes on. `Some(reason)` when the run is over.
+    fn exclude(
+        &mut self,
+        now: f64,
+        excluded: Vec<ExcludedUnit>,
+        queue: &mut VecDeque<Event>,
+        metrics: &mut RoundMetrics,
+    ) -> anyhow::Result<Option<String>> {
+        for ExcludedUnit {
+            client,
+            round,
+            unit,
+            reason,
+        } in excluded
+        {
+            tracing::warn!(
+                unit,
+                client,
+                round,
+                reason = %reason,
+                "unit left out of this step"
+            );
+            let actions = self.feed(
+                now,
+                Event::UnitExcluded {
+                    client,
+                    round,
+                    unit,
+                    reason,
+                },
+            )?;
+            if let Some(reason) = self.execute(now, actions, queue, metrics)? {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
     }
 
     /// Feeds the queued events to the engine and executes their actions (which may queue more);

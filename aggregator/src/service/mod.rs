@@ -68,7 +68,7 @@ pub use gate::{
     AUTH_TIMEOUT_S, ConnectionCounts, ConnectionStats, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_UNAUTHENTICATED, DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
 };
-pub use release::STABLE_DIR;
+pub use release::{STABLE_DIR, STABLE_SUMMARY_FILE};
 pub use report::{OperatorCounts, Outcome, PublicReport, RunFailed, RunReport};
 pub use resume::ResumeError;
 pub use startup::run;

@@ -76,7 +76,12 @@ pub fn resume_point(
     let ckpt_round = checkpoint.map_or(0, |m| m.round);
     let mut resume = Resume {
         next_round: last_ledger_round.max(ckpt_round) + 1,
-        rounds_completed: ledger.records().len() as u64,
+        // Training rounds only: the DataRelease's record is not a round.
+        rounds_completed: ledger
+            .records()
+            .iter()
+            .filter(|r| r.phase != crate::engine::RELEASE_PHASE)
+            .count() as u64,
         release_done: ledger
             .records()
             .iter()
@@ -141,5 +146,59 @@ mod tests {
         check_checkpoint(&meta(12, 12), p, 13).unwrap();
         // Abandoned rounds advance the checkpoint's round, not its ledger position.
         check_checkpoint(&meta(15, 12), p, 12).unwrap();
+    }
+
+    /// Issue 59, item 6: the DataRelease's ledger record is not a round: a resumed expert-level
+    /// run counts only its training records as released rounds.
+    #[test]
+    fn the_release_record_is_not_counted_as_a_round() {
+        use fedrl_common::privacy::DpEvent;
+        use fedrl_common::privacy::ledger::{LedgerConfig, RoundRecord, UnitKind, training_event};
+        use fedrl_common::privacy::noise::NoiseSource;
+        let dir = tempfile::tempdir().unwrap();
+        let participation = Participation::Sampled {
+            rate: fedrl_common::privacy::params::SamplingRate::try_from(0.5).unwrap(),
+        };
+        let config = LedgerConfig {
+            target_epsilon: 1000.0,
+            delta: fedrl_common::privacy::params::Delta::try_from(1e-5).unwrap(),
+            unit_kind: UnitKind::Expert,
+            participation,
+        };
+        let (mut ledger, _) = PrivacyLedger::open(dir.path().join("l"), config).unwrap();
+        let seeded = NoiseSource::Seeded { seed: 1 };
+        ledger
+            .append(RoundRecord {
+                round: crate::engine::RELEASE_ROUND,
+                phase: crate::engine::RELEASE_PHASE.into(),
+                event: DpEvent::Laplace { scale: 1.0 },
+                sampled_by_aggregator: true,
+                units: (0..4).collect(),
+                clip_norm: None,
+                expected_cohort: None,
+                noise_source: seeded,
+                unix_time_s: 0.0,
+            })
+            .unwrap();
+        for round in 1..=2 {
+            ledger
+                .append(RoundRecord::training_round(
+                    round,
+                    vec![0, 1],
+                    training_event(5.0, None),
+                    1.0,
+                    Some(0.5),
+                    2.0,
+                    seeded,
+                ))
+                .unwrap();
+        }
+        let r = resume_point(&ledger, None, participation);
+        assert_eq!(
+            r.rounds_completed, 2,
+            "the release record counted as a round"
+        );
+        assert_eq!(r.next_round, 3);
+        assert!(r.release_done);
     }
 }

@@ -93,6 +93,7 @@ pub async fn run(
 
     // A resumed expert-level run whose DataRelease is in the ledger already: D_stable comes
     // back from where it was published (a release is never run, nor charged, twice).
+    let mut selective_report = None;
     if scenario.selective().is_some() && super::release::released_already(&ledger) {
         let obs_dim = match &scenario.task {
             fedrl_common::scenario::Task::OfflineCql(t) => {
@@ -100,11 +101,18 @@ pub async fn run(
             }
             _ => 0,
         };
-        let stable = super::release::load_published(&dir, obs_dim)?;
+        let (stable, summary) = super::release::load_for_resume(&dir, obs_dim)?;
         eprintln!(
             "DataRelease already accounted: {} released transitions read back",
             stable.len()
         );
+        if summary.is_none() {
+            eprintln!(
+                "warning: no {} beside d_stable (published by an older version): the report will have no `selective` section",
+                super::release::STABLE_SUMMARY_FILE
+            );
+        }
+        selective_report = summary;
         model
             .stable_data()
             .context("this task trains on no released data")?
@@ -201,7 +209,7 @@ pub async fn run(
         shared: engine_shared,
         last_round,
         central: super::central::Central::for_scenario(&scenario)?,
-        selective_report: None,
+        selective_report,
         ended_by_engine: false,
         failure: None,
         ledger_fault: super::driver::ledger_fault_from_env(),

@@ -19,6 +19,7 @@ use thiserror::Error;
 use super::batch::TransitionBatch;
 use super::per_example::{SummedGradient, per_unit_clipped, summed_clipped};
 use super::qnet::QNetSpec;
+use crate::NnError;
 use crate::rollout::mix;
 
 /// The rows unit `unit` uses at step `round`: `k` indices drawn uniformly with replacement from
@@ -158,6 +159,53 @@ pub fn summed_unit_gradients(
         clip_norm,
         device,
     )
+}
+
+/// Runs one step's per-unit computation `f` ([`unit_gradients`], [`summed_unit_gradients`]) on
+/// `units`, leaving out every unit whose gradient norm is not finite: when `f` fails with
+/// [`NnError::NonFiniteUnits`], those units are dropped and `f` runs again on the others.
+/// Returns `f`'s result and the ids of the units left out (in the order found).
+///
+/// Sound for the others because a unit's rows ([`draw_rows`]) and each row's per-example
+/// gradient depend on that unit's own data alone, not on the other rows of the batch (the
+/// assumption [`super::per_example`] states): the units kept get what they would have got
+/// without the ones left out.
+pub fn without_non_finite_units<'a, T>(
+    units: &[(u64, &'a TransitionBatch)],
+    mut f: impl FnMut(&[(u64, &'a TransitionBatch)]) -> crate::Result<T>,
+) -> crate::Result<(T, Vec<u64>)> {
+    let mut kept = units.to_vec();
+    let mut left_out = Vec::new();
+    loop {
+        match f(&kept) {
+            Err(NnError::NonFiniteUnits { units: positions }) => {
+                // Positions count the units with rows, in order ([`gather`]).
+                let with_rows: Vec<u64> = kept
+                    .iter()
+                    .filter(|(_, d)| !d.is_empty())
+                    .map(|(u, _)| *u)
+                    .collect();
+                let mut bad = Vec::with_capacity(positions.len());
+                for p in positions {
+                    let Some(u) = with_rows.get(p) else {
+                        return Err(NnError::Invalid(format!(
+                            "a non-finite unit at batch position {p} of {}",
+                            with_rows.len()
+                        )));
+                    };
+                    bad.push(*u);
+                }
+                if bad.is_empty() {
+                    return Err(NnError::Invalid(
+                        "non-finite units reported without positions".into(),
+                    ));
+                }
+                kept.retain(|(u, _)| !bad.contains(u));
+                left_out.extend(bad);
+            }
+            other => return other.map(|t| (t, left_out)),
+        }
+    }
 }
 
 /// Values per uploaded row: observation, next observation, action, reward, terminal.
@@ -362,5 +410,65 @@ mod tests {
             unit_gradients(&s, &cfg, &offer, &[(5, &a)], 4, 0, 3, f64::INFINITY, &dev).unwrap();
         let l2 = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
         assert!(l2(&free[0].1) > norm, "{} vs {norm}", l2(&free[0].1));
+    }
+
+    /// Issue 59, item 1: a unit whose data makes its gradient non-finite (observations of 1e30)
+    /// is left out of the step, by its id, and the other units get exactly what they get
+    /// without it, on both paths; before, the whole step failed ("unit 1: gradient norm is not
+    /// finite", a batch position).
+    #[test]
+    fn a_unit_with_a_non_finite_gradient_is_left_out_by_id() {
+        let s = spec();
+        let cfg = CqlConfig {
+            hidden: s.hidden.clone(),
+            ..CqlConfig::default()
+        };
+        let mut offer = s.init(1);
+        offer.extend(s.init(2));
+        let good = batch();
+        let mut absurd = batch();
+        absurd.obs.iter_mut().for_each(|v| *v = 1e30);
+        absurd.next_obs.iter_mut().for_each(|v| *v = -1e30);
+        let dev = Device::Cpu;
+        let units = [(5, &good), (7, &absurd), (9, &good)];
+        // Without the helper the step fails as a whole.
+        let e = unit_gradients(&s, &cfg, &offer, &units, 4, 0, 3, 0.5, &dev).unwrap_err();
+        assert!(
+            matches!(&e, NnError::NonFiniteUnits { units } if units == &vec![1]),
+            "{e}"
+        );
+        let (grads, out) = without_non_finite_units(&units, |u| {
+            unit_gradients(&s, &cfg, &offer, u, 4, 0, 3, 0.5, &dev)
+        })
+        .unwrap();
+        assert_eq!(out, vec![7]);
+        assert_eq!(grads.iter().map(|g| g.0).collect::<Vec<_>>(), vec![5, 9]);
+        let alone = unit_gradients(
+            &s,
+            &cfg,
+            &offer,
+            &[(5, &good), (9, &good)],
+            4,
+            0,
+            3,
+            0.5,
+            &dev,
+        )
+        .unwrap();
+        assert_eq!(grads, alone);
+        let (sum, out) = without_non_finite_units(&units, |u| {
+            summed_unit_gradients(&s, &cfg, &offer, u, 4, 0, 3, 0.5, &dev)
+        })
+        .unwrap();
+        assert_eq!(out, vec![7]);
+        assert_eq!(sum.norms.len(), 2);
+        assert!(sum.sum.iter().all(|v| v.is_finite()));
+        // Every unit bad: all left out, an empty (zero) step.
+        let (sum, out) = without_non_finite_units(&[(7, &absurd)], |u| {
+            summed_unit_gradients(&s, &cfg, &offer, u, 4, 0, 3, 0.5, &dev)
+        })
+        .unwrap();
+        assert_eq!(out, vec![7]);
+        assert!(sum.sum.iter().all(|v| *v == 0.0));
     }
 }

@@ -219,6 +219,7 @@ fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64
     let gamma = 2.0 * n_chain as f64 * f64::powi(2.0, -24);
     let mut scales = Vec::with_capacity(g.n_units());
     let mut norms = Vec::with_capacity(g.n_units());
+    let mut bad = Vec::new();
     for (u, &k) in g.counts.iter().enumerate() {
         if k == 0 {
             scales.push(1.0);
@@ -228,10 +229,13 @@ fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64
         let inv_k2 = 1.0 / (k * k) as f64;
         let est = f64::from(norm2[u]).max(0.0) * inv_k2;
         let upper = est + gamma * f64::from(abs2[u]) * inv_k2;
+        // NaN fails this test too. Every such unit is named, so the caller can leave them all
+        // out at once (`dpsgd::without_non_finite_units`).
         if !upper.is_finite() {
-            return Err(NnError::Invalid(format!(
-                "unit {u}: gradient norm is not finite (diverged parameters?)"
-            )));
+            bad.push(u);
+            scales.push(0.0);
+            norms.push(f64::NAN);
+            continue;
         }
         let upper = upper.sqrt();
         scales.push(if upper > clip_norm {
@@ -240,6 +244,9 @@ fn unit_clip(pe: &PerExample, g: &Grouping, idx: Option<&Tensor>, clip_norm: f64
             1.0
         });
         norms.push(est.sqrt());
+    }
+    if !bad.is_empty() {
+        return Err(NnError::NonFiniteUnits { units: bad });
     }
     Ok(Clip { scales, norms })
 }
@@ -497,6 +504,7 @@ fn row_norm_cap(
     let chain = widest + 2 * deltas.len() + 4;
     let sq_up = 1.0 + 2.0 * chain as f64 * 2f64.powi(-53);
     let up = 1.0 + 2f64.powi(-40);
+    let mut bad = Vec::new();
     for (u, (&start, &k)) in g.starts.iter().zip(&g.counts).enumerate() {
         if k == 0 {
             continue;
@@ -508,15 +516,17 @@ fn row_norm_cap(
             / k as f64
             * up;
         if !mean.is_finite() {
-            return Err(NnError::Invalid(format!(
-                "unit {u}: a row gradient norm is not finite (diverged parameters?)"
-            )));
+            bad.push(u);
+            continue;
         }
         // The cap with a 2^-50 relative slack for the division and product roundings.
         let cap = SUMMED_ROW_NORM_CAP * clip_norm / mean * (1.0 - 2f64.powi(-50));
         if scales[u] * mean > SUMMED_ROW_NORM_CAP * clip_norm * (1.0 - 2f64.powi(-50)) {
             scales[u] = scales[u].min(cap);
         }
+    }
+    if !bad.is_empty() {
+        return Err(NnError::NonFiniteUnits { units: bad });
     }
     Ok(())
 }

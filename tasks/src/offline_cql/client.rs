@@ -18,7 +18,7 @@ use fedrl_common::protocol::{ReleasedPrefix, RoundSpec, UnitId, UnitRange};
 use fedrl_common::task::OfflineCqlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::offline::TransitionBatch;
-use fedrl_rl::offline::dpsgd::{encode_rows, unit_gradients};
+use fedrl_rl::offline::dpsgd::{encode_rows, unit_gradients, without_non_finite_units};
 use fedrl_rl::offline::qnet::QNetSpec;
 
 use super::OfflineCqlTaskExt;
@@ -127,18 +127,31 @@ impl LocalTrainer for CqlTrainer {
             .iter()
             .filter_map(|u| self.units.get(u).map(|d| (*u, d)))
             .collect();
-        match unit_gradients(
-            &self.spec,
-            &self.task.cql,
-            global,
-            &chosen,
-            round.round,
-            self.task.data_seed,
-            self.task.transitions_per_unit,
-            round.clip_norm,
-            &self.device,
-        ) {
-            Ok(g) => g,
+        // A unit whose gradient is not finite sends no update (a dropout for the aggregator);
+        // the other units' updates still go.
+        match without_non_finite_units(&chosen, |c| {
+            unit_gradients(
+                &self.spec,
+                &self.task.cql,
+                global,
+                c,
+                round.round,
+                self.task.data_seed,
+                self.task.transitions_per_unit,
+                round.clip_norm,
+                &self.device,
+            )
+        }) {
+            Ok((g, left_out)) => {
+                for unit in left_out {
+                    tracing::warn!(
+                        round = round.round,
+                        unit,
+                        "unit left out of this step: its gradient is not finite"
+                    );
+                }
+                g
+            }
             Err(e) => {
                 tracing::error!(round = round.round, error = %e, "CQL gradients failed");
                 Vec::new()

@@ -64,7 +64,16 @@ pub trait OfflineCqlTaskExt {
     /// `obs_dim -> cql.hidden -> n_actions` for the dataset's environment, which must have a
     /// box observation and discrete actions.
     fn qnet_spec(&self) -> Result<QNetSpec, TaskError>;
+    /// The most transitions one unit's data can hold: `episodes_per_unit` episodes of at most
+    /// the environment's step limit each (an expert's `max_steps` when it is smaller), or
+    /// [`FALLBACK_EPISODE_STEPS`] per episode for an environment whose limit is not registered.
+    /// A public bound from the dataset's shape: the central mode refuses larger uploads.
+    fn max_unit_rows(&self) -> Result<u64, TaskError>;
 }
+
+/// Steps per episode assumed by [`OfflineCqlTaskExt::max_unit_rows`] for an environment whose
+/// step limit is not in the simulator registry.
+pub const FALLBACK_EPISODE_STEPS: u64 = 100_000;
 
 impl OfflineCqlTaskExt for OfflineCqlTask {
     fn qnet_spec(&self) -> Result<QNetSpec, TaskError> {
@@ -94,5 +103,22 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
             hidden: self.cql.hidden.clone(),
             n_actions,
         })
+    }
+
+    fn max_unit_rows(&self) -> Result<u64, TaskError> {
+        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
+            .and_then(|p| p.user_env(0))
+            .map_err(|e| model_error("task.dataset.env", e))?;
+        let id = env.id();
+        let mut steps = fedrl_sim::list()
+            .into_iter()
+            .find(|e| e.id == id)
+            .map_or(FALLBACK_EPISODE_STEPS, |e| u64::from(e.max_episode_steps));
+        if let fedrl_common::offline::Behaviour::Experts { max_steps, .. } = &self.dataset.behaviour
+            && *max_steps > 0
+        {
+            steps = steps.min(*max_steps);
+        }
+        Ok(self.dataset.episodes_per_unit.saturating_mul(steps))
     }
 }
