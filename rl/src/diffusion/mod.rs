@@ -1,0 +1,32 @@
+//! Diffusion synthesizers of offline-RL data (seed 003, PrivORL): what turns public and
+//! sensitive transitions into a synthetic dataset.
+//!
+//! This module is the model side, free of any privacy accounting: a DP fine-tuning (the
+//! aggregator's summed path, DESIGN §2.4) drives the same networks and losses.
+//! - [`encode`]: transitions `(s, a, r, s', done)` as real vectors (discrete actions one-hot,
+//!   argmax on the way back) and back;
+//! - [`normalize`]: per-dimension standardisation fitted on public data only ([`PublicRows`]);
+//! - [`denoiser`]: SynthER's residual-MLP denoiser (random-Fourier-feature time embedding);
+//! - [`edm`]: EDM's preconditioning, training loss and stochastic Heun sampler;
+//! - [`ema`]: the exponential moving average of the weights samples are drawn from;
+//! - [`synth`]: PrivORL-n's transition synthesizer (optimiser, EMA, normaliser, sampling);
+//! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data.
+//!
+//! Units: every model-side value is in normalised units (public mean 0, standard deviation 1
+//! per real entry); [`synth::TransitionSynthesizer::sample`] returns environment units.
+
+pub mod curiosity;
+pub mod denoiser;
+pub mod edm;
+pub mod ema;
+pub mod encode;
+pub mod normalize;
+pub mod synth;
+
+pub use curiosity::{CuriosityConfig, PretrainConfig, Rnd, pretrain, replace_with_most_novel};
+pub use denoiser::{Denoiser, DenoiserConfig, DenoiserSpec};
+pub use edm::EdmConfig;
+pub use ema::{Ema, EmaConfig};
+pub use encode::{ActionCoding, Actions, TransitionLayout, Transitions};
+pub use normalize::{Normalizer, PublicRows};
+pub use synth::{SynthesizerConfig, TrainConfig, TransitionSynthesizer, Weights};

@@ -1,0 +1,318 @@
+//! PrivORL-n's transition synthesizer (seed 003, section IV-B, appendix F-A): the EDM denoiser,
+//! its AdamW optimiser, the EMA of its weights and the public-data normaliser, with one training
+//! step and the sampler.
+//!
+//! Training data are **normalised encoded rows** (rows of [`TransitionLayout::dim`] values; see
+//! [`TransitionSynthesizer::encode`]). Samples are drawn from the EMA weights, unnormalised and
+//! decoded ([`TransitionSynthesizer::sample`]).
+//!
+//! Optimiser settings (defaults of [`TrainConfig`]): AdamW with learning rate 3e-4, weight
+//! decay 0 (PrivORL `config/resmlp_denoiser.gin`, `Trainer.train_lr`, `Trainer.weight_decay`),
+//! betas (0.9, 0.99) (`Trainer.adam_betas` default, `synther/diffusion/elucidated_diffusion.py:
+//! 324` in PrivORL), the gradient's global L2 norm clipped to 1.0 before each step (`:568`,
+//! PyTorch's `clip_grad_norm_`: factor `1 / (norm + 1e-6)`), batches of 128 (gin
+//! `Trainer.train_batch_size`). PrivORL steps its cosine schedule once per epoch over
+//! `T_max = 100000` (`:601-602`), which leaves the rate constant in practice: fedrl keeps it
+//! constant.
+//!
+//! Invariants: the normaliser is the one fitted on public data at construction and never
+//! changes; every random draw (initial weights, training noise, sampling noise) comes from the
+//! seed given to [`TransitionSynthesizer::new`].
+
+use candle_core::{Device, Tensor, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use serde::{Deserialize, Serialize};
+
+use super::denoiser::{Denoiser, DenoiserConfig, DenoiserSpec};
+use super::edm::{self, EdmConfig};
+use super::ema::{Ema, EmaConfig};
+use super::encode::{TransitionLayout, Transitions};
+use super::normalize::{Normalizer, PublicRows};
+use crate::{NnError, Result};
+
+/// Optimiser, batch and EMA settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// AdamW learning rate.
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip before each non-private step (`None`: no clip).
+    pub grad_clip: Option<f64>,
+    /// Rows per training batch.
+    pub batch_size: usize,
+    /// Rows per sampler call (bounds memory; the sampler's result does not depend on it
+    /// except through the order of random draws).
+    pub sample_chunk: usize,
+    pub ema: EmaConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            lr: 3e-4,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            grad_clip: Some(1.0),
+            batch_size: 128,
+            sample_chunk: 10_000,
+            ema: EmaConfig::default(),
+        }
+    }
+}
+
+/// Everything that configures a synthesizer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SynthesizerConfig {
+    pub denoiser: DenoiserConfig,
+    pub edm: EdmConfig,
+    pub train: TrainConfig,
+}
+
+impl SynthesizerConfig {
+    pub fn check(&self) -> Result<()> {
+        self.edm.check()?;
+        self.train.ema.check()?;
+        let t = &self.train;
+        if !(t.lr.is_finite() && t.lr > 0.0)
+            || !(0.0..1.0).contains(&t.beta1)
+            || !(0.0..1.0).contains(&t.beta2)
+            || !(t.eps.is_finite() && t.eps > 0.0)
+            || !(t.weight_decay.is_finite() && t.weight_decay >= 0.0)
+            || t.grad_clip.is_some_and(|c| !(c.is_finite() && c > 0.0))
+            || t.batch_size == 0
+            || t.sample_chunk == 0
+        {
+            return Err(NnError::Invalid(format!(
+                "synthesizer training settings out of range: {t:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Which weights a sampler call uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weights {
+    /// The optimiser's current weights (PrivORL's curiosity samples, `elucidated_diffusion.py:542`).
+    Online,
+    /// The moving average (released samples).
+    Ema,
+}
+
+/// The transition synthesizer.
+pub struct TransitionSynthesizer {
+    layout: TransitionLayout,
+    normalizer: Normalizer,
+    cfg: SynthesizerConfig,
+    net: Denoiser,
+    vars: Vec<Var>,
+    ema: Ema,
+    opt: AdamW,
+    rng: Xoshiro256PlusPlus,
+    steps: u64,
+}
+
+impl TransitionSynthesizer {
+    /// A fresh synthesizer for `layout`, its normaliser fitted on `public`, all randomness from
+    /// `seed`.
+    pub fn new(
+        layout: TransitionLayout,
+        public: &PublicRows,
+        cfg: SynthesizerConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self> {
+        cfg.check()?;
+        layout.check()?;
+        let normalizer = Normalizer::fit_public(&layout, public)?;
+        let spec = DenoiserSpec {
+            data_dim: layout.dim(),
+            config: cfg.denoiser,
+        };
+        let (flat, freqs) = spec.init(seed)?;
+        let net = Denoiser::new(spec, &freqs, device)?;
+        let vars: Vec<Var> = net
+            .tensors_from_flat(&flat)?
+            .iter()
+            .map(Var::from_tensor)
+            .collect::<candle_core::Result<_>>()?;
+        let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let ema = Ema::new(cfg.train.ema, &tensors)?;
+        let t = &cfg.train;
+        let opt = AdamW::new(
+            vars.clone(),
+            ParamsAdamW {
+                lr: t.lr,
+                beta1: t.beta1,
+                beta2: t.beta2,
+                eps: t.eps,
+                weight_decay: t.weight_decay,
+            },
+        )?;
+        // The training and sampling stream is separate from the initialisation stream.
+        let rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5eed_d1ff_0000_0001);
+        Ok(TransitionSynthesizer {
+            layout,
+            normalizer,
+            cfg,
+            net,
+            vars,
+            ema,
+            opt,
+            rng,
+            steps: 0,
+        })
+    }
+
+    pub fn layout(&self) -> &TransitionLayout {
+        &self.layout
+    }
+
+    /// The public-data normaliser (fixed for the synthesizer's life).
+    pub fn normalizer(&self) -> &Normalizer {
+        &self.normalizer
+    }
+
+    pub fn config(&self) -> &SynthesizerConfig {
+        &self.cfg
+    }
+
+    pub fn denoiser(&self) -> &Denoiser {
+        &self.net
+    }
+
+    /// Optimiser steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Entries of an encoded row.
+    pub fn dim(&self) -> usize {
+        self.layout.dim()
+    }
+
+    /// The synthesizer's random stream (curiosity draws from it too, so one seed fixes a run).
+    pub fn rng_mut(&mut self) -> &mut Xoshiro256PlusPlus {
+        &mut self.rng
+    }
+
+    /// Encodes and normalises `t` (with the public statistics): training rows.
+    pub fn encode(&self, t: &Transitions) -> Result<Vec<f32>> {
+        let mut rows = self.layout.encode(t)?;
+        self.normalizer.normalize(&mut rows);
+        Ok(rows)
+    }
+
+    /// Normalised encoded rows of public data.
+    pub fn encode_public(&self, public: &PublicRows) -> Result<Vec<f32>> {
+        if public.dim() != self.dim() {
+            return Err(NnError::Invalid("public rows do not fit the layout".into()));
+        }
+        let mut rows = public.values().to_vec();
+        self.normalizer.normalize(&mut rows);
+        Ok(rows)
+    }
+
+    /// The online weights as tensors (they share storage with the optimiser's variables).
+    pub fn online_params(&self) -> Vec<Tensor> {
+        self.vars.iter().map(|v| v.as_tensor().clone()).collect()
+    }
+
+    /// The EMA weights.
+    pub fn ema_params(&self) -> &[Tensor] {
+        self.ema.params()
+    }
+
+    /// The online weights as one flat PyTorch-layout vector.
+    pub fn online_flat(&self) -> Result<Vec<f32>> {
+        self.net.flat_from_tensors(&self.online_params())
+    }
+
+    /// Mean EDM loss of a batch of normalised rows at freshly drawn noise, without training
+    /// (diagnostics).
+    pub fn loss(&mut self, rows: &[f32], weights: Weights) -> Result<f32> {
+        let params = match weights {
+            Weights::Online => self.online_params(),
+            Weights::Ema => self.ema.params().to_vec(),
+        };
+        let loss = self.batch_loss(&params, rows)?;
+        Ok(loss.to_scalar::<f32>()?)
+    }
+
+    fn batch_loss(&mut self, params: &[Tensor], rows: &[f32]) -> Result<Tensor> {
+        let d = self.dim();
+        if rows.is_empty() || !rows.len().is_multiple_of(d) {
+            return Err(NnError::Invalid(format!(
+                "synthesizer batch: {} values are not rows of {d}",
+                rows.len()
+            )));
+        }
+        let b = rows.len() / d;
+        let dev = self.net.device().clone();
+        let x0 = Tensor::from_slice(rows, (b, d), &dev)?;
+        let sigmas: Vec<f64> = (0..b).map(|_| self.cfg.edm.draw_sigma(&mut self.rng)).collect();
+        let noise = edm::normal_tensor(b, d, &mut self.rng, &dev)?;
+        Ok(edm::per_example_loss(&self.cfg.edm, &self.net, params, &x0, &sigmas, &noise)?.mean_all()?)
+    }
+
+    /// One non-private training step on a batch of normalised rows: the mean EDM loss,
+    /// backward, global-norm clip, AdamW, EMA update. Returns the batch's loss before the step.
+    pub fn train_step(&mut self, rows: &[f32]) -> Result<f32> {
+        let params = self.online_params();
+        let loss = self.batch_loss(&params, rows)?;
+        let mut grads = loss.backward()?;
+        if let Some(c) = self.cfg.train.grad_clip {
+            let mut sq = 0.0f64;
+            for v in &self.vars {
+                if let Some(g) = grads.get(v) {
+                    sq += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+                }
+            }
+            let coef = c / (sq.sqrt() + 1e-6);
+            if coef < 1.0 {
+                for v in &self.vars {
+                    if let Some(g) = grads.remove(v) {
+                        grads.insert(v, (g * coef)?);
+                    }
+                }
+            }
+        }
+        self.opt.step(&grads)?;
+        self.ema.update(&self.online_params())?;
+        self.steps += 1;
+        Ok(loss.to_scalar::<f32>()?)
+    }
+
+    /// `n` normalised samples (rows of [`Self::dim`], row-major) from the chosen weights.
+    pub fn sample_normalized(&mut self, n: usize, weights: Weights) -> Result<Vec<f32>> {
+        let params: Vec<Tensor> = match weights {
+            Weights::Online => self.vars.iter().map(|v| v.as_tensor().detach()).collect(),
+            Weights::Ema => self.ema.params().to_vec(),
+        };
+        let mut out = Vec::with_capacity(n * self.dim());
+        let mut left = n;
+        while left > 0 {
+            let m = left.min(self.cfg.train.sample_chunk);
+            let x = edm::heun_sample(&self.cfg.edm, &self.net, &params, m, &mut self.rng)?;
+            out.extend(x.flatten_all()?.to_vec1::<f32>()?);
+            left -= m;
+        }
+        Ok(out)
+    }
+
+    /// `n` synthetic transitions from the EMA weights: sampled, unnormalised, decoded.
+    pub fn sample(&mut self, n: usize) -> Result<Transitions> {
+        let mut rows = self.sample_normalized(n, Weights::Ema)?;
+        self.normalizer.unnormalize(&mut rows);
+        self.layout.decode(&rows)
+    }
+}
