@@ -304,11 +304,11 @@ pub fn pretrain(
     let d = synth.dim();
     let rows = synth.encode_public(public)?;
     let n = rows.len() / d;
-    let bsz = synth.config().train.batch_size;
+    let bsz = synth.model().config().train.batch_size;
     let cur = cfg.curiosity;
     let mut rnd = if cur.enabled {
         cur.check()?;
-        Some(Rnd::new(d, &cur, seed, synth.denoiser().device())?)
+        Some(Rnd::new(d, &cur, seed, synth.model().denoiser().device())?)
     } else {
         None
     };
@@ -322,14 +322,16 @@ pub fn pretrain(
         if let Some(rnd) = rnd.as_mut()
             && epoch % cur.refresh_every_epochs == 0
         {
-            pool = synth.sample_normalized(cur.pool_size, Weights::Online)?;
+            pool = synth
+                .model_mut()
+                .sample_normalized(cur.pool_size, Weights::Online)?;
             scores = rnd.score(&pool)?;
             rnd.learn(&pool)?;
             let m = scores.iter().map(|&s| f64::from(s)).sum::<f64>() / scores.len() as f64;
             pool_mean = Some(m);
             pool_max = scores.iter().map(|&s| f64::from(s)).reduce(f64::max);
         }
-        order.shuffle(synth.rng_mut());
+        order.shuffle(synth.model_mut().rng_mut());
         let (mut loss_sum, mut steps, mut novel) = (0.0f64, 0usize, 0usize);
         let mut batch = Vec::with_capacity(bsz * d);
         let mut cand_rows = Vec::new();
@@ -341,7 +343,7 @@ pub fn pretrain(
             }
             if rnd.is_some() && !scores.is_empty() {
                 let m = chunk.len().min(scores.len());
-                let picks = rand::seq::index::sample(synth.rng_mut(), scores.len(), m);
+                let picks = rand::seq::index::sample(synth.model_mut().rng_mut(), scores.len(), m);
                 cand_rows.clear();
                 cand_scores.clear();
                 for c in picks.iter() {
@@ -350,7 +352,7 @@ pub fn pretrain(
                 }
                 novel += replace_with_most_novel(&mut batch, d, &cand_rows, &cand_scores, cur.rate)?;
             }
-            loss_sum += f64::from(synth.train_step(&batch)?);
+            loss_sum += f64::from(synth.model_mut().train_step(&batch)?);
             steps += 1;
         }
         let report = EpochReport {

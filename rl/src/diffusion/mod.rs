@@ -9,7 +9,8 @@
 //! - [`denoiser`]: SynthER's residual-MLP denoiser (random-Fourier-feature time embedding);
 //! - [`edm`]: EDM's preconditioning, training loss and stochastic Heun sampler;
 //! - [`ema`]: the exponential moving average of the weights samples are drawn from;
-//! - [`synth`]: PrivORL-n's transition synthesizer (optimiser, EMA, normaliser, sampling);
+//! - [`synth`]: the diffusion model (optimiser, EMA, sampling) and PrivORL-n's transition
+//!   synthesizer (the model with the encoding and the public normaliser);
 //! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data.
 //!
 //! Units: every model-side value is in normalised units (public mean 0, standard deviation 1
@@ -29,4 +30,4 @@ pub use edm::EdmConfig;
 pub use ema::{Ema, EmaConfig};
 pub use encode::{ActionCoding, Actions, TransitionLayout, Transitions};
 pub use normalize::{Normalizer, PublicRows};
-pub use synth::{SynthesizerConfig, TrainConfig, TransitionSynthesizer, Weights};
+pub use synth::{DiffusionModel, SynthesizerConfig, TrainConfig, TransitionSynthesizer, Weights};

@@ -108,10 +108,9 @@ pub enum Weights {
     Ema,
 }
 
-/// The transition synthesizer.
-pub struct TransitionSynthesizer {
-    layout: TransitionLayout,
-    normalizer: Normalizer,
+/// An EDM diffusion model over rows of `data_dim` normalised values: the denoiser, its AdamW
+/// optimiser, the EMA of its weights and the random stream of training and sampling.
+pub struct DiffusionModel {
     cfg: SynthesizerConfig,
     net: Denoiser,
     vars: Vec<Var>,
@@ -121,21 +120,12 @@ pub struct TransitionSynthesizer {
     steps: u64,
 }
 
-impl TransitionSynthesizer {
-    /// A fresh synthesizer for `layout`, its normaliser fitted on `public`, all randomness from
-    /// `seed`.
-    pub fn new(
-        layout: TransitionLayout,
-        public: &PublicRows,
-        cfg: SynthesizerConfig,
-        seed: u64,
-        device: &Device,
-    ) -> Result<Self> {
+impl DiffusionModel {
+    /// A fresh model over rows of `data_dim` values, all randomness from `seed`.
+    pub fn new(data_dim: usize, cfg: SynthesizerConfig, seed: u64, device: &Device) -> Result<Self> {
         cfg.check()?;
-        layout.check()?;
-        let normalizer = Normalizer::fit_public(&layout, public)?;
         let spec = DenoiserSpec {
-            data_dim: layout.dim(),
+            data_dim,
             config: cfg.denoiser,
         };
         let (flat, freqs) = spec.init(seed)?;
@@ -160,9 +150,7 @@ impl TransitionSynthesizer {
         )?;
         // The training and sampling stream is separate from the initialisation stream.
         let rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5eed_d1ff_0000_0001);
-        Ok(TransitionSynthesizer {
-            layout,
-            normalizer,
+        Ok(DiffusionModel {
             cfg,
             net,
             vars,
@@ -173,15 +161,6 @@ impl TransitionSynthesizer {
         })
     }
 
-    pub fn layout(&self) -> &TransitionLayout {
-        &self.layout
-    }
-
-    /// The public-data normaliser (fixed for the synthesizer's life).
-    pub fn normalizer(&self) -> &Normalizer {
-        &self.normalizer
-    }
-
     pub fn config(&self) -> &SynthesizerConfig {
         &self.cfg
     }
@@ -190,36 +169,19 @@ impl TransitionSynthesizer {
         &self.net
     }
 
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.net.spec().data_dim
+    }
+
     /// Optimiser steps taken.
     pub fn steps(&self) -> u64 {
         self.steps
     }
 
-    /// Entries of an encoded row.
-    pub fn dim(&self) -> usize {
-        self.layout.dim()
-    }
-
-    /// The synthesizer's random stream (curiosity draws from it too, so one seed fixes a run).
+    /// The model's random stream (curiosity draws from it too, so one seed fixes a run).
     pub fn rng_mut(&mut self) -> &mut Xoshiro256PlusPlus {
         &mut self.rng
-    }
-
-    /// Encodes and normalises `t` (with the public statistics): training rows.
-    pub fn encode(&self, t: &Transitions) -> Result<Vec<f32>> {
-        let mut rows = self.layout.encode(t)?;
-        self.normalizer.normalize(&mut rows);
-        Ok(rows)
-    }
-
-    /// Normalised encoded rows of public data.
-    pub fn encode_public(&self, public: &PublicRows) -> Result<Vec<f32>> {
-        if public.dim() != self.dim() {
-            return Err(NnError::Invalid("public rows do not fit the layout".into()));
-        }
-        let mut rows = public.values().to_vec();
-        self.normalizer.normalize(&mut rows);
-        Ok(rows)
     }
 
     /// The online weights as tensors (they share storage with the optimiser's variables).
@@ -252,7 +214,7 @@ impl TransitionSynthesizer {
         let d = self.dim();
         if rows.is_empty() || !rows.len().is_multiple_of(d) {
             return Err(NnError::Invalid(format!(
-                "synthesizer batch: {} values are not rows of {d}",
+                "diffusion batch: {} values are not rows of {d}",
                 rows.len()
             )));
         }
@@ -308,10 +270,79 @@ impl TransitionSynthesizer {
         }
         Ok(out)
     }
+}
+
+/// The transition synthesizer: a [`DiffusionModel`] over encoded transitions with the
+/// public-data normaliser.
+pub struct TransitionSynthesizer {
+    layout: TransitionLayout,
+    normalizer: Normalizer,
+    model: DiffusionModel,
+}
+
+impl TransitionSynthesizer {
+    /// A fresh synthesizer for `layout`, its normaliser fitted on `public`, all randomness from
+    /// `seed`.
+    pub fn new(
+        layout: TransitionLayout,
+        public: &PublicRows,
+        cfg: SynthesizerConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self> {
+        layout.check()?;
+        let normalizer = Normalizer::fit_public(&layout, public)?;
+        let model = DiffusionModel::new(layout.dim(), cfg, seed, device)?;
+        Ok(TransitionSynthesizer {
+            layout,
+            normalizer,
+            model,
+        })
+    }
+
+    pub fn layout(&self) -> &TransitionLayout {
+        &self.layout
+    }
+
+    /// The public-data normaliser (fixed for the synthesizer's life).
+    pub fn normalizer(&self) -> &Normalizer {
+        &self.normalizer
+    }
+
+    pub fn model(&self) -> &DiffusionModel {
+        &self.model
+    }
+
+    /// The model, to train or sample in normalised units.
+    pub fn model_mut(&mut self) -> &mut DiffusionModel {
+        &mut self.model
+    }
+
+    /// Entries of an encoded row.
+    pub fn dim(&self) -> usize {
+        self.layout.dim()
+    }
+
+    /// Encodes and normalises `t` (with the public statistics): training rows.
+    pub fn encode(&self, t: &Transitions) -> Result<Vec<f32>> {
+        let mut rows = self.layout.encode(t)?;
+        self.normalizer.normalize(&mut rows);
+        Ok(rows)
+    }
+
+    /// Normalised encoded rows of public data.
+    pub fn encode_public(&self, public: &PublicRows) -> Result<Vec<f32>> {
+        if public.dim() != self.dim() {
+            return Err(NnError::Invalid("public rows do not fit the layout".into()));
+        }
+        let mut rows = public.values().to_vec();
+        self.normalizer.normalize(&mut rows);
+        Ok(rows)
+    }
 
     /// `n` synthetic transitions from the EMA weights: sampled, unnormalised, decoded.
     pub fn sample(&mut self, n: usize) -> Result<Transitions> {
-        let mut rows = self.sample_normalized(n, Weights::Ema)?;
+        let mut rows = self.model.sample_normalized(n, Weights::Ema)?;
         self.normalizer.unnormalize(&mut rows);
         self.layout.decode(&rows)
     }
