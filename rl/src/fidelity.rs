@@ -162,7 +162,10 @@ mod tests {
 
     #[test]
     fn ties_share_their_average_rank() {
-        assert_eq!(average_ranks(&[3.0, 1.0, 3.0, 2.0]), vec![3.5, 1.0, 3.5, 2.0]);
+        assert_eq!(
+            average_ranks(&[3.0, 1.0, 3.0, 2.0]),
+            vec![3.5, 1.0, 3.5, 2.0]
+        );
         assert_eq!(spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]), Some(-1.0));
         assert_eq!(spearman(&[1.0, 1.0], &[1.0, 2.0]), None);
     }

@@ -92,7 +92,11 @@ fn denoised_estimate_and_loss_by_hand() {
     for j in 0..2 {
         let x_j = [0.7, -1.1][j];
         let want = 0.8 * x_j + 0.5 / 1.25f64.sqrt() * f64::from(f[0][j]);
-        assert!(close(f64::from(d[0][j]), want, 1e-5), "{j}: {} vs {want}", d[0][j]);
+        assert!(
+            close(f64::from(d[0][j]), want, 1e-5),
+            "{j}: {} vs {want}",
+            d[0][j]
+        );
     }
 
     // A network whose output layer is zero but for its bias b outputs b everywhere, so the loss
@@ -115,8 +119,14 @@ fn denoised_estimate_and_loss_by_hand() {
     //   = (0.974164, -1.698885); weight 5; 5 * mean((-0.025836)^2, (0.301115)^2) = 0.228344.
     // Row 2, sigma 2: x~ = (-1.5, 1.0); D = 0.2 x~ + (2/sqrt 5)(0.3, -0.4) = (-0.031672, -0.157771);
     //   weight 1.25; 1.25 * mean((-0.531672)^2, (-0.157771)^2) = 0.192229.
-    assert!(close(f64::from(losses[0]), 0.228_343_685_4, 2e-6), "{losses:?}");
-    assert!(close(f64::from(losses[1]), 0.192_229_123_6, 2e-6), "{losses:?}");
+    assert!(
+        close(f64::from(losses[0]), 0.228_343_685_4, 2e-6),
+        "{losses:?}"
+    );
+    assert!(
+        close(f64::from(losses[1]), 0.192_229_123_6, 2e-6),
+        "{losses:?}"
+    );
 }
 
 #[test]
@@ -169,7 +179,10 @@ fn curiosity_replaces_exactly_its_share_with_the_most_novel() {
     assert_eq!(b2.iter().filter(|&&v| v == 9.0).count(), 2 * 122);
     // Rate 0: nothing changes.
     let mut b3 = before.clone();
-    assert_eq!(replace_with_most_novel(&mut b3, dim, &candidates, &scores, 0.0).unwrap(), 0);
+    assert_eq!(
+        replace_with_most_novel(&mut b3, dim, &candidates, &scores, 0.0).unwrap(),
+        0
+    );
     assert_eq!(b3, before);
     assert!(replace_with_most_novel(&mut b3, dim, &candidates, &scores[..5], 0.3).is_err());
 }
@@ -194,7 +207,9 @@ fn transitions(n: usize, center: f32, seed: u64) -> Transitions {
         actions: Actions::Discrete((0..n as u32).map(|i| i % 2).collect()),
         rewards: vec![1.0; n],
         next_obs,
-        terminals: (0..n).map(|i| if i % 10 == 9 { 1.0 } else { 0.0 }).collect(),
+        terminals: (0..n)
+            .map(|i| if i % 10 == 9 { 1.0 } else { 0.0 })
+            .collect(),
     }
 }
 
@@ -339,7 +354,11 @@ fn fidelity_matches_scipy() {
                 t.chunks_exact(c.dim).map(|r| f64::from(r[j])).collect()
             };
             let got = fidelity::ks_statistic(&col(&c.real), &col(&c.synthetic));
-            assert!(close(got, *want, 1e-12), "{} ks[{j}]: {got} vs {want}", c.name);
+            assert!(
+                close(got, *want, 1e-12),
+                "{} ks[{j}]: {got} vs {want}",
+                c.name
+            );
         }
         assert!(close(f.marginal, c.expected.marginal, 1e-12), "{}", c.name);
         match (f.correlation, c.expected.correlation) {
@@ -347,5 +366,87 @@ fn fidelity_matches_scipy() {
             (a, b) => assert_eq!(a, b, "{}", c.name),
         }
         assert_eq!(f.undefined_pairs, c.expected.undefined_pairs, "{}", c.name);
+    }
+}
+
+#[test]
+fn rnd_scores_what_it_has_learned_lower() {
+    use fedrl_rl::diffusion::{CuriosityConfig, Rnd};
+    let cfg = CuriosityConfig {
+        rnd_batch: 16,
+        rnd_lr: 1e-2,
+        ..CuriosityConfig::default()
+    };
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(4);
+    let normal = Normal::new(0.0f32, 0.3).unwrap();
+    let seen: Vec<f32> = (0..3 * 200).map(|_| normal.sample(&mut rng)).collect();
+    let novel: Vec<f32> = (0..3 * 200)
+        .map(|_| 3.0 + normal.sample(&mut rng))
+        .collect();
+    let mut rnd = Rnd::new(3, &cfg, 9, &Device::Cpu).unwrap();
+    let mean = |v: Vec<f32>| v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+    let before = mean(rnd.score(&seen).unwrap());
+    for _ in 0..20 {
+        rnd.learn(&seen).unwrap();
+    }
+    let (s, n) = (
+        mean(rnd.score(&seen).unwrap()),
+        mean(rnd.score(&novel).unwrap()),
+    );
+    assert!(
+        s < 0.5 * before,
+        "the predictor learned the seen rows: {before} -> {s}"
+    );
+    assert!(n > 2.0 * s, "novel rows score higher: {n} vs {s}");
+}
+
+#[test]
+fn pretraining_mixes_the_configured_share_and_can_turn_curiosity_off() {
+    use fedrl_rl::diffusion::{CuriosityConfig, PretrainConfig, pretrain};
+    let layout = cartpole_layout();
+    let public_t = transitions(300, 0.0, 5);
+    let public = PublicRows::new(layout.dim(), layout.encode(&public_t).unwrap()).unwrap();
+    let cfg = SynthesizerConfig {
+        denoiser: small_spec(layout.dim()).config,
+        ..SynthesizerConfig::default()
+    };
+    for enabled in [true, false] {
+        let mut synth = TransitionSynthesizer::new(layout, &public, cfg, 3, &Device::Cpu).unwrap();
+        let pre = PretrainConfig {
+            epochs: 2,
+            curiosity: CuriosityConfig {
+                enabled,
+                pool_size: 50,
+                ..CuriosityConfig::default()
+            },
+        };
+        let mut seen = 0;
+        let reports = pretrain(&mut synth, &public, &pre, 1, &mut |_| seen += 1).unwrap();
+        assert_eq!(seen, 2);
+        assert_eq!(
+            synth.model().steps(),
+            6,
+            "batches of 128, 128 and 44, twice"
+        );
+        for r in &reports {
+            assert_eq!(r.steps, 3);
+            assert!(r.mean_loss.is_finite());
+            if enabled {
+                // floor(0.3 * 128) twice and floor(0.3 * 44), each capped by the 50 candidates.
+                assert_eq!(r.novel_rows, 38 + 38 + 13);
+                assert!(r.pool_max_score.unwrap() >= r.pool_mean_score.unwrap());
+            } else {
+                assert_eq!(r.novel_rows, 0);
+                assert_eq!(r.pool_mean_score, None);
+            }
+        }
+        // Released samples decode into valid transitions.
+        let out = synth.sample(20).unwrap();
+        assert_eq!(out.len(), 20);
+        match &out.actions {
+            Actions::Discrete(a) => assert!(a.iter().all(|&x| x < 2)),
+            _ => panic!("discrete layout"),
+        }
+        assert!(out.terminals.iter().all(|&t| t == 0.0 || t == 1.0));
     }
 }

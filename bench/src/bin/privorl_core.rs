@@ -65,9 +65,18 @@ fn transitions(n: usize) -> Transitions {
     let mut next = Vec::with_capacity(4 * n);
     for i in 0..n {
         let x = i as f32 * 0.013;
-        let s = [x.sin() * 0.5, x.cos(), (2.0 * x).sin() * 0.1, (0.7 * x).cos() * 0.8];
+        let s = [
+            x.sin() * 0.5,
+            x.cos(),
+            (2.0 * x).sin() * 0.1,
+            (0.7 * x).cos() * 0.8,
+        ];
         obs.extend_from_slice(&s);
-        next.extend(s.iter().enumerate().map(|(j, v)| v + 0.02 * (j as f32 - 1.5)));
+        next.extend(
+            s.iter()
+                .enumerate()
+                .map(|(j, v)| v + 0.02 * (j as f32 - 1.5)),
+        );
     }
     Transitions {
         obs_dim: 4,

@@ -150,7 +150,6 @@ impl Lin {
 pub struct Rnd {
     target: Vec<Lin>,
     predictor: Vec<Lin>,
-    vars: Vec<Var>,
     opt: AdamW,
     batch: usize,
     device: Device,
@@ -198,7 +197,7 @@ impl Rnd {
             vars.push(bv);
         }
         let opt = AdamW::new(
-            vars.clone(),
+            vars,
             ParamsAdamW {
                 lr: cfg.rnd_lr,
                 beta1: 0.9,
@@ -210,7 +209,6 @@ impl Rnd {
         Ok(Rnd {
             target,
             predictor,
-            vars,
             opt,
             batch: cfg.rnd_batch,
             device: device.clone(),
@@ -250,7 +248,6 @@ impl Rnd {
             let grads = loss.backward()?;
             self.opt.step(&grads)?;
         }
-        let _ = &self.vars;
         Ok((total / steps.max(1) as f64) as f32)
     }
 }
@@ -350,7 +347,8 @@ pub fn pretrain(
                     cand_rows.extend_from_slice(&pool[c * d..(c + 1) * d]);
                     cand_scores.push(scores[c]);
                 }
-                novel += replace_with_most_novel(&mut batch, d, &cand_rows, &cand_scores, cur.rate)?;
+                novel +=
+                    replace_with_most_novel(&mut batch, d, &cand_rows, &cand_scores, cur.rate)?;
             }
             loss_sum += f64::from(synth.model_mut().train_step(&batch)?);
             steps += 1;

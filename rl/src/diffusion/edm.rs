@@ -113,7 +113,9 @@ impl EdmConfig {
             || !(self.s_churn.is_finite() && self.s_churn >= 0.0)
             || self.clamp.is_some_and(|c| !(c.is_finite() && c > 0.0))
         {
-            return Err(NnError::Invalid(format!("EDM constants out of range: {self:?}")));
+            return Err(NnError::Invalid(format!(
+                "EDM constants out of range: {self:?}"
+            )));
         }
         Ok(())
     }

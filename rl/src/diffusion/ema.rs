@@ -45,13 +45,17 @@ impl Default for EmaConfig {
 
 impl EmaConfig {
     pub fn check(&self) -> Result<()> {
-        if !(0.0..=1.0).contains(&self.beta)
-            || self.update_every == 0
-            || !(self.inv_gamma.is_finite() && self.inv_gamma > 0.0)
-            || !(self.power.is_finite() && self.power > 0.0)
-            || !(0.0..=self.beta).contains(&self.min_value)
-        {
-            return Err(NnError::Invalid(format!("EMA constants out of range: {self:?}")));
+        let ok = (0.0..=1.0).contains(&self.beta)
+            && self.update_every > 0
+            && self.inv_gamma.is_finite()
+            && self.inv_gamma > 0.0
+            && self.power.is_finite()
+            && self.power > 0.0
+            && (0.0..=self.beta).contains(&self.min_value);
+        if !ok {
+            return Err(NnError::Invalid(format!(
+                "EMA constants out of range: {self:?}"
+            )));
         }
         Ok(())
     }
@@ -154,9 +158,11 @@ mod tests {
         }
         assert_eq!(val(&ema), 2.0);
         // Call 3 skipped; call 4: e = 2, decay = 1 - 3^(-2/3).
-        ema.update(&[Tensor::new(&[9.0f32], &dev).unwrap()]).unwrap();
+        ema.update(&[Tensor::new(&[9.0f32], &dev).unwrap()])
+            .unwrap();
         assert_eq!(val(&ema), 2.0);
-        ema.update(&[Tensor::new(&[4.0f32], &dev).unwrap()]).unwrap();
+        ema.update(&[Tensor::new(&[4.0f32], &dev).unwrap()])
+            .unwrap();
         let decay = 1.0 - 3f64.powf(-2.0 / 3.0);
         assert!((val(&ema) - (2.0 + (1.0 - decay) * 2.0)).abs() < 1e-6);
         // The decay saturates at beta.

@@ -82,15 +82,18 @@ impl SynthesizerConfig {
         self.edm.check()?;
         self.train.ema.check()?;
         let t = &self.train;
-        if !(t.lr.is_finite() && t.lr > 0.0)
-            || !(0.0..1.0).contains(&t.beta1)
-            || !(0.0..1.0).contains(&t.beta2)
-            || !(t.eps.is_finite() && t.eps > 0.0)
-            || !(t.weight_decay.is_finite() && t.weight_decay >= 0.0)
-            || t.grad_clip.is_some_and(|c| !(c.is_finite() && c > 0.0))
-            || t.batch_size == 0
-            || t.sample_chunk == 0
-        {
+        let ok = t.lr.is_finite()
+            && t.lr > 0.0
+            && (0.0..1.0).contains(&t.beta1)
+            && (0.0..1.0).contains(&t.beta2)
+            && t.eps.is_finite()
+            && t.eps > 0.0
+            && t.weight_decay.is_finite()
+            && t.weight_decay >= 0.0
+            && t.grad_clip.is_none_or(|c| c.is_finite() && c > 0.0)
+            && t.batch_size > 0
+            && t.sample_chunk > 0;
+        if !ok {
             return Err(NnError::Invalid(format!(
                 "synthesizer training settings out of range: {t:?}"
             )));
@@ -122,7 +125,12 @@ pub struct DiffusionModel {
 
 impl DiffusionModel {
     /// A fresh model over rows of `data_dim` values, all randomness from `seed`.
-    pub fn new(data_dim: usize, cfg: SynthesizerConfig, seed: u64, device: &Device) -> Result<Self> {
+    pub fn new(
+        data_dim: usize,
+        cfg: SynthesizerConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self> {
         cfg.check()?;
         let spec = DenoiserSpec {
             data_dim,
@@ -221,9 +229,14 @@ impl DiffusionModel {
         let b = rows.len() / d;
         let dev = self.net.device().clone();
         let x0 = Tensor::from_slice(rows, (b, d), &dev)?;
-        let sigmas: Vec<f64> = (0..b).map(|_| self.cfg.edm.draw_sigma(&mut self.rng)).collect();
+        let sigmas: Vec<f64> = (0..b)
+            .map(|_| self.cfg.edm.draw_sigma(&mut self.rng))
+            .collect();
         let noise = edm::normal_tensor(b, d, &mut self.rng, &dev)?;
-        Ok(edm::per_example_loss(&self.cfg.edm, &self.net, params, &x0, &sigmas, &noise)?.mean_all()?)
+        Ok(
+            edm::per_example_loss(&self.cfg.edm, &self.net, params, &x0, &sigmas, &noise)?
+                .mean_all()?,
+        )
     }
 
     /// One non-private training step on a batch of normalised rows: the mean EDM loss,
