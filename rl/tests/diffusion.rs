@@ -450,3 +450,44 @@ fn pretraining_mixes_the_configured_share_and_can_turn_curiosity_off() {
         assert!(out.terminals.iter().all(|&t| t == 0.0 || t == 1.0));
     }
 }
+
+#[test]
+fn a_saved_synthesizer_reads_back_with_its_weights_and_normaliser() {
+    let layout = cartpole_layout();
+    let public_t = transitions(200, 0.0, 6);
+    let public = PublicRows::new(layout.dim(), layout.encode(&public_t).unwrap()).unwrap();
+    let cfg = SynthesizerConfig {
+        denoiser: small_spec(layout.dim()).config,
+        ..SynthesizerConfig::default()
+    };
+    let mut synth = TransitionSynthesizer::new(layout, &public, cfg, 3, &Device::Cpu).unwrap();
+    let rows = synth.encode_public(&public).unwrap();
+    for k in 0..15 {
+        synth
+            .model_mut()
+            .train_step(&rows[k * 12..(k + 64) * 12])
+            .unwrap();
+    }
+    let bytes = synth.to_bytes().unwrap();
+    let back = TransitionSynthesizer::from_bytes(&bytes, 8, &Device::Cpu).unwrap();
+    assert_eq!(back.layout(), synth.layout());
+    assert_eq!(back.normalizer(), synth.normalizer());
+    assert_eq!(back.model().config(), synth.model().config());
+    assert_eq!(
+        back.model().online_flat().unwrap(),
+        synth.model().online_flat().unwrap()
+    );
+    assert_eq!(
+        back.model().ema_flat().unwrap(),
+        synth.model().ema_flat().unwrap()
+    );
+    assert_ne!(
+        back.model().ema_flat().unwrap(),
+        back.model().online_flat().unwrap()
+    );
+    assert_eq!(
+        back.model().denoiser().freqs().unwrap(),
+        synth.model().denoiser().freqs().unwrap()
+    );
+    assert!(TransitionSynthesizer::from_bytes(&bytes[..bytes.len() / 2], 8, &Device::Cpu).is_err());
+}

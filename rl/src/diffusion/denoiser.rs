@@ -9,7 +9,7 @@
 //! F     = out(relu(h))                                   out: width -> data_dim
 //! ```
 //!
-//! No layer norm (`ResidualMLPDenoiser.layer_norm = False`, `config/resmlp_denoiser.gin:22`).
+//! No layer norm (`ResidualMLPDenoiser.layer_norm = False`, gin line 22).
 //! Every linear layer sees exactly one input row per example, which is what the per-example
 //! gradient norms of DP fine-tuning need (`|g_i|^2 = sum_layers |d_i|^2 (|a_i|^2 + 1)`).
 //!

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::denoiser::Denoiser;
 use crate::{NnError, Result};
 
-/// EDM's constants. Defaults: SynthER's, which PrivORL uses (`config/resmlp_denoiser.gin:25-30`
+/// EDM's constants. Defaults: SynthER's, which PrivORL uses (gin lines 25-30
 /// and `ElucidatedDiffusion.__init__` defaults, `elucidated_diffusion.py:58-68`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

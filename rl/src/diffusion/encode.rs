@@ -4,11 +4,11 @@
 //! `synther/diffusion/utils.py:28-31`), where `a` is the action's one-hot code (discrete actions,
 //! seed 003 section VI-D) or its `act_dim` values (continuous), and `done` is the terminal flag
 //! (1 = `s'` is terminal), present when [`TransitionLayout::model_terminal`] is set (SynthER's
-//! and PrivORL's `modelled_terminals = True`, `config/resmlp_denoiser.gin:4`).
+//! and PrivORL's `modelled_terminals = True`, gin line 4).
 //!
 //! Decoding is the synthesizer's post-processing: a discrete action is the argmax of its one-hot
 //! block (ties to the lowest index), `done` is `value > 0.5` (`split_diffusion_samples.
-//! terminal_threshold`, `config/resmlp_denoiser.gin:7`).
+//! terminal_threshold`, gin line 7).
 //!
 //! Invariants: every vector of a layout has [`TransitionLayout::dim`] entries; encoding then
 //! decoding returns the transitions exactly (f32 values are copied, not transformed).
@@ -331,7 +331,7 @@ mod tests {
         let rows = layout.encode(&t).unwrap();
         assert_eq!(rows.len(), 2 * layout.dim());
         assert_eq!(layout.decode(&rows).unwrap(), t);
-        assert!(layout.decode(&rows[..5]).is_err());
+        assert!(layout.decode(&rows[..4]).is_err(), "rows of 5");
         let mut wrong = cartpole_like();
         wrong.obs_dim = 1;
         assert!(layout.encode(&wrong).is_err());

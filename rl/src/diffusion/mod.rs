@@ -13,6 +13,11 @@
 //!   synthesizer (the model with the encoding and the public normaliser);
 //! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data.
 //!
+//! Sources. Constants cite the authors' code by file and line: SynthER (`conglu1997/SynthER`)
+//! and PrivORL (`2019ChenGong/PrivORL`, which copies SynthER's `synther/` tree and edits it).
+//! "gin line N" means SynthER's `config/resmlp_denoiser.gin`; PrivORL's copy of that file holds
+//! the same values one line later from line 6 on, except the batch size (128 there, line 34).
+//!
 //! Units: every model-side value is in normalised units (public mean 0, standard deviation 1
 //! per real entry); [`synth::TransitionSynthesizer::sample`] returns environment units.
 
@@ -30,4 +35,6 @@ pub use edm::EdmConfig;
 pub use ema::{Ema, EmaConfig};
 pub use encode::{ActionCoding, Actions, TransitionLayout, Transitions};
 pub use normalize::{Normalizer, PublicRows};
-pub use synth::{DiffusionModel, SynthesizerConfig, TrainConfig, TransitionSynthesizer, Weights};
+pub use synth::{
+    DiffusionModel, SYNTH_META_KEY, SynthesizerConfig, TrainConfig, TransitionSynthesizer, Weights,
+};

@@ -8,7 +8,7 @@
 //! for its whole life.
 //!
 //! The transform is SynthER's `standard` normaliser (`synther/diffusion/norm.py:41-64`,
-//! `config/resmlp_denoiser.gin:9`): `x' = (x - mean) / (std + 1e-5)` with the sample standard
+//! gin line 9): `x' = (x - mean) / (std + 1e-5)` with the sample standard
 //! deviation (PyTorch's `std`, divisor `n - 1`). Binary entries are left as they are: the
 //! terminal flag as in SynthER (`disable_terminal_norm = True`, gin line 12), and, in fedrl, the
 //! one-hot action entries too (binary like the flag; and a one-hot entry that is constant in the

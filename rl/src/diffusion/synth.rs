@@ -7,17 +7,17 @@
 //! decoded ([`TransitionSynthesizer::sample`]).
 //!
 //! Optimiser settings (defaults of [`TrainConfig`]): AdamW with learning rate 3e-4, weight
-//! decay 0 (PrivORL `config/resmlp_denoiser.gin`, `Trainer.train_lr`, `Trainer.weight_decay`),
+//! decay 0 (gin lines 35 and 37, `Trainer.train_lr`, `Trainer.weight_decay`),
 //! betas (0.9, 0.99) (`Trainer.adam_betas` default, `synther/diffusion/elucidated_diffusion.py:
 //! 324` in PrivORL), the gradient's global L2 norm clipped to 1.0 before each step (`:568`,
-//! PyTorch's `clip_grad_norm_`: factor `1 / (norm + 1e-6)`), batches of 128 (gin
+//! PyTorch's `clip_grad_norm_`: factor `1 / (norm + 1e-6)`), batches of 128 (PrivORL's gin line 34,
 //! `Trainer.train_batch_size`). PrivORL steps its cosine schedule once per epoch over
 //! `T_max = 100000` (`:601-602`), which leaves the rate constant in practice: fedrl keeps it
 //! constant.
 //!
-//! Invariants: the normaliser is the one fitted on public data at construction and never
-//! changes; every random draw (initial weights, training noise, sampling noise) comes from the
-//! seed given to [`TransitionSynthesizer::new`].
+//! Invariants: the normaliser is the one fitted on public data at construction (or read back
+//! with the weights it was trained with) and never changes; every random draw (initial weights,
+//! training noise, sampling noise) comes from the seed given to the constructor.
 
 use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
@@ -30,6 +30,7 @@ use super::edm::{self, EdmConfig};
 use super::ema::{Ema, EmaConfig};
 use super::encode::{TransitionLayout, Transitions};
 use super::normalize::{Normalizer, PublicRows};
+use crate::tensor_io;
 use crate::{NnError, Result};
 
 /// Optimiser, batch and EMA settings.
@@ -131,20 +132,44 @@ impl DiffusionModel {
         seed: u64,
         device: &Device,
     ) -> Result<Self> {
-        cfg.check()?;
         let spec = DenoiserSpec {
             data_dim,
             config: cfg.denoiser,
         };
         let (flat, freqs) = spec.init(seed)?;
-        let net = Denoiser::new(spec, &freqs, device)?;
+        Self::from_parts(data_dim, cfg, &flat, None, &freqs, seed, device)
+    }
+
+    /// A model from saved weights: the online weights `online` (flat PyTorch layout), their
+    /// average `ema` (`None`: a fresh average, a copy of `online`, with `ema_calls = 0`), the
+    /// Fourier frequencies, a fresh AdamW and a random stream seeded with `seed`.
+    pub fn from_parts(
+        data_dim: usize,
+        cfg: SynthesizerConfig,
+        online: &[f32],
+        ema: Option<(&[f32], u64)>,
+        freqs: &[f32],
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self> {
+        cfg.check()?;
+        let spec = DenoiserSpec {
+            data_dim,
+            config: cfg.denoiser,
+        };
+        let net = Denoiser::new(spec, freqs, device)?;
         let vars: Vec<Var> = net
-            .tensors_from_flat(&flat)?
+            .tensors_from_flat(online)?
             .iter()
             .map(Var::from_tensor)
             .collect::<candle_core::Result<_>>()?;
-        let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-        let ema = Ema::new(cfg.train.ema, &tensors)?;
+        let ema = match ema {
+            Some((flat, calls)) => Ema::resume(cfg.train.ema, calls, net.tensors_from_flat(flat)?)?,
+            None => {
+                let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+                Ema::new(cfg.train.ema, &tensors)?
+            }
+        };
         let t = &cfg.train;
         let opt = AdamW::new(
             vars.clone(),
@@ -205,6 +230,11 @@ impl DiffusionModel {
     /// The online weights as one flat PyTorch-layout vector.
     pub fn online_flat(&self) -> Result<Vec<f32>> {
         self.net.flat_from_tensors(&self.online_params())
+    }
+
+    /// The EMA weights as one flat PyTorch-layout vector.
+    pub fn ema_flat(&self) -> Result<Vec<f32>> {
+        self.net.flat_from_tensors(self.ema.params())
     }
 
     /// Mean EDM loss of a batch of normalised rows at freshly drawn noise, without training
@@ -359,4 +389,106 @@ impl TransitionSynthesizer {
         self.normalizer.unnormalize(&mut rows);
         self.layout.decode(&rows)
     }
+
+    /// Safetensors bytes: the online weights under SynthER's state-dict names (`net.proj.weight`,
+    /// ..., PyTorch shapes), the EMA weights under `ema.net.*`, the Fourier frequencies
+    /// (`net.time_mlp.0.weights`), and [`SYNTH_META_KEY`] = JSON of the layout, normaliser,
+    /// configuration and EMA call count. The optimiser's moments and the random stream are not
+    /// saved: a loaded synthesizer starts a fresh AdamW (as a new training phase does).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let spec = self.model.denoiser().spec();
+        let shapes = spec.param_shapes();
+        let mut tensors = Vec::with_capacity(2 * shapes.len() + 1);
+        for (prefix, flat) in [
+            ("net.", self.model.online_flat()?),
+            ("ema.net.", self.model.ema_flat()?),
+        ] {
+            let mut at = 0;
+            for p in &shapes {
+                tensors.push(tensor_io::Tensor::f32(
+                    format!("{prefix}{}", p.name),
+                    p.shape.clone(),
+                    &flat[at..at + p.numel()],
+                ));
+                at += p.numel();
+            }
+        }
+        let freqs = self.model.denoiser().freqs()?;
+        tensors.push(tensor_io::Tensor::f32(
+            FREQS_NAME,
+            vec![freqs.len()],
+            &freqs,
+        ));
+        let meta = SavedMeta {
+            layout: self.layout,
+            normalizer: self.normalizer.clone(),
+            config: *self.model.config(),
+            ema_calls: self.model.ema.calls(),
+        };
+        let json = serde_json::to_string(&meta)
+            .map_err(|e| NnError::Invalid(format!("synthesizer metadata: {e}")))?;
+        tensor_io::serialize(&tensors, SYNTH_META_KEY, json)
+    }
+
+    /// Reads [`Self::to_bytes`]' output (every tensor's dtype and shape checked against the
+    /// stored configuration); the random stream is seeded with `seed`.
+    pub fn from_bytes(bytes: &[u8], seed: u64, device: &Device) -> Result<Self> {
+        let json = tensor_io::metadata_entry(bytes, SYNTH_META_KEY)?
+            .ok_or_else(|| NnError::Invalid(format!("no {SYNTH_META_KEY} metadata")))?;
+        let meta: SavedMeta = serde_json::from_str(&json)
+            .map_err(|e| NnError::Invalid(format!("synthesizer metadata: {e}")))?;
+        meta.layout.check()?;
+        meta.normalizer.check()?;
+        if meta.normalizer.dim() != meta.layout.dim() {
+            return Err(NnError::Invalid(
+                "synthesizer file: the normaliser does not fit the layout".into(),
+            ));
+        }
+        let spec = DenoiserSpec {
+            data_dim: meta.layout.dim(),
+            config: meta.config.denoiser,
+        };
+        spec.check()?;
+        let st = tensor_io::parse(bytes)?;
+        let mut flats = Vec::with_capacity(2);
+        for prefix in ["net.", "ema.net."] {
+            let mut flat = Vec::with_capacity(spec.num_params());
+            for p in spec.param_shapes() {
+                flat.extend(tensor_io::read_f32(
+                    &st,
+                    &format!("{prefix}{}", p.name),
+                    &p.shape,
+                )?);
+            }
+            flats.push(flat);
+        }
+        let freqs = tensor_io::read_f32(&st, FREQS_NAME, &[spec.config.fourier_dim / 2])?;
+        let model = DiffusionModel::from_parts(
+            spec.data_dim,
+            meta.config,
+            &flats[0],
+            Some((&flats[1], meta.ema_calls)),
+            &freqs,
+            seed,
+            device,
+        )?;
+        Ok(TransitionSynthesizer {
+            layout: meta.layout,
+            normalizer: meta.normalizer,
+            model,
+        })
+    }
+}
+
+/// Metadata key of a saved [`TransitionSynthesizer`].
+pub const SYNTH_META_KEY: &str = "fedrl.privorl_synthesizer";
+/// Name of the Fourier frequencies in a saved synthesizer (SynthER's buffer name).
+const FREQS_NAME: &str = "net.time_mlp.0.weights";
+
+#[derive(Serialize, Deserialize)]
+struct SavedMeta {
+    layout: TransitionLayout,
+    normalizer: Normalizer,
+    config: SynthesizerConfig,
+    ema_calls: u64,
 }
