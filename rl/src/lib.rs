@@ -23,6 +23,9 @@
 //! - [`loglinear`]: the log-linear policy, linear baseline and REINFORCE of seed 004's Riverswim
 //!   experiments (plain f64, no candle).
 //!
+//! [`diffusion`] holds PrivORL's diffusion synthesizer (seed 003) and [`fidelity`] the marginal
+//! and correlation scores of a synthetic table against real rows.
+//!
 //! [`sac`] is Soft Actor-Critic (twin critics, learned temperature), its replay buffer and an
 //! online trainer over continuous-action environments: the learning agent behind the offline
 //! datasets and the policy optimiser of seed 001.
@@ -34,9 +37,11 @@
 pub mod activation;
 pub mod alloc;
 pub mod device;
+pub mod diffusion;
 pub mod ensemble;
 mod ensemble_cpu;
 pub mod evaluate;
+pub mod fidelity;
 pub mod io;
 pub mod local_update;
 pub mod loglinear;

@@ -1,0 +1,171 @@
+//! Per-dimension standardisation of encoded transitions, fitted on **public data only**.
+//!
+//! PrivORL pre-trains on public data and fine-tunes with DP-SGD on sensitive data. Statistics of
+//! the sensitive data computed outside the DP mechanism would leak it (the authors' code refits
+//! the normaliser on the sensitive set before fine-tuning, `synther/training/train_diffuser.py:
+//! 172,184`; fedrl does not). So a [`Normalizer`] can only be fitted from [`PublicRows`], a type
+//! whose constructor says the rows are public, and a synthesizer keeps the one it was built with
+//! for its whole life.
+//!
+//! The transform is SynthER's `standard` normaliser (`synther/diffusion/norm.py:41-64`,
+//! gin line 9): `x' = (x - mean) / (std + 1e-5)` with the sample standard
+//! deviation (PyTorch's `std`, divisor `n - 1`). Binary entries are left as they are: the
+//! terminal flag as in SynthER (`disable_terminal_norm = True`, gin line 12), and, in fedrl, the
+//! one-hot action entries too (binary like the flag; and a one-hot entry that is constant in the
+//! public data would otherwise be divided by 1e-5). A real entry whose public standard deviation
+//! is below [`MIN_STD`] is only centred (divisor 1), for the same reason.
+//!
+//! Invariants: `mean` and `scale` have one finite entry per dimension, `scale > 0`;
+//! `unnormalize(normalize(x)) == x` up to f32 rounding.
+
+use serde::{Deserialize, Serialize};
+
+use super::encode::{EntryKind, TransitionLayout};
+use crate::{NnError, Result};
+
+/// SynthER's additive epsilon on the standard deviation (`norm.py:45`).
+pub const STD_EPS: f64 = 1e-5;
+/// A real dimension with a smaller public standard deviation is centred but not scaled.
+pub const MIN_STD: f64 = 1e-3;
+
+/// Encoded rows known to be public (no privacy cost to read them): rows of `dim` values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PublicRows {
+    dim: usize,
+    values: Vec<f32>,
+}
+
+impl PublicRows {
+    /// Declares `values` (row-major, rows of `dim`) public data. Errors on a ragged or empty
+    /// array or a non-finite value.
+    pub fn new(dim: usize, values: Vec<f32>) -> Result<Self> {
+        if dim == 0 || values.is_empty() || !values.len().is_multiple_of(dim) {
+            return Err(NnError::Invalid(format!(
+                "public rows: {} values are not a positive number of rows of {dim}",
+                values.len()
+            )));
+        }
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(NnError::Invalid("public rows: non-finite value".into()));
+        }
+        Ok(PublicRows { dim, values })
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.values.len() / self.dim
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The rows, row-major.
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+}
+
+/// Per-dimension affine map `x' = (x - mean) / scale`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Normalizer {
+    pub mean: Vec<f32>,
+    pub scale: Vec<f32>,
+}
+
+impl Normalizer {
+    /// Fits on public rows laid out by `layout` (see the module doc for which entries are
+    /// scaled). Needs at least two rows.
+    pub fn fit_public(layout: &TransitionLayout, public: &PublicRows) -> Result<Self> {
+        let d = layout.dim();
+        if public.dim() != d {
+            return Err(NnError::Invalid(format!(
+                "normaliser: public rows have {} entries, the layout {d}",
+                public.dim()
+            )));
+        }
+        let n = public.len();
+        if n < 2 {
+            return Err(NnError::Invalid(
+                "normaliser: at least two public rows are needed".into(),
+            ));
+        }
+        let mut sum = vec![0.0f64; d];
+        for row in public.values().chunks_exact(d) {
+            for (s, &v) in sum.iter_mut().zip(row) {
+                *s += f64::from(v);
+            }
+        }
+        let mean: Vec<f64> = sum.iter().map(|s| s / n as f64).collect();
+        let mut ss = vec![0.0f64; d];
+        for row in public.values().chunks_exact(d) {
+            for ((s, &v), m) in ss.iter_mut().zip(row).zip(&mean) {
+                *s += (f64::from(v) - m).powi(2);
+            }
+        }
+        let kinds = layout.kinds();
+        let (mut m_out, mut s_out) = (Vec::with_capacity(d), Vec::with_capacity(d));
+        for j in 0..d {
+            let std = (ss[j] / (n - 1) as f64).sqrt();
+            match kinds[j] {
+                EntryKind::Real if std >= MIN_STD => {
+                    m_out.push(mean[j] as f32);
+                    s_out.push((std + STD_EPS) as f32);
+                }
+                EntryKind::Real => {
+                    m_out.push(mean[j] as f32);
+                    s_out.push(1.0);
+                }
+                EntryKind::OneHot | EntryKind::Terminal => {
+                    m_out.push(0.0);
+                    s_out.push(1.0);
+                }
+            }
+        }
+        Ok(Normalizer {
+            mean: m_out,
+            scale: s_out,
+        })
+    }
+
+    /// Dimensions.
+    pub fn dim(&self) -> usize {
+        self.mean.len()
+    }
+
+    /// Checks lengths, finiteness and positive scales (for a normaliser read from a file).
+    pub fn check(&self) -> Result<()> {
+        if self.mean.len() != self.scale.len()
+            || self.mean.iter().any(|m| !m.is_finite())
+            || self.scale.iter().any(|s| !(s.is_finite() && *s > 0.0))
+        {
+            return Err(NnError::Invalid(
+                "normaliser: lengths differ or a mean/scale is not finite and positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Normalises rows (row-major, rows of [`Self::dim`]) in place.
+    pub fn normalize(&self, rows: &mut [f32]) {
+        for row in rows.chunks_exact_mut(self.dim()) {
+            for ((v, m), s) in row.iter_mut().zip(&self.mean).zip(&self.scale) {
+                *v = (*v - m) / s;
+            }
+        }
+    }
+
+    /// Inverse of [`Self::normalize`], in place.
+    pub fn unnormalize(&self, rows: &mut [f32]) {
+        for row in rows.chunks_exact_mut(self.dim()) {
+            for ((v, m), s) in row.iter_mut().zip(&self.mean).zip(&self.scale) {
+                *v = *v * s + m;
+            }
+        }
+    }
+}
