@@ -374,7 +374,7 @@ fn vector_noise_does_not_depend_on_the_thread_count() {
 }
 
 /// Random words per sample at the project's scale (sigma ~ 2^24 grid units): the lazy
-/// comparisons keep the sampler near 2 words of ChaCha20 per sample (1.9 measured); drawing a
+/// comparisons keep the sampler near 2 words of ChaCha20 per sample (2.4 measured); drawing a
 /// word (or two) per random choice, as the sampler did before, fails this.
 #[test]
 fn the_sampler_draws_few_random_words() {
