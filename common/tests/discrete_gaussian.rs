@@ -366,7 +366,13 @@ fn vector_noise_does_not_depend_on_the_thread_count() {
     assert_eq!(one, run(Some(3)));
     assert_eq!(one, run(None));
     // Not trivially equal: the noise is there.
-    assert!(one.iter().enumerate().filter(|&(i, &x)| x != i as i64).count() > len - 10);
+    assert!(
+        one.iter()
+            .enumerate()
+            .filter(|&(i, &x)| x != i as i64)
+            .count()
+            > len - 10
+    );
     // A different seed gives different noise.
     let mut w: Vec<i64> = (0..len as i64).collect();
     DiscreteGaussianNoise::seeded(6).add_to(&mut w, &g).unwrap();

@@ -652,7 +652,10 @@ mod tests {
             assert!(x < big);
             high += usize::from(x >= big / 2);
         }
-        assert!((420..580).contains(&high), "{high} of 1000 in the upper half");
+        assert!(
+            (420..580).contains(&high),
+            "{high} of 1000 in the upper half"
+        );
         assert_eq!(bits.below(1), 0);
     }
 
