@@ -141,7 +141,8 @@ def main():
         print(json.dumps({
             "peer": "pytorch" if mode == "plain" else f"opacus-{mode}",
             "case": mode if mode == "plain" or args.noise == 0 else f"{mode}_noise",
-            "noise_multiplier": 0.0 if mode == "plain" else args.noise, "batch": b, "threads": args.threads, "network": network,
+            "noise_multiplier": 0.0 if mode == "plain" else args.noise,
+            "batch": b, "threads": args.threads, "network": network,
             "params": sum(p.numel() for p in base.parameters()),
             "examples_per_s": eps, "seconds_per_step": per_step,
             "torch": torch.__version__,
