@@ -10,10 +10,12 @@ Modes (examples/s of one step: forward, backward, clipping where private, an SGD
 
 Loss per example i (as fedrl and d3rlpy's DiscreteCQL compute it): Huber(1) TD error on the
 double-DQN target (no gradient), plus alpha (logsumexp_a Q(s_i, a) - Q(s_i, a_i)).
-Noise multiplier 0 and clip norm 1 for Opacus: the noise is not what is measured.
+Clip norm 1 for Opacus; noise multiplier `--noise` (default 0: the noise is not measured; Opacus'
+own examples run with it on, as bench/run_central_step.sh does with `--noise 1`, whose lines
+carry case "ghost_noise" / "hooks_noise").
 
 Usage: python bench/peers/opacus_peer.py [--batch 256] [--threads 2] [--seconds 3]
-       [--hidden 256,256] [--modes plain,hooks,ghost] [--repeats 1]
+       [--hidden 256,256] [--modes plain,hooks,ghost] [--repeats 1] [--noise 0]
 Prints one JSON line per mode (and repeat); `--hidden 1024,1024` is the ~1 M-parameter MLP of
 bench/run_central_step.sh.
 """
@@ -90,6 +92,7 @@ def main():
     ap.add_argument("--modes", default="plain,hooks,ghost")
     ap.add_argument("--hidden", default="256,256")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--noise", type=float, default=0.0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -116,11 +119,11 @@ def main():
         if mode == "hooks":
             model, opt, _ = PrivacyEngine().make_private(
                 module=model, optimizer=opt, data_loader=loader,
-                noise_multiplier=0.0, max_grad_norm=1.0, poisson_sampling=False)
+                noise_multiplier=args.noise, max_grad_norm=1.0, poisson_sampling=False)
         elif mode == "ghost":
             model, opt, crit, _ = PrivacyEngine().make_private(
                 module=model, optimizer=opt, data_loader=loader, criterion=crit,
-                noise_multiplier=0.0, max_grad_norm=1.0, poisson_sampling=False,
+                noise_multiplier=args.noise, max_grad_norm=1.0, poisson_sampling=False,
                 grad_sample_mode="ghost")
         elif mode != "plain":
             raise SystemExit(f"unknown mode {mode}")
@@ -137,7 +140,9 @@ def main():
         eps, per_step = time_mode(step, b, args.seconds)
         print(json.dumps({
             "peer": "pytorch" if mode == "plain" else f"opacus-{mode}",
-            "case": mode, "batch": b, "threads": args.threads, "network": network,
+            "case": mode if mode == "plain" or args.noise == 0 else f"{mode}_noise",
+            "noise_multiplier": 0.0 if mode == "plain" else args.noise,
+            "batch": b, "threads": args.threads, "network": network,
             "params": sum(p.numel() for p in base.parameters()),
             "examples_per_s": eps, "seconds_per_step": per_step,
             "torch": torch.__version__,

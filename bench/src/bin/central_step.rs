@@ -12,13 +12,18 @@
 //!   over the batch, an Adam step).
 //!
 //! Each private case is also timed without the noise (`*_no_noise`: everything else the same),
-//! since the exact sampler's cost grows with the parameter count and not with the batch, and
-//! the peers' steps (Opacus with noise multiplier 0) draw no noise either.
+//! since the exact sampler's cost grows with the parameter count and not with the batch. Where
+//! the time goes, as further cases:
+//! - `plain_grad` / `summed_grad`: the gradient alone (`loss_and_grad`, `summed_clipped`), no
+//!   quantisation, noise or Adam;
+//! - `noise_1t` / `noise_2t`: the exact noise of one release alone (`d` discrete Gaussian samples
+//!   through `DiscreteGaussianNoise::add_to`) in a rayon pool of 1 and of 2 threads; their lines
+//!   also give nanoseconds per coordinate.
 //!
 //! ```text
 //! cargo build --release -p fedrl-bench --bin central_step
 //! RAYON_NUM_THREADS=2 target/release/central_step [--units 256] [--rounds 5] [--seconds 2]
-//!     [--networks 256,1024]
+//!     [--networks 256,1024] [--cases plain,summed,...]
 //! ```
 //! Cases run interleaved in rounds (a loaded machine biases no case); each prints one JSON line
 //! per network and case (median seconds per step over rounds), then the ratios to `plain`
@@ -121,6 +126,13 @@ fn main() -> anyhow::Result<()> {
     let rounds: usize = arg("--rounds", 5).max(1);
     let seconds: f64 = arg("--seconds", 2.0);
     let networks: String = arg("--networks", "256,1024".to_string());
+    let all_cases = "plain,summed,summed_no_noise,per_unit,per_unit_no_noise,plain_grad,\
+                     summed_grad,noise_1t,noise_2t";
+    let cases: String = arg("--cases", all_cases.to_string());
+    let pools = [1usize, 2].map(|t| rayon::ThreadPoolBuilder::new().num_threads(t).build());
+    let [Ok(pool_1), Ok(pool_2)] = pools else {
+        anyhow::bail!("could not build the rayon pools of the noise cases");
+    };
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "unset".into());
     let device = Device::Cpu;
     let cfg = CqlConfig::default();
@@ -154,13 +166,11 @@ fn main() -> anyhow::Result<()> {
         let mut adam_plain = Adam::new(d, 1e-4, 1e-8);
         let mut adam_sum = Adam::new(d, 1e-4, 1e-8);
         let mut adam_unit = Adam::new(d, 1e-4, 1e-8);
-        let names = [
-            "plain",
-            "summed",
-            "summed_no_noise",
-            "per_unit",
-            "per_unit_no_noise",
-        ];
+        let names: Vec<&str> = cases.split(',').map(str::trim).collect();
+        if !names.contains(&"plain") {
+            anyhow::bail!("--cases must include plain (the ratios' base)");
+        }
+        let mut zeros = vec![0i64; d];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         for _ in 0..rounds {
             for (i, case) in names.iter().enumerate() {
@@ -171,6 +181,24 @@ fn main() -> anyhow::Result<()> {
                         adam_plain.step(&mut p_plain, &g);
                         Ok(())
                     })?,
+                    "plain_grad" => time(seconds, &mut || {
+                        loss_and_grad(&spec, &cfg, &p_plain, &target, &data, &device)?;
+                        Ok(())
+                    })?,
+                    "summed_grad" => time(seconds, &mut || {
+                        summed_clipped(
+                            &spec, &cfg, &p_sum, &target, &data, &one_each, units, clip, &device,
+                        )?;
+                        Ok(())
+                    })?,
+                    c if c.starts_with("noise_") => {
+                        let pool = if c == "noise_1t" { &pool_1 } else { &pool_2 };
+                        time(seconds, &mut || {
+                            zeros.fill(0);
+                            pool.install(|| noise.add_to(&mut zeros, summed_cal.distribution()))?;
+                            Ok(())
+                        })?
+                    }
                     c if c.starts_with("summed") => time(seconds, &mut || {
                         let s = summed_clipped(
                             &spec, &cfg, &p_sum, &target, &data, &one_each, units, clip, &device,
@@ -181,7 +209,7 @@ fn main() -> anyhow::Result<()> {
                         let n = with_noise.then_some(&mut noise);
                         release_and_step(acc, &summed_cal, n, denom, &mut adam_sum, &mut p_sum)
                     })?,
-                    _ => time(seconds, &mut || {
+                    c if c.starts_with("per_unit") => time(seconds, &mut || {
                         let g = per_unit_clipped(
                             &spec, &cfg, &p_unit, &target, &data, &one_each, units, clip, &device,
                         )?;
@@ -195,43 +223,45 @@ fn main() -> anyhow::Result<()> {
                         // Today's path in central mode also runs with the summed calibration.
                         release_and_step(acc, &summed_cal, n, denom, &mut adam_unit, &mut p_unit)
                     })?,
+                    other => anyhow::bail!("unknown case {other}"),
                 };
                 times[i].push(t);
             }
         }
         for (case, t) in names.iter().zip(&times) {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "bench": "central_step", "case": case, "network": name, "params": d,
-                    "units": units, "rows_per_unit": 1, "device": "cpu",
-                    "rayon_threads": threads, "rounds": rounds,
-                    "seconds_per_step": median(t.clone()),
-                    "seconds_per_step_rounds": t,
-                })
-            );
+            let mut line = serde_json::json!({
+                "bench": "central_step", "case": case, "network": name, "params": d,
+                "units": units, "rows_per_unit": 1, "device": "cpu",
+                "rayon_threads": threads, "rounds": rounds,
+                "seconds_per_step": median(t.clone()),
+                "seconds_per_step_rounds": t,
+            });
+            if let Some(pool_threads) = case.strip_prefix("noise_") {
+                line["rayon_threads"] = serde_json::json!(pool_threads.trim_end_matches('t'));
+                line["ns_per_coordinate"] = serde_json::json!(median(t.clone()) * 1e9 / d as f64);
+                line["noise_sigma_grid_units"] = serde_json::json!(summed_cal.sigma());
+            }
+            println!("{line}");
         }
-        let ratio = |num: usize| {
-            median(
-                times[num]
-                    .iter()
-                    .zip(&times[0])
-                    .map(|(a, p)| a / p)
-                    .collect(),
-            )
-        };
-        println!(
-            "{}",
-            serde_json::json!({
-                "bench": "central_step", "network": name, "params": d, "units": units,
-                "ratio_summed_over_plain": ratio(1),
-                "ratio_summed_no_noise_over_plain": ratio(2),
-                "ratio_per_unit_over_plain": ratio(3),
-                "ratio_per_unit_no_noise_over_plain": ratio(4),
-                "summed_sensitivity_grid_units": summed_cal.l2_sensitivity(),
-                "per_unit_sensitivity_grid_units": grid.l2_sensitivity(),
-            })
-        );
+        // Median over rounds of (case / plain) in the same round; plain is names[plain_at].
+        let plain_at = names.iter().position(|&c| c == "plain").unwrap_or(0);
+        let mut ratios = serde_json::json!({
+            "bench": "central_step", "network": name, "params": d, "units": units,
+            "summed_sensitivity_grid_units": summed_cal.l2_sensitivity(),
+            "per_unit_sensitivity_grid_units": grid.l2_sensitivity(),
+        });
+        for (i, case) in names.iter().enumerate() {
+            if i == plain_at {
+                continue;
+            }
+            let r: Vec<f64> = times[i]
+                .iter()
+                .zip(&times[plain_at])
+                .map(|(a, p)| a / p)
+                .collect();
+            ratios[format!("ratio_{case}_over_plain")] = serde_json::json!(median(r));
+        }
+        println!("{ratios}");
     }
     Ok(())
 }

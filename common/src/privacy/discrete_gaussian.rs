@@ -14,10 +14,21 @@
 //! 3. [`DiscreteGaussian::sample`]: with `t = floor(sigma) + 1`, a discrete Laplace candidate `Y`
 //!    is accepted with probability `exp(-(|Y| - sigma^2 / t)^2 / (2 sigma^2))`.
 //!
-//! Every random choice is a uniform integer drawn from the generator by rejection
-//! ([`uniform_below`]), so the output distribution is exactly `N_Z(0, sigma^2)` for the rational
-//! `sigma^2 = num / den`: no floating-point number is in the sampling path (floating-point
-//! samplers leave gaps that can reveal the exact value being noised, Mironov 2012).
+//! Every random choice is made from the generator's bits with integer arithmetic ([`Bits`]):
+//! a uniform integer by rejection, and a Bernoulli(n / d) by comparing a uniform in `[0, 1)`
+//! with `n / d` one binary digit at a time, both expansions generated lazily (exact, two bits
+//! on average, no division). So the output distribution is exactly `N_Z(0, sigma^2)` for the
+//! rational `sigma^2 = num / den`: no floating-point number is in the sampling path
+//! (floating-point samplers leave gaps that can reveal the exact value being noised, Mironov
+//! 2012).
+//!
+//! # Cost
+//!
+//! At the project's sigma (about `2^24` grid units) a sample takes about 2.4 64-bit words of
+//! ChaCha20 (`tests/discrete_gaussian.rs` counts them) and no u128 division on the common path:
+//! the acceptance exponent's integer part is found by subtraction while its Bernoulli(exp(-1))
+//! factors are drawn (it is rarely above 2). A vector's samples are drawn on several threads by
+//! [`super::noise::DiscreteGaussianNoise::add_to`].
 //!
 //! # Why a discrete Gaussian is accounted as a Gaussian with `z = sigma / Delta`
 //!
@@ -115,51 +126,222 @@ pub fn uniform_below<R: Rng + ?Sized>(rng: &mut R, m: u128) -> u128 {
     }
 }
 
-/// Bernoulli(n / d) for `0 <= n <= d`, `d >= 1`.
-fn bernoulli_ratio<R: Rng + ?Sized>(rng: &mut R, n: u128, d: u128) -> bool {
-    uniform_below(rng, d) < n
+/// Random bits from a generator, handed out a few at a time. The sampler's random choices are
+/// mostly comparisons that are decided after two bits on average (below); a whole `next_u64`
+/// per choice would make the generator (ChaCha20, a few ns per word) the sampler's main cost.
+/// Every bit handed out is a fresh bit of the generator's output, used once, so the choices
+/// are exactly as random as the generator's words.
+pub struct Bits<'a, R: Rng + ?Sized> {
+    rng: &'a mut R,
+    buf: u64,
+    left: u32,
+    /// Words drawn from the generator so far (for tests and benchmarks).
+    words: u64,
 }
 
-/// Bernoulli(exp(-n / d)) for `0 <= n <= d` (CKS20 Algorithm 1, von Neumann's method).
-fn bernoulli_exp_at_most_one<R: Rng + ?Sized>(rng: &mut R, n: u128, d: u128) -> bool {
-    debug_assert!(n <= d && d >= 1);
-    let mut k: u128 = 1;
-    // Bernoulli(n / (d k)) is drawn as Bernoulli(1 / k) and Bernoulli(n / d), independent, so
-    // `d k` never has to be formed (it could exceed u128). k grows past 2 with probability
-    // (n/d)^2 / 2 and past j with probability below 1 / j!, so it cannot overflow.
-    while bernoulli_ratio(rng, 1, k) && bernoulli_ratio(rng, n, d) {
-        k += 1;
-    }
-    k % 2 == 1
-}
-
-/// Bernoulli(exp(-1)).
-fn bernoulli_exp_minus_one<R: Rng + ?Sized>(rng: &mut R) -> bool {
-    bernoulli_exp_at_most_one(rng, 1, 1)
-}
-
-/// Bernoulli(exp(-(whole + frac_num / frac_den))) with `frac_num < frac_den`; `whole` is a
-/// 256-bit integer `(whole_hi, whole_lo)`.
-fn bernoulli_exp_split<R: Rng + ?Sized>(
-    rng: &mut R,
-    whole_hi: u128,
-    whole_lo: u128,
-    frac_num: u128,
-    frac_den: u128,
-) -> Result<bool, DiscreteGaussianError> {
-    // exp(-whole) as `whole` independent Bernoulli(exp(-1)), all of which must succeed: stop at
-    // the first failure (after 1.58 draws on average, whatever `whole` is).
-    let mut done: u128 = 0;
-    while whole_hi != 0 || done < whole_lo {
-        if !bernoulli_exp_minus_one(rng) {
-            return Ok(false);
+impl<'a, R: Rng + ?Sized> Bits<'a, R> {
+    /// A bit reader over `rng` with nothing buffered.
+    pub fn new(rng: &'a mut R) -> Self {
+        Self {
+            rng,
+            buf: 0,
+            left: 0,
+            words: 0,
         }
-        // Reaching 2^128 successes has probability exp(-2^128).
-        done = done.checked_add(1).ok_or(DiscreteGaussianError::Overflow(
-            "counting Bernoulli(exp(-1)) successes",
-        ))?;
     }
-    Ok(bernoulli_exp_at_most_one(rng, frac_num, frac_den))
+
+    /// Words (`u64`) drawn from the generator so far.
+    pub fn words_drawn(&self) -> u64 {
+        self.words
+    }
+
+    #[inline]
+    fn refill(&mut self) -> u64 {
+        self.words += 1;
+        self.rng.next_u64()
+    }
+
+    /// One uniform bit.
+    #[inline]
+    pub fn bit(&mut self) -> bool {
+        if self.left == 0 {
+            self.buf = self.refill();
+            self.left = 64;
+        }
+        let b = self.buf & 1 == 1;
+        self.buf >>= 1;
+        self.left -= 1;
+        b
+    }
+
+    /// `n` uniform bits (`1 <= n <= 64`) as the low bits of a `u64`.
+    #[inline]
+    pub fn take(&mut self, n: u32) -> u64 {
+        debug_assert!((1..=64).contains(&n));
+        let mask = |k: u32| if k >= 64 { u64::MAX } else { (1u64 << k) - 1 };
+        if n <= self.left {
+            let v = self.buf & mask(n);
+            self.buf = if n >= 64 { 0 } else { self.buf >> n };
+            self.left -= n;
+            return v;
+        }
+        // The buffered bits (fewer than n, so fewer than 64) below, fresh ones above.
+        let (have, low) = (self.left, self.buf);
+        let need = n - have;
+        let w = self.refill();
+        self.buf = if need >= 64 { 0 } else { w >> need };
+        self.left = 64 - need;
+        low | ((w & mask(need)) << have)
+    }
+
+    /// A uniform integer in `{0, ..., m - 1}` (`m >= 1`). For `m < 2^64`, Lemire's
+    /// multiply-shift with rejection ("Fast random integer generation in an interval", 2019):
+    /// `floor(x m / 2^64)` for a uniform 64-bit `x`, rejecting the `2^64 mod m` values of the low
+    /// word that would bias it, so exactly uniform, and the rejection branch is almost never
+    /// taken (probability below `m / 2^64`). Larger `m`: rejection on the bit length of `m - 1`
+    /// (fewer than 2 tries on average).
+    #[inline]
+    pub fn below(&mut self, m: u128) -> u128 {
+        if m <= 1 {
+            return 0;
+        }
+        if let Ok(s) = u64::try_from(m) {
+            let mut p = u128::from(self.take(64)) * u128::from(s);
+            if (p as u64) < s {
+                // 2^64 mod s: the low words below it are the surplus of the uneven split.
+                let surplus = s.wrapping_neg() % s;
+                while (p as u64) < surplus {
+                    p = u128::from(self.take(64)) * u128::from(s);
+                }
+            }
+            return p >> 64;
+        }
+        let bits = 128 - (m - 1).leading_zeros();
+        loop {
+            let x = if bits <= 64 {
+                self.take(bits) as u128
+            } else {
+                let lo = self.take(64) as u128;
+                ((self.take(bits - 64) as u128) << 64) | lo
+            };
+            if x < m {
+                return x;
+            }
+        }
+    }
+
+    /// Bernoulli(n / d) for `d >= 1` (`n >= d` is certain), exactly, by comparing a uniform
+    /// `U` in `[0, 1)` with `p = n / d` one binary digit at a time, both generated lazily: the
+    /// answer is `U < p`, decided at the first digit where they differ (after 2 digits on
+    /// average, whatever `d`). `p`'s digits come from the long division `r -> 2r mod d`,
+    /// written so that `2r` is never formed (no overflow for any `d`), and no division is
+    /// needed. When `p`'s expansion ends (`r = 0`) with `U`'s digits equal so far, `U >= p`
+    /// unless every later digit of `U` is 0, an event of probability 0.
+    #[inline]
+    pub fn ratio(&mut self, n: u128, d: u128) -> bool {
+        if n >= d {
+            return true;
+        }
+        let mut r = n;
+        loop {
+            // Next digit of p: 1 iff 2r >= d, i.e. r >= d - r.
+            let gap = d - r;
+            let p_bit = r >= gap;
+            r = if p_bit { r - gap } else { r << 1 };
+            let u_bit = self.bit();
+            if u_bit != p_bit {
+                return p_bit;
+            }
+            if r == 0 {
+                return false;
+            }
+        }
+    }
+
+    /// Bernoulli(exp(-n / d)) for `0 <= n <= d` (CKS20 Algorithm 1, von Neumann's method):
+    /// draw Bernoulli(n / (d k)) for k = 1, 2, ... until the first failure and answer whether
+    /// the last k is odd. Bernoulli(n / (d k)) is one lazy comparison with denominator `d k`
+    /// (one random decision, not two); should `d k` not fit in u128 it is drawn as
+    /// Bernoulli(1 / k) and Bernoulli(n / d), independent. k grows past j with probability
+    /// below 1 / j!.
+    #[inline]
+    pub fn exp_at_most_one(&mut self, n: u128, d: u128) -> bool {
+        debug_assert!(n <= d && d >= 1);
+        let mut k: u128 = 1;
+        loop {
+            let success = match d.checked_mul(k) {
+                Some(dk) => self.ratio(n, dk),
+                None => self.ratio(1, k) && self.ratio(n, d),
+            };
+            if !success {
+                return k % 2 == 1;
+            }
+            k += 1;
+        }
+    }
+
+    /// Bernoulli(exp(-1)): [`Self::exp_at_most_one`] with `n = d = 1`, whose first round
+    /// always succeeds.
+    #[inline]
+    pub fn exp_minus_one(&mut self) -> bool {
+        let mut k: u128 = 2;
+        while self.ratio(1, k) {
+            k += 1;
+        }
+        k % 2 == 1
+    }
+
+    /// Bernoulli(exp(-(whole + frac_num / frac_den))) with `frac_num < frac_den`; `whole` is a
+    /// 256-bit integer `(whole_hi, whole_lo)`: `whole` independent Bernoulli(exp(-1)), all of
+    /// which must succeed (stopping at the first failure, after 1.58 draws on average), then
+    /// the fraction.
+    fn exp_split(
+        &mut self,
+        whole_hi: u128,
+        whole_lo: u128,
+        frac_num: u128,
+        frac_den: u128,
+    ) -> Result<bool, DiscreteGaussianError> {
+        let mut done: u128 = 0;
+        while whole_hi != 0 || done < whole_lo {
+            if !self.exp_minus_one() {
+                return Ok(false);
+            }
+            // Reaching 2^128 successes has probability exp(-2^128).
+            done = done.checked_add(1).ok_or(DiscreteGaussianError::Overflow(
+                "counting Bernoulli(exp(-1)) successes",
+            ))?;
+        }
+        Ok(self.exp_at_most_one(frac_num, frac_den))
+    }
+
+    /// The discrete Laplace with integer scale `t >= 1` as (sign, magnitude) (CKS20
+    /// Algorithm 2 with `s = 1`): `U` uniform on `{0..t-1}` accepted with probability
+    /// `exp(-U / t)`, plus `t V` with `V` geometric (`P(V >= v) = exp(-v)`), a fair sign, `-0`
+    /// rejected.
+    fn laplace_parts(&mut self, t: u128) -> Result<(bool, u128), DiscreteGaussianError> {
+        debug_assert!(t >= 1);
+        loop {
+            let u = self.below(t);
+            if !self.exp_at_most_one(u, t) {
+                continue;
+            }
+            let mut v: u128 = 0;
+            while self.exp_minus_one() {
+                v = v.checked_add(1).ok_or(DiscreteGaussianError::Overflow(
+                    "drawing the geometric part",
+                ))?;
+            }
+            let x = v.checked_mul(t).and_then(|tv| tv.checked_add(u)).ok_or(
+                DiscreteGaussianError::Overflow("forming the discrete Laplace magnitude"),
+            )?;
+            let negative = self.bit();
+            if negative && x == 0 {
+                continue;
+            }
+            return Ok((negative, x));
+        }
+    }
 }
 
 /// Bernoulli(exp(-n / d)) for any rational `n / d >= 0` (`d >= 1`), exactly.
@@ -173,7 +355,7 @@ pub fn bernoulli_exp<R: Rng + ?Sized>(
             "drawing Bernoulli(exp(-n/d)) with d = 0",
         ));
     }
-    bernoulli_exp_split(rng, 0, n / d, n % d, d)
+    Bits::new(rng).exp_split(0, n / d, n % d, d)
 }
 
 /// A sample of the discrete Laplace distribution with integer scale `t >= 1`: probability
@@ -182,40 +364,10 @@ pub fn discrete_laplace<R: Rng + ?Sized>(
     rng: &mut R,
     t: u128,
 ) -> Result<i128, DiscreteGaussianError> {
-    let (negative, magnitude) = discrete_laplace_parts(rng, t)?;
+    let (negative, magnitude) = Bits::new(rng).laplace_parts(t)?;
     let m = i128::try_from(magnitude)
         .map_err(|_| DiscreteGaussianError::Overflow("returning a discrete Laplace sample"))?;
     Ok(if negative { -m } else { m })
-}
-
-/// The discrete Laplace as (sign, magnitude), so the Gaussian step can use the magnitude in
-/// unsigned arithmetic.
-fn discrete_laplace_parts<R: Rng + ?Sized>(
-    rng: &mut R,
-    t: u128,
-) -> Result<(bool, u128), DiscreteGaussianError> {
-    debug_assert!(t >= 1);
-    loop {
-        let u = uniform_below(rng, t);
-        if !bernoulli_exp_at_most_one(rng, u, t) {
-            continue;
-        }
-        // V ~ Geometric(1 - exp(-1)): P(V >= v) = exp(-v), so a u128 cannot overflow in practice.
-        let mut v: u128 = 0;
-        while bernoulli_exp_minus_one(rng) {
-            v = v.checked_add(1).ok_or(DiscreteGaussianError::Overflow(
-                "drawing the geometric part",
-            ))?;
-        }
-        let x = v.checked_mul(t).and_then(|tv| tv.checked_add(u)).ok_or(
-            DiscreteGaussianError::Overflow("forming the discrete Laplace magnitude"),
-        )?;
-        let negative = rng.next_u64() & 1 == 1;
-        if negative && x == 0 {
-            continue;
-        }
-        return Ok((negative, x));
-    }
 }
 
 /// The distribution `N_Z(0, sigma^2)` for a rational `sigma^2 = num / den`, with its constants
@@ -278,26 +430,65 @@ impl DiscreteGaussian {
 
     /// One exact sample (CKS20 Algorithm 3).
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> Result<i64, DiscreteGaussianError> {
+        self.sample_bits(&mut Bits::new(rng))
+    }
+
+    /// Adds an independent exact sample to every element of `v`, drawing from one bit reader
+    /// (no bits are discarded between samples). On error `v` is partly noised and must be
+    /// discarded; an error is an overflow of i64 (see [`super::noise`]) or an event of
+    /// probability below `exp(-2^64)`.
+    pub fn add_to<R: Rng + ?Sized>(
+        &self,
+        rng: &mut R,
+        v: &mut [i64],
+    ) -> Result<(), DiscreteGaussianError> {
+        let mut bits = Bits::new(rng);
+        for x in v.iter_mut() {
+            let e = self.sample_bits(&mut bits)?;
+            *x = x.checked_add(e).ok_or(DiscreteGaussianError::Overflow(
+                "adding noise to an i64 sum",
+            ))?;
+        }
+        Ok(())
+    }
+
+    /// One exact sample (CKS20 Algorithm 3) from a bit reader.
+    pub fn sample_bits<R: Rng + ?Sized>(
+        &self,
+        bits: &mut Bits<'_, R>,
+    ) -> Result<i64, DiscreteGaussianError> {
         loop {
-            let (negative, y) = discrete_laplace_parts(rng, self.t)?;
+            let (negative, y) = bits.laplace_parts(self.t)?;
             // |Y| - sigma^2 / t = (|Y| t den - num) / (t den), so the acceptance exponent
-            // (|Y| - sigma^2/t)^2 / (2 sigma^2) is a^2 / (2 num t^2 den) with a below.
+            // (|Y| - sigma^2/t)^2 / (2 sigma^2) is a^2 / D with D = 2 num t^2 den.
             let a = y
                 .checked_mul(self.t_den)
                 .ok_or(DiscreteGaussianError::Overflow(
                     "scaling the Laplace candidate",
                 ))?
                 .abs_diff(self.num);
-            let (whole_hi, whole_lo, rem) = if a >> 64 == 0 {
-                let sq = a * a;
-                // One u128 division (a software routine): the remainder by multiply-subtract.
-                let q = sq / self.accept_den;
-                (0, q, sq - q * self.accept_den)
+            let accepted = if a >> 64 == 0 {
+                // exp(-a^2 / D) = exp(-1)^q exp(-r / D) with a^2 = q D + r: one Bernoulli(
+                // exp(-1)) per unit of q, stopping at the first failure, with q and r found by
+                // subtraction as the draws go (q is small: a^2 / D is about (|Y|/sigma - 1)^2 / 2),
+                // so no u128 division (a slow software routine) is needed.
+                let mut rem = a * a;
+                let mut ok = true;
+                while rem >= self.accept_den {
+                    if !bits.exp_minus_one() {
+                        ok = false;
+                        break;
+                    }
+                    rem -= self.accept_den;
+                }
+                ok && bits.exp_at_most_one(rem, self.accept_den)
             } else {
+                // Rare (|Y| far in the tail): the exponent in 256 bits.
                 let (hi, lo) = wide::mul(a, a);
-                wide::div_rem(hi, lo, self.accept_den)
+                let (whole_hi, whole_lo, rem) = wide::div_rem(hi, lo, self.accept_den);
+                bits.exp_split(whole_hi, whole_lo, rem, self.accept_den)?
             };
-            if bernoulli_exp_split(rng, whole_hi, whole_lo, rem, self.accept_den)? {
+            if accepted {
                 let m = i64::try_from(y).map_err(|_| {
                     DiscreteGaussianError::Overflow("returning a discrete Gaussian sample")
                 })?;
@@ -422,6 +613,50 @@ mod tests {
             assert!(uniform_below(&mut rng, big) < big);
         }
         assert_eq!(uniform_below(&mut rng, 1), 0);
+    }
+
+    #[test]
+    fn bits_hand_out_the_generator_words_in_order_and_below_is_uniform() {
+        // take() across word boundaries reassembles exactly the generator's words.
+        let words: Vec<u64> = {
+            let mut rng = ChaCha20Rng::seed_from_u64(4);
+            (0..8).map(|_| rng.next_u64()).collect()
+        };
+        let mut rng = ChaCha20Rng::seed_from_u64(4);
+        let mut bits = Bits::new(&mut rng);
+        let mut acc: Vec<bool> = Vec::new();
+        for n in [13u32, 64, 1, 50, 64, 7, 63, 2, 100 - 64, 64] {
+            let v = bits.take(n);
+            assert!(n == 64 || v >> n == 0);
+            acc.extend((0..n).map(|i| (v >> i) & 1 == 1));
+        }
+        let want: Vec<bool> = words
+            .iter()
+            .flat_map(|w| (0..64).map(move |i| (w >> i) & 1 == 1))
+            .take(acc.len())
+            .collect();
+        assert_eq!(acc, want);
+        assert_eq!(bits.words_drawn(), acc.len().div_ceil(64) as u64);
+        // below(): Lemire's path (m < 2^64) and the wide path, in range and even.
+        let mut counts = [0u32; 6];
+        for _ in 0..60_000 {
+            counts[bits.below(6) as usize] += 1;
+        }
+        for c in counts {
+            assert!((9_500..10_500).contains(&c), "{counts:?}");
+        }
+        let big = (1u128 << 100) + 3;
+        let mut high = 0;
+        for _ in 0..1000 {
+            let x = bits.below(big);
+            assert!(x < big);
+            high += usize::from(x >= big / 2);
+        }
+        assert!(
+            (420..580).contains(&high),
+            "{high} of 1000 in the upper half"
+        );
+        assert_eq!(bits.below(1), 0);
     }
 
     #[test]
