@@ -110,7 +110,11 @@ fn whole_frames_removed_or_reordered_are_corruption() {
             PrivacyLedger::open(&path, config()).is_err(),
             "frame {i} removed: open"
         );
-        assert_eq!(std::fs::read(&path).unwrap(), edited, "nothing is discarded");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            edited,
+            "nothing is discarded"
+        );
     }
     // The release record is frame 1: its removal names the frame after it.
     std::fs::write(&path, without(&bytes, &fr[1])).unwrap();
@@ -174,7 +178,10 @@ fn a_cut_tail_is_caught_by_the_recorded_head() {
     let err = l.check_head(&head, &ckpt).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, LedgerError::HeadMismatch { .. }), "{err:?}");
-    assert!(msg.contains("holds 5 entries, but 6 were recorded"), "{msg}");
+    assert!(
+        msg.contains("holds 5 entries, but 6 were recorded"),
+        "{msg}"
+    );
     assert!(msg.contains(&ckpt.display().to_string()), "{msg}");
     let file = PrivacyLedger::read_file(&path).unwrap();
     assert!(file.check_head(&path, &head, &ckpt).is_err());
@@ -207,8 +214,16 @@ fn unchained_version_two_ledgers_open_say_so_and_continue_chained() {
     std::fs::copy(fixture("ledger-v2.ledger"), &path).unwrap();
     let read = PrivacyLedger::read_file(&path).unwrap();
     assert_eq!(read.version, 2);
-    assert_eq!(read.recovery.unchained_entries, Some(8), "7 rounds, 1 raise");
-    assert!(read.recovery.to_string().contains("UNCHAINED"), "{}", read.recovery);
+    assert_eq!(
+        read.recovery.unchained_entries,
+        Some(8),
+        "7 rounds, 1 raise"
+    );
+    assert!(
+        read.recovery.to_string().contains("UNCHAINED"),
+        "{}",
+        read.recovery
+    );
     let rep = read.report(Default::default()).unwrap();
     assert_eq!(rep.epsilon, landed["epsilon"].as_f64().unwrap());
     assert_eq!(rep.epsilon_rdp, landed["epsilon_rdp"].as_f64().unwrap());

@@ -62,7 +62,7 @@ pub async fn run(
     let (ledger, recovery) =
         PrivacyLedger::open_with(&ledger_path, scenario.ledger_config()?, policy)
             .context("opening the privacy ledger")?;
-    if recovery.torn_bytes > 0 {
+    if recovery.torn_bytes > 0 || recovery.unchained_entries.is_some() {
         eprintln!("ledger recovery: {recovery}");
     }
     if ledger.budget_changes().len() > raises_before
@@ -76,7 +76,8 @@ pub async fn run(
     let mut model = model;
     let ckpt = checkpoint::load(&dir)?;
     let ckpt_meta = ckpt.as_ref().map(|(m, _)| m);
-    resume::check_state(&ledger, ckpt_meta)?;
+    let previous = resume::previous_report(&dir)?;
+    resume::check_state(&dir, &ledger, ckpt_meta, previous.as_ref())?;
     let resume = resume::resume_point(&ledger, ckpt_meta, scenario.participation);
     let last_round = resume.next_round - 1;
     if let Some((meta, st)) = ckpt {

@@ -980,13 +980,15 @@ impl PrivacyLedger {
 
     fn write_entry(&mut self, entry: &Entry) -> Result<(), LedgerError> {
         let payload = serde_json::to_vec(entry).map_err(json_err)?;
-        let prev = *self.hashes.last().expect("a ledger always has its header frame");
-        let hash = write_frame(&mut self.file, &prev, &payload).map_err(|source| {
-            LedgerError::Io {
+        let prev = *self
+            .hashes
+            .last()
+            .expect("a ledger always has its header frame");
+        let hash =
+            write_frame(&mut self.file, &prev, &payload).map_err(|source| LedgerError::Io {
                 path: self.path.clone(),
                 source,
-            }
-        })?;
+            })?;
         self.hashes.push(hash);
         Ok(())
     }
@@ -1554,7 +1556,8 @@ fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<Frame<'a>>, Recovery), 
                     entry: frames.len() as u64,
                     named: to_hex(&prev),
                     found: if frames.is_empty() {
-                        "nothing (it is the first frame: it must name the fixed genesis value)".into()
+                        "nothing (it is the first frame: it must name the fixed genesis value)"
+                            .into()
                     } else {
                         to_hex(&expected)
                     },
