@@ -258,3 +258,30 @@ fn a_ledger_cut_at_its_end_is_refused_against_the_reports_head() {
     );
     assert!(log.contains("operator/report.json"), "{log}");
 }
+
+/// Issue 59, item 7: non-zero garbage at the end of `events.journal` blocked a resume but was
+/// reported only after "listening"; now the start stops before listening, naming the file and
+/// what to do.
+#[test]
+fn garbage_at_the_end_of_the_journal_stops_the_start_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = finished_run(dir.path());
+    let journal = state_dir.join("events.journal");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes.extend_from_slice(&[0xab; 100]);
+    std::fs::write(&journal, &bytes).unwrap();
+    let s = write(dir.path(), "more.toml", &scenario(8, 20.0));
+    let log = refused(spawn_aggregator(
+        &s,
+        &state_dir,
+        &[],
+        &dir.path().join("resume.log"),
+    ));
+    assert!(
+        !log.contains("listening"),
+        "refused before listening: {log}"
+    );
+    assert!(log.contains(&journal.display().to_string()), "{log}");
+    assert!(log.contains("move it away"), "{log}");
+    assert_eq!(std::fs::read(&journal).unwrap(), bytes, "nothing was cut");
+}
