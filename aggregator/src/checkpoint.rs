@@ -1,5 +1,6 @@
-//! Checkpoints: model (parameters + optimizer state), round counters and ledger position, in one
-//! file written atomically (temporary file, fsync, rename, fsync of the directory).
+//! Checkpoints: model (parameters + optimizer state), round counters and ledger position (record
+//! count and head: [`CheckpointMeta::ledger_head`]), in one file written atomically (temporary
+//! file, fsync, rename, fsync of the directory).
 //!
 //! File layout: `b"FRCK"`, u32 LE length of a JSON header ([`CheckpointMeta`]), the header, then
 //! the model's tensors as raw little-endian f32. The header stores the SHA-256 of the tensor bytes.
