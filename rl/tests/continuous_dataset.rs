@@ -166,10 +166,17 @@ fn stored_datasets_are_listed_from_their_headers() {
     std::fs::write(&junk, b"\x10\0\0\0\0\0\0\0{}").expect("write");
     let listed = cache::list(dir.path()).expect("list");
     assert_eq!(listed.len(), 2);
-    let bad = listed.iter().find(|l| l.id == "continuous/junk").expect("junk");
+    let bad = listed
+        .iter()
+        .find(|l| l.id == "continuous/junk")
+        .expect("junk");
     let problem = bad.problem.as_deref().expect("marked");
     assert!(problem.contains("junk.safetensors"), "{problem}");
-    assert!(listed.iter().any(|l| l.problem.is_none() && l.total_episodes == 6));
+    assert!(
+        listed
+            .iter()
+            .any(|l| l.problem.is_none() && l.total_episodes == 6)
+    );
     std::fs::write(&junk, [0xff; 8]).expect("write");
     let err = ContinuousDataset::read_header(&junk)
         .expect_err("length")

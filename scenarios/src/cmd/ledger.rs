@@ -18,9 +18,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use fedrl_aggregator::{checkpoint, state};
 use fedrl_common::privacy::accountant::AccountantKind;
-use fedrl_common::privacy::ledger::{
-    Entry, LEDGER_FILE_NAME, LedgerFile, LedgerHead, PrivacyLedger,
-};
+use fedrl_common::privacy::ledger::{Entry, LEDGER_FILE_NAME, LedgerHead, PrivacyLedger};
 use serde_json::json;
 
 use super::UsageError;
@@ -76,8 +74,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !file.exists() {
         return Err(UsageError(format!("no ledger at {}", file.display())).into());
     }
+    // The heads first: a running aggregator appends to the ledger before it records a head,
+    // so heads read before the ledger are never ahead of it.
+    let heads = recorded_heads(&file)?;
     let ledger = PrivacyLedger::read_file(&file)?;
-    let checked = check_heads(&file, &ledger)?;
+    for (recorded_in, head) in &heads {
+        ledger.check_head(&file, head, recorded_in)?;
+    }
+    let checked: Vec<PathBuf> = heads.into_iter().map(|(p, _)| p).collect();
     let head = ledger.head();
     let report = ledger
         .report(kind)
@@ -271,12 +275,12 @@ fn emit(text: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Checks the ledger `file` against the heads recorded beside it: the state directory's
-/// `checkpoint` and the operator's `report.json` (in a state directory `operator/report.json`,
-/// in a `fedrl run` output's `operator/` folder the `report.json` next to the ledger). Returns
-/// the files whose heads it holds; an error when it does not hold one (entries were cut from
-/// its end, or it was replaced).
-fn check_heads(file: &Path, ledger: &LedgerFile) -> anyhow::Result<Vec<PathBuf>> {
+/// The ledger heads recorded beside the ledger `file`, with the files that recorded them: the
+/// state directory's `checkpoint` and the operator's `report.json` (in a state directory
+/// `operator/report.json`, in a `fedrl run` output's `operator/` folder the `report.json` next
+/// to the ledger). The ledger must hold each of them, or entries were cut from its end (or it
+/// was replaced).
+fn recorded_heads(file: &Path) -> anyhow::Result<Vec<(PathBuf, LedgerHead)>> {
     let dir = file.parent().unwrap_or(Path::new("."));
     let mut heads: Vec<(PathBuf, LedgerHead)> = Vec::new();
     if let Some(meta) = checkpoint::load_meta(dir)?
@@ -302,8 +306,5 @@ fn check_heads(file: &Path, ledger: &LedgerFile) -> anyhow::Result<Vec<PathBuf>>
             heads.push((report, head));
         }
     }
-    for (recorded_in, head) in &heads {
-        ledger.check_head(file, head, recorded_in)?;
-    }
-    Ok(heads.into_iter().map(|(p, _)| p).collect())
+    Ok(heads)
 }
