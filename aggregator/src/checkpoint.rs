@@ -1,5 +1,6 @@
-//! Checkpoints: model (parameters + optimizer state), round counters and ledger position, in one
-//! file written atomically (temporary file, fsync, rename, fsync of the directory).
+//! Checkpoints: model (parameters + optimizer state), round counters and ledger position (record
+//! count and head: [`CheckpointMeta::ledger_head`]), in one file written atomically (temporary
+//! file, fsync, rename, fsync of the directory).
 //!
 //! File layout: `b"FRCK"`, u32 LE length of a JSON header ([`CheckpointMeta`]), the header, then
 //! the model's tensors as raw little-endian f32. The header stores the SHA-256 of the tensor bytes.
@@ -8,6 +9,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use fedrl_common::privacy::ledger::LedgerHead;
 use fedrl_common::protocol::auth::sha256_fingerprint;
 use fedrl_common::protocol::codec::decode_f32s;
 use fedrl_common::protocol::encode_payload;
@@ -40,6 +42,11 @@ pub struct CheckpointMeta {
     pub rounds_abandoned: u64,
     /// Number of ledger records covered by this model (the ledger position).
     pub ledger_records: u64,
+    /// The ledger's head when the checkpoint was taken (its entry count and the hash of its
+    /// last frame): start-up refuses a ledger that no longer holds it (entries cut from its
+    /// end). `None` in checkpoints written before ledgers were chained.
+    #[serde(default)]
+    pub ledger_head: Option<LedgerHead>,
     /// The model's own metadata.
     pub model_meta: serde_json::Value,
     /// Number of f32 in the tensor section.
@@ -93,8 +100,37 @@ pub fn load(dir: &Path) -> Result<Option<(CheckpointMeta, ModelState)>, Checkpoi
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Io { path, source }),
     };
+    decode(&path, &bytes).map(Some)
+}
+
+/// The metadata of the checkpoint in `dir`, if there is one (the whole file is read and
+/// verified, the tensors are not decoded).
+pub fn load_meta(dir: &Path) -> Result<Option<CheckpointMeta>, CheckpointError> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CheckpointError::Io { path, source }),
+    };
+    verified_meta(&path, &bytes).map(|(meta, _)| Some(meta))
+}
+
+fn decode(path: &Path, bytes: &[u8]) -> Result<(CheckpointMeta, ModelState), CheckpointError> {
+    let (meta, data) = verified_meta(path, bytes)?;
+    let state = ModelState {
+        meta: meta.model_meta.clone(),
+        tensors: decode_f32s(data),
+    };
+    Ok((meta, state))
+}
+
+/// The header of a checkpoint file and its verified tensor bytes.
+fn verified_meta<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+) -> Result<(CheckpointMeta, &'a [u8]), CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt {
-        path: path.clone(),
+        path: path.to_path_buf(),
         reason,
     };
     if bytes.len() < 8 || &bytes[..4] != MAGIC {
@@ -113,11 +149,7 @@ pub fn load(dir: &Path) -> Result<Option<(CheckpointMeta, ModelState)>, Checkpoi
             "tensor section does not match its length or checksum".into(),
         ));
     }
-    let state = ModelState {
-        meta: meta.model_meta.clone(),
-        tensors: decode_f32s(data),
-    };
-    Ok(Some((meta, state)))
+    Ok((meta, data))
 }
 
 #[cfg(test)]
@@ -133,6 +165,7 @@ mod tests {
             rounds_completed: 6,
             rounds_abandoned: 1,
             ledger_records: 6,
+            ledger_head: None,
             model_meta: serde_json::Value::Null,
             tensors: 0,
             tensors_sha256: String::new(),
@@ -166,6 +199,7 @@ mod tests {
             rounds_completed: 1,
             rounds_abandoned: 0,
             ledger_records: 1,
+            ledger_head: None,
             model_meta: serde_json::Value::Null,
             tensors: 0,
             tensors_sha256: String::new(),

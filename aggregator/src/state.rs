@@ -12,9 +12,9 @@
 //! | `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
 //! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
-//! | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) |
+//! | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
 //! | `privacy.ledger` | operator | the privacy ledger (`fedrl_common::privacy::ledger`): unit ids of every round |
-//! | `checkpoint` | operator | model, optimizer state, round counters, ledger position |
+//! | `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |
 //! | `cert.der`, `key.der` | operator (secret key) | the self-signed TLS identity (created on first start) |
 //! | `enrolment.key` | operator (secret) | the enrolment secret (hex, 32 bytes), created on first start |
 //! | `address.json` | operator | `{"addr", "fingerprint", "pid"}` once the server listens (for `fedrl run`) |
@@ -55,9 +55,9 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
 | model export (e.g. `policy.safetensors`) | public | the released model |
 | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
-| `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) |
+| `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
 | `privacy.ledger` | operator | the privacy ledger: every released round and its unit ids |
-| `checkpoint` | operator | model, optimizer state, round counters, ledger position |
+| `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |
 | `cert.der`, `key.der` | operator (secret key) | the aggregator's TLS identity |
 | `enrolment.key` | operator (secret) | the enrolment secret clients' tokens derive from |
 | `address.json` | operator | listening address, certificate fingerprint, pid |

@@ -113,6 +113,10 @@ pub enum AgentError {
     /// The server refused us for good (bad token, wrong version, units in use, pinning failure).
     #[error("refused by the aggregator: {0}")]
     Refused(String),
+    /// This agent failed on its own side (its trainer or dataset could not be built, its own
+    /// message could not be encoded): the aggregator refused nothing.
+    #[error("this client agent failed (the aggregator did not refuse it): {0}")]
+    Local(String),
     /// No successful join for too long.
     #[error("gave up after {secs:.1} s without joining the aggregator; last error: {last}")]
     GaveUp { secs: f64, last: String },
@@ -129,6 +133,8 @@ enum SessionEnd {
     Finished(String),
     /// Refused for good (authentication, protocol, units in use).
     Fatal(String),
+    /// Failed here, for good: the agent's own trainer or dataset, not the aggregator.
+    Local(String),
     /// The aggregator stopped the run for an error.
     Failed(String),
     /// Reconnect (with backoff, until the give-up limit): a lost connection, or an aggregator
@@ -230,6 +236,7 @@ pub async fn run_agent(
                 return Ok(agent.summary);
             }
             SessionEnd::Fatal(why) => return Err(AgentError::Refused(why)),
+            SessionEnd::Local(why) => return Err(AgentError::Local(why)),
             SessionEnd::Failed(why) => return Err(AgentError::AggregatorFailed(why)),
             SessionEnd::Retry(why) => {
                 let give_up_at = give_up.and_then(|d| since.checked_add(d));
@@ -367,7 +374,7 @@ impl Agent {
                 Ok(t) => self.trainer = Some(Arc::new(Mutex::new(t))),
                 Err(e) => {
                     return (
-                        SessionEnd::Fatal(format!("cannot build the trainer: {e:#}")),
+                        SessionEnd::Local(format!("cannot build the trainer: {e:#}")),
                         true,
                     );
                 }
@@ -443,7 +450,7 @@ impl Agent {
         match write_frame(&mut send, &join, &[]).await {
             Ok(()) => {}
             // Our own join does not encode: a bug or a misconfiguration, not a network problem.
-            Err(e @ WriteFrameError::Encode(_)) => return Err(SessionEnd::Fatal(e.to_string())),
+            Err(e @ WriteFrameError::Encode(_)) => return Err(SessionEnd::Local(e.to_string())),
             Err(e @ WriteFrameError::Write(_)) => return Err(SessionEnd::Retry(e.to_string())),
         }
         *step = "waiting for the welcome";

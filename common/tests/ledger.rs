@@ -569,7 +569,7 @@ fn version_one_ledgers_open_account_identically_and_take_appends() {
 }
 
 #[test]
-fn new_ledgers_are_version_two() {
+fn new_ledgers_are_version_three() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger");
     let (mut l, _) = PrivacyLedger::open(&path, config(sampled(0.5), 10.0)).unwrap();
@@ -577,7 +577,8 @@ fn new_ledgers_are_version_two() {
     drop(l);
     let file = PrivacyLedger::read_file(&path).unwrap();
     assert_eq!(file.version, FORMAT_VERSION);
-    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(FORMAT_VERSION, 3);
+    assert_eq!(file.recovery.unchained_entries, None);
     let Entry::Round(r) = &file.entries[0] else {
         panic!("{:?}", file.entries)
     };

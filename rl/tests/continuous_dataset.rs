@@ -160,11 +160,23 @@ fn stored_datasets_are_listed_from_their_headers() {
         (6, h.steps)
     );
 
-    // A file that is not a dataset is an error naming it, not a silent omission.
+    // A file that is not a dataset is listed with its problem naming it, not silently omitted,
+    // and does not stop the others from being listed (issue 59, item 7).
     let junk = dir.path().join("continuous").join("junk.safetensors");
     std::fs::write(&junk, b"\x10\0\0\0\0\0\0\0{}").expect("write");
-    let err = cache::list(dir.path()).expect_err("junk").to_string();
-    assert!(err.contains("junk.safetensors"), "{err}");
+    let listed = cache::list(dir.path()).expect("list");
+    assert_eq!(listed.len(), 2);
+    let bad = listed
+        .iter()
+        .find(|l| l.id == "continuous/junk")
+        .expect("junk");
+    let problem = bad.problem.as_deref().expect("marked");
+    assert!(problem.contains("junk.safetensors"), "{problem}");
+    assert!(
+        listed
+            .iter()
+            .any(|l| l.problem.is_none() && l.total_episodes == 6)
+    );
     std::fs::write(&junk, [0xff; 8]).expect("write");
     let err = ContinuousDataset::read_header(&junk)
         .expect_err("length")

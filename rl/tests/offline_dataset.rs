@@ -537,3 +537,62 @@ fn summary_counts_and_quantiles() {
     assert_eq!(s.return_median, 3.0);
     assert_eq!(s.return_q75, 5.5);
 }
+
+/// Issue 59, item 7: bits flipped inside a cached parquet (or experts) file were used silently;
+/// the SHA-256 recorded at generation is checked once per load, and a mismatch names the file
+/// and says what to do.
+#[test]
+fn flipped_bits_in_a_cached_file_are_an_error_naming_it() {
+    let root = tempfile::tempdir().unwrap();
+    let spec = tiny_spec(Behaviour::Random);
+    cache::load_or_generate(&spec, root.path(), &mut quiet()).unwrap();
+    let dir = minari::dataset_dir(root.path(), &spec.minari_id()).unwrap();
+    assert!(dir.join(cache::CONTENT_FILE).is_file());
+    assert!(cache::verify_content(&dir).unwrap(), "sums were recorded");
+    // Minari's layout: one folder per episode, `data/<id>/part-0.parquet`.
+    let parquet = dir.join("data/3/part-0.parquet");
+    assert!(parquet.is_file());
+    let clean = std::fs::read(&parquet).unwrap();
+    let (clean_ds, _) = cache::load_or_generate(&spec, root.path(), &mut quiet()).unwrap();
+    // The first byte whose flip the parquet reader alone does not notice (it reads other
+    // values): what every load used silently before the sums were checked.
+    let bytes = (4..clean.len())
+        .find_map(|at| {
+            let mut b = clean.clone();
+            b[at] ^= 0x10;
+            std::fs::write(&parquet, &b).unwrap();
+            let read = minari::read(&dir).ok()?;
+            (read.dataset.episodes != clean_ds.episodes).then_some(b)
+        })
+        .expect("a flip the parquet reader does not notice");
+    std::fs::write(&parquet, &bytes).unwrap();
+    let err = cache::load_or_generate(&spec, root.path(), &mut quiet()).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, cache::CacheError::ContentMismatch { .. }),
+        "{msg}"
+    );
+    assert!(msg.contains(&parquet.display().to_string()), "{msg}");
+    assert!(
+        msg.contains("SHA-256") && msg.contains("Delete its folder"),
+        "{msg}"
+    );
+    std::fs::write(&parquet, &clean).unwrap();
+    cache::load_or_generate(&spec, root.path(), &mut quiet()).unwrap();
+
+    // Any file stored with the dataset (an experts file) is covered the same way.
+    let d = generate(&tiny_spec(Behaviour::Random), &mut quiet()).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let stored = cache::store_with(&d, other.path(), None, &|tmp| {
+        std::fs::write(tmp.join("experts.safetensors"), [7u8; 64]).unwrap();
+        Ok(())
+    })
+    .unwrap();
+    cache::verify_content(&stored).unwrap();
+    std::fs::write(stored.join("experts.safetensors"), [7u8; 63]).unwrap();
+    let err = cache::verify_content(&stored).unwrap_err();
+    assert!(err.to_string().contains("experts.safetensors"), "{err}");
+    // A folder stored before sums were recorded loads unchecked.
+    std::fs::remove_file(stored.join(cache::CONTENT_FILE)).unwrap();
+    assert!(!cache::verify_content(&stored).unwrap());
+}

@@ -312,3 +312,63 @@ fn continuous_datasets_are_listed_and_summarised() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("fedrl data list"));
 }
+
+/// Issue 59, item 7: one corrupt cached dataset made `fedrl data list` fail entirely, and a
+/// truncated continuous file was listed as complete; now the others are listed and each damaged
+/// one is marked with its problem.
+#[test]
+fn damaged_datasets_are_marked_and_the_others_listed() {
+    use fedrl_common::offline::{Behaviour, DatasetSpec};
+    use fedrl_common::task::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+    let root = tempfile::tempdir().unwrap();
+    let spec = DatasetSpec {
+        env: "CartPole-v1".into(),
+        population_seed: 0,
+        behaviour: Behaviour::Random,
+        units: 3,
+        episodes_per_unit: 1,
+        seed: 1,
+    };
+    fedrl_rl::offline::cache::load_or_generate(&spec, root.path(), &mut |_| {}).unwrap();
+    let mut bad_spec = spec.clone();
+    bad_spec.seed = 2;
+    fedrl_rl::offline::cache::load_or_generate(&bad_spec, root.path(), &mut |_| {}).unwrap();
+    let bad_dir =
+        fedrl_rl::offline::minari::dataset_dir(root.path(), &bad_spec.minari_id()).unwrap();
+    std::fs::write(bad_dir.join("data/metadata.json"), b"{ not json").unwrap();
+    let cspec = ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units: 2,
+        public: 1,
+        seed: 2,
+        behaviour: ContinuousBehaviour::Random,
+    };
+    fedrl_rl::offline::continuous::load_or_generate(&cspec, root.path(), &mut |_| {}).unwrap();
+    let good = root.path().join("continuous").join(cspec.file_name());
+    let cut = root.path().join("continuous/pendulum-cut.safetensors");
+    let bytes = std::fs::read(&good).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
+
+    let listed = json_of(&fedrl(root.path(), &["data", "list", "--json"]));
+    let ds = listed["datasets"].as_array().unwrap();
+    assert_eq!(ds.len(), 4, "{listed}");
+    let by_id = |id: &str| {
+        ds.iter()
+            .find(|d| d["id"] == id)
+            .unwrap_or_else(|| panic!("{id} missing: {listed}"))
+    };
+    assert!(by_id(&spec.minari_id())["problem"].is_null());
+    let bad = &by_id(&bad_spec.minari_id())["problem"];
+    assert!(bad.as_str().unwrap().contains("metadata.json"), "{bad}");
+    let cut_problem = by_id("continuous/pendulum-cut")["problem"]
+        .as_str()
+        .unwrap();
+    assert!(cut_problem.contains("truncated"), "{cut_problem}");
+    let stem = good.file_stem().unwrap().to_string_lossy();
+    assert!(by_id(&format!("continuous/{stem}"))["problem"].is_null());
+
+    let text = fedrl(root.path(), &["data", "list"]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(text.matches("DAMAGED").count(), 2, "{text}");
+}

@@ -152,3 +152,72 @@ fn fedrl_run_exits_non_zero_with_the_reason_when_the_ledger_fails() {
     assert!(!out.join("state").join("checkpoint.tmp").exists());
     assert_eq!(ledger_records(&out.join("state")), 2);
 }
+
+/// Issue 59, item 7: a client agent whose own dataset cannot be loaded said "refused by the
+/// aggregator"; it now says the failure is its own (here: its dataset root is a file, so the
+/// dataset can be neither read nor stored).
+#[test]
+fn a_clients_own_dataset_failure_is_not_called_a_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = write(
+        dir.path(),
+        "s.toml",
+        r#"
+name = "e2e-client-dataset"
+seed = 3
+rounds = 3
+users = 8
+participation = { kind = "sampled", rate = 0.5 }
+round_deadline_s = 5.0
+start_timeout_s = 60.0
+clip_norm = 1.0
+noise_multiplier = 1.0
+target_epsilon = 1000.0
+unit_kind = "trajectory"
+
+[task]
+kind = "offline_cql"
+transitions_per_unit = 2
+
+[task.dataset]
+env = "CartPole-v1"
+units = 8
+behaviour = { kind = "random" }
+
+[task.cql]
+hidden = [8]
+"#,
+    );
+    let state_dir = dir.path().join("state");
+    let secret = prepare_state(&state_dir);
+    let (_agg, addr) = aggregator(&s, &state_dir, "127.0.0.1:0", &dir.path().join("agg.log"));
+    let not_a_dir = write(
+        dir.path(),
+        "not-a-dir",
+        "a file where the dataset root should be",
+    );
+    let mut cmd = Command::new(exe());
+    cmd.args([
+        "client",
+        "--server",
+        &addr.addr.to_string(),
+        "--server-cert-sha256",
+        &addr.fingerprint,
+        "--token",
+        &token(&secret, "c"),
+        "--users",
+        "0..8",
+    ])
+    .env("FEDRL_DATA_DIR", &not_a_dir);
+    let mut c = spawn_command("c", &dir.path().join("c.log"), cmd);
+    let status = c.wait(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("cannot build the trainer"), "{log}");
+    assert!(
+        log.contains("not-a-dir"),
+        "the error names the dataset root: {log}"
+    );
+    assert!(!log.contains("refused by the aggregator"), "{log}");
+    assert!(log.contains("the aggregator did not refuse it"), "{log}");
+}

@@ -177,3 +177,53 @@ fn federated_and_central_modes_release_the_same_q_network() {
     assert!(qs.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())));
     assert_ne!(qs, qc, "the summed path's noise is calibrated differently");
 }
+
+/// Issue 59, item 7: `fedrl eval` could not read offline CQL's `q_network.safetensors` ("no
+/// fedrl.model_spec"); it now reads its shape from the tensors and acts greedily in it.
+#[test]
+fn fedrl_eval_reads_an_offline_cql_q_network() {
+    use fedrl_rl::offline::qnet::QNetSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = QNetSpec {
+        obs_dim: 4,
+        hidden: vec![8, 6],
+        n_actions: 2,
+    };
+    let params: Vec<f32> = (0..spec.dim())
+        .map(|i| ((i * 37 % 17) as f32 - 8.0) / 20.0)
+        .collect();
+    let path = dir.path().join("q_network.safetensors");
+    spec.save(&path, &params).unwrap();
+    let (read, back) = QNetSpec::load_file(&path).unwrap();
+    assert_eq!((read, back), (spec.clone(), params.clone()));
+    let v = fedrl_json(&[
+        "eval",
+        "--policy",
+        path.to_str().unwrap(),
+        "--env",
+        "CartPole-v1",
+        "--episodes",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(v["episodes"], 3, "{v}");
+    let want =
+        fedrl_rl::offline::train::evaluate_greedy_for(&spec, &params, "CartPole-v1", 3, 0, 0)
+            .unwrap();
+    assert!(
+        (v["mean_return"].as_f64().unwrap() - want.mean).abs() < 1e-9,
+        "{v}"
+    );
+    // A file that is none of the three kinds still says what it expected.
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"not a policy").unwrap();
+    let (code, _, stderr) = fedrl_output(&[
+        "eval",
+        "--policy",
+        junk.to_str().unwrap(),
+        "--env",
+        "CartPole-v1",
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("offline CQL Q-network"), "{stderr}");
+}

@@ -247,3 +247,101 @@ fn a_run_short_of_units_fails_unless_the_scenario_allows_it() {
         "{r}"
     );
 }
+
+/// Issue 59, item 7: restarting a finished run whose checkpoint was deleted trained a fresh
+/// model and overwrote `report.json` (the final evaluation was lost); now it is refused and the
+/// report is kept byte for byte.
+#[test]
+fn a_finished_run_without_its_checkpoint_is_refused_and_its_report_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = finished_run(dir.path());
+    std::fs::remove_file(state_dir.join(fedrl_aggregator::checkpoint::CHECKPOINT_FILE)).unwrap();
+    let report = state_dir.join(fedrl_aggregator::state::REPORT_FILE);
+    let operator = state_dir
+        .join(fedrl_aggregator::state::OPERATOR_DIR)
+        .join(fedrl_aggregator::state::REPORT_FILE);
+    let before = (
+        std::fs::read(&report).unwrap(),
+        std::fs::read(&operator).unwrap(),
+    );
+    let s = write(dir.path(), "again.toml", &scenario(4, 20.0));
+    let log = refused(spawn_aggregator(
+        &s,
+        &state_dir,
+        &[],
+        &dir.path().join("again.log"),
+    ));
+    assert!(log.contains("says this run finished"), "{log}");
+    assert!(log.contains("checkpoint"), "{log}");
+    assert!(
+        !log.contains("listening"),
+        "refused before listening: {log}"
+    );
+    let after = (
+        std::fs::read(&report).unwrap(),
+        std::fs::read(&operator).unwrap(),
+    );
+    assert!(before == after, "the reports are untouched");
+    assert_eq!(ledger_rounds(&state_dir), [1, 2, 3, 4]);
+}
+
+/// Issue 59, item 4: the last ledger record cut off (a whole frame: the chain stays valid) is
+/// caught against the ledger head the run's report recorded, even with the checkpoint gone.
+#[test]
+fn a_ledger_cut_at_its_end_is_refused_against_the_reports_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = finished_run(dir.path());
+    let ledger = state_dir.join(fedrl_aggregator::state::LEDGER_FILE);
+    let file = PrivacyLedger::read_file(&ledger).unwrap();
+    assert_eq!(file.head().entries, 4);
+    let bytes = std::fs::read(&ledger).unwrap();
+    // The last frame: a 48-byte chained frame header, then its payload.
+    let mut at = 0;
+    let mut last = 0;
+    while at < bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        last = at;
+        at += 48 + len;
+    }
+    std::fs::write(&ledger, &bytes[..last]).unwrap();
+    std::fs::remove_file(state_dir.join(fedrl_aggregator::checkpoint::CHECKPOINT_FILE)).unwrap();
+    let s = write(dir.path(), "more.toml", &scenario(8, 20.0));
+    let log = refused(spawn_aggregator(
+        &s,
+        &state_dir,
+        &[],
+        &dir.path().join("resume.log"),
+    ));
+    assert!(
+        log.contains("holds 3 entries, but 4 were recorded"),
+        "{log}"
+    );
+    assert!(log.contains("operator/report.json"), "{log}");
+}
+
+/// Issue 59, item 7: non-zero garbage at the end of `events.journal` blocked a resume but was
+/// reported only after "listening"; now the start stops before listening, naming the file and
+/// what to do.
+#[test]
+fn garbage_at_the_end_of_the_journal_stops_the_start_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = finished_run(dir.path());
+    let journal = state_dir.join("events.journal");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes.extend_from_slice(&[0xab; 100]);
+    std::fs::write(&journal, &bytes).unwrap();
+    let s = write(dir.path(), "more.toml", &scenario(8, 20.0));
+    let log = refused(spawn_aggregator(
+        &s,
+        &state_dir,
+        &[],
+        &dir.path().join("resume.log"),
+    ));
+    assert!(
+        !log.contains("listening"),
+        "refused before listening: {log}"
+    );
+    assert!(log.contains(&journal.display().to_string()), "{log}");
+    assert!(log.contains("move it away"), "{log}");
+    assert_eq!(std::fs::read(&journal).unwrap(), bytes, "nothing was cut");
+}

@@ -70,7 +70,9 @@ fn json_lists_every_event_and_both_accountants_re_account() {
     mixed_ledger(dir.path());
     let d = dir.path().to_str().unwrap();
     let v = json(&["ledger", d, "--json"]);
-    assert_eq!(v["format_version"], 2);
+    assert_eq!(v["format_version"], 3);
+    assert_eq!(v["chain"]["chained"], true);
+    assert_eq!(v["chain"]["entries"], 6);
     let entries = v["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 6, "{v}");
     assert_eq!(entries[0]["entry"], "round");
@@ -127,7 +129,8 @@ fn text_shows_records_phases_budget_changes_and_the_basic_sum() {
     let (code, out, stderr) = fedrl(&["ledger", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{stderr}");
     for needle in [
-        "format version 2",
+        "format version 3",
+        "chain         6 entries, head SHA-256 ",
         "poisson(q=0.25, gaussian(z=1.2))",
         "laplace(b=2)",
         "budget change: target epsilon 20 -> 30",
@@ -147,6 +150,8 @@ fn version_one_ledger_reads_with_its_landed_epsilon() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../common/tests/fixtures/ledger-v1.ledger");
     let v = json(&["ledger", fixture.to_str().unwrap(), "--json"]);
     assert_eq!(v["format_version"], 1);
+    assert_eq!(v["chain"]["chained"], false);
+    assert_eq!(v["recovery"]["unchained_entries"], 9);
     let landed = 4.39541998826949;
     assert!((f(&v["epsilon"]) - landed).abs() < 1e-12 * landed, "{v}");
     let entries = v["entries"].as_array().unwrap();
@@ -255,4 +260,102 @@ fn zcdp_rho_is_shown_beside_the_epsilon_for_unsampled_rounds() {
     mixed_ledger(dir.path());
     let v = json(&["ledger", dir.path().to_str().unwrap(), "--json"]);
     assert!(v["zcdp_rho"].is_null(), "{v}");
+}
+
+/// Issue 59, item 7: `fedrl ledger DIR | head` (and `--json | head`) panicked on the closed pipe
+/// (exit 101); a reader that stops early now ends the command quietly.
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    mixed_ledger(dir.path());
+    for json in [false, true] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fedrl"));
+        cmd.args(["ledger", dir.path().to_str().unwrap(), "--all-units"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before anything was written: every write meets a closed pipe.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "--json {json}: {stderr}");
+        assert!(!stderr.contains("panicked"), "--json {json}: {stderr}");
+    }
+}
+
+/// The frame ranges of a ledger file (`FRL1`: 16-byte header, `FRLC`: 48).
+fn frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let header = if &bytes[at..at + 4] == b"FRLC" {
+            48
+        } else {
+            16
+        };
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        out.push(at..at + header + len);
+        at += header + len;
+    }
+    out
+}
+
+/// Issue 59, item 4: a record cut out of the ledger (whole frames) was read with exit 0 and a
+/// smaller epsilon; now the chain says so. Cutting the last record is caught against the head
+/// the operator's report recorded.
+#[test]
+fn removed_records_and_a_cut_tail_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = mixed_ledger(dir.path());
+    let d = dir.path().to_str().unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let fr = frames(&good);
+    // The release record is the last; cut the second round record instead.
+    let mut cut = good[..fr[2].start].to_vec();
+    cut.extend_from_slice(&good[fr[2].end..]);
+    std::fs::write(&path, &cut).unwrap();
+    let (code, _, stderr) = fedrl(&["ledger", d]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("removed, reordered or inserted"),
+        "{stderr}"
+    );
+
+    // The whole ledger back, its head recorded in the operator's report as a run leaves it.
+    std::fs::write(&path, &good).unwrap();
+    let head = PrivacyLedger::read_file(&path).unwrap().head();
+    let op = dir.path().join("operator");
+    std::fs::create_dir_all(&op).unwrap();
+    let report = serde_json::json!({"epsilon": 1.0, "ledger_head": head});
+    std::fs::write(op.join("report.json"), report.to_string()).unwrap();
+    let v = json(&["ledger", d, "--json"]);
+    assert_eq!(
+        v["chain"]["heads_checked"].as_array().unwrap().len(),
+        1,
+        "{v}"
+    );
+    // The last record (the release) cut off: a valid chain, but short of the recorded head.
+    std::fs::write(&path, &good[..fr[fr.len() - 1].start]).unwrap();
+    let (code, out, stderr) = fedrl(&["ledger", d]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        stderr.contains("holds 5 entries, but 6 were recorded") && stderr.contains("report.json"),
+        "{stderr}"
+    );
+}
+
+/// A ledger of the last unchained format reads, and says it is unchained.
+#[test]
+fn an_unchained_ledger_says_so() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../common/tests/fixtures/ledger-v2.ledger");
+    let (code, out, stderr) = fedrl(&["ledger", fixture.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(out.contains("format version 2"), "{out}");
+    assert!(out.contains("UNCHAINED"), "{out}");
 }

@@ -1209,6 +1209,7 @@ impl EngineThread {
             rounds_completed: self.engine.rounds_completed(),
             rounds_abandoned: self.engine.rounds_abandoned(),
             ledger_records: self.ledger.records().len() as u64,
+            ledger_head: Some(self.ledger.head()),
             model_meta: serde_json::Value::Null,
             tensors: 0,
             tensors_sha256: String::new(),
@@ -1268,6 +1269,7 @@ impl EngineThread {
                 update_buffers_allocated: self.shared.pool.allocated.load(Ordering::Relaxed),
                 timings: self.timings.clone(),
                 connections: self.shared.stats.snapshot(),
+                ledger_head: Some(self.ledger.head()),
             },
         })
     }

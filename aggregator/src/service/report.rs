@@ -101,6 +101,11 @@ pub struct OperatorCounts {
     /// Connection attempts, refusals, authentication timeouts (this process).
     #[serde(default)]
     pub connections: super::gate::ConnectionCounts,
+    /// The ledger's head when the report was written (entry count, hash of the last frame):
+    /// `fedrl ledger` and a restart refuse a ledger that no longer holds it. Operator-only, as
+    /// the ledger is. `None` in reports written before ledgers were chained.
+    #[serde(default)]
+    pub ledger_head: Option<fedrl_common::privacy::ledger::LedgerHead>,
 }
 
 /// Seconds the engine thread spent in each kind of work over the run; the rest of the wall
@@ -197,6 +202,7 @@ mod tests {
                 update_buffers_allocated: 3,
                 timings: Timings::default(),
                 connections: Default::default(),
+                ledger_head: None,
             },
         };
         report.write(dir.path()).unwrap();

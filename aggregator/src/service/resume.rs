@@ -7,14 +7,22 @@
 //! report an epsilon below the released model's real one. (A resumed run that asks for a larger
 //! `target_epsilon` than the ledger allows is refused by the ledger itself unless the operator
 //! says so explicitly: `PrivacyLedger::open_with`.)
+//!
+//! The ledger is hash-chained, so entries removed or reordered inside it are corruption when it
+//! opens; entries cut from its end are caught here, against the ledger head the checkpoint and
+//! the operator's `report.json` recorded when they were written (the ledger only grows after
+//! them). A finished run whose checkpoint is gone is refused too: restarting it would train a
+//! fresh model and overwrite the report, and with it the final evaluation.
 
 use std::path::{Path, PathBuf};
 
-use fedrl_common::privacy::ledger::{LedgerError, Participation, PrivacyLedger};
+use fedrl_common::privacy::ledger::{LedgerError, LedgerHead, Participation, PrivacyLedger};
 use thiserror::Error;
 
-use crate::checkpoint::CheckpointMeta;
+use super::report::Outcome;
+use crate::checkpoint::{CHECKPOINT_FILE, CheckpointMeta};
 use crate::engine::Resume;
+use crate::state;
 
 /// Why a state directory cannot be resumed.
 #[derive(Debug, Error)]
@@ -30,6 +38,66 @@ pub enum ResumeError {
     },
     #[error("reading the ledger's header: {0}")]
     Ledger(#[from] LedgerError),
+    /// The ledger no longer holds the head a checkpoint or report recorded.
+    #[error(transparent)]
+    HeadLost(LedgerError),
+    #[error(
+        "{report} says this run finished, but its checkpoint {checkpoint} is missing: restarting would train a fresh model and overwrite the report and its final evaluation. Refusing to start: the run is over (its model and report are in the state directory); restore the checkpoint to continue it, or start a new run in an empty state directory"
+    )]
+    FinishedWithoutCheckpoint {
+        report: PathBuf,
+        checkpoint: PathBuf,
+    },
+    #[error(
+        "cannot read the previous report {path}: {reason}. It records the ledger head this restart must check; restore it, or move it away to restart without that check"
+    )]
+    Report { path: PathBuf, reason: String },
+}
+
+/// What start-up needs of the report a previous process of this run wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreviousReport {
+    /// The file read (`operator/report.json`, else `report.json`).
+    pub path: PathBuf,
+    pub outcome: Outcome,
+    /// The ledger's head then (operator report only; `None` before ledgers were chained).
+    pub ledger_head: Option<LedgerHead>,
+}
+
+/// Reads the report a previous process left in the state directory `dir`, if any: the
+/// operator's `report.json` (it has the ledger head), else the public one.
+pub fn previous_report(dir: &Path) -> Result<Option<PreviousReport>, ResumeError> {
+    #[derive(serde::Deserialize)]
+    struct Fields {
+        #[serde(default)]
+        outcome: Outcome,
+        #[serde(default)]
+        ledger_head: Option<LedgerHead>,
+    }
+    let operator = dir.join(state::OPERATOR_DIR).join(state::REPORT_FILE);
+    let public = dir.join(state::REPORT_FILE);
+    for path in [operator, public] {
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(ResumeError::Report {
+                    path,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let f: Fields = serde_json::from_slice(&text).map_err(|e| ResumeError::Report {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        return Ok(Some(PreviousReport {
+            path,
+            outcome: f.outcome,
+            ledger_head: f.ledger_head,
+        }));
+    }
+    Ok(None)
 }
 
 /// Refuses a checkpoint ahead of its ledger: one that covers more ledger records than the ledger
@@ -51,15 +119,38 @@ pub fn check_checkpoint(
     Ok(())
 }
 
-/// The checks start-up makes before it resumes from an opened ledger and the checkpoint, if any.
-/// (A larger target epsilon than the ledger's is refused by the ledger itself unless the
-/// operator allowed it, and an allowed raise is recorded there: `PrivacyLedger::open_with`.)
+/// The checks start-up makes before it resumes from an opened ledger, the checkpoint and the
+/// previous report in the state directory `dir`, if any: the checkpoint is not ahead of the
+/// ledger, the ledger still holds the heads they recorded, and a finished run still has its
+/// checkpoint. (A larger target epsilon than the ledger's is refused by the ledger itself
+/// unless the operator allowed it, and an allowed raise is recorded there:
+/// `PrivacyLedger::open_with`.)
 pub fn check_state(
+    dir: &Path,
     ledger: &PrivacyLedger,
     checkpoint: Option<&CheckpointMeta>,
+    previous: Option<&PreviousReport>,
 ) -> Result<(), ResumeError> {
     if let Some(meta) = checkpoint {
         check_checkpoint(meta, ledger.path(), ledger.records().len() as u64)?;
+        if let Some(head) = &meta.ledger_head {
+            ledger
+                .check_head(head, &dir.join(CHECKPOINT_FILE))
+                .map_err(ResumeError::HeadLost)?;
+        }
+    }
+    if let Some(report) = previous {
+        if let Some(head) = &report.ledger_head {
+            ledger
+                .check_head(head, &report.path)
+                .map_err(ResumeError::HeadLost)?;
+        }
+        if report.outcome == Outcome::Finished && checkpoint.is_none() {
+            return Err(ResumeError::FinishedWithoutCheckpoint {
+                report: report.path.clone(),
+                checkpoint: dir.join(CHECKPOINT_FILE),
+            });
+        }
     }
     Ok(())
 }
@@ -111,6 +202,7 @@ mod tests {
             rounds_completed: ledger_records,
             rounds_abandoned: 0,
             ledger_records,
+            ledger_head: None,
             model_meta: serde_json::Value::Null,
             tensors: 0,
             tensors_sha256: String::new(),

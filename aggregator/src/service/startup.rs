@@ -24,7 +24,7 @@ use super::transport::{self, IDLE_RECEIVE_WINDOW};
 use super::{AddressFile, AggregatorOptions, RunReport, resume};
 use crate::checkpoint;
 use crate::engine::{self, Engine};
-use crate::journal::{JOURNAL_FILE, JournalWriter};
+use crate::journal::{JOURNAL_FILE, JournalError, JournalWriter};
 use crate::state;
 use crate::tls;
 use fedrl_tasks::server::ServerModel;
@@ -62,7 +62,7 @@ pub async fn run(
     let (ledger, recovery) =
         PrivacyLedger::open_with(&ledger_path, scenario.ledger_config()?, policy)
             .context("opening the privacy ledger")?;
-    if recovery.torn_bytes > 0 {
+    if recovery.torn_bytes > 0 || recovery.unchained_entries.is_some() {
         eprintln!("ledger recovery: {recovery}");
     }
     if ledger.budget_changes().len() > raises_before
@@ -76,7 +76,8 @@ pub async fn run(
     let mut model = model;
     let ckpt = checkpoint::load(&dir)?;
     let ckpt_meta = ckpt.as_ref().map(|(m, _)| m);
-    resume::check_state(&ledger, ckpt_meta)?;
+    let previous = resume::previous_report(&dir)?;
+    resume::check_state(&dir, &ledger, ckpt_meta, previous.as_ref())?;
     let resume = resume::resume_point(&ledger, ckpt_meta, scenario.participation);
     let last_round = resume.next_round - 1;
     if let Some((meta, st)) = ckpt {
@@ -129,6 +130,9 @@ pub async fn run(
         );
     }
 
+    // Before listening: a journal that cannot be continued stops the start here, not after
+    // clients were told where to connect.
+    let journal = open_journal(&dir.join(JOURNAL_FILE), scenario.journal)?;
     let endpoint = transport::create_endpoint(&opts, &identity, &secret)?;
     let addr = endpoint.local_addr()?;
     println!("fedrl aggregator listening on {addr}");
@@ -181,8 +185,6 @@ pub async fn run(
     let engine_shared = shared.clone();
     // Entropy is injected: the OS CSPRNG, or the scenario's seed (reproducible, not private).
     let engine = Engine::new(cfg, resume, engine::for_seed(scenario.seed))?;
-    let journal = JournalWriter::open(dir.join(JOURNAL_FILE), scenario.journal)
-        .context("opening the event journal")?;
     // Contributions in released rounds before this start (a resumed run continues the count):
     // every unit listed in a training record contributed to a released output.
     let users_released = ledger
@@ -323,4 +325,24 @@ pub async fn run(
         .into()),
         ok => ok,
     }
+}
+
+/// Opens the event journal for appending. Bytes at its end that are not a frame cut short
+/// (garbage, not a torn write) stop the start with the file and what to do: the journal is an
+/// operator-only record for inspection and replay (the privacy ledger is the durable record),
+/// so moving it away loses no privacy accounting.
+fn open_journal(
+    path: &std::path::Path,
+    mode: fedrl_common::scenario::JournalMode,
+) -> anyhow::Result<JournalWriter> {
+    JournalWriter::open(path, mode).map_err(|e| match e {
+        JournalError::Corrupt { .. } => anyhow::anyhow!(
+            "{e}. The event journal cannot be continued. It is an operator-only record for \
+             inspection and replay, not the privacy accounting (that is the ledger): move it \
+             away (e.g. `mv {p} {p}.damaged`) to resume with a new journal, or keep it for \
+             inspection and start a new run in an empty state directory",
+            p = path.display()
+        ),
+        e => anyhow::Error::new(e).context("opening the event journal"),
+    })
 }

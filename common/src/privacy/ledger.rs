@@ -18,18 +18,28 @@
 //! [`PrivacyLedger::epsilon`] accounts when asked: one accountant call per distinct history.
 //!
 //! File layout: a header frame (format version, [`LedgerConfig`]), then one frame per entry (a
-//! [`RoundRecord`] or a [`BudgetChange`]). A frame is `b"FRL1"`, the payload length (u32 LE), the
-//! first 8 bytes of SHA-256(payload), then the JSON payload. Records are written and fsynced
-//! before the model they describe is released, so after a crash the ledger can only over-report.
-//! A crash can only cut the last frame short: reopening keeps every complete frame, reports the
-//! cut bytes and truncates them before the next append. A complete frame that fails its checksum
-//! was written in full and may have been released, so it is corruption wherever it is, never
-//! silently dropped.
+//! [`RoundRecord`] or a [`BudgetChange`]). A frame (format version 3) is `b"FRLC"`, the payload
+//! length (u32 LE), the first 8 bytes of SHA-256(prev || payload), `prev` (32 bytes), then the
+//! JSON payload, where `prev` is the SHA-256 of the whole frame before it (for the header, the
+//! fixed [`genesis`] value). The frames form a hash chain, as certificate-transparency logs do:
+//! a frame removed, reordered or inserted anywhere inside the file breaks the chain and is
+//! corruption ([`LedgerError::ChainBroken`]). Frames cut from the end leave a valid chain, so
+//! whatever records the ledger's position (the checkpoint, the operator's `report.json`) also
+//! records its [`LedgerHead`] (entry count and the hash of the last frame), and start-up and
+//! `fedrl ledger` check that the ledger still holds that head ([`PrivacyLedger::check_head`]).
+//! Records are written and fsynced before the model they describe is released, so after a crash
+//! the ledger can only over-report. A crash can only cut the last frame short: reopening keeps
+//! every complete frame, reports the cut bytes and truncates them before the next append. A
+//! complete frame that fails its checksum was written in full and may have been released, so it
+//! is corruption wherever it is, never silently dropped.
 //!
 //! Versions: 1 (the first release) stored (z, C, q) per record; its records are converted to
-//! events when read ([`RoundRecord::gaussian_round`]) and account identically. A version-1 file
-//! may receive version-2 entries appended by this code; a version-2 file holds only version-2
-//! entries.
+//! events when read ([`RoundRecord::gaussian_round`]) and account identically. Versions 1 and 2
+//! are unchained: their frames are `b"FRL1"`, the length, the first 8 bytes of SHA-256(payload)
+//! and the payload, so a whole frame removed from them goes unnoticed ([`Recovery`] says so when
+//! one is read). An old file still opens, and the entries this code appends to it are chained
+//! frames linked to the last old one (from there on the chain holds); a version-3 file holds
+//! only chained frames.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -45,6 +55,7 @@ use super::accountant::{self, AccountantKind, Method};
 use super::noise::NoiseSource;
 use super::params::{ClipNorm, Delta, ParamError, SamplingRate};
 use super::{DpEvent, PrivacyError};
+use crate::protocol::auth::to_hex;
 
 mod budget;
 mod grouped;
@@ -55,14 +66,21 @@ use grouped::{EventId, GroupedHistories, Groups, HistoryId};
 /// The ledger's file name inside a state or output directory.
 pub const LEDGER_FILE_NAME: &str = "privacy.ledger";
 
-/// The format this code writes.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format this code writes (3: hash-chained frames).
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The first format whose frames are hash-chained.
+const CHAINED_VERSION: u32 = 3;
 
 /// The phase of the federated training rounds ([`RoundRecord::gaussian_round`]).
 pub const TRAINING_PHASE: &str = "training";
 
+/// An unchained frame (format versions 1 and 2).
 const MAGIC: &[u8; 4] = b"FRL1";
+/// A chained frame (format version 3).
+const CHAINED_MAGIC: &[u8; 4] = b"FRLC";
 const FRAME_HEADER: usize = 4 + 4 + 8;
+const CHAINED_HEADER: usize = FRAME_HEADER + 32;
 /// No honest record comes near this; a larger length means corruption, not a big record.
 const MAX_PAYLOAD: usize = 256 << 20;
 
@@ -281,6 +299,29 @@ pub struct BudgetChange {
     pub unix_time_s: f64,
 }
 
+/// SHA-256 of one whole frame, as the next frame of a chained ledger carries it.
+pub type FrameHash = [u8; 32];
+
+/// The `prev` of a chained ledger's header frame: SHA-256 of a fixed string, so that a file
+/// whose first frames were cut off (its new first frame names a predecessor) is corrupt.
+pub fn genesis() -> FrameHash {
+    sha256(b"fedrl privacy ledger: genesis")
+}
+
+/// A ledger's position as recorded elsewhere (the checkpoint, the operator's `report.json`):
+/// how many entries it held and the hash of its last frame then. The ledger only grows, so a
+/// later ledger must still hold this head at this position; one that does not lost entries
+/// from its end or was replaced ([`PrivacyLedger::check_head`]). Operator-only, like the
+/// ledger it summarises.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerHead {
+    /// Entries after the header (round records and budget changes).
+    pub entries: u64,
+    /// SHA-256 (hex) of the frame of the last of those entries (of the header when
+    /// `entries` is 0).
+    pub sha256: String,
+}
+
 /// One entry after the header.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "entry", rename_all = "snake_case")]
@@ -344,6 +385,25 @@ pub enum LedgerError {
         reason: String,
     },
     #[error(
+        "ledger {path} is corrupt at byte {offset}: entry {entry} names a predecessor with SHA-256 {named}, but the frame before it hashes to {found}: whole records were removed, reordered or inserted before it (every frame carries the hash of the one before). Nothing is discarded; restore the ledger from a copy (the run's state directory, the `fedrl run` output's operator/ folder), never from a shortened file"
+    )]
+    ChainBroken {
+        path: PathBuf,
+        offset: u64,
+        /// The entry's index after the header (0 = the header itself).
+        entry: u64,
+        named: String,
+        found: String,
+    },
+    #[error(
+        "ledger {path} does not hold the head that {recorded_in} recorded: {reason}. Its epsilon would be under-reported; refusing. Restore the ledger that belongs to {recorded_in}"
+    )]
+    HeadMismatch {
+        path: PathBuf,
+        recorded_in: PathBuf,
+        reason: String,
+    },
+    #[error(
         "ledger {path} has format version {version}; this program reads versions 1 to {FORMAT_VERSION}"
     )]
     UnsupportedVersion { path: PathBuf, version: u32 },
@@ -402,10 +462,27 @@ pub struct Recovery {
     /// The torn tail was all zero bytes: what a power loss leaves when the file's new size
     /// reached the disk before its data did (the append's fsync never returned).
     pub zero_filled: bool,
+    /// `Some(n)` for a ledger written in an unchained format (versions 1 and 2): its first `n`
+    /// entries carry no hash of their predecessor, so whole records removed or reordered among
+    /// them cannot be detected. `None` for a chained ledger (format version 3).
+    pub unchained_entries: Option<u64>,
 }
 
 impl std::fmt::Display for Recovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.fmt_torn(f)?;
+        if let Some(n) = self.unchained_entries {
+            write!(
+                f,
+                "; UNCHAINED: written in an old format (versions 1-2), whose {n} entries carry no hash of the record before them, so whole records removed or reordered among them would go unnoticed (entries appended by this version are chained)"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Recovery {
+    fn fmt_torn(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.torn_at {
             None => write!(f, "{} records, no torn write", self.records),
             Some(at) if self.zero_filled => write!(
@@ -498,6 +575,8 @@ pub struct LedgerFile {
     /// Every entry in file order.
     pub entries: Vec<Entry>,
     pub recovery: Recovery,
+    /// The SHA-256 of every complete frame, the header's first.
+    hashes: Vec<FrameHash>,
 }
 
 impl LedgerFile {
@@ -521,6 +600,22 @@ impl LedgerFile {
                 Entry::Round(_) => None,
             })
             .collect()
+    }
+
+    /// The ledger's head: its entry count and the hash of its last frame.
+    pub fn head(&self) -> LedgerHead {
+        head_of(&self.hashes)
+    }
+
+    /// Checks that this ledger still holds `expected` (recorded in the file `recorded_in`):
+    /// see [`PrivacyLedger::check_head`].
+    pub fn check_head(
+        &self,
+        path: &Path,
+        expected: &LedgerHead,
+        recorded_in: &Path,
+    ) -> Result<(), LedgerError> {
+        check_head(path, &self.hashes, expected, recorded_in)
     }
 
     /// Accounts every record with accountant `kind`.
@@ -566,6 +661,8 @@ pub struct PrivacyLedger {
     verified: bool,
     /// What the budget checks and epsilon queries learnt; `check` and `epsilon` take `&self`.
     cache: Mutex<BudgetCache>,
+    /// The SHA-256 of every frame, the header's first; the last is the next frame's `prev`.
+    hashes: Vec<FrameHash>,
 }
 
 impl PrivacyLedger {
@@ -611,7 +708,12 @@ impl PrivacyLedger {
                 unit_kind: config.unit_kind,
                 participation: config.participation,
             };
-            write_frame(&mut file, &serde_json::to_vec(&header).map_err(json_err)?).map_err(io)?;
+            let first = write_frame(
+                &mut file,
+                &genesis(),
+                &serde_json::to_vec(&header).map_err(json_err)?,
+            )
+            .map_err(io)?;
             sync_parent(&path);
             let ledger = Self {
                 path,
@@ -623,6 +725,7 @@ impl PrivacyLedger {
                 grouped: GroupedHistories::default(),
                 verified: false,
                 cache: Mutex::default(),
+                hashes: vec![first],
             };
             return Ok((ledger, Recovery::default()));
         }
@@ -668,6 +771,7 @@ impl PrivacyLedger {
             grouped: GroupedHistories::default(),
             verified: false,
             cache: Mutex::default(),
+            hashes: parsed.hashes,
         };
         for entry in parsed.entries {
             match entry {
@@ -876,10 +980,33 @@ impl PrivacyLedger {
 
     fn write_entry(&mut self, entry: &Entry) -> Result<(), LedgerError> {
         let payload = serde_json::to_vec(entry).map_err(json_err)?;
-        write_frame(&mut self.file, &payload).map_err(|source| LedgerError::Io {
-            path: self.path.clone(),
-            source,
-        })
+        let prev = *self
+            .hashes
+            .last()
+            .expect("a ledger always has its header frame");
+        let hash =
+            write_frame(&mut self.file, &prev, &payload).map_err(|source| LedgerError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        self.hashes.push(hash);
+        Ok(())
+    }
+
+    /// The ledger's head: its entry count and the hash of its last frame. Recorded beside
+    /// anything that records the ledger's position (the checkpoint, the report).
+    pub fn head(&self) -> LedgerHead {
+        head_of(&self.hashes)
+    }
+
+    /// Checks that this ledger still holds `expected`, a head recorded in the file
+    /// `recorded_in` (a checkpoint or report written when the ledger was at that position):
+    /// at least `expected.entries` entries, the last of them hashing to `expected.sha256`. A
+    /// ledger only grows (appends come before the checkpoint and the report that record them),
+    /// so one that fails lost entries from its end or was replaced:
+    /// [`LedgerError::HeadMismatch`].
+    pub fn check_head(&self, expected: &LedgerHead, recorded_in: &Path) -> Result<(), LedgerError> {
+        check_head(&self.path, &self.hashes, expected, recorded_in)
     }
 
     /// Worst-unit epsilon of every record at the ledger's delta: the same figure as
@@ -1015,6 +1142,25 @@ fn parse(path: &Path, frames: &[Frame<'_>], recovery: Recovery) -> Result<Ledger
             version: header.version,
         });
     }
+    // The header's frame kind and its version agree: a chained header (version 3) starts a
+    // chain every later frame continues; an unchained one (versions 1-2) may be followed by
+    // chained frames this code appended, never the other way round (see `scan`).
+    let first = &frames[0];
+    if first.chained != (header.version >= CHAINED_VERSION) {
+        return Err(corrupt(
+            path,
+            first.offset,
+            &format!(
+                "a version-{} header in {} frame",
+                header.version,
+                if first.chained {
+                    "a chained"
+                } else {
+                    "an unchained"
+                }
+            ),
+        ));
+    }
     let mut config = header.config();
     let mut entries = Vec::with_capacity(rest.len());
     for frame in rest {
@@ -1029,14 +1175,18 @@ fn parse(path: &Path, frames: &[Frame<'_>], recovery: Recovery) -> Result<Ledger
         .iter()
         .filter(|e| matches!(e, Entry::Round(_)))
         .count();
+    let chained = frames.iter().filter(|f| f.chained).count();
     Ok(LedgerFile {
         version: header.version,
         config,
         entries,
         recovery: Recovery {
             records,
+            unchained_entries: (header.version < CHAINED_VERSION)
+                .then(|| (frames.len() - chained - 1) as u64),
             ..recovery
         },
+        hashes: frames.iter().map(|f| f.hash).collect(),
     })
 }
 
@@ -1224,22 +1374,86 @@ fn validate_config(c: &LedgerConfig) -> Result<(), LedgerError> {
     Ok(())
 }
 
-fn checksum(payload: &[u8]) -> [u8; 8] {
-    let d = digest::digest(&digest::SHA256, payload);
-    let mut out = [0u8; 8];
-    out.copy_from_slice(&d.as_ref()[..8]);
+fn sha256(bytes: &[u8]) -> FrameHash {
+    let d = digest::digest(&digest::SHA256, bytes);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
     out
 }
 
-/// Writes one frame with a single `write_all` and fsyncs the file.
-fn write_frame(file: &mut File, payload: &[u8]) -> std::io::Result<()> {
-    let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
-    frame.extend_from_slice(MAGIC);
+/// The unchained frames' checksum: the first 8 bytes of SHA-256(payload).
+fn checksum(payload: &[u8]) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&sha256(payload)[..8]);
+    out
+}
+
+/// The chained frames' checksum: the first 8 bytes of SHA-256(prev || payload), so that a
+/// flipped bit in `prev` reads as a damaged frame, not as a removed one.
+fn chained_checksum(prev: &FrameHash, payload: &[u8]) -> [u8; 8] {
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    ctx.update(prev);
+    ctx.update(payload);
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&ctx.finish().as_ref()[..8]);
+    out
+}
+
+/// Writes one chained frame after the frame hashing to `prev` with a single `write_all`, and
+/// fsyncs the file. Returns the new frame's hash.
+fn write_frame(file: &mut File, prev: &FrameHash, payload: &[u8]) -> std::io::Result<FrameHash> {
+    let mut frame = Vec::with_capacity(CHAINED_HEADER + payload.len());
+    frame.extend_from_slice(CHAINED_MAGIC);
     frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&checksum(payload));
+    frame.extend_from_slice(&chained_checksum(prev, payload));
+    frame.extend_from_slice(prev);
     frame.extend_from_slice(payload);
     file.write_all(&frame)?;
-    file.sync_all()
+    file.sync_all()?;
+    Ok(sha256(&frame))
+}
+
+/// The head of a ledger whose frames hash to `hashes` (the header's first).
+fn head_of(hashes: &[FrameHash]) -> LedgerHead {
+    LedgerHead {
+        entries: hashes.len().saturating_sub(1) as u64,
+        sha256: hashes.last().map_or_else(String::new, |h| to_hex(h)),
+    }
+}
+
+/// [`PrivacyLedger::check_head`] on the frame hashes of the ledger at `path`.
+fn check_head(
+    path: &Path,
+    hashes: &[FrameHash],
+    expected: &LedgerHead,
+    recorded_in: &Path,
+) -> Result<(), LedgerError> {
+    let held = hashes.len().saturating_sub(1) as u64;
+    let mismatch = |reason: String| {
+        Err(LedgerError::HeadMismatch {
+            path: path.to_path_buf(),
+            recorded_in: recorded_in.to_path_buf(),
+            reason,
+        })
+    };
+    let Some(hash) = usize::try_from(expected.entries)
+        .ok()
+        .and_then(|i| hashes.get(i))
+    else {
+        return mismatch(format!(
+            "it holds {held} entries, but {} were recorded there: entries were cut from its end (or the ledger was replaced by an older or another run's)",
+            expected.entries
+        ));
+    };
+    if to_hex(hash) != expected.sha256 {
+        return mismatch(format!(
+            "its entry {} hashes to {}, but {} was recorded: the ledger was rewritten or replaced",
+            expected.entries,
+            to_hex(hash),
+            expected.sha256
+        ));
+    }
+    Ok(())
 }
 
 /// Makes the creation of a new file durable (best effort: not every platform allows it).
@@ -1251,18 +1465,25 @@ fn sync_parent(path: &Path) {
     }
 }
 
-/// A complete frame: where it starts in the file and its verified payload.
+/// A complete frame: where it starts in the file, its verified payload and its hash.
 struct Frame<'a> {
     offset: u64,
     payload: &'a [u8],
+    /// SHA-256 of the whole frame.
+    hash: FrameHash,
+    /// A chained frame (its `prev` was verified against the frame before it).
+    chained: bool,
 }
 
 /// Splits `bytes` into complete, verified frames. Only a frame cut short (its header or its
 /// payload running past the end of the file) is a torn write, and only at the end; a complete
 /// frame that fails its checksum is corruption wherever it is (it was written in full, so its
-/// append may have returned and its output been released).
+/// append may have returned and its output been released). Every chained frame must name the
+/// frame before it (the [`genesis`] value when it is the first), and no unchained frame may
+/// follow a chained one: a frame removed, reordered or inserted is [`LedgerError::ChainBroken`].
 fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<Frame<'a>>, Recovery), LedgerError> {
-    let mut frames = Vec::new();
+    let mut frames: Vec<Frame<'a>> = Vec::new();
+    let mut chain_started = false;
     let mut at = 0usize;
     while at < bytes.len() {
         let rest = &bytes[at..];
@@ -1274,6 +1495,7 @@ fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<Frame<'a>>, Recovery), 
                     torn_at: Some(at as u64),
                     torn_bytes: (bytes.len() - at) as u64,
                     zero_filled: rest.iter().all(|&b| b == 0),
+                    unchained_entries: None,
                 },
             ))
         };
@@ -1282,39 +1504,89 @@ fn scan<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Vec<Frame<'a>>, Recovery), 
         // released). Every append is synced before the next, so such a tail follows the durable
         // header and is at most one frame (rounded up to a filesystem block) long; zeros
         // elsewhere, longer, or followed by anything else are corruption (below: bad magic).
-        if at > 0 && rest.len() <= FRAME_HEADER + MAX_PAYLOAD + 4096 && rest.iter().all(|&b| b == 0)
+        if at > 0
+            && rest.len() <= CHAINED_HEADER + MAX_PAYLOAD + 4096
+            && rest.iter().all(|&b| b == 0)
         {
             return torn(frames);
         }
-        if rest.len() < FRAME_HEADER {
-            if MAGIC.starts_with(&rest[..rest.len().min(4)]) {
+        if rest.len() < 4 {
+            if MAGIC.starts_with(rest) || CHAINED_MAGIC.starts_with(rest) {
                 return torn(frames);
             }
             return Err(corrupt(path, at as u64, "bad frame magic"));
         }
-        if &rest[..4] != MAGIC {
-            return Err(corrupt(path, at as u64, "bad frame magic"));
+        let chained = match &rest[..4] {
+            m if m == MAGIC => false,
+            m if m == CHAINED_MAGIC => true,
+            _ => return Err(corrupt(path, at as u64, "bad frame magic")),
+        };
+        let header_len = if chained {
+            CHAINED_HEADER
+        } else {
+            FRAME_HEADER
+        };
+        if rest.len() < header_len {
+            return torn(frames);
         }
         let len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
         if len > MAX_PAYLOAD {
             return Err(corrupt(path, at as u64, "frame length out of range"));
         }
-        if rest.len() < FRAME_HEADER + len {
+        if rest.len() < header_len + len {
             return torn(frames);
         }
-        let payload = &rest[FRAME_HEADER..FRAME_HEADER + len];
-        if checksum(payload) != rest[8..16] {
-            return Err(corrupt(
-                path,
-                at as u64,
-                "checksum mismatch in a complete record",
-            ));
+        let payload = &rest[header_len..header_len + len];
+        let whole = &rest[..header_len + len];
+        if chained {
+            let mut prev = [0u8; 32];
+            prev.copy_from_slice(&rest[FRAME_HEADER..CHAINED_HEADER]);
+            if chained_checksum(&prev, payload) != rest[8..16] {
+                return Err(corrupt(
+                    path,
+                    at as u64,
+                    "checksum mismatch in a complete record",
+                ));
+            }
+            let expected = frames.last().map_or_else(genesis, |f| f.hash);
+            if prev != expected {
+                return Err(LedgerError::ChainBroken {
+                    path: path.to_path_buf(),
+                    offset: at as u64,
+                    entry: frames.len() as u64,
+                    named: to_hex(&prev),
+                    found: if frames.is_empty() {
+                        "nothing (it is the first frame: it must name the fixed genesis value)"
+                            .into()
+                    } else {
+                        to_hex(&expected)
+                    },
+                });
+            }
+        } else {
+            if checksum(payload) != rest[8..16] {
+                return Err(corrupt(
+                    path,
+                    at as u64,
+                    "checksum mismatch in a complete record",
+                ));
+            }
+            if chain_started {
+                return Err(corrupt(
+                    path,
+                    at as u64,
+                    "an unchained record after chained ones (this program appends only chained records, so it was moved here or inserted)",
+                ));
+            }
         }
+        chain_started |= chained;
         frames.push(Frame {
             offset: at as u64,
             payload,
+            hash: sha256(whole),
+            chained,
         });
-        at += FRAME_HEADER + len;
+        at += header_len + len;
     }
     Ok((frames, Recovery::default()))
 }

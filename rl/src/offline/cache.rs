@@ -12,6 +12,14 @@
 //! A dataset is written into a temporary folder next to its final place (a name starting with
 //! `.`, which Minari's listing and [`list`] skip) and renamed into place: a crash leaves at most
 //! a stray temporary folder, never a half dataset under the real id.
+//!
+//! Integrity: the last file written into that folder is [`CONTENT_FILE`], the SHA-256 of every
+//! other file (the parquet data, the metadata, the spec, the experts); a load from the cache
+//! checks it once ([`verify_content`]), so bits flipped on disk are an error naming the file,
+//! never silently trained on. Folders stored before this file existed load unchecked.
+//!
+//! [`list`] never fails for one bad dataset: it lists the others and marks that one with its
+//! problem ([`Listed::problem`]).
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +37,10 @@ pub const DATA_DIR_ENV: &str = "FEDRL_DATA_DIR";
 
 /// The file beside `data/` holding the generating spec (JSON).
 pub const SPEC_FILE: &str = "fedrl_spec.json";
+
+/// The file beside `data/` holding the SHA-256 of every other file of the dataset folder
+/// (JSON: `{"sha256": {"relative/path": "hex", ...}}`), written last at generation.
+pub const CONTENT_FILE: &str = "fedrl_content.json";
 
 /// Errors of the cache.
 #[derive(Debug, Error)]
@@ -57,6 +69,14 @@ pub enum CacheError {
     MissingExperts { path: PathBuf },
     #[error("{message}")]
     Unreadable { path: PathBuf, message: String },
+    #[error(
+        "{path}: {problem}; the cached dataset is damaged (bits flipped on disk, or the file was edited or cut short). Delete its folder {dir} to generate it again"
+    )]
+    ContentMismatch {
+        path: PathBuf,
+        dir: PathBuf,
+        problem: String,
+    },
     #[error(
         "no dataset root: pass --data-dir, set {DATA_DIR_ENV}, or set HOME (for ~/.fedrl/datasets)"
     )]
@@ -124,6 +144,7 @@ pub fn load_or_generate_units(
         }
         None => {
             let dir = minari::dataset_dir(root, &spec.minari_id())?;
+            verify_content(&dir)?;
             Ok((minari::read_units(&dir, keep)?.dataset, Source::Cache))
         }
     }
@@ -252,7 +273,8 @@ pub fn store_with(
             })?;
             std::fs::write(&p, text).map_err(io_err(&p))?;
         }
-        extra(&tmp)
+        extra(&tmp)?;
+        write_content(&tmp)
     })();
     if let Err(e) = written {
         // Best effort: the temporary folder is invisible to readers either way.
@@ -274,6 +296,107 @@ pub fn store_with(
     Ok(dir)
 }
 
+/// Every regular file under `dir` but [`CONTENT_FILE`], as sorted relative paths with `/`.
+fn content_files(dir: &Path) -> Result<Vec<String>, CacheError> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(io_err(&d))? {
+            let path = entry.map_err(io_err(&d))?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(dir) {
+                let rel = rel.to_string_lossy().replace('\\', "/");
+                if rel != CONTENT_FILE {
+                    out.push(rel);
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// SHA-256 (hex) of the file at `path`, read in 1 MiB pieces.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        ctx.update(&buf[..n]);
+    }
+    Ok(ctx
+        .finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// Writes [`CONTENT_FILE`] into the dataset folder `dir`: the SHA-256 of every other file.
+fn write_content(dir: &Path) -> Result<(), CacheError> {
+    let mut sums = serde_json::Map::new();
+    for rel in content_files(dir)? {
+        let path = dir.join(&rel);
+        sums.insert(rel, sha256_file(&path).map_err(io_err(&path))?.into());
+    }
+    let p = dir.join(CONTENT_FILE);
+    let text =
+        serde_json::to_string_pretty(&serde_json::json!({ "sha256": sums })).map_err(|source| {
+            MinariError::Json {
+                path: p.clone(),
+                source,
+            }
+        })?;
+    std::fs::write(&p, text).map_err(io_err(&p))
+}
+
+/// Checks every file of the dataset folder `dir` against the SHA-256 recorded at generation
+/// ([`CONTENT_FILE`]): each recorded file must exist and match. Returns `false` when no sums
+/// were recorded (a folder stored before they were, or imported). Reads every file once.
+pub fn verify_content(dir: &Path) -> Result<bool, CacheError> {
+    let p = dir.join(CONTENT_FILE);
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err(&p)(e)),
+    };
+    let mismatch = |path: PathBuf, problem: String| CacheError::ContentMismatch {
+        path,
+        dir: dir.to_path_buf(),
+        problem,
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| mismatch(p.clone(), format!("unreadable: {e}")))?;
+    let Some(sums) = v.get("sha256").and_then(|s| s.as_object()) else {
+        return Err(mismatch(p, "no \"sha256\" table".into()));
+    };
+    for (rel, want) in sums {
+        if rel.split('/').any(|c| c == ".." || c.is_empty()) {
+            return Err(mismatch(p, format!("a path outside the folder: {rel:?}")));
+        }
+        let path = dir.join(rel);
+        let got = match sha256_file(&path) {
+            Ok(h) => h,
+            Err(e) => return Err(mismatch(path, format!("cannot be read: {e}"))),
+        };
+        if Some(got.as_str()) != want.as_str() {
+            return Err(mismatch(
+                path,
+                format!(
+                    "its SHA-256 is {got}, but {want} was recorded at generation (in {CONTENT_FILE})"
+                ),
+            ));
+        }
+    }
+    Ok(true)
+}
+
 /// One dataset found under a root.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Listed {
@@ -284,6 +407,9 @@ pub struct Listed {
     pub total_steps: u64,
     /// Whether fedrl generated it (a spec file lies beside it).
     pub generated: bool,
+    /// Why it cannot be used as it is (unreadable metadata or header, a truncated file), when
+    /// it cannot; its counts are then 0 or what its header claims.
+    pub problem: Option<String>,
 }
 
 /// Every dataset under `root`, sorted by id: the Minari folders (holding `data/metadata.json`,
@@ -306,16 +432,18 @@ pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
             let Some(stem) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
                 continue;
             };
-            let h = ContinuousDataset::read_header(&path).map_err(|e| CacheError::Unreadable {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+            // One damaged file is listed with its problem; the others are listed as usual.
+            let (episodes, steps, problem) = match ContinuousDataset::read_header(&path) {
+                Ok(h) => (h.episodes, h.steps, None),
+                Err(e) => (0, 0, Some(e.to_string())),
+            };
             out.push(Listed {
                 id: format!("continuous/{stem}"),
                 path,
-                total_episodes: h.episodes,
-                total_steps: h.steps,
+                total_episodes: episodes,
+                total_steps: steps,
                 generated: true,
+                problem,
             });
         }
     }
@@ -323,16 +451,20 @@ pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
     while let Some(d) = stack.pop() {
         let meta = d.join("data").join("metadata.json");
         if meta.is_file() {
-            let text = std::fs::read_to_string(&meta).map_err(io_err(&meta))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| MinariError::Json {
-                    path: meta.clone(),
-                    source,
-                })?;
             let rel = d
                 .strip_prefix(root)
                 .map(|p| p.to_string_lossy().replace('\\', "/"))
                 .unwrap_or_default();
+            let read = std::fs::read_to_string(&meta)
+                .map_err(|e| format!("{}: {e}", meta.display()))
+                .and_then(|text| {
+                    serde_json::from_str::<serde_json::Value>(&text)
+                        .map_err(|e| format!("{}: {e}", meta.display()))
+                });
+            let (v, problem) = match read {
+                Ok(v) => (v, None),
+                Err(e) => (serde_json::Value::Null, Some(e)),
+            };
             out.push(Listed {
                 id: v
                     .get("dataset_id")
@@ -345,6 +477,7 @@ pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
                     .unwrap_or(0),
                 total_steps: v.get("total_steps").and_then(|x| x.as_u64()).unwrap_or(0),
                 generated: d.join(SPEC_FILE).is_file(),
+                problem,
             });
             continue;
         }

@@ -475,6 +475,24 @@ impl<'p> StoredFile<'p> {
             .ok_or_else(|| bad(format!("not a continuous dataset: no {META_KEY} metadata")))?;
         let meta: ContinuousMeta =
             serde_json::from_str(json).map_err(|e| bad(format!("dataset metadata: {e}")))?;
+        // A file cut short (a copy or a disk that filled up) keeps a valid header: its length
+        // must reach the end of the last tensor the header describes.
+        let data_end = header
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.as_str() != "__metadata__")
+            .filter_map(|(_, t)| t["data_offsets"][1].as_u64())
+            .max()
+            .unwrap_or(0);
+        let want = (8 + n).saturating_add(data_end);
+        let have = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+        if have < want {
+            return Err(bad(format!(
+                "truncated: {have} bytes, the header describes {want}; delete the file to \
+                 generate it again"
+            )));
+        }
         Ok(StoredFile {
             path,
             file,

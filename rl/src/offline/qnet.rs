@@ -122,7 +122,73 @@ impl QNetSpec {
         Ok(())
     }
 
-    /// Reads parameters written by [`save`](Self::save) (checked against this shape).
+    /// [`from_safetensors`](Self::from_safetensors) of the file at `path`.
+    pub fn load_file(path: &std::path::Path) -> Result<(Self, Vec<f32>)> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| NnError::Invalid(format!("{}: {e}", path.display())))?;
+        Self::from_safetensors(&bytes)
+            .map_err(|e| NnError::Invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// A Q-network written by [`save`](Self::save) (offline CQL's `q_network.safetensors`),
+    /// its shape read from the tensors themselves (`q.L.weight` is `[fan_out, fan_in]`): the
+    /// spec and the flat parameters. The layers must chain (each one's input is the previous
+    /// one's output) and the values be finite.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<(Self, Vec<f32>)> {
+        let tensors = candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?;
+        let mut widths: Vec<usize> = Vec::new();
+        for l in 0.. {
+            let Some(w) = tensors.get(&format!("q.{l}.weight")) else {
+                break;
+            };
+            let &[fan_out, fan_in] = w.dims() else {
+                return Err(NnError::Invalid(format!(
+                    "`q.{l}.weight` has shape {:?}, expected [outputs, inputs]",
+                    w.dims()
+                )));
+            };
+            match widths.last() {
+                None => widths.push(fan_in),
+                Some(&prev) if prev != fan_in => {
+                    return Err(NnError::Invalid(format!(
+                        "`q.{l}.weight` takes {fan_in} inputs, the layer before gives {prev}"
+                    )));
+                }
+                Some(_) => {}
+            }
+            widths.push(fan_out);
+        }
+        if widths.len() < 2 || tensors.len() != 2 * (widths.len() - 1) {
+            return Err(NnError::Invalid(format!(
+                "not a fedrl Q-network (tensors `q.0.weight`, `q.0.bias`, ...): {} tensors, {} \
+                 layers found",
+                tensors.len(),
+                widths.len().saturating_sub(1)
+            )));
+        }
+        let spec = QNetSpec {
+            obs_dim: widths[0],
+            hidden: widths[1..widths.len() - 1].to_vec(),
+            n_actions: widths[widths.len() - 1],
+        };
+        let mut out = Vec::with_capacity(spec.dim());
+        for (name, shape) in spec.param_names() {
+            let t = tensors
+                .get(&name)
+                .ok_or_else(|| NnError::Invalid(format!("no tensor `{name}`")))?;
+            if t.dims() != shape.as_slice() {
+                return Err(NnError::Invalid(format!(
+                    "`{name}` has shape {:?}, the network needs {shape:?}",
+                    t.dims()
+                )));
+            }
+            out.extend(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        spec.check(&out)?;
+        Ok((spec, out))
+    }
+
+    /// Reads parameters written by [`save`](Self::save) for this spec.
     pub fn load(&self, path: &std::path::Path) -> Result<Vec<f32>> {
         let tensors = candle_core::safetensors::load(path, &Device::Cpu)?;
         let mut out = Vec::with_capacity(self.dim());

@@ -485,13 +485,17 @@ fn list(a: ListArgs) -> anyhow::Result<ExitCode> {
         println!("(no datasets)");
     }
     for d in &found {
-        println!(
-            "{:50} {:>8} episodes {:>10} steps{}",
-            d.id,
-            d.total_episodes,
-            d.total_steps,
-            if d.generated { "  (generated)" } else { "" }
-        );
+        match &d.problem {
+            // One damaged dataset is marked; the others are listed as usual.
+            Some(problem) => println!("{:50} DAMAGED: {problem}", d.id),
+            None => println!(
+                "{:50} {:>8} episodes {:>10} steps{}",
+                d.id,
+                d.total_episodes,
+                d.total_steps,
+                if d.generated { "  (generated)" } else { "" }
+            ),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

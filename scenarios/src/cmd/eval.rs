@@ -1,4 +1,6 @@
-//! `fedrl eval --policy FILE --env ID [--episodes N] [--json]`: evaluates a saved policy. On
+//! `fedrl eval --policy FILE --env ID [--episodes N] [--json]`: evaluates a saved policy (the PPO
+//! MLP `policy.safetensors`, the log-linear riverswim policy, or offline CQL's greedy
+//! `q_network.safetensors`). On
 //! glucose simulators (UVA/Padova, Dosing) it also prints the clinical table of the evaluated
 //! patient-days (time in range, hypo- and hyperglycaemia, LBGI/HBGI, per age group, spread and
 //! worst patient), and puts the full clinical report under `clinical` with --json.
@@ -9,6 +11,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use fedrl_common::device::DeviceSpec;
 use fedrl_rl::evaluate::evaluate_logged;
+use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_rl::offline::train::evaluate_greedy_for;
 use fedrl_rl::{EvalConfig, io, loglinear};
 use fedrl_sim::Env;
 use fedrl_sim::clinical::{
@@ -20,7 +24,8 @@ use super::UsageError;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A policy written by `fedrl run` (`policy.safetensors`).
+    /// A policy written by `fedrl run` (`policy.safetensors`, or offline CQL's
+    /// `q_network.safetensors`).
     #[arg(long)]
     pub policy: PathBuf,
     /// Environment id (see `fedrl sim list`) or population name; with a population, episode i
@@ -93,8 +98,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .collect::<Result<_, _>>()?;
     let seeds: Vec<u64> = (0..args.episodes).map(|i| args.seed + i).collect();
     let started = std::time::Instant::now();
-    // Two kinds of exported policy: the PPO MLP (`fedrl.model_spec`) and the log-linear
-    // riverswim policy (`fedrl.loglinear_spec`).
+    // Three kinds of exported policy: the PPO MLP (`fedrl.model_spec`), the log-linear
+    // riverswim policy (`fedrl.loglinear_spec`) and offline CQL's Q-network (`q.L.weight`, ...).
     let mut clinical: Option<ClinicalReport> = None;
     let returns: Vec<f64> = match io::from_bytes(&bytes) {
         Ok((spec, params)) => {
@@ -118,17 +123,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             r.returns
         }
         Err(mlp_err) => {
-            let (spec, params) = loglinear::from_bytes(&bytes).map_err(|_| {
-                anyhow::anyhow!("reading the policy {}: {mlp_err}", args.policy.display())
-            })?;
-            envs.iter_mut()
-                .zip(&seeds)
-                .map(|(env, &seed)| {
-                    loglinear::rollout(&spec, &params, env.as_mut(), seed, !args.stochastic)
-                        .map(|ep| ep.total_reward())
-                })
-                .collect::<Result<_, _>>()
-                .context("evaluating (does the policy match this environment's spaces?)")?
+            if let Ok((spec, params)) = loglinear::from_bytes(&bytes) {
+                envs.iter_mut()
+                    .zip(&seeds)
+                    .map(|(env, &seed)| {
+                        loglinear::rollout(&spec, &params, env.as_mut(), seed, !args.stochastic)
+                            .map(|ep| ep.total_reward())
+                    })
+                    .collect::<Result<_, _>>()
+                    .context("evaluating (does the policy match this environment's spaces?)")?
+            } else if let Ok((spec, params)) = QNetSpec::from_safetensors(&bytes) {
+                // Offline CQL's exported Q-network (`q_network.safetensors`): it acts greedily
+                // in its Q-values, episode i from seed i of `--seed`'s stream.
+                if args.stochastic {
+                    return Err(UsageError(
+                        "a Q-network acts greedily in its Q-values; --stochastic does not apply"
+                            .into(),
+                    )
+                    .into());
+                }
+                evaluate_greedy_for(
+                    &spec,
+                    &params,
+                    &args.env,
+                    args.episodes as usize,
+                    args.seed,
+                    0,
+                )
+                .context("evaluating the Q-network (does it match this environment's spaces?)")?
+                .returns
+            } else {
+                anyhow::bail!(
+                    "reading the policy {}: {mlp_err} (nor is it a log-linear policy or an offline \
+                     CQL Q-network)",
+                    args.policy.display()
+                );
+            }
         }
     };
     let n = returns.len().max(1) as f64;

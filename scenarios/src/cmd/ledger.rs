@@ -1,16 +1,36 @@
 //! `fedrl ledger DIR [--json] [--accountant pld|rdp]`: reads a privacy ledger, lists what it
 //! recorded (each record's event, phase, sampling flag, units count, noise source; budget raises)
 //! and re-accounts it: the total, each phase, their basic composition, and every unit.
+//!
+//! Integrity: reading verifies every frame's checksum and the hash chain (entries removed,
+//! reordered or inserted are an error); the ledger heads recorded beside it (the `checkpoint`,
+//! the operator's `report.json`) must still be in it, or entries were cut from its end (an
+//! error too: its epsilon would be under-reported). A ledger of the unchained format (versions
+//! 1-2) is read with a note that removals in it cannot be detected.
+//!
+//! The output is written at once at the end; a reader that closed the pipe early (`| head`) ends
+//! the command quietly (exit 0), as other Unix tools do.
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use fedrl_aggregator::{checkpoint, state};
 use fedrl_common::privacy::accountant::AccountantKind;
-use fedrl_common::privacy::ledger::{Entry, LEDGER_FILE_NAME, PrivacyLedger};
+use fedrl_common::privacy::ledger::{Entry, LEDGER_FILE_NAME, LedgerHead, PrivacyLedger};
 use serde_json::json;
 
 use super::UsageError;
+
+/// Appends one line to the output being built.
+macro_rules! say {
+    ($out:expr, $($t:tt)*) => {{
+        use std::fmt::Write as _;
+        // Writing into a String cannot fail.
+        let _ = writeln!($out, $($t)*);
+    }};
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,6 +51,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let mut out = String::new();
     let kind: AccountantKind = args.accountant.parse().map_err(|_| {
         UsageError(format!(
             "--accountant must be pld or rdp, got {:?}",
@@ -53,7 +74,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !file.exists() {
         return Err(UsageError(format!("no ledger at {}", file.display())).into());
     }
+    // The heads first: a running aggregator appends to the ledger before it records a head,
+    // so heads read before the ledger are never ahead of it.
+    let heads = recorded_heads(&file)?;
     let ledger = PrivacyLedger::read_file(&file)?;
+    for (recorded_in, head) in &heads {
+        ledger.check_head(&file, head, recorded_in)?;
+    }
+    let checked: Vec<PathBuf> = heads.into_iter().map(|(p, _)| p).collect();
+    let head = ledger.head();
     let report = ledger
         .report(kind)
         .with_context(|| format!("accounting {} with {kind}", file.display()))?;
@@ -92,23 +121,50 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         v["torn_bytes"] = json!(ledger.recovery.torn_bytes);
         v["private"] = json!(private);
         v["entries"] = json!(entries);
-        println!("{v}");
-        return Ok(ExitCode::SUCCESS);
+        v["chain"] = json!({
+            "chained": ledger.recovery.unchained_entries.is_none(),
+            "unchained_entries": ledger.recovery.unchained_entries,
+            "entries": head.entries,
+            "head_sha256": head.sha256,
+            "heads_checked": checked.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        });
+        say!(out, "{v}");
+        return emit(&out);
     }
-    println!(
+    say!(
+        out,
         "ledger        {} (format version {})",
         file.display(),
         ledger.version
     );
-    println!("recovery      {}", ledger.recovery);
-    println!("unit kind     {}", report.unit_kind);
-    println!("participation {:?}", report.participation);
-    println!("records       {}", report.rounds);
-    println!("units         {}", report.units);
-    println!("entries:");
+    say!(out, "recovery      {}", ledger.recovery);
+    say!(
+        out,
+        "chain         {} entries, head SHA-256 {}; {}",
+        head.entries,
+        head.sha256,
+        if checked.is_empty() {
+            "no checkpoint or report beside it recorded a head to check".to_string()
+        } else {
+            format!(
+                "holds the heads recorded in {}",
+                checked
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
+    say!(out, "unit kind     {}", report.unit_kind);
+    say!(out, "participation {:?}", report.participation);
+    say!(out, "records       {}", report.rounds);
+    say!(out, "units         {}", report.units);
+    say!(out, "entries:");
     for e in &ledger.entries {
         match e {
-            Entry::Round(r) => println!(
+            Entry::Round(r) => say!(
+                out,
                 "  round {:>6}  {:<10} sampled {:<3}  units {:>6}  noise {:<6}  {}",
                 r.round,
                 r.phase,
@@ -121,43 +177,67 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 },
                 r.event
             ),
-            Entry::BudgetChange(b) => println!(
+            Entry::BudgetChange(b) => say!(
+                out,
                 "  budget change: target epsilon {} -> {} (at unix time {:.0})",
-                b.from, b.to, b.unix_time_s
+                b.from,
+                b.to,
+                b.unix_time_s
             ),
         }
     }
-    println!("phases (each at delta / {}):", report.phases.len().max(1));
+    say!(
+        out,
+        "phases (each at delta / {}):",
+        report.phases.len().max(1)
+    );
     for p in &report.phases {
-        println!(
+        say!(
+            out,
             "  {:<10} records {:>6}  epsilon {:.6} at delta {:e} ({})",
-            p.phase, p.rounds, p.epsilon, p.delta, p.accountant
+            p.phase,
+            p.rounds,
+            p.epsilon,
+            p.delta,
+            p.accountant
         );
     }
-    println!(
+    say!(
+        out,
         "epsilon       {:.6} at delta {:e} ({}; every phase composed; target {})",
-        report.epsilon, report.delta, report.accountant, report.target_epsilon
+        report.epsilon,
+        report.delta,
+        report.accountant,
+        report.target_epsilon
     );
     match report.zcdp_rho {
-        Some(rho) => println!(
+        Some(rho) => say!(
+            out,
             "zCDP rho      {rho:.6} (worst unit, every round un-sampled Gaussian: exact, also for \
              the discrete Gaussian)"
         ),
-        None => println!("zCDP rho      none (the worst unit has sampled or non-Gaussian events)"),
+        None => say!(
+            out,
+            "zCDP rho      none (the worst unit has sampled or non-Gaussian events)"
+        ),
     }
-    println!(
+    say!(
+        out,
         "basic sum     {:.6} (sum of the phases above; a looser cross-check)",
         report.epsilon_basic
     );
     match &report.rdp_note {
-        None => println!("RDP check     {:.6}", report.epsilon_rdp),
-        Some(why) => println!("RDP check     none ({why})"),
+        None => say!(out, "RDP check     {:.6}", report.epsilon_rdp),
+        Some(why) => say!(out, "RDP check     none ({why})"),
     }
     for s in &report.noise_sources {
-        println!("noise source  {s}");
+        say!(out, "noise source  {s}");
     }
     if !private {
-        println!("NOT PRIVATE: seeded noise is reproducible by anyone who knows the seed");
+        say!(
+            out,
+            "NOT PRIVATE: seeded noise is reproducible by anyone who knows the seed"
+        );
     }
     let mut units = report.per_unit.clone();
     if !units.is_empty() {
@@ -167,13 +247,64 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             units.len().min(10)
         };
-        println!("per unit (largest first, {shown} of {}):", units.len());
+        say!(out, "per unit (largest first, {shown} of {}):", units.len());
         for u in &units[..shown] {
-            println!(
+            say!(
+                out,
                 "  unit {:>10}  participations {:>5}  epsilon {:.6}",
-                u.unit, u.participations, u.epsilon
+                u.unit,
+                u.participations,
+                u.epsilon
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    emit(&out)
+}
+
+/// Writes the output; a closed pipe (the reader took what it wanted, e.g. `| head`) is no
+/// error, and nothing is reported.
+fn emit(text: &str) -> anyhow::Result<ExitCode> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e).context("writing to standard output"),
+    }
+}
+
+/// The ledger heads recorded beside the ledger `file`, with the files that recorded them: the
+/// state directory's `checkpoint` and the operator's `report.json` (in a state directory
+/// `operator/report.json`, in a `fedrl run` output's `operator/` folder the `report.json` next
+/// to the ledger). The ledger must hold each of them, or entries were cut from its end (or it
+/// was replaced).
+fn recorded_heads(file: &Path) -> anyhow::Result<Vec<(PathBuf, LedgerHead)>> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let mut heads: Vec<(PathBuf, LedgerHead)> = Vec::new();
+    if let Some(meta) = checkpoint::load_meta(dir)?
+        && let Some(head) = meta.ledger_head
+    {
+        heads.push((dir.join(checkpoint::CHECKPOINT_FILE), head));
+    }
+    for report in [
+        dir.join(state::OPERATOR_DIR).join(state::REPORT_FILE),
+        dir.join(state::REPORT_FILE),
+    ] {
+        let text = match std::fs::read(&report) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("reading {}", report.display())),
+        };
+        let v: serde_json::Value = serde_json::from_slice(&text)
+            .with_context(|| format!("parsing {}", report.display()))?;
+        // The public report has no head (the ledger is operator-only, and so is its hash).
+        if let Some(h) = v.get("ledger_head").filter(|h| !h.is_null()) {
+            let head: LedgerHead = serde_json::from_value(h.clone())
+                .with_context(|| format!("the ledger head in {}", report.display()))?;
+            heads.push((report, head));
+        }
+    }
+    Ok(heads)
 }
