@@ -436,22 +436,7 @@ impl Central {
                 continue;
             };
             let clip = first.spec.clip_norm;
-            let mut chosen = Vec::new();
-            let mut owner = HashMap::new();
-            // A unit offered twice in one round (a re-offer) is summed once: the engine would
-            // refuse the whole sum for a duplicate.
-            let mut seen = HashSet::new();
-            for w in &of_round {
-                for u in &w.units {
-                    if !seen.insert(*u) {
-                        continue;
-                    }
-                    if let Some(d) = self.data.get(u) {
-                        chosen.push((*u, d));
-                        owner.insert(*u, w.client);
-                    }
-                }
-            }
+            let (chosen, owner) = self.gather(&of_round);
             let (g, left_out) = without_non_finite_units(&chosen, |c| {
                 summed_unit_gradients(
                     &self.spec,
@@ -500,6 +485,33 @@ impl Central {
         Ok((out, excluded))
     }
 
+    /// The units of one round's work that have data, in the order the work lists them, each
+    /// once (a re-offer lists a unit again: it contributes once, and the engine would refuse a
+    /// sum or an update that counts it twice), with the client each was offered to.
+    fn gather<'a>(
+        &'a self,
+        of_round: &[&Work],
+    ) -> (
+        Vec<(UnitId, &'a TransitionBatch)>,
+        HashMap<UnitId, ClientId>,
+    ) {
+        let mut chosen = Vec::new();
+        let mut owner = HashMap::new();
+        let mut seen = HashSet::new();
+        for w in of_round {
+            for u in &w.units {
+                if !seen.insert(*u) {
+                    continue;
+                }
+                if let Some(d) = self.data.get(u) {
+                    chosen.push((*u, d));
+                    owner.insert(*u, w.client);
+                }
+            }
+        }
+        (chosen, owner)
+    }
+
     /// The per-unit path: every pending offer's units in one batch with the offered vector
     /// `offer`, each unit's clipped gradient materialised, and the units left out because
     /// their gradient is not finite.
@@ -518,16 +530,7 @@ impl Central {
                 continue;
             };
             let clip = first.spec.clip_norm;
-            let mut owner = HashMap::new();
-            let mut chosen = Vec::new();
-            for w in &of_round {
-                for u in &w.units {
-                    if let Some(d) = self.data.get(u) {
-                        chosen.push((*u, d));
-                        owner.insert(*u, w.client);
-                    }
-                }
-            }
+            let (chosen, owner) = self.gather(&of_round);
             let (grads, left_out) = without_non_finite_units(&chosen, |c| {
                 unit_gradients(
                     &self.spec,
