@@ -425,29 +425,18 @@ impl Central {
         &mut self,
         offer: &[f32],
     ) -> anyhow::Result<(Vec<CentralSum>, Vec<ExcludedUnit>)> {
-        Self::check_offer(offer)?;
-        let rounds = self.rounds();
-        let work = std::mem::take(&mut self.work);
-        let mut out = Vec::new();
-        let mut excluded = Vec::new();
-        for round in rounds {
-            let of_round: Vec<&Work> = work.iter().filter(|w| w.spec.round == round).collect();
-            let Some(first) = of_round.first() else {
-                continue;
-            };
-            let clip = first.spec.clip_norm;
-            let (chosen, owner) = self.gather(&of_round);
-            let (g, left_out) = without_non_finite_units(&chosen, |c| {
+        self.each_round(offer, |me, round, clip, chosen, owner| {
+            let (g, left_out) = without_non_finite_units(chosen, |c| {
                 summed_unit_gradients(
-                    &self.spec,
-                    &self.task.cql,
+                    &me.spec,
+                    &me.task.cql,
                     offer,
                     c,
                     round,
-                    self.task.data_seed,
-                    self.task.transitions_per_unit,
+                    me.task.data_seed,
+                    me.task.transitions_per_unit,
                     clip,
-                    &self.device,
+                    &me.device,
                 )
             })?;
             // Norms and clip factors follow the units kept that have data, in order; a unit
@@ -470,17 +459,50 @@ impl Central {
                     clipped,
                 });
             }
+            let sum = CentralSum {
+                round,
+                units,
+                sum: g.sum,
+            };
+            Ok((vec![sum], left_out))
+        })
+    }
+
+    /// Takes the pending work and, round by round, hands `step` the round, its clip norm, the
+    /// round's units with data ([`Self::gather`]) and each unit's client; `step` returns the
+    /// round's results and the units it left out because their gradient is not finite, which
+    /// become [`ExcludedUnit`]s.
+    #[allow(clippy::type_complexity)]
+    fn each_round<R>(
+        &mut self,
+        offer: &[f32],
+        mut step: impl FnMut(
+            &Self,
+            u64,
+            f64,
+            &[(UnitId, &TransitionBatch)],
+            &HashMap<UnitId, ClientId>,
+        ) -> anyhow::Result<(Vec<R>, Vec<UnitId>)>,
+    ) -> anyhow::Result<(Vec<R>, Vec<ExcludedUnit>)> {
+        Self::check_offer(offer)?;
+        let rounds = self.rounds();
+        let work = std::mem::take(&mut self.work);
+        let mut out = Vec::new();
+        let mut excluded = Vec::new();
+        for round in rounds {
+            let of_round: Vec<&Work> = work.iter().filter(|w| w.spec.round == round).collect();
+            let Some(first) = of_round.first() else {
+                continue;
+            };
+            let (chosen, owner) = self.gather(&of_round);
+            let (results, left_out) = step(self, round, first.spec.clip_norm, &chosen, &owner)?;
+            out.extend(results);
             excluded.extend(left_out.into_iter().map(|unit| ExcludedUnit {
                 client: owner[&unit],
                 round,
                 unit,
                 reason: NON_FINITE.into(),
             }));
-            out.push(CentralSum {
-                round,
-                units,
-                sum: g.sum,
-            });
         }
         Ok((out, excluded))
     }
@@ -519,47 +541,31 @@ impl Central {
         &mut self,
         offer: &[f32],
     ) -> anyhow::Result<(Vec<CentralUpdate>, Vec<ExcludedUnit>)> {
-        Self::check_offer(offer)?;
-        let rounds = self.rounds();
-        let work = std::mem::take(&mut self.work);
-        let mut out = Vec::new();
-        let mut excluded = Vec::new();
-        for round in rounds {
-            let of_round: Vec<&Work> = work.iter().filter(|w| w.spec.round == round).collect();
-            let Some(first) = of_round.first() else {
-                continue;
-            };
-            let clip = first.spec.clip_norm;
-            let (chosen, owner) = self.gather(&of_round);
-            let (grads, left_out) = without_non_finite_units(&chosen, |c| {
+        self.each_round(offer, |me, round, clip, chosen, owner| {
+            let (grads, left_out) = without_non_finite_units(chosen, |c| {
                 unit_gradients(
-                    &self.spec,
-                    &self.task.cql,
+                    &me.spec,
+                    &me.task.cql,
                     offer,
                     c,
                     round,
-                    self.task.data_seed,
-                    self.task.transitions_per_unit,
+                    me.task.data_seed,
+                    me.task.transitions_per_unit,
                     clip,
-                    &self.device,
+                    &me.device,
                 )
             })?;
-            for (unit, data) in grads {
-                out.push(CentralUpdate {
+            let updates = grads
+                .into_iter()
+                .map(|(unit, data)| CentralUpdate {
                     client: owner[&unit],
                     round,
                     unit,
                     data,
-                });
-            }
-            excluded.extend(left_out.into_iter().map(|unit| ExcludedUnit {
-                client: owner[&unit],
-                round,
-                unit,
-                reason: NON_FINITE.into(),
-            }));
-        }
-        Ok((out, excluded))
+                })
+                .collect();
+            Ok((updates, left_out))
+        })
     }
 }
 
