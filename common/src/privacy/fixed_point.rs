@@ -324,26 +324,45 @@ impl Grid {
         // A clipped coordinate is at most C / gamma < 2^(bits+1) grid units; twice that bounds
         // anything rounding can produce and keeps every square below 2^64.
         let limit = (1u64 << (self.bits + 2)) as f64;
+        // Squares are below 2^(2 bits + 4): a chunk of 2^(60 - 2 bits) of them sums below 2^64
+        // in u64, so the inner loop needs no u128 arithmetic and no branch per coordinate (what
+        // made it the largest part of the aggregator's time per update in the load benchmark).
+        let chunk = 1usize << (60 - 2 * self.bits.min(30)).min(12);
         let mut norm_sq: u128 = 0;
-        for (i, (&x, q)) in clipped.iter().zip(out.iter_mut()).enumerate() {
-            if !x.is_finite() {
-                return Err(FixedPointError::NonFinite { index: i });
+        for (c, (xs, qs)) in clipped.chunks(chunk).zip(out.chunks_mut(chunk)).enumerate() {
+            let mut ok = true;
+            let mut chunk_sq: u64 = 0;
+            for (&x, q) in xs.iter().zip(qs.iter_mut()) {
+                // f32 -> f64 is exact and scaling by a power of two is exact in the normal range
+                // (below it the value is < 1 and truncates to 0), so `scaled` is the exact
+                // x/gamma.
+                let scaled = x as f64 * scale;
+                // False for NaN as for |x/gamma| >= limit (`limit` is an integer, so that holds
+                // exactly when its truncation is >= limit).
+                ok &= scaled.abs() < limit;
+                // `as` rounds toward zero, exactly `trunc` for |scaled| < 2^63 (here below
+                // 2^(bits+2)), without the libm call `f64::trunc` is on baseline x86-64.
+                let v = scaled as i64;
+                *q = v;
+                // Wrapping only matters for a coordinate already refused by `ok`.
+                chunk_sq = chunk_sq.wrapping_add(v.unsigned_abs().wrapping_mul(v.unsigned_abs()));
             }
-            // f32 -> f64 is exact and scaling by a power of two is exact in the normal range
-            // (below it the value is < 1 and truncates to 0), so `scaled` is the exact x/gamma.
-            let scaled = x as f64 * scale;
-            // `limit` is an integer, so |x/gamma| >= limit exactly when its truncation is.
-            if scaled.abs() >= limit {
-                return Err(FixedPointError::NotClipped {
-                    norm_sq: u128::MAX,
-                    bound_sq: self.sensitivity_sq,
-                });
+            if !ok {
+                // The slow scan names the first offending coordinate.
+                let start = c * chunk;
+                for (i, &x) in xs.iter().enumerate() {
+                    if !x.is_finite() {
+                        return Err(FixedPointError::NonFinite { index: start + i });
+                    }
+                    if (x as f64 * scale).abs() >= limit {
+                        return Err(FixedPointError::NotClipped {
+                            norm_sq: u128::MAX,
+                            bound_sq: self.sensitivity_sq,
+                        });
+                    }
+                }
             }
-            // `as` rounds toward zero, exactly `trunc` for |scaled| < 2^63 (here < 2^(bits+2)),
-            // without the libm call `f64::trunc` is on baseline x86-64 (no SSE4.1 `roundsd`):
-            // that call was a third of quantising's time in the load benchmark's profile.
-            *q = scaled as i64;
-            norm_sq += (q.unsigned_abs() as u128).pow(2);
+            norm_sq += chunk_sq as u128;
         }
         if norm_sq > self.sensitivity_sq {
             if norm_sq - self.sensitivity_sq > self.sensitivity_sq >> OVERSHOOT_SHIFT {
@@ -355,6 +374,66 @@ impl Grid {
             shrink_largest(out, norm_sq, self.sensitivity_sq);
         }
         Ok(())
+    }
+}
+
+impl Grid {
+    /// [`Self::quantize`]'s rounding, added straight into `sum`, returning the contribution's
+    /// exact squared norm in grid units; the caller checks it against the bound (and undoes it
+    /// with [`Self::unquantize_from_sum`] when over). A coordinate that is not finite or beyond
+    /// the grid is an error, with `sum` unchanged. `sum` is added to with wrapping arithmetic
+    /// so that undoing is exact whatever was added; an accepted contribution never wraps
+    /// (`FixedPointSum::add` keeps `|sum| <= 2^62`).
+    fn quantize_into_sum(&self, clipped: &[f32], sum: &mut [i64]) -> Result<u128, FixedPointError> {
+        debug_assert_eq!(clipped.len(), sum.len());
+        let scale = self.inverse_gamma();
+        let limit = (1u64 << (self.bits + 2)) as f64;
+        let chunk = 1usize << (60 - 2 * self.bits.min(30)).min(12);
+        let mut norm_sq: u128 = 0;
+        for (c, xs) in clipped.chunks(chunk).enumerate() {
+            let start = c * chunk;
+            let ss = &mut sum[start..start + xs.len()];
+            let mut ok = true;
+            let mut chunk_sq: u64 = 0;
+            for (&x, s) in xs.iter().zip(ss.iter_mut()) {
+                // As in `quantize`: exact scaling, NaN fails `ok`, `as` truncates.
+                let scaled = x as f64 * scale;
+                ok &= scaled.abs() < limit;
+                let v = scaled as i64;
+                *s = s.wrapping_add(v);
+                chunk_sq = chunk_sq.wrapping_add(v.unsigned_abs().wrapping_mul(v.unsigned_abs()));
+            }
+            if !ok {
+                // Undo this chunk and the ones before it, then name the problem.
+                self.unquantize_from_sum(
+                    &clipped[..start + xs.len()],
+                    &mut sum[..start + xs.len()],
+                );
+                let mut q = vec![0; xs.len()];
+                return match self.quantize(xs, &mut q) {
+                    Err(FixedPointError::NonFinite { index }) => Err(FixedPointError::NonFinite {
+                        index: start + index,
+                    }),
+                    Err(e) => Err(e),
+                    // Unreachable: `ok` failed on one of these coordinates.
+                    Ok(()) => Err(FixedPointError::NotClipped {
+                        norm_sq: u128::MAX,
+                        bound_sq: self.sensitivity_sq,
+                    }),
+                };
+            }
+            norm_sq += chunk_sq as u128;
+        }
+        Ok(norm_sq)
+    }
+
+    /// Subtracts from `sum` exactly what [`Self::quantize_into_sum`] added for `clipped` (the
+    /// same rounding, wrapping arithmetic).
+    fn unquantize_from_sum(&self, clipped: &[f32], sum: &mut [i64]) {
+        let scale = self.inverse_gamma();
+        for (&x, s) in clipped.iter().zip(sum.iter_mut()) {
+            *s = s.wrapping_sub((x as f64 * scale) as i64);
+        }
     }
 }
 
@@ -586,7 +665,7 @@ impl FixedPointSum {
             grid,
             sum: vec![0; dim],
             count: 0,
-            quantized: vec![0; dim],
+            quantized: Vec::new(),
             clipped: Vec::new(),
         }
     }
@@ -624,10 +703,20 @@ impl FixedPointSum {
         if self.count >= max {
             return Err(FixedPointError::TooManyContributions { max });
         }
-        self.grid.quantize(clipped, &mut self.quantized)?;
-        // |sum| <= count 2^(bits+1) <= 2^62 by max_contributions: no overflow.
-        for (s, q) in self.sum.iter_mut().zip(&self.quantized) {
-            *s += *q;
+        // The common case in one pass: quantise straight into the sum (no intermediate vector:
+        // at 10^6 coordinates the second pass over 8 MB was most of the cost). A coordinate
+        // that is not finite or beyond the grid, or a norm over the bound, is undone exactly.
+        let norm_sq = self.grid.quantize_into_sum(clipped, &mut self.sum)?;
+        if norm_sq > self.grid.sensitivity_sq {
+            // Rare (a float clip that overshot by a hair, or an unclipped update): undo, then
+            // quantise into a buffer, where the largest coordinates can be shrunk.
+            self.grid.unquantize_from_sum(clipped, &mut self.sum);
+            self.quantized.resize(self.sum.len(), 0);
+            self.grid.quantize(clipped, &mut self.quantized)?;
+            // |sum| <= count 2^(bits+1) <= 2^62 by max_contributions: no overflow.
+            for (s, q) in self.sum.iter_mut().zip(&self.quantized) {
+                *s += *q;
+            }
         }
         self.count += 1;
         Ok(())
@@ -1148,6 +1237,43 @@ mod tests {
                 prop_assert!(qi == 0 || (qi > 0) == (xi > 0.0));
                 // Toward zero: never more than one grid step below |x|.
                 prop_assert!(exact.abs() - (qi as f64).abs() < 1.0 + 1e-9 * exact.abs());
+            }
+        }
+
+        /// `FixedPointSum::add` quantises into the sum in one pass: its result is the sum of
+        /// `Grid::quantize`'s vectors (long vectors cross its chunks, a stretched update takes
+        /// the shrinking path), and a refused update (a bad coordinate anywhere, or too long)
+        /// leaves the sum as it was.
+        #[test]
+        fn one_pass_add_is_quantise_then_sum(
+            raws in prop::collection::vec(prop::collection::vec(-1.0f32..1.0, 9000), 1..4),
+            stretch in prop::sample::select(vec![0.0f64, 1e-7, 0.05]),
+            bad in prop::option::of((0usize..9000, prop::sample::select(vec![f32::NAN, f32::INFINITY, 1e30]))),
+            bits in prop::sample::select(vec![16u32, 24, 30]),
+        ) {
+            let g = Grid::for_clip_norm(1.0, bits).unwrap();
+            let mut sum = FixedPointSum::new(g, 9000);
+            let mut want = vec![0i64; 9000];
+            let mut q = vec![0i64; 9000];
+            for raw in &raws {
+                let n = l2_norm(raw);
+                let mut x: Vec<f32> =
+                    raw.iter().map(|&v| (v as f64 / n * (1.0 + stretch)) as f32).collect();
+                if let Some((i, v)) = bad {
+                    x[i] = v;
+                }
+                let before = sum.sum().to_vec();
+                let expected = g.quantize(&x, &mut q);
+                let got = sum.add(&x);
+                prop_assert_eq!(got.is_ok(), expected.is_ok());
+                match expected {
+                    Ok(()) => want.iter_mut().zip(&q).for_each(|(w, v)| *w += v),
+                    Err(e) => {
+                        prop_assert_eq!(got.unwrap_err().to_string(), e.to_string());
+                        prop_assert_eq!(sum.sum(), &before[..]);
+                    }
+                }
+                prop_assert_eq!(sum.sum(), &want[..]);
             }
         }
 
