@@ -416,7 +416,23 @@ fn read_frame_head(
     };
     let left = len - at;
     if left < FRAME_PREFIX as u64 {
-        return Ok(None);
+        // Too short for a frame's prefix: a torn write only if it is what a cut-short frame
+        // begins with (its magic, then lengths that match their check when those are all
+        // there), or zeros. Anything else was never written by this journal.
+        let mut tail = vec![0u8; left as usize];
+        r.read_exact(&mut tail).map_err(io)?;
+        let n = tail.len().min(MAGIC.len());
+        let lengths_ok = tail.len() < 16 || {
+            let hl = u32::from_le_bytes([tail[4], tail[5], tail[6], tail[7]]);
+            let bl = u32::from_le_bytes([tail[8], tail[9], tail[10], tail[11]]);
+            length_check(hl, bl) == tail[12..16]
+        };
+        if tail.iter().all(|&b| b == 0) || (tail[..n] == MAGIC[..n] && lengths_ok) {
+            return Ok(None);
+        }
+        return Err(corrupt(format!(
+            "{left} bytes after the last frame that do not begin a frame (not a torn write)"
+        )));
     }
     let mut prefix = [0u8; FRAME_PREFIX];
     r.read_exact(&mut prefix).map_err(io)?;

@@ -212,7 +212,7 @@ fn a_zero_filled_tail_is_a_torn_write() {
         let mut bad = padded.clone();
         bad.push(1);
         std::fs::write(&path, &bad).unwrap();
-        if zeros + 1 >= FRAME_PREFIX {
+        {
             assert!(
                 matches!(
                     JournalReader::read_all(&path),
@@ -220,6 +220,34 @@ fn a_zero_filled_tail_is_a_torn_write() {
                 ),
                 "{zeros} zeros then a byte"
             );
+        }
+    }
+}
+
+/// Issue 59: a few bytes of garbage after the last frame (shorter than a frame's prefix) are not
+/// a torn write: only a cut-short frame's own beginning is.
+#[test]
+fn short_garbage_after_the_last_frame_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(JOURNAL_FILE);
+    write(&path, JournalMode::Full);
+    let full = std::fs::read(&path).unwrap();
+    let (entries, _) = JournalReader::read_all(&path).unwrap();
+    for tail in [&b"x"[..], b"garbage", b"FRJ", b"FRJ1\xff\xff\xff\xff\0\0\0\0\0\0\0\0"] {
+        let mut bad = full.clone();
+        bad.extend_from_slice(tail);
+        std::fs::write(&path, &bad).unwrap();
+        let got = JournalReader::read_all(&path);
+        let torn_ok = tail.len() < 16 && tail.starts_with(&b"FRJ1"[..tail.len().min(4)]);
+        if torn_ok {
+            assert_eq!(got.unwrap(), (entries.clone(), Some(full.len() as u64)));
+        } else {
+            assert!(
+                matches!(got, Err(JournalError::Corrupt { .. })),
+                "{tail:?}: {got:?}"
+            );
+            // And a writer refuses to truncate it away.
+            assert!(JournalWriter::open(&path, JournalMode::Full).is_err());
         }
     }
 }
