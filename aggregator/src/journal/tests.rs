@@ -233,7 +233,12 @@ fn short_garbage_after_the_last_frame_is_corruption() {
     write(&path, JournalMode::Full);
     let full = std::fs::read(&path).unwrap();
     let (entries, _) = JournalReader::read_all(&path).unwrap();
-    for tail in [&b"x"[..], b"garbage", b"FRJ", b"FRJ1\xff\xff\xff\xff\0\0\0\0\0\0\0\0"] {
+    for tail in [
+        &b"x"[..],
+        b"garbage",
+        b"FRJ",
+        b"FRJ1\xff\xff\xff\xff\0\0\0\0\0\0\0\0",
+    ] {
         let mut bad = full.clone();
         bad.extend_from_slice(tail);
         std::fs::write(&path, &bad).unwrap();

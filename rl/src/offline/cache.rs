@@ -318,7 +318,7 @@ fn content_files(dir: &Path) -> Result<Vec<String>, CacheError> {
 }
 
 /// SHA-256 (hex) of the file at `path`, read in 1 MiB pieces.
-fn sha256_file(path: &Path) -> std::io::Result<String> {
+pub(crate) fn sha256_file(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
@@ -425,7 +425,8 @@ pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
     if continuous.is_dir() {
         for entry in std::fs::read_dir(&continuous).map_err(io_err(&continuous))? {
             let path = entry.map_err(io_err(&continuous))?.path();
-            // A crashed writer leaves `<name>.tmp`, never a partial `.safetensors`.
+            // A crashed writer leaves `<name>.safetensors.tmp`, never a partial `.safetensors`; the
+            // digest sidecar is `<name>.safetensors.sha256`.
             if path.extension().is_none_or(|e| e != "safetensors") {
                 continue;
             }

@@ -246,18 +246,19 @@ impl ContinuousDataset {
         Ok(ds)
     }
 
-    /// Writes the dataset to `path` atomically (a temporary file renamed into place, fsynced).
+    /// Writes the dataset to `path` atomically (a temporary file renamed into place, fsynced),
+    /// with its SHA-256 in the sidecar [`content_path`] written first: a dataset file in place
+    /// always has the digest of its bytes beside it, so bits flipped later are detected
+    /// ([`verify_content`]).
     pub fn save(&self, path: &Path) -> Result<()> {
         let bytes = self.to_bytes()?;
-        let tmp = path.with_extension("tmp");
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)?;
-        Ok(())
+        let digest: String = ring::digest::digest(&ring::digest::SHA256, &bytes)
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        write_synced(&content_path(path), format!("{digest}\n").as_bytes())?;
+        write_synced(path, &bytes)
     }
 
     /// Sizes and return quantiles.
@@ -916,6 +917,64 @@ pub fn generate(
     )
 }
 
+/// Writes `bytes` to `path` through a fsynced temporary file renamed into place.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// The sidecar holding the SHA-256 (hex) of the stored dataset `path`: `<path>.sha256`.
+pub fn content_path(path: &Path) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".sha256");
+    p.into()
+}
+
+/// Checks the stored dataset `path` against the SHA-256 recorded beside it at generation
+/// ([`content_path`]); reads the file once. `Ok(false)` when nothing was recorded (a file
+/// stored before digests were); a mismatch is an error naming the file and what to do.
+pub fn verify_content(path: &Path) -> Result<bool> {
+    let sidecar = content_path(path);
+    let want = match std::fs::read_to_string(&sidecar) {
+        Ok(t) => t.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(invalid(format!("{}: {e}", sidecar.display()))),
+    };
+    let got =
+        super::cache::sha256_file(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    if got != want {
+        return Err(invalid(format!(
+            "{}: its SHA-256 is {got}, but {want} was recorded at generation (in {}): the file \
+             changed on disk; delete both to generate it again",
+            path.display(),
+            sidecar.display()
+        )));
+    }
+    Ok(true)
+}
+
+/// [`verify_content`] of a dataset about to be used: a file without a recorded digest is used
+/// with a warning (it predates them).
+fn check_content(path: &Path) -> Result<()> {
+    if !verify_content(path)? {
+        tracing::warn!(
+            path = %path.display(),
+            "no content digest recorded beside this dataset (stored before digests were): its \
+             bytes cannot be checked"
+        );
+    }
+    Ok(())
+}
+
 /// Loads the dataset of `spec` from `root/continuous/`, or generates and stores it atomically.
 /// A stored file whose recorded procedure differs from `spec` is an error, never reused.
 pub fn load_or_generate(
@@ -937,6 +996,7 @@ pub fn load_or_generate_units(
 ) -> Result<ContinuousDataset> {
     let path = root.join("continuous").join(spec.file_name());
     if path.is_file() {
+        check_content(&path)?;
         let ds = ContinuousDataset::load_units(&path, keep)?;
         check_procedure(spec, &path, &ds.meta)?;
         return Ok(ds);
@@ -947,8 +1007,8 @@ pub fn load_or_generate_units(
 }
 
 /// Makes sure the dataset of `spec` is stored under `root` (generating it if missing) and
-/// returns its header. A stored one is checked from its header alone, without reading its
-/// arrays (hundreds of MB): `fedrl run` prepares the dataset before its processes load it.
+/// returns its header. A stored one is checked against its recorded digest (one sequential
+/// read) and its header, without parsing its arrays (hundreds of MB): `fedrl run` prepares the dataset before its processes load it.
 pub fn prepare(
     spec: &ContinuousDatasetSpec,
     root: &Path,
@@ -956,6 +1016,7 @@ pub fn prepare(
 ) -> Result<ContinuousHeader> {
     let path = root.join("continuous").join(spec.file_name());
     if path.is_file() {
+        check_content(&path)?;
         let h = ContinuousDataset::read_header(&path)?;
         check_procedure(spec, &path, &h.meta)?;
         return Ok(h);
