@@ -112,13 +112,27 @@ fn round_trip_keeps_arbitrary_units_and_flags() {
 
 #[test]
 fn reads_a_dataset_written_by_python_minari() {
+    check_python_fixture("pyfix/cartpole-random-v0", "expected.json");
+}
+
+/// Issue 58: Minari's arrow backend (Arrow IPC files), written by Python minari 0.5.4 from the
+/// same episodes as the parquet fixture.
+#[test]
+fn reads_a_dataset_written_by_python_minari_with_the_arrow_backend() {
+    check_python_fixture("pyfix/cartpole-random-arrow-v0", "expected-arrow.json");
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minari");
-    let read = minari::read(&fixtures.join("pyfix/cartpole-random-v0")).unwrap();
+    let parquet = minari::read(&fixtures.join("pyfix/cartpole-random-v0")).unwrap();
+    let arrow = minari::read(&fixtures.join("pyfix/cartpole-random-arrow-v0")).unwrap();
+    assert_eq!(arrow.dataset.episodes, parquet.dataset.episodes);
+}
+
+fn check_python_fixture(id: &str, expected: &str) {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minari");
+    let read = minari::read(&fixtures.join(id)).unwrap();
     let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures.join("expected.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join(expected)).unwrap()).unwrap();
     let d = &read.dataset;
-    assert_eq!(d.id, "pyfix/cartpole-random-v0");
+    assert_eq!(d.id, id);
     assert_eq!(d.env_id, "CartPole-v1");
     assert_eq!((d.obs_dim, d.n_actions), (4, 2));
     let expected = expected.as_array().unwrap();
@@ -474,7 +488,11 @@ fn wrong_spaces_are_errors() {
     edit_json(&dir.join("data/metadata.json"), |v| {
         v["data_format"] = serde_json::json!("hdf5")
     });
-    assert!(layout_message(minari::read(&dir).unwrap_err()).contains("parquet"));
+    let m = layout_message(minari::read(&dir).unwrap_err());
+    assert!(
+        m.contains("hdf5") && m.contains("data_format=\"parquet\""),
+        "{m}"
+    );
 }
 
 #[test]

@@ -144,6 +144,63 @@ fn import_of_a_python_minari_dataset_assigns_missing_units() {
     assert_eq!(out["summary"]["units"], 3);
 }
 
+/// Issue 58: a Minari dataset is imported by its id from Minari's root
+/// (`$MINARI_DATASETS_PATH`), in Minari's arrow backend too; without `--data-dir` or
+/// `$FEDRL_DATA_DIR`, fedrl stores into that same root.
+#[test]
+fn import_by_id_from_minari_root_in_the_arrow_format() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../rl/tests/fixtures/minari");
+    let minari_root = tempfile::tempdir().unwrap();
+    let src = fixtures.join("pyfix/cartpole-random-arrow-v0");
+    let dst = minari_root.path().join("pyfix/cartpole-random-arrow-v0");
+    for entry in walk(&src) {
+        let rel = entry.strip_prefix(&src).unwrap();
+        std::fs::create_dir_all(dst.join(rel).parent().unwrap()).unwrap();
+        std::fs::copy(&entry, dst.join(rel)).unwrap();
+    }
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_fedrl"))
+            .args(args)
+            .env("MINARI_DATASETS_PATH", minari_root.path())
+            .env_remove("FEDRL_DATA_DIR")
+            .env("RAYON_NUM_THREADS", "1")
+            .output()
+            .expect("run fedrl")
+    };
+    let out = json_of(&run(&[
+        "data",
+        "import",
+        "pyfix/cartpole-random-arrow-v0",
+        "--id",
+        "mine/cartpole-v0",
+        "--json",
+    ]));
+    assert_eq!(out["summary"]["episodes"], 3);
+    assert_eq!(out["summary"]["steps"], 40);
+    assert!(
+        minari_root
+            .path()
+            .join("mine/cartpole-v0/data/metadata.json")
+            .is_file()
+    );
+    let out = run(&["data", "import", "pyfix/absent-v0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Minari's root"));
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 #[test]
 fn user_errors_are_clear() {
     let root = tempfile::tempdir().unwrap();

@@ -78,7 +78,7 @@ pub enum CacheError {
         problem: String,
     },
     #[error(
-        "no dataset root: pass --data-dir, set {DATA_DIR_ENV}, or set HOME (for ~/.fedrl/datasets)"
+        "no dataset root: pass --data-dir, set {DATA_DIR_ENV} or {MINARI_ENV}, or set HOME (for ~/.fedrl/datasets)"
     )]
     NoRoot,
 }
@@ -90,14 +90,21 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + '_ {
     }
 }
 
+/// Minari's own root variable: where `minari.load_dataset(id)` looks (else
+/// `~/.minari/datasets`).
+pub const MINARI_ENV: &str = "MINARI_DATASETS_PATH";
+
 /// The dataset root: `explicit` (`--data-dir`) if given, else `$FEDRL_DATA_DIR`, else
-/// `$HOME/.fedrl/datasets`.
+/// `$MINARI_DATASETS_PATH` (so that fedrl and `minari.load_dataset` share a root without
+/// further configuration), else `$HOME/.fedrl/datasets`.
 pub fn data_root(explicit: Option<&Path>) -> Result<PathBuf, CacheError> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
-    if let Some(p) = std::env::var_os(DATA_DIR_ENV).filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
+    for var in [DATA_DIR_ENV, MINARI_ENV] {
+        if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+            return Ok(PathBuf::from(p));
+        }
     }
     match std::env::var_os("HOME").filter(|p| !p.is_empty()) {
         Some(h) => Ok(PathBuf::from(h).join(".fedrl").join("datasets")),
@@ -108,6 +115,17 @@ pub fn data_root(explicit: Option<&Path>) -> Result<PathBuf, CacheError> {
 fn spec_to_json(spec: &DatasetSpec) -> Result<serde_json::Value, CacheError> {
     serde_json::to_value(spec)
         .map_err(|e| CacheError::Generate(crate::NnError::Invalid(format!("spec to JSON: {e}"))))
+}
+
+/// Minari's root as Minari resolves it: `$MINARI_DATASETS_PATH`, else `~/.minari/datasets`
+/// (`None` without either).
+pub fn minari_root() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(MINARI_ENV).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("HOME")
+        .filter(|p| !p.is_empty())
+        .map(|h| PathBuf::from(h).join(".minari").join("datasets"))
 }
 
 /// Whether the dataset was loaded from the cache or generated now.

@@ -171,7 +171,9 @@ fn play(
         e.actions.push(a as u32);
         e.rewards.push(step.reward as f32);
         e.terminations.push(step.terminated);
-        e.truncations.push(step.truncated);
+        // A step that ends the episode for good is not also a truncation (Gymnasium's time
+        // limit can flag both on the same step; d3rlpy's MDPDataset refuses such an episode).
+        e.truncations.push(step.truncated && !step.terminated);
         e.observations.extend_from_slice(&obs);
         if step.terminated || step.truncated {
             return Ok(e);

@@ -327,7 +327,17 @@ pub fn write(d: &Dataset, dir: &Path, opts: &WriteOptions) -> Result<(), MinariE
             Arc::new(Int64Array::from(actions)),
             Arc::new(Float64Array::from(rewards)),
             Arc::new(BooleanArray::from(pad(e.terminations.clone(), false))),
-            Arc::new(BooleanArray::from(pad(e.truncations.clone(), false))),
+            // Written as "truncated and not terminated": a step that both ends the episode and
+            // hits a time limit is a termination (d3rlpy's MDPDataset refuses an episode with
+            // both flags; Minari and Gymnasium read it the same way).
+            Arc::new(BooleanArray::from(pad(
+                e.truncations
+                    .iter()
+                    .zip(&e.terminations)
+                    .map(|(&tr, &te)| tr && !te)
+                    .collect(),
+                false,
+            ))),
         ];
         let part = ep_dir.join("part-0.parquet");
         let batch =
@@ -410,6 +420,14 @@ pub fn write(d: &Dataset, dir: &Path, opts: &WriteOptions) -> Result<(), MinariE
         }
     }
     Ok(())
+}
+
+/// Which of Minari's columnar backends holds the episode tables (`data_format`): the same
+/// tables, in parquet files or Arrow IPC files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StorageFormat {
+    Parquet,
+    Arrow,
 }
 
 /// A dataset read from disk and what had to be filled in.
@@ -507,7 +525,7 @@ fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError>
     Ok((obs_dim, n_actions))
 }
 
-/// The episode's parquet files: every file of its folder that pyarrow's dataset reader would
+/// The episode's data files: every file of its folder that pyarrow's dataset reader would
 /// read (Minari ignores names starting with `_` or `.` and `metadata.json`), in name order.
 fn part_files(ep_dir: &Path) -> Result<Vec<PathBuf>, MinariError> {
     if !ep_dir.is_dir() {
@@ -524,7 +542,7 @@ fn part_files(ep_dir: &Path) -> Result<Vec<PathBuf>, MinariError> {
     }
     parts.sort();
     if parts.is_empty() {
-        return Err(layout(ep_dir, "no parquet file in the episode folder"));
+        return Err(layout(ep_dir, "no data file in the episode folder"));
     }
     Ok(parts)
 }
@@ -665,6 +683,7 @@ fn episode_meta(data: &Path, id: u64) -> Result<(Option<u64>, Option<u64>), Mina
 /// `total_steps` when given.
 fn read_episode(
     data: &Path,
+    format: StorageFormat,
     id: u64,
     obs_dim: usize,
     n_actions: usize,
@@ -674,20 +693,32 @@ fn read_episode(
     let mut cols = Columns::default();
     for part in part_files(&ep_dir)? {
         let file = File::open(&part).map_err(io_err(&part))?;
-        let pq = |source| MinariError::Parquet {
+        let arrow = |source| MinariError::Arrow {
             path: part.clone(),
             source,
         };
-        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-            .map_err(pq)?
-            .build()
-            .map_err(pq)?;
-        for batch in reader {
-            let batch = batch.map_err(|source| MinariError::Arrow {
-                path: part.clone(),
-                source,
-            })?;
-            append_batch(&batch, obs_dim, &mut cols, &part)?;
+        let batches: Box<dyn Iterator<Item = Result<RecordBatch, arrow_schema::ArrowError>>> =
+            match format {
+                StorageFormat::Parquet => {
+                    let pq = |source| MinariError::Parquet {
+                        path: part.clone(),
+                        source,
+                    };
+                    Box::new(
+                        ParquetRecordBatchReaderBuilder::try_new(file)
+                            .map_err(pq)?
+                            .build()
+                            .map_err(pq)?,
+                    )
+                }
+                // pyarrow's `write_dataset(format="arrow")`: the Arrow IPC file format.
+                StorageFormat::Arrow => Box::new(
+                    arrow_ipc::reader::FileReader::try_new(std::io::BufReader::new(file), None)
+                        .map_err(arrow)?,
+                ),
+            };
+        for batch in batches {
+            append_batch(&batch.map_err(arrow)?, obs_dim, &mut cols, &part)?;
         }
     }
     let rows = cols.actions.len();
@@ -760,7 +791,7 @@ pub fn totals(dir: &Path) -> Result<(u64, u64), MinariError> {
 }
 
 /// Reads the dataset in `dir` (`root/<id>`, holding `data/`), written by fedrl or by Python
-/// Minari with the parquet backend (Minari's HDF5 and arrow-IPC backends get a clear error). Checks the
+/// Minari with the parquet or the arrow backend (HDF5 gets a clear error). Checks the
 /// spaces (1-D float32 Box, Discrete from 0), the episode count and every episode's lengths
 /// against the metadata, actions in range, finite values.
 pub fn read(dir: &Path) -> Result<ReadDataset, MinariError> {
@@ -781,19 +812,29 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
     }
     let meta_path = data.join("metadata.json");
     let meta = read_json(&meta_path)?;
-    match meta.get("data_format").and_then(Value::as_str) {
-        Some("parquet") => {}
+    let format = match meta.get("data_format").and_then(Value::as_str) {
+        Some("parquet") => StorageFormat::Parquet,
+        Some("arrow") => StorageFormat::Arrow,
+        Some("hdf5") => {
+            return Err(layout(
+                &meta_path,
+                "data_format is \"hdf5\": this fedrl reads Minari's \"parquet\" and \"arrow\" \
+                 backends (HDF5 needs a system library fedrl does not build with). Re-record the \
+                 dataset with minari.DataCollector(env, data_format=\"parquet\"), or copy its \
+                 episodes into one with minari.create_dataset_from_buffers(..., \
+                 data_format=\"parquet\")",
+            ));
+        }
         other => {
             return Err(layout(
                 &meta_path,
                 format!(
-                    "data_format is {other:?}; fedrl reads Minari's \"parquet\" backend only \
-                     (convert with minari: `minari.combine_datasets`/re-create with \
-                     data_format=\"parquet\")"
+                    "data_format is {}; fedrl reads Minari's \"parquet\" and \"arrow\" backends",
+                    other.map_or_else(|| "missing".to_string(), |f| format!("{f:?}"))
                 ),
             ));
         }
-    }
+    };
     let (obs_dim, n_actions) = read_spaces(&meta, &meta_path)?;
     let id = meta
         .get("dataset_id")
@@ -841,7 +882,7 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
             // Saturating: a corrupt count then fails the total check instead of wrapping.
             (false, Some(t)) => steps = steps.saturating_add(t),
             (kept, _) => {
-                let mut e = read_episode(&data, i, obs_dim, n_actions, total)?;
+                let mut e = read_episode(&data, format, i, obs_dim, n_actions, total)?;
                 steps = steps.saturating_add(e.len() as u64);
                 if kept {
                     e.unit = unit;

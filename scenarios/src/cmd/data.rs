@@ -8,7 +8,8 @@
 //! - `import PATH [--id NEW_ID]`: copies a Minari dataset folder (e.g. written by Python
 //!   minari) into the root, validated; episodes without a unit id become one unit each.
 //!
-//! The root is `--data-dir`, else `$FEDRL_DATA_DIR`, else `~/.fedrl/datasets`; it is a Minari
+//! The root is `--data-dir`, else `$FEDRL_DATA_DIR`, else `$MINARI_DATASETS_PATH`, else
+//! `~/.fedrl/datasets`; it is a Minari
 //! root (`MINARI_DATASETS_PATH=ROOT python -c 'import minari; minari.load_dataset(ID)'`).
 
 use std::path::{Path, PathBuf};
@@ -46,7 +47,8 @@ enum DataCommand {
 
 #[derive(clap::Args)]
 pub(crate) struct RootArg {
-    /// Dataset root (a Minari root). Default: $FEDRL_DATA_DIR, else ~/.fedrl/datasets.
+    /// Dataset root (a Minari root). Default: $FEDRL_DATA_DIR, else $MINARI_DATASETS_PATH, else
+    /// ~/.fedrl/datasets.
     #[arg(long)]
     data_dir: Option<PathBuf>,
 }
@@ -143,7 +145,9 @@ struct SummaryArgs {
 struct ImportArgs {
     #[command(flatten)]
     root: RootArg,
-    /// The Minari dataset folder (the one holding `data/`).
+    /// The Minari dataset folder (the one holding `data/`), or a Minari dataset id
+    /// (`namespace/name-vN`) found where Minari looks: `$MINARI_DATASETS_PATH`, else
+    /// `~/.minari/datasets`.
     path: PathBuf,
     /// Store it under this id (`namespace/name-vN`) instead of the id in its metadata.
     #[arg(long)]
@@ -616,7 +620,8 @@ fn summary(a: SummaryArgs) -> anyhow::Result<ExitCode> {
 
 fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
     let root = root(&a.root)?;
-    let read = minari::read(&a.path).with_context(|| format!("importing {}", a.path.display()))?;
+    let path = import_source(&a.path)?;
+    let read = minari::read(&path).with_context(|| format!("importing {}", path.display()))?;
     let mut dataset = read.dataset;
     if let Some(id) = a.id {
         minari::check_id(&id).map_err(|e| UsageError(e.to_string()))?;
@@ -646,6 +651,31 @@ fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
         print_summary(&s);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `fedrl data import` reads: the folder given, or, when no such folder exists and the
+/// argument is a dataset id, that id under Minari's root.
+fn import_source(arg: &Path) -> anyhow::Result<PathBuf> {
+    if arg.is_dir() {
+        return Ok(arg.to_path_buf());
+    }
+    let as_id = arg.to_string_lossy();
+    if minari::check_id(&as_id).is_ok()
+        && let Some(root) = cache::minari_root()
+    {
+        let dir = root.join(arg);
+        if dir.is_dir() {
+            return Ok(dir);
+        }
+        return Err(UsageError(format!(
+            "{}: no such folder, and no dataset {as_id} under Minari's root {} \
+             ($MINARI_DATASETS_PATH, else ~/.minari/datasets)",
+            arg.display(),
+            root.display()
+        ))
+        .into());
+    }
+    Err(UsageError(format!("{}: no such dataset folder", arg.display())).into())
 }
 
 #[cfg(test)]
