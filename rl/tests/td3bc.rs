@@ -3,7 +3,7 @@
 //! recorded with the project's simulator and dataset recorder.
 //!
 //! `cargo test -p fedrl-rl --test td3bc` (about a second); the learning test is ignored:
-//! `cargo test -p fedrl-rl --test td3bc -- --ignored --nocapture` (a few minutes on 2 shared
+//! `cargo test -p fedrl-rl --test td3bc -- --ignored --nocapture` (about 30 s on 2 shared
 //! cores in the dev profile, whose dependencies are optimised).
 
 use fedrl_rl::candle_core::{Device, Tensor, Var};
@@ -30,8 +30,17 @@ fn actor_loss_matches_a_hand_computation() {
     let gq: Vec<f32> = g.get(&q).unwrap().flatten_all().unwrap().to_vec1().unwrap();
     assert!(gq.iter().all(|v| (v + 0.625).abs() < 1e-6), "{gq:?}");
     // d/dpi_i = 2 (pi_i - a_i) / B.
-    let gp: Vec<f32> = g.get(&pi).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    assert!((gp[0] - 0.5).abs() < 1e-6 && (gp[1] + 1.0).abs() < 1e-6, "{gp:?}");
+    let gp: Vec<f32> = g
+        .get(&pi)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert!(
+        (gp[0] - 0.5).abs() < 1e-6 && (gp[1] + 1.0).abs() < 1e-6,
+        "{gp:?}"
+    );
 }
 
 fn toy_data(n: usize) -> Transitions {
@@ -42,7 +51,9 @@ fn toy_data(n: usize) -> Transitions {
         obs_dim: 2,
         next_obs: obs.iter().map(|v| v * 0.9).collect(),
         rewards: acts.iter().map(|a| -a * a).collect(),
-        terminals: (0..n).map(|i| if i % 10 == 9 { 1.0 } else { 0.0 }).collect(),
+        terminals: (0..n)
+            .map(|i| if i % 10 == 9 { 1.0 } else { 0.0 })
+            .collect(),
         actions: Actions::Continuous {
             dim: 1,
             values: acts,
@@ -72,7 +83,17 @@ fn the_actor_moves_every_second_update_and_actions_stay_in_the_box() {
     assert!(acts.iter().all(|a| (-1.0..=3.0).contains(a)));
     let mut bad = toy_data(10);
     bad.terminals.pop();
-    assert!(Td3Bc::new(bad, &[-1.0], &[1.0], Td3BcConfig::default(), 0, &Device::Cpu).is_err());
+    assert!(
+        Td3Bc::new(
+            bad,
+            &[-1.0],
+            &[1.0],
+            Td3BcConfig::default(),
+            0,
+            &Device::Cpu
+        )
+        .is_err()
+    );
 }
 
 /// A decent Pendulum controller with noise: energy shaping (`E = w^2 / 2 + 15 (cos theta - 1)`,
@@ -113,8 +134,15 @@ impl BehaviourPolicy for SwingUp {
 #[test]
 #[ignore = "long: cargo test -p fedrl-rl --test td3bc -- --ignored --nocapture"]
 fn td3bc_learns_pendulum_from_a_recorded_dataset() {
-    let ds = record("Pendulum-v1", 50, 7, &mut SwingUp, serde_json::json!("test"), &mut |_| {})
-        .unwrap();
+    let ds = record(
+        "Pendulum-v1",
+        50,
+        7,
+        &mut SwingUp,
+        serde_json::json!("test"),
+        &mut |_| {},
+    )
+    .unwrap();
     let eps: Vec<_> = ds.episodes.iter().collect();
     let behaviour = eps.iter().map(|e| e.total_return()).sum::<f64>() / eps.len() as f64;
     let data = transitions_from_episodes(&eps, 3, 1);
@@ -148,5 +176,8 @@ fn td3bc_learns_pendulum_from_a_recorded_dataset() {
          {learned:.0} ({:.0} updates/s)",
         steps as f64 / secs
     );
-    assert!(learned > random_return + 400.0, "{learned} vs random {random_return}");
+    assert!(
+        learned > random_return + 400.0,
+        "{learned} vs random {random_return}"
+    );
 }

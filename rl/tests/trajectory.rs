@@ -7,6 +7,7 @@
 //! test of the generation is `#[ignore]`d:
 //! `cargo test -p fedrl-rl --release --test trajectory -- --ignored`.
 
+use fedrl_rl::NnError;
 use fedrl_rl::candle_core::{Device, Tensor, Var};
 use fedrl_rl::diffusion::edm::{self, EdmConfig};
 use fedrl_rl::diffusion::trajectory::dp::norm_f64;
@@ -18,7 +19,6 @@ use fedrl_rl::diffusion::trajectory::{
 use fedrl_rl::diffusion::{
     ActionCoding, Actions, DenoiserConfig, PublicRows, TrainConfig, TransitionLayout, Transitions,
 };
-use fedrl_rl::NnError;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -70,13 +70,22 @@ fn each_trajectory_makes_one_contribution_of_norm_at_most_c() {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(9);
         // Lengths from shorter than one fragment to 100 fragments (more than the 32 drawn),
         // contents from tame to huge.
-        let trajs: Vec<Fragments> = [(2usize, 1.0f32), (4, 1.0), (9, 30.0), (400, 1.0), (130, 1e4)]
-            .iter()
-            .map(|&(n, s)| split_fragments(&random_rows(n, d, s, &mut rng), d, H).unwrap())
-            .collect();
+        let trajs: Vec<Fragments> = [
+            (2usize, 1.0f32),
+            (4, 1.0),
+            (9, 30.0),
+            (400, 1.0),
+            (130, 1e4),
+        ]
+        .iter()
+        .map(|&(n, s)| split_fragments(&random_rows(n, d, s, &mut rng), d, H).unwrap())
+        .collect();
         assert_eq!(trajs[3].len(), 100);
-        let units: Vec<(u64, &Fragments)> =
-            trajs.iter().enumerate().map(|(i, f)| (10 + i as u64, f)).collect();
+        let units: Vec<(u64, &Fragments)> = trajs
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (10 + i as u64, f))
+            .collect();
         for c in [1e-3, 0.1, 1.0] {
             let out =
                 trajectory_contributions(&edm_cfg, &net, &params, &units, 5, 77, 32, c).unwrap();
@@ -85,7 +94,11 @@ fn each_trajectory_makes_one_contribution_of_norm_at_most_c() {
             for ((id, v), (uid, _)) in out.contributions.iter().zip(&units) {
                 assert_eq!(id, uid);
                 assert_eq!(v.len(), params.len());
-                assert!(norm_f64(v) <= c, "contribution norm {} > C = {c}", norm_f64(v));
+                assert!(
+                    norm_f64(v) <= c,
+                    "contribution norm {} > C = {c}",
+                    norm_f64(v)
+                );
             }
             // With C = 1e-3 every one is clipped to (just below) C.
             if c == 1e-3 {
@@ -108,10 +121,9 @@ fn each_trajectory_makes_one_contribution_of_norm_at_most_c() {
                     .filter(|(i, _)| *i != drop)
                     .map(|(_, u)| *u)
                     .collect();
-                let s2 = summed_trajectory_contributions(
-                    &edm_cfg, &net, &params, &rest, 5, 77, 32, c,
-                )
-                .unwrap();
+                let s2 =
+                    summed_trajectory_contributions(&edm_cfg, &net, &params, &rest, 5, 77, 32, c)
+                        .unwrap();
                 let diff: f64 = s
                     .sum
                     .iter()
@@ -127,8 +139,8 @@ fn each_trajectory_makes_one_contribution_of_norm_at_most_c() {
         for v in &mut other.x {
             *v = -*v * 3.0;
         }
-        let alone = trajectory_contributions(&edm_cfg, &net, &params, &units[..1], 5, 77, 32, 1.0)
-            .unwrap();
+        let alone =
+            trajectory_contributions(&edm_cfg, &net, &params, &units[..1], 5, 77, 32, 1.0).unwrap();
         let with = trajectory_contributions(
             &edm_cfg,
             &net,
@@ -181,7 +193,10 @@ fn a_contribution_is_the_mean_of_its_drawn_fragments_gradients() {
         let x0 = Tensor::from_slice(frags.row(i), (1, net.data_dim()), &CPU).unwrap();
         let c = Tensor::from_slice(frags.cond_row(i), (1, net.cond_dim()), &CPU).unwrap();
         let n = noise.narrow(0, j, 1).unwrap();
-        let cn = Conditioned { net: &net, cond: &c };
+        let cn = Conditioned {
+            net: &net,
+            cond: &c,
+        };
         let loss = edm::per_example_loss(&edm_cfg, &cn, &tensors, &x0, &sigmas[j..j + 1], &n)
             .unwrap()
             .sum_all()
@@ -204,7 +219,10 @@ fn a_contribution_is_the_mean_of_its_drawn_fragments_gradients() {
         .map(|(a, b)| (f64::from(*a) - b).powi(2))
         .sum::<f64>()
         .sqrt();
-    assert!(scale > 0.0 && err <= 1e-4 * scale, "error {err} vs norm {scale}");
+    assert!(
+        scale > 0.0 && err <= 1e-4 * scale,
+        "error {err} vs norm {scale}"
+    );
     // A contribution clipped to C is that mean scaled down.
     let c = 0.5 * scale;
     let clipped =

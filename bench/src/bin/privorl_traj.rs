@@ -160,7 +160,11 @@ fn main() -> anyhow::Result<()> {
     let out = synth.model_mut().sample_normalized(&cond, Weights::Ema)?;
     let sample_wall = t1.elapsed().as_secs_f64();
     let sample_cpu = cpu_seconds().zip(c1).map(|(a, b)| a - b);
-    anyhow::ensure!(out.len() == args.fragments * args.horizon * d, "sampled {} values", out.len());
+    anyhow::ensure!(
+        out.len() == args.fragments * args.horizon * d,
+        "sampled {} values",
+        out.len()
+    );
     let transitions = (args.fragments * args.horizon) as f64;
     let line = serde_json::json!({
         "bench": "privorl_traj",

@@ -98,8 +98,7 @@ pub fn denoising_loss_scores<N: EdmNet + ?Sized>(
             let noise = edm::normal_tensor(1, d, &mut rng, &dev)?.broadcast_as((n, d))?;
             let noise = noise.contiguous()?;
             let l: Vec<f32> =
-                edm::per_example_loss(edm_cfg, net, params, &x0, &vec![s; n], &noise)?
-                    .to_vec1()?;
+                edm::per_example_loss(edm_cfg, net, params, &x0, &vec![s; n], &noise)?.to_vec1()?;
             for (t, v) in total.iter_mut().zip(l) {
                 *t += f64::from(v);
             }

@@ -97,7 +97,9 @@ impl Td3BcConfig {
         if ok {
             Ok(())
         } else {
-            Err(NnError::Invalid(format!("TD3+BC settings out of range: {self:?}")))
+            Err(NnError::Invalid(format!(
+                "TD3+BC settings out of range: {self:?}"
+            )))
         }
     }
 }
@@ -238,7 +240,10 @@ impl Td3Bc {
             || data.terminals.len() != n
             || low.len() != act_dim
             || high.len() != act_dim
-            || low.iter().zip(high).any(|(l, h)| !(l.is_finite() && h.is_finite() && l < h))
+            || low
+                .iter()
+                .zip(high)
+                .any(|(l, h)| !(l.is_finite() && h.is_finite() && l < h))
         {
             return Err(NnError::Invalid(format!(
                 "TD3+BC: inconsistent dataset ({n} transitions, obs {obs_dim}, act {act_dim}) \
@@ -249,7 +254,12 @@ impl Td3Bc {
         let (mut mean, mut std) = (vec![0f32; obs_dim], vec![1f32; obs_dim]);
         if cfg.normalize_states {
             for j in 0..obs_dim {
-                let col = data.obs.iter().skip(j).step_by(obs_dim).map(|&v| f64::from(v));
+                let col = data
+                    .obs
+                    .iter()
+                    .skip(j)
+                    .step_by(obs_dim)
+                    .map(|&v| f64::from(v));
                 let m = col.clone().sum::<f64>() / n as f64;
                 let var = col.map(|v| (v - m) * (v - m)).sum::<f64>() / n as f64;
                 mean[j] = m as f32;
@@ -352,7 +362,12 @@ impl Td3Bc {
 
     /// One TD3+BC update on a uniformly drawn batch.
     pub fn update(&mut self) -> Result<Td3BcStats> {
-        let (d, k, n, b) = (self.obs_dim, self.act_dim, self.data.len(), self.cfg.batch_size);
+        let (d, k, n, b) = (
+            self.obs_dim,
+            self.act_dim,
+            self.data.len(),
+            self.cfg.batch_size,
+        );
         let idx: Vec<usize> = (0..b).map(|_| self.rng.random_range(0..n)).collect();
         let (mut s, mut a, mut r, mut s2, mut nd) = (
             Vec::with_capacity(b * d),
@@ -384,8 +399,18 @@ impl Td3Bc {
             })
             .collect();
         let noise = Tensor::from_vec(noise, (b, k), &dev)?;
-        let lo: Vec<f32> = self.center_v.iter().zip(&self.half_v).map(|(c, h)| c - h).collect();
-        let hi: Vec<f32> = self.center_v.iter().zip(&self.half_v).map(|(c, h)| c + h).collect();
+        let lo: Vec<f32> = self
+            .center_v
+            .iter()
+            .zip(&self.half_v)
+            .map(|(c, h)| c - h)
+            .collect();
+        let hi: Vec<f32> = self
+            .center_v
+            .iter()
+            .zip(&self.half_v)
+            .map(|(c, h)| c + h)
+            .collect();
         let lo = Tensor::from_vec(lo, (1, k), &dev)?;
         let hi = Tensor::from_vec(hi, (1, k), &dev)?;
         let a2 = (self.policy(&self.actor_t, &s2)? + noise)?
@@ -420,7 +445,9 @@ impl Td3Bc {
     /// Mean undiscounted return of the deterministic policy over `episodes` episodes of
     /// `env_id` (episode `i` reset with seed `seed + i`), all played in lockstep.
     pub fn evaluate(&self, env_id: &str, episodes: usize, seed: u64) -> Result<f64> {
-        evaluate_policy(env_id, episodes, seed, self.obs_dim, &mut |obs| self.act(obs))
+        evaluate_policy(env_id, episodes, seed, self.obs_dim, &mut |obs| {
+            self.act(obs)
+        })
     }
 }
 
@@ -434,7 +461,9 @@ pub fn evaluate_policy(
     policy: &mut dyn FnMut(&[f32]) -> Result<Vec<f32>>,
 ) -> Result<f64> {
     if episodes == 0 {
-        return Err(NnError::Invalid("evaluation needs at least one episode".into()));
+        return Err(NnError::Invalid(
+            "evaluation needs at least one episode".into(),
+        ));
     }
     let mut envs = Vec::with_capacity(episodes);
     let mut obs = vec![0f32; episodes * obs_dim];
@@ -455,7 +484,10 @@ pub fn evaluate_policy(
         let k = acts.len() / live.len();
         let mut still = Vec::with_capacity(live.len());
         for (j, &i) in live.iter().enumerate() {
-            let step = envs[i].step(fedrl_sim::Action::Continuous(&acts[j * k..(j + 1) * k]), &mut o)?;
+            let step = envs[i].step(
+                fedrl_sim::Action::Continuous(&acts[j * k..(j + 1) * k]),
+                &mut o,
+            )?;
             total[i] += step.reward;
             obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&o);
             if !(step.terminated || step.truncated) {
@@ -488,14 +520,14 @@ pub fn transitions_from_episodes(
     for e in episodes {
         let n = e.len();
         t.obs.extend_from_slice(&e.observations[..n * obs_dim]);
-        t.next_obs.extend_from_slice(&e.observations[obs_dim..(n + 1) * obs_dim]);
+        t.next_obs
+            .extend_from_slice(&e.observations[obs_dim..(n + 1) * obs_dim]);
         if let Actions::Continuous { values, .. } = &mut t.actions {
             values.extend_from_slice(&e.actions);
         }
         t.rewards.extend_from_slice(&e.rewards);
-        t.terminals.extend((0..n).map(|i| {
-            if e.terminated && i + 1 == n { 1.0 } else { 0.0 }
-        }));
+        t.terminals
+            .extend((0..n).map(|i| if e.terminated && i + 1 == n { 1.0 } else { 0.0 }));
     }
     t
 }

@@ -148,8 +148,8 @@ pub fn trajectory_contributions<N: CondNet + ?Sized>(
         let sigmas: Vec<f64> = (0..k).map(|_| edm_cfg.draw_sigma(&mut rng)).collect();
         let noise = edm::normal_tensor(k, d, &mut rng, &dev)?;
         let cnet = Conditioned { net, cond: &ct };
-        let loss = edm::per_example_loss(edm_cfg, &cnet, &tensors, &x0, &sigmas, &noise)?
-            .mean_all()?;
+        let loss =
+            edm::per_example_loss(edm_cfg, &cnet, &tensors, &x0, &sigmas, &noise)?.mean_all()?;
         let grads = loss.backward()?;
         let mut g = Vec::with_capacity(params.len());
         for v in &vars {
@@ -263,7 +263,9 @@ mod tests {
     #[test]
     fn clipping_never_exceeds_the_bound() {
         for (scale, c) in [(1e-3f32, 1.0), (3.0, 1.0), (1e6, 0.1), (7.0, 7.0)] {
-            let g: Vec<f32> = (0..1000).map(|i| scale * ((i as f32 * 0.37).sin())).collect();
+            let g: Vec<f32> = (0..1000)
+                .map(|i| scale * ((i as f32 * 0.37).sin()))
+                .collect();
             let n = norm_f64(&g);
             let (out, f) = clip(g.clone(), n, c);
             assert!(norm_f64(&out) <= c, "{scale} {c}");

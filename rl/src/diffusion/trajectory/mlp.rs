@@ -61,7 +61,11 @@ impl CondMlp {
         init.linear("time_mlp.3", c.dim_t, c.dim_t);
         init.linear("residual_mlp.network.0", c.dim_t, c.width);
         for b in 0..c.blocks {
-            init.linear(&format!("residual_mlp.network.{}.linear", b + 1), c.width, c.width);
+            init.linear(
+                &format!("residual_mlp.network.{}.linear", b + 1),
+                c.width,
+                c.width,
+            );
         }
         init.linear("residual_mlp.final_linear", c.width, data_dim);
         let freqs = init.normals(c.fourier_dim / 2);

@@ -51,8 +51,10 @@ use super::normalize::{Normalizer, PublicRows};
 use super::synth::{TrainConfig, Weights};
 use crate::{NnError, Result};
 
-pub use dp::{TrajectoryContributions, draw_fragments, summed_trajectory_contributions,
-    trajectory_contributions};
+pub use dp::{
+    TrajectoryContributions, draw_fragments, summed_trajectory_contributions,
+    trajectory_contributions,
+};
 pub use mlp::CondMlp;
 pub use transformer::{CondTransformer, TransformerConfig};
 
@@ -232,7 +234,11 @@ impl<N: CondNet + ?Sized> EdmNet for Conditioned<'_, N> {
 }
 
 /// Device tensors from flat values in `shapes`' layout.
-pub fn tensors_from_flat(shapes: &[ParamShape], flat: &[f32], device: &Device) -> Result<Vec<Tensor>> {
+pub fn tensors_from_flat(
+    shapes: &[ParamShape],
+    flat: &[f32],
+    device: &Device,
+) -> Result<Vec<Tensor>> {
     let expected: usize = shapes.iter().map(ParamShape::numel).sum();
     if flat.len() != expected {
         return Err(NnError::ParamLength {
@@ -244,7 +250,11 @@ pub fn tensors_from_flat(shapes: &[ParamShape], flat: &[f32], device: &Device) -
     let mut out = Vec::with_capacity(shapes.len());
     for s in shapes {
         let n = s.numel();
-        out.push(Tensor::from_slice(&flat[at..at + n], s.shape.as_slice(), device)?);
+        out.push(Tensor::from_slice(
+            &flat[at..at + n],
+            s.shape.as_slice(),
+            device,
+        )?);
         at += n;
     }
     Ok(out)
@@ -301,7 +311,9 @@ impl Init {
     /// `n` standard normal values (fixed buffers such as Fourier frequencies).
     pub fn normals(&mut self, n: usize) -> Vec<f32> {
         use rand_distr::{Distribution, StandardNormal};
-        (0..n).map(|_| StandardNormal.sample(&mut self.rng)).collect()
+        (0..n)
+            .map(|_| StandardNormal.sample(&mut self.rng))
+            .collect()
     }
 }
 
@@ -458,7 +470,9 @@ impl FragmentModel {
         }
         .check()?;
         if cfg.horizon == 0 {
-            return Err(NnError::Invalid("trajectory horizon must be positive".into()));
+            return Err(NnError::Invalid(
+                "trajectory horizon must be positive".into(),
+            ));
         }
         let (net, flat) = FragmentNet::new(layout, cfg.horizon, &cfg.net, seed, device)?;
         let vars: Vec<Var> = tensors_from_flat(net.param_shapes(), &flat, device)?
@@ -710,7 +724,9 @@ impl TrajectorySynthesizer {
     pub fn generate(&mut self, n: usize, max_len: usize) -> Result<Vec<Transitions>> {
         let d = self.layout.dim();
         if max_len == 0 {
-            return Err(NnError::Invalid("maximum trajectory length must be positive".into()));
+            return Err(NnError::Invalid(
+                "maximum trajectory length must be positive".into(),
+            ));
         }
         let done_at = self.layout.model_terminal.then(|| d - 1);
         let mut rows: Vec<Vec<f32>> = vec![Vec::new(); n];

@@ -137,13 +137,33 @@ impl CondTransformer {
         let obs = layout.obs_dim;
         let act = layout.action_width();
         let mut comps = vec![
-            Component { start: 0, len: obs, kind: STATE },
-            Component { start: obs, len: act, kind: ACTION },
-            Component { start: obs + act, len: 1, kind: REWARD },
-            Component { start: obs + act + 1, len: obs, kind: STATE },
+            Component {
+                start: 0,
+                len: obs,
+                kind: STATE,
+            },
+            Component {
+                start: obs,
+                len: act,
+                kind: ACTION,
+            },
+            Component {
+                start: obs + act,
+                len: 1,
+                kind: REWARD,
+            },
+            Component {
+                start: obs + act + 1,
+                len: obs,
+                kind: STATE,
+            },
         ];
         if layout.model_terminal {
-            comps.push(Component { start: 2 * obs + act + 1, len: 1, kind: TERMINAL });
+            comps.push(Component {
+                start: 2 * obs + act + 1,
+                len: 1,
+                kind: TERMINAL,
+            });
         }
         let kind_dim = [obs, act, 1, 1];
         let has_kind = [true, true, true, layout.model_terminal];
@@ -202,7 +222,12 @@ impl CondTransformer {
             heads.push(has_kind[k].then(|| {
                 (
                     lin(&mut init, &format!("predict_{}.0", names[k]), w, w),
-                    lin(&mut init, &format!("predict_{}.2", names[k]), w, kind_dim[k]),
+                    lin(
+                        &mut init,
+                        &format!("predict_{}.2", names[k]),
+                        w,
+                        kind_dim[k],
+                    ),
                 )
             }));
         }
@@ -326,10 +351,7 @@ impl CondNet for CondTransformer {
             let (q, kk, v) = (split(0)?, split(1)?, split(2)?);
             let att = (q.matmul(&kk.t()?.contiguous()?)? * scale)?;
             let att = candle_nn::ops::softmax(&att, D::Minus1)?;
-            let o = att
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .reshape((b, tokens, w))?;
+            let o = att.matmul(&v)?.transpose(1, 2)?.reshape((b, tokens, w))?;
             z = layer_norm(&(&z + lin(&o, l.out_proj)?)?, p(l.norm1), p(l.norm1 + 1))?;
             let ff = lin(&lin(&z, l.ff1)?.gelu_erf()?, l.ff2)?;
             z = layer_norm(&(&z + ff)?, p(l.norm2), p(l.norm2 + 1))?;
