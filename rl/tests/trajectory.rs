@@ -354,7 +354,7 @@ fn generation_stitches_fragments_until_a_terminal_or_the_maximum_length() {
         assert_eq!(trajs.len(), 6);
         for t in &trajs {
             let n = t.len();
-            assert!(n >= 1 && n <= 9);
+            assert!((1..=9).contains(&n));
             // Terminal only at the end; not terminal means the length cap stopped it.
             assert!(t.terminals[..n - 1].iter().all(|&x| x == 0.0));
             assert!(t.terminals[n - 1] == 1.0 || n == 9);

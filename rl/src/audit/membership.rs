@@ -54,7 +54,7 @@ impl Default for AttackConfig {
                 .map(|i| lo * (hi / lo).powf(i as f64 / (n - 1) as f64))
                 .collect(),
             draws: 4,
-            seed: 0x6d69_61,
+            seed: 0x006d_6961,
         }
     }
 }

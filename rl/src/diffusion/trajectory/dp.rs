@@ -82,7 +82,7 @@ pub fn draw_fragments(
 ) -> (Vec<usize>, Xoshiro256PlusPlus) {
     // A stream apart from CQL's `draw_rows` for the same (seed, round, unit).
     let mut rng =
-        Xoshiro256PlusPlus::seed_from_u64(mix(mix(mix(data_seed, round), unit), 0x7_4a_1ec7));
+        Xoshiro256PlusPlus::seed_from_u64(mix(mix(mix(data_seed, round), unit), 0x074a_1ec7));
     let k = max.min(n_fragments);
     let mut idx: Vec<usize> = (0..n_fragments).collect();
     for i in 0..k {
@@ -110,7 +110,7 @@ pub fn trajectory_contributions<N: CondNet + ?Sized>(
     max_fragments: usize,
     clip_norm: f64,
 ) -> Result<TrajectoryContributions> {
-    if !(clip_norm > 0.0) || max_fragments == 0 {
+    if clip_norm.is_nan() || clip_norm <= 0.0 || max_fragments == 0 {
         return Err(NnError::Invalid(format!(
             "trajectory contributions: clip norm {clip_norm} and max_fragments {max_fragments} \
              must be positive"
