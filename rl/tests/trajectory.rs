@@ -456,7 +456,14 @@ fn both_denoisers_learn_the_toy_fragments() {
         public_rows.extend(l.encode(t).unwrap());
     }
     let public = PublicRows::new(l.dim(), public_rows).unwrap();
-    for net in [tiny_mlp(), tiny_transformer()] {
+    // The MLP's input projection (`dim_t`) must not squeeze a 28-value fragment too hard.
+    let mlp = FragmentNetConfig::Mlp(DenoiserConfig {
+        width: 64,
+        blocks: 2,
+        dim_t: 64,
+        fourier_dim: 8,
+    });
+    for net in [mlp, tiny_transformer()] {
         let cfg = TrajectoryConfig {
             horizon: H,
             net,
@@ -473,17 +480,17 @@ fn both_denoisers_learn_the_toy_fragments() {
         }
         let m = syn.model_mut();
         let mean_loss = |m: &mut FragmentModel| -> f32 {
-            (0..20)
+            (0..8)
                 .map(|_| m.loss(&all.x, &all.cond, Weights::Online).unwrap())
                 .sum::<f32>()
-                / 20.0
+                / 8.0
         };
         let before = mean_loss(m);
-        for _ in 0..150 {
+        for _ in 0..120 {
             m.train_step(&all.x, &all.cond).unwrap();
         }
         let after = mean_loss(m);
         eprintln!("{net:?}: loss {before} -> {after}");
-        assert!(after < 0.75 * before, "{net:?}: loss {before} -> {after}");
+        assert!(after < 0.7 * before, "{net:?}: loss {before} -> {after}");
     }
 }
