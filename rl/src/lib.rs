@@ -24,7 +24,8 @@
 //!   experiments (plain f64, no candle).
 //!
 //! [`diffusion`] holds PrivORL's diffusion synthesizer (seed 003) and [`fidelity`] the marginal
-//! and correlation scores of a synthetic table against real rows.
+//! and correlation scores of a synthetic table against real rows; [`audit`] the empirical
+//! privacy audits (membership inference) any DP-SGD run can report.
 //!
 //! [`sac`] is Soft Actor-Critic (twin critics, learned temperature), its replay buffer and an
 //! online trainer over continuous-action environments: the learning agent behind the offline
@@ -36,6 +37,7 @@
 
 pub mod activation;
 pub mod alloc;
+pub mod audit;
 pub mod device;
 pub mod diffusion;
 pub mod ensemble;

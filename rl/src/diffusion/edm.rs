@@ -167,6 +167,33 @@ impl EdmConfig {
     }
 }
 
+/// A network `F(x, t)` that EDM's preconditioning, loss and sampler drive: rows of
+/// [`EdmNet::data_dim`] normalised values and their `c_noise` levels in, rows of the same width
+/// out. The unconditional [`Denoiser`] is one; a conditional network bound to its condition rows
+/// (`diffusion::trajectory::Conditioned`) is another.
+pub trait EdmNet {
+    /// Values per row.
+    fn data_dim(&self) -> usize;
+    /// Where the network's tensors live.
+    fn device(&self) -> &Device;
+    /// `F(x, t)` for `x` `[B, data_dim]` and `t` `[B]`.
+    fn forward(&self, params: &[Tensor], x: &Tensor, t: &Tensor) -> Result<Tensor>;
+}
+
+impl EdmNet for Denoiser {
+    fn data_dim(&self) -> usize {
+        self.spec().data_dim
+    }
+
+    fn device(&self) -> &Device {
+        Denoiser::device(self)
+    }
+
+    fn forward(&self, params: &[Tensor], x: &Tensor, t: &Tensor) -> Result<Tensor> {
+        Denoiser::forward(self, params, x, t)
+    }
+}
+
 /// `[n, 1]` column of `values` as f32 on `device`.
 fn column(values: impl Iterator<Item = f64>, device: &Device) -> Result<Tensor> {
     let v: Vec<f32> = values.map(|x| x as f32).collect();
@@ -188,9 +215,9 @@ pub fn normal_tensor<R: Rng + ?Sized>(
 }
 
 /// The denoised estimate `D(x, sigma_i)` of every row `i` of `x` (`[B, d]`, normalised).
-pub fn denoise(
+pub fn denoise<N: EdmNet + ?Sized>(
     cfg: &EdmConfig,
-    net: &Denoiser,
+    net: &N,
     params: &[Tensor],
     x: &Tensor,
     sigmas: &[f64],
@@ -209,9 +236,9 @@ pub fn denoise(
 /// levels `sigmas` with standard normal `noise` (`[B, d]`): the terms whose mean is the EDM
 /// training loss. Fixed `sigmas` and `noise` make it deterministic (per-example gradients and
 /// the membership attack reuse it).
-pub fn per_example_loss(
+pub fn per_example_loss<N: EdmNet + ?Sized>(
     cfg: &EdmConfig,
-    net: &Denoiser,
+    net: &N,
     params: &[Tensor],
     x0: &Tensor,
     sigmas: &[f64],
@@ -235,15 +262,15 @@ pub fn per_example_loss(
 }
 
 /// Draws `n` normalised samples (`[n, d]`) with the stochastic Heun sampler.
-pub fn heun_sample<R: Rng + ?Sized>(
+pub fn heun_sample<N: EdmNet + ?Sized, R: Rng + ?Sized>(
     cfg: &EdmConfig,
-    net: &Denoiser,
+    net: &N,
     params: &[Tensor],
     n: usize,
     rng: &mut R,
 ) -> Result<Tensor> {
     cfg.check()?;
-    let d = net.spec().data_dim;
+    let d = net.data_dim();
     let dev = net.device();
     let sigmas = cfg.schedule();
     let clamp = |x: Tensor| -> Result<Tensor> {

@@ -11,7 +11,9 @@
 //! - [`ema`]: the exponential moving average of the weights samples are drawn from;
 //! - [`synth`]: the diffusion model (optimiser, EMA, sampling) and PrivORL-n's transition
 //!   synthesizer (the model with the encoding and the public normaliser);
-//! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data.
+//! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data;
+//! - [`trajectory`]: PrivORL-j, fragments with link conditions, the conditional MLP and
+//!   transformer denoisers, stitched generation and the per-trajectory DP contribution.
 //!
 //! Sources. Constants cite the authors' code by file and line: SynthER (`conglu1997/SynthER`)
 //! and PrivORL (`2019ChenGong/PrivORL`, which copies SynthER's `synther/` tree and edits it).
@@ -28,6 +30,7 @@ pub mod ema;
 pub mod encode;
 pub mod normalize;
 pub mod synth;
+pub mod trajectory;
 
 pub use curiosity::{CuriosityConfig, PretrainConfig, Rnd, pretrain, replace_with_most_novel};
 pub use denoiser::{Denoiser, DenoiserConfig, DenoiserSpec};

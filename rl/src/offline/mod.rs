@@ -9,7 +9,8 @@
 //! - [`qnet`], [`cql`]: the Q-network and the discrete CQL loss; [`per_example`]: per-example
 //!   gradients and per-unit clipping; [`adam`]: the flat-vector Adam both trainers use;
 //!   [`train`]: the non-private CQL trainer and the greedy evaluation; [`dpsgd`]: one DP-SGD
-//!   step's per-unit work, shared by the federated agent and the central aggregator.
+//!   step's per-unit work, shared by the federated agent and the central aggregator;
+//!   [`td3bc`]: TD3+BC for continuous-action datasets (PrivORL's downstream learner).
 
 pub mod adam;
 pub mod batch;
@@ -23,6 +24,7 @@ pub mod generate;
 pub mod minari;
 pub mod per_example;
 pub mod qnet;
+pub mod td3bc;
 pub mod train;
 
 pub use adam::Adam;
