@@ -237,6 +237,9 @@ def serve(inp, out) -> int:
 
 def main() -> int:
     _die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group: the agent decides when its workers
+    # end (closing their stdin, or by its death), not the keyboard.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Protocol frames get a private copy of stdout; fd 1 (and sys.stdout) become stderr so
     # that nothing a user's environment prints can land inside a frame.
     proto_fd = os.dup(1)
