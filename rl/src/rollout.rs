@@ -405,6 +405,10 @@ fn run_with(
     let mut act = vec![0.0f32; a_dim];
     let mut clipped = Vec::with_capacity(a_dim);
     let mut next_obs = vec![0.0f32; obs_dim];
+    let mut next_rows = vec![0.0f32; users * obs_dim];
+    let mut acts: Vec<f32> = Vec::with_capacity(users * a_dim);
+    let mut logps: Vec<f32> = Vec::with_capacity(users);
+    let mut queued: Vec<Option<fedrl_sim::Step>> = Vec::with_capacity(users);
     while !active.is_empty() {
         batch_obs.clear();
         for &u in &active {
@@ -412,6 +416,13 @@ fn run_with(
         }
         let (head, vals) = actor.heads(&active, &batch_obs, record)?;
         let mut still = Vec::with_capacity(active.len());
+        // Two passes so that batching environments (the Gymnasium bridge) step every active
+        // user of a worker in one message: first each user's action is sampled and handed to
+        // its environment (a Rust simulator steps right there), then the queued steps are
+        // collected. Each user's randomness is its own generator, so the order changes nothing.
+        acts.clear();
+        logps.clear();
+        queued.clear();
         for (row, &u) in active.iter().enumerate() {
             let logp = policy::sample(
                 &spec.action,
@@ -421,8 +432,21 @@ fn run_with(
                 &mut rngs[u],
                 &mut act,
             );
+            logps.push(logp);
+            acts.extend_from_slice(&act);
             let action = env_action(spec, &spaces[u], &act, &mut clipped);
-            let mut step = envs[u].step(action, &mut next_obs)?;
+            let o = &mut next_rows[row * obs_dim..(row + 1) * obs_dim];
+            queued.push(envs[u].step_queue(action, o)?);
+        }
+        for (row, &u) in active.iter().enumerate() {
+            let logp = logps[row];
+            act.copy_from_slice(&acts[row * a_dim..(row + 1) * a_dim]);
+            let action = env_action(spec, &spaces[u], &act, &mut clipped);
+            next_obs.copy_from_slice(&next_rows[row * obs_dim..(row + 1) * obs_dim]);
+            let mut step = match queued[row] {
+                Some(s) => s,
+                None => envs[u].step_collect(&mut next_obs)?,
+            };
             for _ in 1..spec.action_repeat.max(1) {
                 if step.terminated || step.truncated {
                     break;

@@ -84,7 +84,8 @@ pub struct GymConfig {
     pub env_id: String,
     /// A Python module imported before `make` (it may register the user's own environment).
     pub module: Option<String>,
-    /// The interpreter; `None`: `FEDRL_PYTHON`, else the install script's `.venv-bridge`.
+    /// The interpreter; `FEDRL_PYTHON` overrides it; `None`: the install script's
+    /// `.venv-bridge`.
     pub python: Option<PathBuf>,
     /// Keyword arguments every user gets.
     pub kwargs: Map<String, Value>,
@@ -116,14 +117,15 @@ impl GymConfig {
         }
     }
 
-    /// The interpreter the workers run: the config's, else `FEDRL_PYTHON`, else
+    /// The interpreter the workers run: `FEDRL_PYTHON` on this machine (agents on other
+    /// machines may keep their Python elsewhere), else the config's, else
     /// `.venv-bridge/bin/python` in this source tree.
     pub fn python_path(&self) -> PathBuf {
+        if let Some(p) = std::env::var_os("FEDRL_PYTHON").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
         if let Some(p) = &self.python {
             return p.clone();
-        }
-        if let Some(p) = std::env::var_os("FEDRL_PYTHON") {
-            return PathBuf::from(p);
         }
         default_python()
     }
@@ -905,6 +907,9 @@ mod tests {
 
     #[test]
     fn a_missing_interpreter_is_a_clear_start_error() {
+        if std::env::var_os("FEDRL_PYTHON").is_some() {
+            return; // it would override the config's interpreter
+        }
         let mut cfg = GymConfig::new("CartPole-v1");
         cfg.python = Some(PathBuf::from("/nonexistent/python"));
         let e = GymPool::start(cfg, None).err().unwrap().to_string();
