@@ -84,23 +84,49 @@ impl DppgTrainer {
         for (unit, reason) in dropped {
             tracing::warn!(round = round.round, unit, %reason, "user dropped from the round: its gymnasium worker is down");
         }
-        let mut out = Vec::with_capacity(units.len());
-        for mut g in groups {
-            let seeds: Vec<u64> = g
-                .users
-                .iter()
-                .map(|&u| episode_seed(self.episode_seed, round.round, u))
+        // One job per worker, all at once: the workers step in parallel, and a fault in one
+        // costs only its own job.
+        let (spec, device, base) = (&self.spec, &self.device, self.episode_seed);
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .into_iter()
+                .map(|mut g| {
+                    s.spawn(move || {
+                        let seeds: Vec<u64> = g
+                            .users
+                            .iter()
+                            .map(|&u| episode_seed(base, round.round, u))
+                            .collect();
+                        let r = local_updates(spec, global, &mut g.envs, &seeds, cfg, device)
+                            .map_err(|e| e.to_string());
+                        (g.worker, g.users, r)
+                    })
+                })
                 .collect();
-            match local_updates(&self.spec, global, &mut g.envs, &seeds, cfg, &self.device) {
-                Ok(updates) => {
-                    out.extend(g.users.iter().zip(updates).map(|(&u, up)| (u, up.delta)))
-                }
+            handles
+                .into_iter()
+                .filter_map(|h| {
+                    h.join()
+                        .map_err(|_| {
+                            tracing::error!(
+                                round = round.round,
+                                "a gymnasium worker's local-update job panicked; its users are dropped from the round"
+                            )
+                        })
+                        .ok()
+                })
+                .collect()
+        });
+        let mut out = Vec::with_capacity(units.len());
+        for (worker, users, r) in results {
+            match r {
+                Ok(updates) => out.extend(users.iter().zip(updates).map(|(&u, up)| (u, up.delta))),
                 Err(e) => {
-                    let reason = pool.fault(g.worker).unwrap_or_else(|| e.to_string());
+                    let reason = pool.fault(worker).unwrap_or(e);
                     tracing::warn!(
                         round = round.round,
-                        worker = g.worker,
-                        users = ?g.users,
+                        worker,
+                        users = ?users,
                         %reason,
                         "users dropped from the round: their gymnasium worker faulted (it restarts before the next round)"
                     );
