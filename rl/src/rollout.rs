@@ -344,6 +344,34 @@ pub(crate) fn run_users_own(
     run_with(spec, &actor, envs, seeds, cfg, greedy, record, None)
 }
 
+/// Starts episode `episode[u]` of every user in `users` (seed `mix(seeds[u], episode[u])`) and
+/// writes its normalised first observation into the user's row of `cur_obs`. Two passes, like a
+/// step: batching environments (the Gymnasium bridge) reset a whole worker's users in one
+/// message; every other environment resets in the first pass.
+fn reset_users(
+    spec: &ModelSpec,
+    envs: &mut [Box<dyn Env>],
+    users: &[usize],
+    seeds: &[u64],
+    episode: &[usize],
+    cur_obs: &mut [f32],
+) -> Result<()> {
+    let d = spec.obs_dim;
+    let mut done = Vec::with_capacity(users.len());
+    for &u in users {
+        let o = &mut cur_obs[u * d..(u + 1) * d];
+        done.push(envs[u].reset_queue(mix(seeds[u], episode[u] as u64), o));
+    }
+    for (&u, done) in users.iter().zip(done) {
+        let o = &mut cur_obs[u * d..(u + 1) * d];
+        if !done {
+            envs[u].reset_collect(o)?;
+        }
+        spec.normalize_obs(o);
+    }
+    Ok(())
+}
+
 /// The rollout loop of [`run_users`] and [`run_users_own`]; with `logs`, each finished
 /// episode's glucose log (if its environment keeps one) is copied before the next reset.
 #[allow(clippy::too_many_arguments)] // private
@@ -388,11 +416,9 @@ fn run_with(
     let mut ep_steps = vec![0usize; users];
     let mut ep_return = vec![0.0f64; users];
     spec.check_preprocessing()?;
-    for u in 0..users {
-        let o = &mut cur_obs[u * obs_dim..(u + 1) * obs_dim];
-        envs[u].reset(mix(seeds[u], 0), o);
-        spec.normalize_obs(o);
-    }
+    let all: Vec<usize> = (0..users).collect();
+    reset_users(spec, envs, &all, seeds, &episode, &mut cur_obs)?;
+    let mut to_reset: Vec<usize> = Vec::with_capacity(users);
     let mut active: Vec<usize> = if cfg.episodes_per_user == 0 {
         Vec::new()
     } else {
@@ -491,9 +517,7 @@ fn run_with(
                 ep_steps[u] = 0;
                 ep_return[u] = 0.0;
                 if episode[u] < cfg.episodes_per_user {
-                    let o = &mut cur_obs[u * obs_dim..(u + 1) * obs_dim];
-                    envs[u].reset(mix(seeds[u], episode[u] as u64), o);
-                    spec.normalize_obs(o);
+                    to_reset.push(u);
                     still.push(u);
                 }
             } else {
@@ -501,6 +525,8 @@ fn run_with(
                 still.push(u);
             }
         }
+        reset_users(spec, envs, &to_reset, seeds, &episode, &mut cur_obs)?;
+        to_reset.clear();
         active = still;
     }
     if !pending.is_empty() {

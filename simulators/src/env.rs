@@ -116,6 +116,21 @@ pub trait Env: Send {
             self.id()
         )))
     }
+    /// The first half of a batched reset, like [`Env::step_queue`]: returns `true` when the
+    /// environment reset at once and wrote `obs` (every Rust simulator: this default), `false`
+    /// when it queued the reset for [`Env::reset_collect`].
+    fn reset_queue(&mut self, seed: u64, obs: &mut [f32]) -> bool {
+        self.reset(seed, obs);
+        true
+    }
+    /// The second half of a batched reset whose [`Env::reset_queue`] returned `false`: writes
+    /// the first observation.
+    fn reset_collect(&mut self, _obs: &mut [f32]) -> Result<(), SimError> {
+        Err(SimError::Invalid(format!(
+            "{}: reset_collect without a queued reset",
+            self.id()
+        )))
+    }
     /// The full internal state (for replay and checkpoints).
     fn state(&self) -> Vec<f64>;
     /// Sets the internal state (e.g. a trace's initial state) and writes the matching observation.

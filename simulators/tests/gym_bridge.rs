@@ -67,9 +67,19 @@ fn lockstep(
     let d = envs[0].observation_space().dim();
     let mut out = Vec::new();
     let mut obs = vec![0.0f32; d];
-    for (e, &s) in envs.iter_mut().zip(seeds) {
-        e.reset(s, &mut obs);
-        out.push((obs.clone(), 0.0, false));
+    // Resets batched like steps: queue all, then collect.
+    let mut first = vec![0.0f32; d * envs.len()];
+    let queued: Vec<bool> = envs
+        .iter_mut()
+        .zip(seeds)
+        .zip(first.chunks_mut(d))
+        .map(|((e, &s), o)| e.reset_queue(s, o))
+        .collect();
+    for ((e, done), o) in envs.iter_mut().zip(queued).zip(first.chunks_mut(d)) {
+        if !done {
+            e.reset_collect(o)?;
+        }
+        out.push((o.to_vec(), 0.0, false));
     }
     let mut done = vec![false; envs.len()];
     for t in 0..steps {

@@ -43,8 +43,8 @@ fn task(extra: Value) -> DppgTask {
         "model_seed": 5,
         "server_lr": 1.0,
         "local": {
-            "episodes_per_user": 1,
-            "max_episode_steps": 40,
+            "episodes_per_user": 2,
+            "max_episode_steps": 30,
             "epochs": 2,
             "minibatches": 2,
             "hidden": [16],

@@ -309,6 +309,10 @@ struct Shared {
     pending: Vec<Option<PendingAction>>,
     /// Per slot: the result of a batched step not yet collected.
     ready: Vec<Option<(Vec<f32>, Step)>>,
+    /// Per slot: the seed of a reset queued for the next batched reset.
+    pending_reset: Vec<Option<u64>>,
+    /// Per slot: the first observation of a batched reset not yet collected.
+    reset_ready: Vec<Option<Vec<f32>>>,
     /// Bumped whenever the slots are remade: environments of an older round fail cleanly.
     generation: u64,
 }
@@ -332,6 +336,12 @@ impl Shared {
             *p = None;
         }
         for r in &mut self.ready {
+            *r = None;
+        }
+        for r in &mut self.pending_reset {
+            *r = None;
+        }
+        for r in &mut self.reset_ready {
             *r = None;
         }
         SimError::Invalid(format!("gymnasium worker fault: {reason}"))
@@ -390,6 +400,50 @@ impl Shared {
         obs[..self.obs_dim].copy_from_slice(&o);
         self.pending[slot] = None;
         self.ready[slot] = None;
+        self.pending_reset[slot] = None;
+        self.reset_ready[slot] = None;
+        Ok(())
+    }
+
+    /// Resets every slot with a queued reset in one RESET message.
+    fn flush_resets(&mut self) -> Result<(), SimError> {
+        let slots: Vec<usize> = (0..self.pending_reset.len())
+            .filter(|&s| self.pending_reset[s].is_some())
+            .collect();
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let n = slots.len();
+        let mut pl = Vec::with_capacity(16 * n);
+        protocol::put_i64(&mut pl, slots.iter().map(|&s| s as i64));
+        protocol::put_u64(
+            &mut pl,
+            slots
+                .iter()
+                .map(|&s| self.pending_reset[s].take().unwrap_or(0)),
+        );
+        let t = self.step_timeout;
+        let f = self.request(protocol::RESET, n as u32, &pl, protocol::OBS, t)?;
+        let d = self.obs_dim;
+        if f.payload.len() != 4 * n * d {
+            return Err(self.fail(&BridgeError::Protocol(format!(
+                "reset observations of {} bytes for {n} environments, expected {}",
+                f.payload.len(),
+                4 * n * d
+            ))));
+        }
+        let mut obs = vec![0.0f32; n * d];
+        protocol::get_f32(&f.payload, &mut obs);
+        if obs.iter().any(|x| !x.is_finite()) {
+            return Err(self.fail(&BridgeError::Protocol(
+                "non-finite observation at reset".into(),
+            )));
+        }
+        for (i, &s) in slots.iter().enumerate() {
+            self.pending[s] = None;
+            self.ready[s] = None;
+            self.reset_ready[s] = Some(obs[i * d..(i + 1) * d].to_vec());
+        }
         Ok(())
     }
 
@@ -526,6 +580,48 @@ impl Env for GymEnv {
         }
     }
 
+    fn reset_queue(&mut self, seed: u64, obs: &mut [f32]) -> bool {
+        let queued = match self.lock() {
+            Ok(mut g) if g.fault.is_none() => {
+                g.reset_ready[self.slot] = None;
+                g.pending_reset[self.slot] = Some(seed);
+                true
+            }
+            _ => false,
+        };
+        if !queued {
+            // Faulted: reset() fills zeros and the next step reports the fault.
+            self.reset(seed, obs);
+        }
+        !queued
+    }
+
+    fn reset_collect(&mut self, obs: &mut [f32]) -> Result<(), SimError> {
+        let mut g = self.lock()?;
+        if let Some(e) = g.faulted() {
+            return Err(e);
+        }
+        if g.reset_ready[self.slot].is_none() {
+            g.flush_resets()?;
+        }
+        let d = g.obs_dim;
+        match g.reset_ready[self.slot].take() {
+            Some(o) if obs.len() >= d => {
+                obs[..d].copy_from_slice(&o);
+                Ok(())
+            }
+            Some(_) => Err(SimError::ObsBuffer {
+                env: self.id,
+                got: obs.len(),
+                expected: d,
+            }),
+            None => Err(SimError::Invalid(format!(
+                "{}: reset_collect without a queued reset",
+                self.id
+            ))),
+        }
+    }
+
     fn step_queue(
         &mut self,
         action: Action<'_>,
@@ -635,6 +731,8 @@ impl GymPool {
                 step_timeout: pool.cfg.step_timeout,
                 pending: Vec::new(),
                 ready: Vec::new(),
+                pending_reset: Vec::new(),
+                reset_ready: Vec::new(),
                 generation: 0,
             })));
             spaces = Some((obs, act));
@@ -733,6 +831,8 @@ impl GymPool {
         g.generation += 1;
         g.pending.clear();
         g.ready.clear();
+        g.pending_reset.clear();
+        g.reset_ready.clear();
         Ok(())
     }
 
@@ -801,6 +901,8 @@ impl GymPool {
         g.generation += 1;
         g.pending = vec![None; users.len()];
         g.ready = vec![None; users.len()];
+        g.pending_reset = vec![None; users.len()];
+        g.reset_ready = vec![None; users.len()];
         let generation = g.generation;
         drop(g);
         Ok((0..users.len())
