@@ -7,13 +7,16 @@
 # timed. Appends one JSON line per measurement to bench/results/gym_bridge.jsonl.
 #
 #   scripts/install-python-bridge.sh [--extra]     once (--extra: LunarLander, HalfCheetah)
-#   bench/run_gym_bridge.sh [LOCKSTEP_STEPS]       (default 300)
+#   bench/run_gym_bridge.sh [LOCKSTEP_STEPS]       (default 600 at batch 64; 4x at batch 1,
+#                                                   a quarter at batch 512)
 #
 # Batches 1, 64 and 512; bridge with 1 and 2 workers (this machine has 2 cores); AsyncVectorEnv
 # up to 64 processes (512 Python processes do not fit a 2-core machine usefully).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps="${1:-300}"
+steps="${1:-600}"
+log=$(mktemp)
+echo "workers' and peers' stderr (MuJoCo prints a warning per environment): $log" >&2
 py=.venv-bridge/bin/python
 [ -x "$py" ] || { echo "run scripts/install-python-bridge.sh first" >&2; exit 1; }
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
@@ -36,14 +39,15 @@ envs=(CartPole-v1)
 for env in "${envs[@]}"; do
     for batch in 1 64 512; do
         n=$steps
-        [ "$batch" -ge 512 ] && n=$((steps / 3))
+        [ "$batch" -le 1 ] && n=$((steps * 4))
+        [ "$batch" -ge 512 ] && n=$((steps / 4))
         for workers in 1 2; do
             [ "$workers" -gt "$batch" ] && continue
-            record "$("$bench" "$env" "$batch" "$workers" "$n")"
+            record "$("$bench" "$env" "$batch" "$workers" "$n" 2>>"$log")"
         done
-        record "$("$py" bench/peers/gym_vector_peer.py "$env" "$batch" "$n" sync)"
+        record "$("$py" bench/peers/gym_vector_peer.py "$env" "$batch" "$n" sync 2>>"$log")"
         if [ "$batch" -le 64 ]; then
-            record "$("$py" bench/peers/gym_vector_peer.py "$env" "$batch" "$n" async)"
+            record "$("$py" bench/peers/gym_vector_peer.py "$env" "$batch" "$n" async 2>>"$log")"
         fi
     done
 done
