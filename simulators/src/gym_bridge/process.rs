@@ -73,8 +73,8 @@ fn command(python: &Path, pythonpath: Option<&Path>) -> Command {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
-        // SAFETY: only async-signal-safe calls (getpid-free prctl and getppid, _exit) run
-        // between fork and exec.
+        // SAFETY: between fork and exec the closure only calls prctl, getppid and _exit, which
+        // are async-signal-safe, and touches no memory but the copied `parent`.
         let parent = std::process::id() as libc::pid_t;
         unsafe {
             cmd.pre_exec(move || {
