@@ -1,6 +1,7 @@
 //! `fedrl eval` through the Gymnasium bridge: a policy evaluated on `gymnasium:CartPole-v1`
 //! (workers made from a scenario's `[task.gymnasium]` table) returns what it returns on fedrl's
-//! own CartPole-v1, episode for episode; `gymnasium:` without `--scenario` is a usage error.
+//! own CartPole-v1, episode for episode; `gymnasium:` without `--scenario` is a usage error;
+//! `fedrl sim bench` steps a Gymnasium environment through a worker.
 //!
 //! Needs `.venv-bridge` (`scripts/install-python-bridge.sh`; `.ci/run` runs it first); without
 //! it the evaluation part says so and passes.
@@ -96,4 +97,32 @@ fn eval_through_the_bridge_matches_fedrls_cartpole() {
         let (a, b) = (own[k].as_f64().unwrap(), bridged[k].as_f64().unwrap());
         assert!((a - b).abs() < 1e-9, "{k}: {a} vs {b}");
     }
+}
+
+#[test]
+fn sim_bench_steps_a_gymnasium_environment() {
+    if !default_python().exists() && std::env::var_os("FEDRL_PYTHON").is_none() {
+        eprintln!("SKIPPED: no .venv-bridge (run scripts/install-python-bridge.sh)");
+        return;
+    }
+    let o = Command::new(FEDRL)
+        .args([
+            "sim",
+            "bench",
+            "--env",
+            "gymnasium:FedrlTest/Counter-v0",
+            "--module",
+            "fedrl_bridge.test_envs",
+            "--steps",
+            "300",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 300);
+    // Counter-v0 episodes last 10 steps: 30 ended, the 31st started.
+    assert_eq!(v["episodes"], 31);
+    assert!(v["steps_per_second"].as_f64().unwrap() > 0.0);
 }
