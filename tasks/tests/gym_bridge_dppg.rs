@@ -148,7 +148,9 @@ fn a_faulting_worker_drops_only_its_users_and_comes_back() {
     if !venv() {
         return;
     }
-    for mode in ["crash", "hang", "nan"] {
+    // NaN, wrong shapes and exceptions are faults of the same kind (simulators/tests/gym_bridge.rs
+    // has each); here the two that end or stall the process.
+    for mode in ["crash", "hang"] {
         let t = task(json!({
             "population": "gymnasium:FedrlTest/Misbehave-v0",
             "population_seed": 3,
@@ -157,7 +159,7 @@ fn a_faulting_worker_drops_only_its_users_and_comes_back() {
                 "actions": 2,
                 "module": "fedrl_bridge.test_envs",
                 "workers": 2,
-                "step_timeout_s": 1.5,
+                "step_timeout_s": 1.0,
                 "kwargs": { "at_step": 2, "length": 8 },
                 "user_kwargs": { "mode": { "choice": ["none", "none", "none", mode] } }
             }
