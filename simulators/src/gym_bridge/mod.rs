@@ -753,13 +753,27 @@ impl GymPool {
             "module": self.cfg.module,
             "probe_kwargs": Value::Object(self.cfg.user_kwargs(0)),
         });
-        let f = proc.request(
-            protocol::INIT,
-            0,
-            req.to_string().as_bytes(),
-            protocol::SPACES,
-            self.cfg.start_timeout,
-        )?;
+        let f = proc
+            .request(
+                protocol::INIT,
+                0,
+                req.to_string().as_bytes(),
+                protocol::SPACES,
+                self.cfg.start_timeout,
+            )
+            .map_err(|e| match e {
+                // The usual cause: an interpreter without Gymnasium or without fedrl_bridge.
+                BridgeError::Crashed { pid, reason } => BridgeError::Crashed {
+                    pid,
+                    reason: format!(
+                        "{reason} while starting (can {} import gymnasium and fedrl_bridge? \
+                         scripts/install-python-bridge.sh makes one that can; the worker's \
+                         stderr above says why)",
+                        python.display()
+                    ),
+                },
+                e => e,
+            })?;
         let v: Value = serde_json::from_slice(&f.payload)
             .map_err(|e| BridgeError::Protocol(format!("SPACES is not JSON: {e}")))?;
         if v.get("protocol").and_then(Value::as_u64) != Some(u64::from(protocol::VERSION)) {
@@ -1003,6 +1017,21 @@ mod tests {
         let e = bad.check("X", &obs, &act).unwrap_err().to_string();
         assert!(
             e.contains("Discrete(4)") && e.contains("Box(4 values)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_interpreter_without_the_bridge_says_what_to_install() {
+        if std::env::var_os("FEDRL_PYTHON").is_some() {
+            return;
+        }
+        // /bin/sh is an interpreter that cannot run `-m fedrl_bridge.worker`: it exits at once.
+        let mut cfg = GymConfig::new("CartPole-v1");
+        cfg.python = Some(PathBuf::from("/bin/sh"));
+        let e = GymPool::start(cfg, None).err().unwrap().to_string();
+        assert!(
+            e.contains("crashed") && e.contains("install-python-bridge.sh"),
             "{e}"
         );
     }
