@@ -344,6 +344,34 @@ pub(crate) fn run_users_own(
     run_with(spec, &actor, envs, seeds, cfg, greedy, record, None)
 }
 
+/// Starts episode `episode[u]` of every user in `users` (seed `mix(seeds[u], episode[u])`) and
+/// writes its normalised first observation into the user's row of `cur_obs`. Two passes, like a
+/// step: batching environments (the Gymnasium bridge) reset a whole worker's users in one
+/// message; every other environment resets in the first pass.
+fn reset_users(
+    spec: &ModelSpec,
+    envs: &mut [Box<dyn Env>],
+    users: &[usize],
+    seeds: &[u64],
+    episode: &[usize],
+    cur_obs: &mut [f32],
+) -> Result<()> {
+    let d = spec.obs_dim;
+    let mut done = Vec::with_capacity(users.len());
+    for &u in users {
+        let o = &mut cur_obs[u * d..(u + 1) * d];
+        done.push(envs[u].reset_queue(mix(seeds[u], episode[u] as u64), o));
+    }
+    for (&u, done) in users.iter().zip(done) {
+        let o = &mut cur_obs[u * d..(u + 1) * d];
+        if !done {
+            envs[u].reset_collect(o)?;
+        }
+        spec.normalize_obs(o);
+    }
+    Ok(())
+}
+
 /// The rollout loop of [`run_users`] and [`run_users_own`]; with `logs`, each finished
 /// episode's glucose log (if its environment keeps one) is copied before the next reset.
 #[allow(clippy::too_many_arguments)] // private
@@ -388,11 +416,9 @@ fn run_with(
     let mut ep_steps = vec![0usize; users];
     let mut ep_return = vec![0.0f64; users];
     spec.check_preprocessing()?;
-    for u in 0..users {
-        let o = &mut cur_obs[u * obs_dim..(u + 1) * obs_dim];
-        envs[u].reset(mix(seeds[u], 0), o);
-        spec.normalize_obs(o);
-    }
+    let all: Vec<usize> = (0..users).collect();
+    reset_users(spec, envs, &all, seeds, &episode, &mut cur_obs)?;
+    let mut to_reset: Vec<usize> = Vec::with_capacity(users);
     let mut active: Vec<usize> = if cfg.episodes_per_user == 0 {
         Vec::new()
     } else {
@@ -405,6 +431,10 @@ fn run_with(
     let mut act = vec![0.0f32; a_dim];
     let mut clipped = Vec::with_capacity(a_dim);
     let mut next_obs = vec![0.0f32; obs_dim];
+    let mut next_rows = vec![0.0f32; users * obs_dim];
+    let mut acts: Vec<f32> = Vec::with_capacity(users * a_dim);
+    let mut logps: Vec<f32> = Vec::with_capacity(users);
+    let mut queued: Vec<Option<fedrl_sim::Step>> = Vec::with_capacity(users);
     while !active.is_empty() {
         batch_obs.clear();
         for &u in &active {
@@ -412,6 +442,13 @@ fn run_with(
         }
         let (head, vals) = actor.heads(&active, &batch_obs, record)?;
         let mut still = Vec::with_capacity(active.len());
+        // Two passes so that batching environments (the Gymnasium bridge) step every active
+        // user of a worker in one message: first each user's action is sampled and handed to
+        // its environment (a Rust simulator steps right there), then the queued steps are
+        // collected. Each user's randomness is its own generator, so the order changes nothing.
+        acts.clear();
+        logps.clear();
+        queued.clear();
         for (row, &u) in active.iter().enumerate() {
             let logp = policy::sample(
                 &spec.action,
@@ -421,8 +458,21 @@ fn run_with(
                 &mut rngs[u],
                 &mut act,
             );
+            logps.push(logp);
+            acts.extend_from_slice(&act);
             let action = env_action(spec, &spaces[u], &act, &mut clipped);
-            let mut step = envs[u].step(action, &mut next_obs)?;
+            let o = &mut next_rows[row * obs_dim..(row + 1) * obs_dim];
+            queued.push(envs[u].step_queue(action, o)?);
+        }
+        for (row, &u) in active.iter().enumerate() {
+            let logp = logps[row];
+            act.copy_from_slice(&acts[row * a_dim..(row + 1) * a_dim]);
+            let action = env_action(spec, &spaces[u], &act, &mut clipped);
+            next_obs.copy_from_slice(&next_rows[row * obs_dim..(row + 1) * obs_dim]);
+            let mut step = match queued[row] {
+                Some(s) => s,
+                None => envs[u].step_collect(&mut next_obs)?,
+            };
             for _ in 1..spec.action_repeat.max(1) {
                 if step.terminated || step.truncated {
                     break;
@@ -467,9 +517,7 @@ fn run_with(
                 ep_steps[u] = 0;
                 ep_return[u] = 0.0;
                 if episode[u] < cfg.episodes_per_user {
-                    let o = &mut cur_obs[u * obs_dim..(u + 1) * obs_dim];
-                    envs[u].reset(mix(seeds[u], episode[u] as u64), o);
-                    spec.normalize_obs(o);
+                    to_reset.push(u);
                     still.push(u);
                 }
             } else {
@@ -477,6 +525,8 @@ fn run_with(
                 still.push(u);
             }
         }
+        reset_users(spec, envs, &to_reset, seeds, &episode, &mut cur_obs)?;
+        to_reset.clear();
         active = still;
     }
     if !pending.is_empty() {

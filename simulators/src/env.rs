@@ -95,6 +95,42 @@ pub trait Env: Send {
     fn reset(&mut self, seed: u64, obs: &mut [f32]);
     /// Applies `action`, writes the next observation.
     fn step(&mut self, action: Action<'_>, obs: &mut [f32]) -> Result<Step, SimError>;
+    /// The first half of a batched step: hands `action` to the environment. An environment
+    /// that steps at once (every Rust simulator: this default) writes the next observation
+    /// into `obs` and returns its step; one that batches (the Gymnasium bridge's
+    /// [`crate::gym_bridge::GymEnv`]) queues the action and returns `None`, and the step's
+    /// result comes from [`Env::step_collect`]. A rollout loop that queues every active user's
+    /// action before collecting any steps a whole batch per worker message.
+    fn step_queue(
+        &mut self,
+        action: Action<'_>,
+        obs: &mut [f32],
+    ) -> Result<Option<Step>, SimError> {
+        self.step(action, obs).map(Some)
+    }
+    /// The second half of a batched step whose [`Env::step_queue`] returned `None`: writes the
+    /// next observation and returns the step.
+    fn step_collect(&mut self, _obs: &mut [f32]) -> Result<Step, SimError> {
+        Err(SimError::Invalid(format!(
+            "{}: step_collect without a queued action",
+            self.id()
+        )))
+    }
+    /// The first half of a batched reset, like [`Env::step_queue`]: returns `true` when the
+    /// environment reset at once and wrote `obs` (every Rust simulator: this default), `false`
+    /// when it queued the reset for [`Env::reset_collect`].
+    fn reset_queue(&mut self, seed: u64, obs: &mut [f32]) -> bool {
+        self.reset(seed, obs);
+        true
+    }
+    /// The second half of a batched reset whose [`Env::reset_queue`] returned `false`: writes
+    /// the first observation.
+    fn reset_collect(&mut self, _obs: &mut [f32]) -> Result<(), SimError> {
+        Err(SimError::Invalid(format!(
+            "{}: reset_collect without a queued reset",
+            self.id()
+        )))
+    }
     /// The full internal state (for replay and checkpoints).
     fn state(&self) -> Vec<f64>;
     /// Sets the internal state (e.g. a trace's initial state) and writes the matching observation.

@@ -9,6 +9,7 @@ pub mod clinical;
 pub mod controllers;
 pub mod dmc_cartpole;
 pub mod env;
+pub mod gym_bridge;
 pub mod mujoco_newton;
 pub mod np_rng;
 pub mod population;

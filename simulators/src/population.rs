@@ -28,6 +28,9 @@
 //!   meal sizes scaled by U(0.8, 1.2), meal probabilities scaled by U(0.8, 1.2)) and a new random
 //!   day every episode.
 //! - any environment id (e.g. `CartPole-v1`): every user gets the default environment.
+//! - `gymnasium:<id>`: any Gymnasium environment; its users' environments (and their drawn
+//!   keyword arguments) come from the client agent's Python workers ([`crate::gym_bridge`]),
+//!   so [`Population::user_env`] refuses them with a message saying so.
 
 use rand::rngs::ChaCha8Rng;
 use rand::{Rng, SeedableRng};
@@ -280,6 +283,11 @@ impl Population {
             "uva-padova-pump-meals" => Kind::UvaPadova(None, PumpSetting::PumpMeals),
             "dosing-fixed-meals" => Kind::DosingFixedMeals,
             "dosing-meal-habits" => Kind::DosingMealHabits,
+            // A Gymnasium environment: its users are made by the client agent's bridge workers
+            // (`crate::gym_bridge`), never one at a time here (see `crate::make`).
+            id if crate::gym_bridge::env_id_of(id).is_some_and(|e| !e.is_empty()) => {
+                Kind::Homogeneous(id.to_string())
+            }
             id => {
                 // Fails early for unknown names.
                 crate::make(id).map_err(|_| {

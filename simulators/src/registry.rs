@@ -154,6 +154,14 @@ fn entries() -> Vec<Entry> {
 
 /// Builds the environment `id` with its default parameters.
 pub fn make(id: &str) -> Result<Box<dyn Env>, SimError> {
+    if let Some(gym) = crate::gym_bridge::env_id_of(id) {
+        return Err(SimError::Invalid(format!(
+            "{id}: Gymnasium environments run in the client agent's Python workers \
+             (fedrl_sim::gym_bridge::GymPool, made in batches by the DPPG trainer); they cannot \
+             be built one at a time here, so this program (aggregator, `fedrl sim`, evaluation) \
+             cannot step {gym:?}"
+        )));
+    }
     match entries().into_iter().find(|e| e.info.id == id) {
         Some(e) => (e.make)(),
         None => Err(SimError::Invalid(format!(

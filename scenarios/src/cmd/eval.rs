@@ -4,12 +4,16 @@
 //! glucose simulators (UVA/Padova, Dosing) it also prints the clinical table of the evaluated
 //! patient-days (time in range, hypo- and hyperglycaemia, LBGI/HBGI, per age group, spread and
 //! worst patient), and puts the full clinical report under `clinical` with --json.
+//! `--env gymnasium:<id> --scenario FILE` evaluates in Gymnasium environments made by the
+//! bridge's Python workers, as the scenario's `[task.gymnasium]` table makes its users' (this
+//! process starts and owns the workers; they end with it).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_common::device::DeviceSpec;
+use fedrl_common::task::Task;
 use fedrl_rl::evaluate::evaluate_logged;
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_rl::offline::train::evaluate_greedy_for;
@@ -18,9 +22,48 @@ use fedrl_sim::Env;
 use fedrl_sim::clinical::{
     ClinicalReport, GlucoseMetrics, PoolSummary, patient_label, summarize_episode,
 };
+use fedrl_sim::gym_bridge::{self, GymPool};
 use fedrl_sim::population::{Population, PumpOverrides};
+use fedrl_tasks::dppg::{declared_spaces, gym_config};
 
 use super::UsageError;
+
+/// The environments of users `--first-user..` of a `gymnasium:<id>` population, made by bridge
+/// workers from `--scenario`'s `[task.gymnasium]` table, in user order, with the pool that owns
+/// the workers.
+fn gymnasium_envs(args: &Args) -> anyhow::Result<(GymPool, Vec<Box<dyn Env>>)> {
+    let Some(path) = &args.scenario else {
+        return Err(UsageError(format!(
+            "--env {} needs --scenario FILE: its [task.gymnasium] table makes the environments",
+            args.env
+        ))
+        .into());
+    };
+    let scenario = fedrl_tasks::scenario_from_file(path)
+        .map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
+    let task = match scenario.task {
+        Task::Dppg(t) if t.population == args.env => t,
+        _ => {
+            return Err(UsageError(format!(
+                "{} is not a DPPG scenario with population = {:?}",
+                path.display(),
+                args.env
+            ))
+            .into());
+        }
+    };
+    let cfg = gym_config(&task).ok_or_else(|| UsageError("no [task.gymnasium] table".into()))?;
+    let mut pool = GymPool::start(cfg, task.gymnasium.as_ref().map(declared_spaces))
+        .with_context(|| format!("starting the Gymnasium workers of {}", args.env))?;
+    let users: Vec<u64> = (0..args.episodes).map(|i| args.first_user + i).collect();
+    let (groups, dropped) = pool.envs_for(&users);
+    if let Some((user, why)) = dropped.first() {
+        anyhow::bail!("user {user}: {why}");
+    }
+    // The workers hold contiguous shares in order: concatenated, the groups are in user order.
+    let envs = groups.into_iter().flat_map(|g| g.envs).collect();
+    Ok((pool, envs))
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -29,9 +72,14 @@ pub struct Args {
     #[arg(long)]
     pub policy: PathBuf,
     /// Environment id (see `fedrl sim list`) or population name; with a population, episode i
-    /// runs user `--first-user + i`.
+    /// runs user `--first-user + i`. `gymnasium:<id>` needs `--scenario`.
     #[arg(long)]
     pub env: String,
+    /// With `--env gymnasium:<id>`: the DPPG scenario of that population, whose
+    /// `[task.gymnasium]` table (module, kwargs, per-user draws, interpreter, declared spaces)
+    /// and `population_seed` make the users' environments (`--population-seed` is ignored).
+    #[arg(long)]
+    pub scenario: Option<PathBuf>,
     /// Number of episodes (each in its own environment instance, run as one batch).
     #[arg(long, default_value_t = 100)]
     pub episodes: u64,
@@ -93,9 +141,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             })
         })
         .map_err(|e| UsageError(e.to_string()))?;
-    let mut envs: Vec<Box<dyn Env>> = (0..args.episodes)
-        .map(|i| population.user_env(args.first_user + i))
-        .collect::<Result<_, _>>()?;
+    // A Gymnasium population's environments live in worker processes; `_workers` keeps them
+    // until the evaluation is done.
+    let (_workers, mut envs) = if gym_bridge::env_id_of(&args.env).is_some() {
+        let (pool, envs) = gymnasium_envs(&args)?;
+        (Some(pool), envs)
+    } else {
+        let envs: Vec<Box<dyn Env>> = (0..args.episodes)
+            .map(|i| population.user_env(args.first_user + i))
+            .collect::<Result<_, _>>()?;
+        (None, envs)
+    };
     let seeds: Vec<u64> = (0..args.episodes).map(|i| args.seed + i).collect();
     let started = std::time::Instant::now();
     // Three kinds of exported policy: the PPO MLP (`fedrl.model_spec`), the log-linear

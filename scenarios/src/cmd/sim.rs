@@ -4,7 +4,9 @@
 //!   Dosing, dm_control cart-pole; recognised from its contents) and reports per environment,
 //!   patient or episode; exit code 1
 //!   on any mismatch, 2 when the file cannot be read or recognised.
-//! - `bench --env ID [--steps N]`: steps per second with uniformly random actions.
+//! - `bench --env ID [--steps N]`: steps per second with uniformly random actions;
+//!   `--env gymnasium:<id> [--module M]` steps it through one Gymnasium bridge worker (one
+//!   message per step: the bridge's per-step cost; `bench/run_gym_bridge.sh` measures batches).
 //! - `list [--json]`: environments and populations.
 
 use std::hint::black_box;
@@ -13,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
+use fedrl_sim::gym_bridge::{self, GymConfig, GymPool};
 use fedrl_sim::np_rng::NpPcg64;
 use fedrl_sim::replay::ReplayResult;
 use fedrl_sim::{Action, Space};
@@ -48,9 +51,14 @@ struct ReplayArgs {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Environment id (see `fedrl sim list`).
+    /// Environment id (see `fedrl sim list`), or `gymnasium:<id>` for a Gymnasium environment
+    /// stepped through one bridge worker.
     #[arg(long)]
     env: String,
+    /// `gymnasium:<id>` only: a Python module imported before `gymnasium.make` (e.g. the one
+    /// registering your own environment).
+    #[arg(long)]
+    module: Option<String>,
     /// Number of steps to time.
     #[arg(long, default_value_t = 1_000_000)]
     steps: u64,
@@ -139,7 +147,29 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.steps == 0 {
         return Err(UsageError("--steps must be at least 1".into()).into());
     }
-    let mut env = fedrl_sim::make(&args.env).map_err(|e| UsageError(e.to_string()))?;
+    // A Gymnasium environment lives in a worker process that `_worker` owns until the end.
+    let (_worker, mut env) = match gym_bridge::env_id_of(&args.env) {
+        Some(id) => {
+            let mut cfg = GymConfig::new(id);
+            cfg.module = args.module.clone();
+            let mut pool = GymPool::start(cfg, None)
+                .with_context(|| format!("starting a Gymnasium worker for {id}"))?;
+            let (groups, dropped) = pool.envs_for(&[0]);
+            if let Some((_, why)) = dropped.first() {
+                anyhow::bail!("{}: {why}", args.env);
+            }
+            let env = groups
+                .into_iter()
+                .flat_map(|g| g.envs)
+                .next()
+                .context("the worker made no environment")?;
+            (Some(pool), env)
+        }
+        None => (
+            None,
+            fedrl_sim::make(&args.env).map_err(|e| UsageError(e.to_string()))?,
+        ),
+    };
     let mut obs = vec![0f32; env.observation_space().dim()];
     let action_space = env.action_space().clone();
     let mut rng = NpPcg64::from_seed(args.seed ^ 0x5eed);

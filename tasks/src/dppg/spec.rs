@@ -21,9 +21,15 @@ use crate::task::Task;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DppgTask {
-    /// Population name or environment id (`fedrl sim list`). Default `CartPole-v1`.
+    /// Population name or environment id (`fedrl sim list`), or `gymnasium:<id>` for any
+    /// Gymnasium environment stepped by the client agents' Python workers (then
+    /// [`Self::gymnasium`] is required). Default `CartPole-v1`.
     #[serde(default = "d_population")]
     pub population: String,
+    /// `gymnasium:<id>` populations only: the module to import, the users' keyword arguments,
+    /// the interpreter, the workers and the spaces the task expects ([`GymnasiumSpec`]).
+    #[serde(default)]
+    pub gymnasium: Option<GymnasiumSpec>,
     /// Seed of the population's per-user parameters. Default 0.
     #[serde(default)]
     pub population_seed: u64,
@@ -108,6 +114,106 @@ pub struct DppgTask {
     pub local: LocalUpdateConfig,
 }
 
+/// How the client agents make a `gymnasium:<id>` population's environments (the Gymnasium
+/// bridge, `fedrl_sim::gym_bridge`), and the spaces the task expects: the aggregator builds the
+/// model from these without running Python, and every worker's spaces are checked against them
+/// when it starts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GymnasiumSpec {
+    /// Observation length, flattened (a Discrete observation of `n` values counts `n`: it
+    /// arrives one-hot).
+    pub obs_dim: usize,
+    /// Discrete actions: how many. Exactly one of `actions` and `action_dim` is set.
+    #[serde(default)]
+    pub actions: Option<usize>,
+    /// Box actions: their length (a Gaussian policy; actions are clipped to the environment's
+    /// bounds, or mapped by `task.local.action_low`/`action_high`).
+    #[serde(default)]
+    pub action_dim: Option<usize>,
+    /// A Python module imported before `gymnasium.make` (it may register the user's own
+    /// environment); it must be importable by the interpreter (installed, or on `PYTHONPATH`).
+    #[serde(default)]
+    pub module: Option<String>,
+    /// The Python interpreter. Default: `FEDRL_PYTHON`, else `.venv-bridge/bin/python` made by
+    /// `scripts/install-python-bridge.sh`.
+    #[serde(default)]
+    pub python: Option<String>,
+    /// Keyword arguments of `gymnasium.make` that every user gets.
+    #[serde(default)]
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Keyword arguments drawn per user (the personalisation), by name, each
+    /// `{ uniform = [low, high] }`, `{ linspace = [low, high, n] }` (one of the n grid values)
+    /// or `{ choice = [v1, v2, ...] }`; a pure function of `population_seed` and the user id.
+    /// Drawn in name order; they override `kwargs`.
+    #[serde(default)]
+    pub user_kwargs: std::collections::BTreeMap<String, KwargDraw>,
+    /// Worker processes per client agent; each steps its share of a round's users. Default 1.
+    #[serde(default = "d_one_usize")]
+    pub workers: usize,
+    /// Seconds a worker may take for one batched reset or step before it is a fault (the
+    /// worker is restarted and its users dropped from the round). Default 30.
+    #[serde(default = "d_step_timeout_s")]
+    pub step_timeout_s: f64,
+    /// Seconds a worker may take to start (import, first environment) or to make a round's
+    /// environments. Default 120.
+    #[serde(default = "d_start_timeout_s")]
+    pub start_timeout_s: f64,
+}
+
+/// One drawn keyword argument of [`GymnasiumSpec::user_kwargs`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum KwargDraw {
+    /// Uniform real in `[low, high)`.
+    Uniform([f64; 2]),
+    /// One of `n` evenly spaced values from `low` to `high`, both included.
+    Linspace(f64, f64, u32),
+    /// One of these values.
+    Choice(Vec<serde_json::Value>),
+}
+
+impl GymnasiumSpec {
+    fn validate(&self) -> Result<(), TaskError> {
+        let bad = |m: String| Err(TaskError::Invalid(m));
+        match (self.actions, self.action_dim) {
+            (Some(n), None) if n >= 2 => {}
+            (None, Some(d)) if d >= 1 => {}
+            _ => {
+                return bad(
+                    "task.gymnasium: set exactly one of actions (>= 2 discrete actions) and \
+                     action_dim (>= 1, a Box)"
+                        .into(),
+                );
+            }
+        }
+        if self.obs_dim == 0 || self.workers == 0 {
+            return bad("task.gymnasium: obs_dim and workers must be >= 1".into());
+        }
+        for (name, t) in [
+            ("step_timeout_s", self.step_timeout_s),
+            ("start_timeout_s", self.start_timeout_s),
+        ] {
+            if !(t.is_finite() && t > 0.0) {
+                return bad(format!("task.gymnasium.{name} must be > 0, got {t}"));
+            }
+        }
+        for (name, d) in &self.user_kwargs {
+            let ok = match d {
+                KwargDraw::Uniform([lo, hi]) => lo.is_finite() && hi.is_finite() && lo <= hi,
+                KwargDraw::Linspace(lo, hi, n) => lo.is_finite() && hi.is_finite() && *n >= 1,
+                KwargDraw::Choice(v) => !v.is_empty(),
+            };
+            if !ok {
+                return bad(format!(
+                    "task.gymnasium.user_kwargs.{name}: {d:?} is not a draw"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl TaskSpec for DppgTask {
     const KIND: &'static str = "dppg";
     const CONFIG_VERSION: u32 = 1;
@@ -165,6 +271,20 @@ impl DppgTask {
                 "task.eval_every, task.eval_users and task.final_eval_users must be >= 1".into(),
             );
         }
+        match (self.population.starts_with("gymnasium:"), &self.gymnasium) {
+            (true, Some(g)) => g.validate()?,
+            (true, None) => {
+                return bad(format!(
+                    "task.population = {:?} needs a [task.gymnasium] table (obs_dim, actions or \
+                     action_dim, ...)",
+                    self.population
+                ));
+            }
+            (false, Some(_)) => {
+                return bad("task.gymnasium applies to gymnasium:<id> populations only".into());
+            }
+            (false, None) => {}
+        }
         let l = &self.local;
         if l.episodes_per_user == 0 || l.epochs == 0 || l.minibatches == 0 || l.hidden.is_empty() {
             return bad(
@@ -197,6 +317,14 @@ fn d_final_eval_users() -> u64 {
 
 fn d_one_usize() -> usize {
     1
+}
+
+fn d_step_timeout_s() -> f64 {
+    30.0
+}
+
+fn d_start_timeout_s() -> f64 {
+    120.0
 }
 
 fn d_server_adam_beta1() -> f64 {
