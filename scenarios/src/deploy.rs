@@ -23,6 +23,7 @@ use fedrl_common::protocol::auth::issue_token;
 use fedrl_common::scenario::Scenario;
 
 use crate::cmd::aggregator::{StopSignal, StopSignals};
+use crate::overrides::{self, Override};
 
 /// The built-in scenario (`fedrl run` with no file).
 pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
@@ -159,11 +160,17 @@ impl LocalRun {
     /// ([`OutDirError::Differs`]), except for `device` and `target_epsilon` (a raise still
     /// needs `--allow-budget-increase`, checked by the aggregator against its ledger). The
     /// stored `scenario.toml` is never rewritten.
+    ///
+    /// `sets` (`--set key=value`) are applied to the scenario's text before it is parsed and
+    /// validated (see [`crate::overrides`]); the stored `scenario.toml` holds their result. On
+    /// a resume they apply to the stored scenario when no file is given, and the result must
+    /// still be the stored scenario (as a given file must).
     pub fn prepare(
         scenario: Option<&Path>,
         out: Option<&Path>,
         device: Option<DeviceSpec>,
         resume: bool,
+        sets: &[Override],
     ) -> anyhow::Result<LocalRun> {
         let stored_path = out.map(|o| o.join(SCENARIO_FILE));
         let text = match (scenario, &stored_path) {
@@ -178,10 +185,11 @@ impl LocalRun {
             }
             (None, _) => DEFAULT_SCENARIO.to_string(),
         };
-        let mut parsed =
-            fedrl_tasks::scenario_from_toml_str(&text).map_err(|e| match scenario {
-                Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
-                None => anyhow::anyhow!("built-in scenario: {e}"),
+        let mut parsed = overrides::load(&text, sets, fedrl_tasks::scenario_from_toml_str)
+            .map_err(|e| match scenario {
+                Some(p) => anyhow::anyhow!("{}: {e:#}", p.display()),
+                None if resume => anyhow::anyhow!("stored scenario: {e:#}"),
+                None => anyhow::anyhow!("built-in scenario: {e:#}"),
             })?;
         if let Some(d) = device {
             parsed.device = d;

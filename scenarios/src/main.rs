@@ -2,6 +2,7 @@
 
 mod cmd;
 mod deploy;
+mod overrides;
 mod plot;
 
 use std::process::ExitCode;

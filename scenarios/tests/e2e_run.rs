@@ -126,7 +126,7 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
     );
     public_files_hold_no_exact_counts(&out, &report);
     // The estimate approaches the true mean (norm 0.5): the error is well below the mean's norm.
-    let err = report["final_eval"]["l2_error"].as_f64().unwrap();
+    let err = report["final_evaluation"]["l2_error"].as_f64().unwrap();
     assert!(err < 0.6, "l2 error {err}");
 }
 
@@ -275,7 +275,7 @@ fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
             .contains("reached its target after round 1"),
         "{report}"
     );
-    assert!(report["final_eval"]["eval_return"].as_f64().unwrap() >= 1.0);
+    assert!(report["final_evaluation"]["final_eval_return"].as_f64().unwrap() >= 1.0);
     let (_, records, _) = PrivacyLedger::read(
         out.join("operator")
             .join(fedrl_aggregator::state::LEDGER_FILE),

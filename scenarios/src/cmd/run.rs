@@ -73,6 +73,14 @@ pub struct Args {
     /// with the `cuda` feature). Overrides the scenario's `device` (and the twin's).
     #[arg(long, value_name = "cpu|cuda:N")]
     pub device: Option<DeviceSpec>,
+    /// Override a field of SCENARIO by its dotted path, e.g. `--set task.clip_norm=0.5 --set
+    /// rounds=20`. The value is read as TOML (`0.5`, `20`, `true`, `[64, 64]`; a bare word is a
+    /// string) and typed by the scenario's schema: an unknown field or a wrong type is refused
+    /// and names the key. Applied before validation, so the run checks it as it checks a file;
+    /// the stored `OUT/scenario.toml` holds the result. Repeatable (a later one wins). Not
+    /// applied to --twin scenarios.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::overrides::parse)]
+    pub sets: Vec<crate::overrides::Override>,
 }
 
 /// The built-in scenario's non-private twin.
@@ -84,6 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.out.as_deref(),
         args.device,
         args.resume,
+        &args.sets,
     )
     .map_err(|e| UsageError(format!("{e:#}")))?;
     run.allow_budget_increase = args.allow_budget_increase;
@@ -115,6 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Some(&twin_dir),
                 args.device,
                 args.resume && twin_started,
+                &[],
             )
             .map_err(|e| UsageError(format!("{e:#}")))?,
         );
@@ -438,34 +448,17 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         .context("copying the released prefixes (d_stable)")?;
     }
     let r = &mut result.report;
-    let fe = r["final_evaluation"].clone();
-    let noise_source = if run.scenario.non_private {
-        "none (non-private twin)".to_string()
-    } else {
-        r["noise_sources"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default()
-    };
+    // The aggregator's report already holds the final evaluation, the epsilon (null for a
+    // twin) and the noise source, once each; the run adds where its files are.
     if let Some(obj) = r.as_object_mut() {
-        obj.insert("final_eval_return".into(), fe["final_eval_return"].clone());
         obj.insert(
             "rounds".into(),
             obj.get("rounds_completed").cloned().unwrap_or_default(),
         );
-        obj.insert("noise_source".into(), serde_json::json!(noise_source));
         for file in MODEL_FILES {
             if file != fedrl_tasks::primorl::ENSEMBLE_FILE && state_dir.join(file).exists() {
                 obj.insert("policy".into(), serde_json::json!(file));
             }
-        }
-        if run.scenario.non_private {
-            obj.insert("epsilon".into(), serde_json::json!("inf"));
         }
     }
     // The operator's report gets the same fields plus the exact count of contributions.
@@ -530,9 +523,9 @@ fn last_users(path: &Path) -> u64 {
 
 /// Public figures first; the exact counts after them, labelled operator-only.
 fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) {
-    let eps = match &r["epsilon"] {
-        serde_json::Value::Number(n) => format!("{:.4}", n.as_f64().unwrap_or(f64::NAN)),
-        other => other.as_str().unwrap_or("?").to_string(),
+    let eps = match r["epsilon"].as_f64() {
+        Some(e) => format!("{e:.4}"),
+        None => "none (non-private)".to_string(),
     };
     println!(
         "{}: {} rounds released, {} abandoned, epsilon {eps} at delta {:e}{} ({:.1} s)",
@@ -564,7 +557,7 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
             rel["agents_ready_seconds"].as_f64().unwrap_or(f64::NAN),
         );
     }
-    if let Some(ret) = r["final_eval_return"].as_f64() {
+    if let Some(ret) = r["final_evaluation"]["final_eval_return"].as_f64() {
         println!(
             "final evaluation: mean return {ret:.2} over {} held-out episodes",
             r["final_evaluation"]["final_eval_episodes"]
