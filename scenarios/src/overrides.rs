@@ -132,6 +132,20 @@ pub fn load<T, E: fmt::Display>(
 /// The parser's message, with a plain sentence first for the two common mistakes (a field the
 /// schema does not have, a value of the wrong type).
 fn explain(o: &Override, message: &str) -> String {
+    // The parser's position refers to the re-written text, which the user never saw: keep its
+    // last line (the reason), without a line number.
+    let mut message = message
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or(message)
+        .trim()
+        .to_string();
+    if let Some(start) = message.find(" (line ")
+        && let Some(len) = message[start..].find("):")
+    {
+        message.replace_range(start..start + len + 1, "");
+    }
     if message.contains("unknown field") {
         format!("the scenario has no field `{}` ({message})", o.key)
     } else if message.contains("invalid type") || message.contains("invalid value") {
@@ -140,7 +154,7 @@ fn explain(o: &Override, message: &str) -> String {
             o.key, o.value
         )
     } else {
-        message.to_string()
+        message
     }
 }
 
@@ -190,5 +204,35 @@ mod tests {
         assert_eq!(t["churn"]["dropout"].as_float(), Some(0.1));
         let err = apply(text, &[parse("rounds.x=1").unwrap()]).unwrap_err();
         assert!(err.to_string().contains("`rounds` is a value"), "{err}");
+    }
+
+    /// The scenario's own parser types the value and refuses unknown keys; the error names the
+    /// `--set` at fault, and a good override goes through validation like a file.
+    #[test]
+    fn load_names_the_override_at_fault() {
+        let text = "rounds = 3\n[task]\nkind = \"mean_estimation\"\ndim = 4\n";
+        let load_with = |sets: &[&str]| {
+            let sets: Vec<Override> = sets.iter().map(|s| parse(s).unwrap()).collect();
+            load(text, &sets, fedrl_tasks::scenario_from_toml_str)
+        };
+        let s = load_with(&["task.dim=8", "rounds=20", "clip_norm=2"]).unwrap();
+        assert_eq!((s.rounds, s.clip_norm), (20, 2.0));
+        let err = format!("{:#}", load_with(&["rounds=5", "task.dimm=8"]).unwrap_err());
+        assert!(
+            err.starts_with("--set task.dimm=8: the scenario has no field `task.dimm`"),
+            "{err}"
+        );
+        assert!(!err.contains("line"), "{err}");
+        let err = format!("{:#}", load_with(&["rounds=2.5"]).unwrap_err());
+        assert!(
+            err.contains("--set rounds=2.5: `rounds` does not take the value 2.5")
+                && err.contains("expected u64"),
+            "{err}"
+        );
+        let err = format!("{:#}", load_with(&["task.dim=many"]).unwrap_err());
+        assert!(err.contains("`task.dim` does not take the value \"many\""), "{err}");
+        // Validated like a file: a value of the right type but out of range is refused.
+        let err = format!("{:#}", load_with(&["clip_norm=-1"]).unwrap_err());
+        assert!(err.starts_with("--set clip_norm=-1: "), "{err}");
     }
 }
