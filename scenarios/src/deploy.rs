@@ -32,15 +32,16 @@ pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
 pub const OUTPUT_FILES_GUIDE: &str = "\
 # Files in this `fedrl run` output directory
 
-Public files are differentially private outputs or the run's configuration: they may be
-published. Operator-only files hold exact counts, unit ids, keys or logs: under Poisson sampling
+Public files are differentially private outputs, evaluations of the released models or the
+scenario as run: they may be published. Operator-only files hold exact counts, unit ids, keys or logs: under Poisson sampling
 the units drawn each round (and how many) must stay secret, because the privacy amplification
 relies on it. Do not publish them.
 
 | file | who | what |
 | --- | --- | --- |
-| `report.json` | public | epsilon/delta, accountant, noise source, evaluations of the released model, run configuration |
-| `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+| `report.json` | public | epsilon/delta (epsilon null for a non-private twin), accountant, noise source, the final evaluation of the released model (`final_evaluation.final_eval_return`); fields described by `scenarios/report.schema.json` in the fedrl repository (the configuration is `scenario.toml`) |
+| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model, time |
+| `metrics.csv` | public | the same rows and columns as CSV |
 | `policy.safetensors` (or the task's model export) | public | the released model |
 | `learning_curve.png` | public | evaluation return of released models per round (offline CQL: per training step, DP-SGD and free steps together) |
 | `d_stable/` | public | expert-level runs: the trajectory prefixes released by the DataRelease, a Minari dataset root (`MINARI_DATASETS_PATH=d_stable`) |

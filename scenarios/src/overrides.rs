@@ -215,8 +215,11 @@ mod tests {
             let sets: Vec<Override> = sets.iter().map(|s| parse(s).unwrap()).collect();
             load(text, &sets, fedrl_tasks::scenario_from_toml_str)
         };
-        let s = load_with(&["task.dim=8", "rounds=20", "clip_norm=2"]).unwrap();
-        assert_eq!((s.rounds, s.clip_norm), (20, 2.0));
+        let s = load_with(&["task.dim=8", "rounds=5", "clip_norm=2"]).unwrap();
+        assert_eq!((s.rounds, s.clip_norm), (5, 2.0));
+        // Validated like a file: 20 rounds of 10 fresh users need more than 100 users.
+        let err = format!("{:#}", load_with(&["rounds=20"]).unwrap_err());
+        assert!(err.starts_with("--set rounds=20: ") && err.contains("users (100)"), "{err}");
         let err = format!("{:#}", load_with(&["rounds=5", "task.dimm=8"]).unwrap_err());
         assert!(
             err.starts_with("--set task.dimm=8: the scenario has no field `task.dimm`"),
