@@ -924,7 +924,10 @@ fn task_field_error(text: &str) -> Option<String> {
         path.push_str(part);
     }
     let message = err.message().trim();
-    match key.as_deref().and_then(|k| line_of(text, header.as_deref(), k)) {
+    match key
+        .as_deref()
+        .and_then(|k| line_of(text, header.as_deref(), k))
+    {
         Some(n) => Some(format!("{path} (line {n}): {message}")),
         None => Some(format!("{path}: {message}")),
     }
@@ -975,17 +978,22 @@ mod tests {
         let err = Scenario::from_toml_str(text).unwrap_err().to_string();
         assert!(err.contains("task.server_lr (line 5)"), "{err}");
         assert!(err.contains("expected f64"), "{err}");
-        let nested =
-            "[task]\nkind = \"dppg\"\n\n[task.local]\nepochs = \"many\"\n";
+        let nested = "[task]\nkind = \"dppg\"\n\n[task.local]\nepochs = \"many\"\n";
         let err = Scenario::from_toml_str(nested).unwrap_err().to_string();
         assert!(err.contains("task.local.epochs (line 5)"), "{err}");
         let unknown = "[task]\nkind = \"mean_estimation\"\ndimm = 3\n";
         let err = Scenario::from_toml_str(unknown).unwrap_err().to_string();
-        assert!(err.contains("task.dimm (line 3)") && err.contains("unknown field"), "{err}");
+        assert!(
+            err.contains("task.dimm (line 3)") && err.contains("unknown field"),
+            "{err}"
+        );
         // An error outside [task] keeps TOML's own message and position.
         let top = "rounds = \"ten\"\n[task]\nkind = \"mean_estimation\"\n";
         let err = Scenario::from_toml_str(top).unwrap_err().to_string();
-        assert!(err.contains("rounds = \"ten\"") && !err.contains("task."), "{err}");
+        assert!(
+            err.contains("rounds = \"ten\"") && !err.contains("task."),
+            "{err}"
+        );
     }
 
     /// Issue 15: plans that cannot run are refused at load, with the numbers: a `fresh` unit's

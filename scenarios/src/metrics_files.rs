@@ -170,7 +170,8 @@ mod tests {
         assert_eq!(rows[1]["epsilon_exact"], true);
         assert!(rows[2].get("epsilon_exact").is_none());
         // A non-private twin has no epsilon at all.
-        let mut twin = vec![json!({"round": 1, "status": "released", "epsilon": null, "delta": null})];
+        let mut twin =
+            vec![json!({"round": 1, "status": "released", "epsilon": null, "delta": null})];
         assert_eq!(fill_epsilon(&mut twin, None), 0);
         assert!(twin[0]["epsilon"].is_null());
     }
@@ -184,7 +185,10 @@ mod tests {
         ];
         let csv = to_csv(&rows);
         let lines: Vec<&str> = csv.lines().collect();
-        assert_eq!(lines[0], "round,status,epsilon,eval.eval_return,eval.note,t_s");
+        assert_eq!(
+            lines[0],
+            "round,status,epsilon,eval.eval_return,eval.note,t_s"
+        );
         assert_eq!(lines[1], "1,released,0.5,9.5,\"a, \"\"b\"\"\",");
         assert_eq!(lines[2], "2,abandoned,,,,1.5");
         assert_eq!(lines.len(), 3);

@@ -43,11 +43,7 @@ pub fn parse(arg: &str) -> Result<Override, String> {
         Err(_) => toml::Value::String(value.to_string()),
     };
     Ok(Override {
-        key: key
-            .split('.')
-            .map(str::trim)
-            .collect::<Vec<_>>()
-            .join("."),
+        key: key.split('.').map(str::trim).collect::<Vec<_>>().join("."),
         value,
     })
 }
@@ -219,7 +215,10 @@ mod tests {
         assert_eq!((s.rounds, s.clip_norm), (5, 2.0));
         // Validated like a file: 20 rounds of 10 fresh users need more than 100 users.
         let err = format!("{:#}", load_with(&["rounds=20"]).unwrap_err());
-        assert!(err.starts_with("--set rounds=20: ") && err.contains("users (100)"), "{err}");
+        assert!(
+            err.starts_with("--set rounds=20: ") && err.contains("users (100)"),
+            "{err}"
+        );
         let err = format!("{:#}", load_with(&["rounds=5", "task.dimm=8"]).unwrap_err());
         assert!(
             err.starts_with("--set task.dimm=8: the scenario has no field `task.dimm`"),
@@ -233,7 +232,10 @@ mod tests {
             "{err}"
         );
         let err = format!("{:#}", load_with(&["task.dim=many"]).unwrap_err());
-        assert!(err.contains("`task.dim` does not take the value \"many\""), "{err}");
+        assert!(
+            err.contains("`task.dim` does not take the value \"many\""),
+            "{err}"
+        );
         // Validated like a file: a value of the right type but out of range is refused.
         let err = format!("{:#}", load_with(&["clip_norm=-1"]).unwrap_err());
         assert!(err.starts_with("--set clip_norm=-1: "), "{err}");

@@ -69,7 +69,10 @@ pub fn line_plot(
         x1 = x0 + 1.0;
     }
     let pad = ((y1 - y0) * 0.05).max(1e-6);
-    let (y0, y1) = (y0 - pad, y1 + pad);
+    // Headroom above the data for the legend (upper right), one line per series, so that it
+    // covers no curve or band.
+    let legend = pad * (2.0 + 1.4 * series.len() as f64);
+    let (y0, y1) = (y0 - pad, y1 + pad + legend);
 
     let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
@@ -109,7 +112,10 @@ pub fn line_plot(
                 .chain(s.band.iter().rev().map(|&(x, lo, _)| (x, lo)))
                 .collect();
             chart
-                .draw_series(std::iter::once(Polygon::new(outline, color.mix(0.2).filled())))
+                .draw_series(std::iter::once(Polygon::new(
+                    outline,
+                    color.mix(0.2).filled(),
+                )))
                 .map_err(|e| err(&e))?;
         }
         chart
@@ -125,6 +131,7 @@ pub fn line_plot(
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))

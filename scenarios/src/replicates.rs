@@ -5,7 +5,8 @@
 //! Invariants: replicate 0 runs the scenario exactly as given; replicate i > 0 changes every
 //! seed of training randomness (the task's `*_seed` fields outside its dataset, other than the
 //! population's and the held-out evaluation's, and the scenario's noise `seed` if it set one)
-//! to `mix(seed, i) >> 1` (63 bits: TOML integers are signed), so the replicates see the same
+//! to `mix(seed ^ fnv1a(key), i) >> 1` (salted by the field's dotted name, 63 bits: TOML
+//! integers are signed), so the replicates see the same
 //! users, data and held-out episodes with fresh training randomness; the noise of an unseeded
 //! scenario is fresh from the OS in every replicate anyway. Privacy is never pooled: each
 //! replicate is a run with its own ledger and epsilon, and publishing all of them composes.
@@ -41,7 +42,12 @@ pub fn seed_overrides(resolved: &Scenario, i: u64) -> anyhow::Result<Vec<Overrid
     Ok(seeds
         .into_iter()
         .map(|(key, s)| {
-            let derived = fedrl_rl::rollout::mix(s as u64, i) >> 1;
+            // Salted by the key, so two seeds that are equal in the scenario (both 0 by
+            // default) still differ in a replicate.
+            let salt = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            let derived = fedrl_rl::rollout::mix(s as u64 ^ salt, i) >> 1;
             Override {
                 key,
                 value: toml::Value::Integer(derived as i64),
@@ -56,7 +62,9 @@ fn task_seeds(prefix: &str, t: &toml::Table, out: &mut Vec<(String, i64)>) {
         match v {
             // The dataset is the data: every replicate trains on the same one.
             toml::Value::Table(sub) if k != "dataset" => task_seeds(&path, sub, out),
-            toml::Value::Integer(s) if k.ends_with("seed") && !SHARED_SEEDS.contains(&k.as_str()) => {
+            toml::Value::Integer(s)
+                if k.ends_with("seed") && !SHARED_SEEDS.contains(&k.as_str()) =>
+            {
                 out.push((path, *s))
             }
             _ => {}
@@ -174,17 +182,25 @@ mod tests {
 
     #[test]
     fn replicates_vary_training_seeds_only() {
-        let s = scenario(
-            "seed = 7\n[task]\nkind = \"dppg\"\nepisode_seed = 3\npopulation_seed = 5\n",
-        );
+        let s =
+            scenario("seed = 7\n[task]\nkind = \"dppg\"\nepisode_seed = 3\npopulation_seed = 5\n");
         assert!(seed_overrides(&s, 0).unwrap().is_empty());
         let one = seed_overrides(&s, 1).unwrap();
         let keys: Vec<&str> = one.iter().map(|o| o.key.as_str()).collect();
-        assert!(keys.contains(&"seed") && keys.contains(&"task.episode_seed"), "{keys:?}");
+        assert!(
+            keys.contains(&"seed") && keys.contains(&"task.episode_seed"),
+            "{keys:?}"
+        );
         assert!(keys.contains(&"task.model_seed"), "{keys:?}");
-        assert!(!keys.iter().any(|k| k.ends_with("population_seed")), "{keys:?}");
+        assert!(
+            !keys.iter().any(|k| k.ends_with("population_seed")),
+            "{keys:?}"
+        );
         let two = seed_overrides(&s, 2).unwrap();
         assert_ne!(one, two);
+        // model_seed and episode_seed are both 0 by default; the replicate's still differ.
+        let value = |k: &str| one.iter().find(|o| o.key == k).unwrap().value.clone();
+        assert_ne!(value("task.model_seed"), value("task.episode_seed"));
         assert!(one.iter().all(|o| o.value.as_integer().unwrap() >= 0));
         // Unseeded noise stays unseeded (fresh from the OS); the dataset and held-out
         // evaluation seeds of an offline task stay too.
@@ -197,7 +213,9 @@ mod tests {
         assert!(!keys.contains(&"seed".to_string()), "{keys:?}");
         assert!(keys.contains(&"task.data_seed".to_string()), "{keys:?}");
         assert!(
-            !keys.iter().any(|k| k.contains("dataset") || k.ends_with("eval_seed")),
+            !keys
+                .iter()
+                .any(|k| k.contains("dataset") || k.ends_with("eval_seed")),
             "{keys:?}"
         );
     }
@@ -227,7 +245,11 @@ mod tests {
             report: json!({"final_evaluation": {"final_eval_return": ret}, "epsilon": eps}),
             seeds: seed_overrides(&s, i).unwrap(),
         };
-        let v = summary(&s, &[rep(10.0, 0.5, 0), rep(12.0, 0.5, 1), rep(14.0, 0.6, 2)], 3.0);
+        let v = summary(
+            &s,
+            &[rep(10.0, 0.5, 0), rep(12.0, 0.5, 1), rep(14.0, 0.6, 2)],
+            3.0,
+        );
         assert_eq!(v["final_return"]["mean"], 12.0);
         assert!(v["final_return"]["ci95_low"].as_f64().unwrap() < 12.0);
         assert!((v["epsilon_all_replicates"].as_f64().unwrap() - 1.6).abs() < 1e-12);

@@ -131,7 +131,10 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
     assert!(err < 0.6, "l2 error {err}");
     // Issue 58: one final evaluation, one noise sentence, no duplicates.
     for gone in ["final_eval", "final_eval_return", "noise_sources"] {
-        assert!(report.get(gone).is_none(), "report.json has {gone}: {report}");
+        assert!(
+            report.get(gone).is_none(),
+            "report.json has {gone}: {report}"
+        );
     }
     assert!(
         report["noise_source"]
@@ -165,7 +168,13 @@ fn set_and_replicates() {
     let scenario = write(dir.path(), "s.toml", SCENARIO);
     let out = dir.path().join("out");
     let bad = Command::new(exe())
-        .args(["run", scenario.to_str().unwrap(), "--set", "task.dimm=3", "--out"])
+        .args([
+            "run",
+            scenario.to_str().unwrap(),
+            "--set",
+            "task.dimm=3",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
@@ -178,7 +187,15 @@ fn set_and_replicates() {
     assert!(!out.exists(), "a refused run wrote {}", out.display());
     let o = Command::new(exe())
         .args(["run", scenario.to_str().unwrap()])
-        .args(["--set", "rounds=2", "--set", "task.dim=8", "--replicates", "2", "--out"])
+        .args([
+            "--set",
+            "rounds=2",
+            "--set",
+            "task.dim=8",
+            "--replicates",
+            "2",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
@@ -194,11 +211,22 @@ fn set_and_replicates() {
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     check_report_schema(&summary);
     assert_eq!(summary["replicates"], 2, "{summary}");
-    assert!(summary["privacy"].as_str().unwrap().starts_with("per replicate"));
+    assert!(
+        summary["privacy"]
+            .as_str()
+            .unwrap()
+            .starts_with("per replicate")
+    );
     // The scenario seeds its noise: replicate 1 runs on other seeds, replicate 0 on its own.
-    assert!(summary["seeds"][0].as_object().unwrap().is_empty(), "{summary}");
+    assert!(
+        summary["seeds"][0].as_object().unwrap().is_empty(),
+        "{summary}"
+    );
     assert!(summary["seeds"][1]["seed"].as_i64().is_some(), "{summary}");
-    assert!(summary["seeds"][1]["task.data_seed"].as_i64().is_some(), "{summary}");
+    assert!(
+        summary["seeds"][1]["task.data_seed"].as_i64().is_some(),
+        "{summary}"
+    );
     for i in 0..2 {
         let rep = out.join(format!("rep-{i}"));
         let stored = std::fs::read_to_string(rep.join("scenario.toml")).unwrap();
@@ -217,6 +245,25 @@ fn set_and_replicates() {
         std::fs::read_to_string(out.join("rep-0").join("metrics.jsonl")).unwrap(),
         std::fs::read_to_string(out.join("rep-1").join("metrics.jsonl")).unwrap()
     );
+    // A non-private run (here by --set): epsilon is null, not "inf", and it says why.
+    let twin = dir.path().join("twin");
+    let o = Command::new(exe())
+        .args(["run", scenario.to_str().unwrap()])
+        .args(["--set", "non_private=true", "--set", "rounds=2", "--out"])
+        .arg(&twin)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(twin.join("report.json")).unwrap()).unwrap();
+    check_report_schema(&r);
+    assert!(r["epsilon"].is_null() && r["epsilon_rdp"].is_null(), "{r}");
+    assert!(
+        r["noise_source"].as_str().unwrap().starts_with("none"),
+        "{r}"
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("epsilon none (non-private)"), "{stdout}");
 }
 
 #[test]
@@ -263,8 +310,16 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         for key in v.as_object().unwrap().keys() {
             assert!(
-                ["round", "status", "epsilon", "epsilon_exact", "delta", "eval", "t_s"]
-                    .contains(&key.as_str()),
+                [
+                    "round",
+                    "status",
+                    "epsilon",
+                    "epsilon_exact",
+                    "delta",
+                    "eval",
+                    "t_s"
+                ]
+                .contains(&key.as_str()),
                 "metrics.jsonl has {key}: {line}"
             );
         }
@@ -366,24 +421,33 @@ fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
             .contains("reached its target after round 1"),
         "{report}"
     );
-    assert!(report["final_evaluation"]["final_eval_return"].as_f64().unwrap() >= 1.0);
+    assert!(
+        report["final_evaluation"]["final_eval_return"]
+            .as_f64()
+            .unwrap()
+            >= 1.0
+    );
     check_report_schema(&report);
     // Issue 58: `fedrl eval RUN_DIR` plays the run's policy behind the run's environment.
-    let (code, stdout, stderr) = fedrl_output(&[
-        "eval",
-        out.to_str().unwrap(),
-        "--episodes",
-        "2",
-        "--json",
-    ]);
+    let (code, stdout, stderr) =
+        fedrl_output(&["eval", out.to_str().unwrap(), "--episodes", "2", "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let ev: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(ev["env"], "CartPole-v1", "{ev}");
     assert_eq!(ev["episodes"], 2, "{ev}");
-    assert!(ev["policy"].as_str().unwrap().ends_with("policy.safetensors"), "{ev}");
+    assert!(
+        ev["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("policy.safetensors"),
+        "{ev}"
+    );
     let (code, _, stderr) = fedrl_output(&["eval", dir.path().to_str().unwrap()]);
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("not a fedrl run output directory"), "{stderr}");
+    assert!(
+        stderr.contains("not a fedrl run output directory"),
+        "{stderr}"
+    );
     let (_, records, _) = PrivacyLedger::read(
         out.join("operator")
             .join(fedrl_aggregator::state::LEDGER_FILE),

@@ -219,8 +219,7 @@ fn comments_state_the_accountants_epsilon() {
         let words: Vec<&str> = comments.split_whitespace().collect();
         for w in words.windows(9) {
             // z = 3.74 gives epsilon 0.9972 at delta 1e-5
-            if w[0] == "z" && w[1] == "=" && w[3] == "gives" && w[4] == "epsilon" && w[6] == "at"
-            {
+            if w[0] == "z" && w[1] == "=" && w[3] == "gives" && w[4] == "epsilon" && w[6] == "at" {
                 let z: f64 = w[2].parse().unwrap();
                 let stated = w[5].trim_end_matches([',', '.']);
                 let delta: f64 = w[8].trim_end_matches([',', '.']).parse().unwrap();

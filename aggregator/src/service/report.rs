@@ -284,7 +284,10 @@ mod tests {
         use fedrl_common::privacy::noise::NoiseSource;
         let seeded: Vec<NoiseSource> = (0..5).map(|seed| NoiseSource::Seeded { seed }).collect();
         let text = describe_noise(&seeded, Some(3), false);
-        assert!(text.contains("seed 3") && text.contains("NOT private"), "{text}");
+        assert!(
+            text.contains("seed 3") && text.contains("NOT private"),
+            "{text}"
+        );
         // One sentence, not one entry per round.
         assert!(!text.contains("seed 4"), "{text}");
         assert!(describe_noise(&[NoiseSource::Os], None, false).starts_with("os-csprng"));

@@ -207,8 +207,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !policy.is_file() {
         return Err(UsageError(format!("no policy file at {}", policy.display())).into());
     }
-    let bytes =
-        std::fs::read(&policy).with_context(|| format!("reading the policy {}", policy.display()))?;
+    let bytes = std::fs::read(&policy)
+        .with_context(|| format!("reading the policy {}", policy.display()))?;
     let mut envs: Vec<Box<dyn Env>> = (0..args.episodes)
         .map(|i| population.user_env(args.first_user + i))
         .collect::<Result<_, _>>()?;
@@ -258,16 +258,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     )
                     .into());
                 }
-                evaluate_greedy_for(
-                    &spec,
-                    &params,
-                    &env,
-                    args.episodes as usize,
-                    args.seed,
-                    0,
-                )
-                .context("evaluating the Q-network (does it match this environment's spaces?)")?
-                .returns
+                evaluate_greedy_for(&spec, &params, &env, args.episodes as usize, args.seed, 0)
+                    .context("evaluating the Q-network (does it match this environment's spaces?)")?
+                    .returns
             } else {
                 anyhow::bail!(
                     "reading the policy {}: {mlp_err} (nor is it a log-linear policy or an offline \
@@ -349,7 +342,11 @@ fn clinical_table(c: &ClinicalReport) -> String {
     );
     // One group (a dosing population, one age group) is the pool itself: its rows would
     // repeat the pooled ones.
-    let groups = if c.groups.len() > 1 { c.groups.len() } else { 0 };
+    let groups = if c.groups.len() > 1 {
+        c.groups.len()
+    } else {
+        0
+    };
     let pools: Vec<(String, &PoolSummary)> = std::iter::once(("all (BG)".to_string(), &c.pooled))
         .chain(
             c.groups

@@ -17,8 +17,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_aggregator::{checkpoint, state};
-use fedrl_common::privacy::accountant::AccountantKind;
 use fedrl_common::privacy::DpEvent;
+use fedrl_common::privacy::accountant::AccountantKind;
 use fedrl_common::privacy::ledger::{
     Entry, LEDGER_FILE_NAME, LedgerHead, Participation, PrivacyLedger,
 };
@@ -160,7 +160,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     );
     say!(out, "unit kind     {}", report.unit_kind);
-    say!(out, "participation {}", participation(&report.participation));
+    say!(
+        out,
+        "participation {}",
+        participation(&report.participation)
+    );
     say!(out, "records       {}", report.rounds);
     say!(out, "units         {}", report.units);
     say!(out, "entries:");
@@ -296,7 +300,10 @@ fn describe_event(e: &DpEvent) -> String {
         DpEvent::PoissonSampled {
             sampling_rate,
             event,
-        } => format!("Poisson-sampled q={sampling_rate}: {}", describe_event(event)),
+        } => format!(
+            "Poisson-sampled q={sampling_rate}: {}",
+            describe_event(event)
+        ),
         DpEvent::SelfComposed { event, count } => {
             format!("{count} x [{}]", describe_event(event))
         }
@@ -380,6 +387,9 @@ mod tests {
             "fresh (each unit contributes at most once)"
         );
         let p = participation(&Participation::sampled(0.25).unwrap());
-        assert!(p.contains("probability 0.25") && !p.contains("Sampled"), "{p}");
+        assert!(
+            p.contains("probability 0.25") && !p.contains("Sampled"),
+            "{p}"
+        );
     }
 }

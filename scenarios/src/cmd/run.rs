@@ -194,7 +194,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             curve(r, name)
         }
     };
-    let mut curves = vec![series(&run, &result.report, &private_label(&result.report))?];
+    let mut curves = vec![series(
+        &run,
+        &result.report,
+        &private_label(&result.report),
+    )?];
     let mut twin_reports = Vec::with_capacity(twins.len());
     for t in &twins {
         eprintln!(
@@ -357,7 +361,10 @@ fn run_replicates(args: Args) -> anyhow::Result<ExitCode> {
         let eps = match summary["epsilon"].as_array() {
             Some(e) if !base.non_private => {
                 let max = e.iter().filter_map(|v| v.as_f64()).fold(0.0, f64::max);
-                format!("private, epsilon up to {max:.2} each, delta {:e}", base.delta)
+                format!(
+                    "private, epsilon up to {max:.2} each, delta {:e}",
+                    base.delta
+                )
             }
             _ => "non-private".into(),
         };
@@ -392,12 +399,12 @@ fn run_replicates(args: Args) -> anyhow::Result<ExitCode> {
     if !base.non_private {
         println!(
             "privacy is per replicate (each its own epsilon, listed in {}); publishing all {n} \
-             composes: up to epsilon {:.4} at delta {:e} in total",
+             composes: up to epsilon {:.4} at delta {n} x {:e} in total",
             out.join(state::REPORT_FILE).display(),
             summary["epsilon_all_replicates"]
                 .as_f64()
                 .unwrap_or(f64::NAN),
-            base.delta * n as f64
+            base.delta
         );
     }
     println!(

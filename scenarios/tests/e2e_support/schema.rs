@@ -139,7 +139,9 @@ fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<Stri
                     ));
                 }
             }
-            other => panic!("schema keyword {other:?} (at {path}) is outside this checker's subset"),
+            other => {
+                panic!("schema keyword {other:?} (at {path}) is outside this checker's subset")
+            }
         }
     }
 }
