@@ -87,9 +87,12 @@ pub fn t_interval(values: &[f64]) -> Option<(f64, f64, f64, f64)> {
     Some((mean, sd, mean - half, mean + half))
 }
 
+/// A curve's (x, low, high) band.
+pub type Band = Vec<(f64, f64, f64)>;
+
 /// The mean curve and its 95% band over the replicates' curves, at the x values every
 /// replicate has: (x, mean) points and (x, low, high) band.
-pub fn mean_curve(curves: &[Vec<(f64, f64)>]) -> (Vec<(f64, f64)>, Vec<(f64, f64, f64)>) {
+pub fn mean_curve(curves: &[Vec<(f64, f64)>]) -> (Vec<(f64, f64)>, Band) {
     let Some(first) = curves.first() else {
         return (Vec::new(), Vec::new());
     };
