@@ -128,7 +128,10 @@ fn federated_and_central_modes_release_the_same_q_network() {
     let v = fedrl_json(&["eval", fed.to_str().unwrap(), "--episodes", "2", "--json"]);
     assert_eq!(v["episodes"], 2, "{v}");
     assert!(
-        v["policy"].as_str().unwrap().ends_with("q_network.safetensors"),
+        v["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("q_network.safetensors"),
         "{v}"
     );
     for ((_, a), (_, b)) in qf.iter().zip(&qc) {
