@@ -410,4 +410,17 @@ mod tests {
         // Pooled TIR: (100% + 33.3%) / 2.
         assert!(t.lines().nth(2).unwrap().contains("66.7"), "{t}");
     }
+
+    /// Issue 58: one group (a dosing population) is the pool: each row and the worst patient
+    /// are printed once.
+    #[test]
+    fn one_group_prints_each_row_once() {
+        let day = |p: &str, g: f64| ClinicalSummary::new(p, &[g, g, 100.0], &[g; 3]).unwrap();
+        let c = ClinicalReport::new(vec![day("adult#001", 120.0), day("adult#002", 50.0)]).unwrap();
+        assert_eq!(c.groups.len(), 1);
+        let t = clinical_table(&c);
+        assert_eq!(t.matches("worst patient").count(), 1, "{t}");
+        assert!(!t.contains("adult (BG)"), "{t}");
+        assert_eq!(t.matches("all (BG)").count(), 2, "{t}");
+    }
 }
