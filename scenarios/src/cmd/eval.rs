@@ -37,7 +37,7 @@ pub struct Args {
     /// A `fedrl run` output directory: its exported policy, evaluated behind the environment
     /// and pump settings of its stored `scenario.toml` (instead of --policy and --env and the
     /// population and pump flags, which it excludes).
-    #[arg(value_name = "RUN_DIR", required_unless_present = "policy",
+    #[arg(value_name = "RUN_DIR",
           conflicts_with_all = ["env", "population_seed", "low_risk_weight", "decision_min",
                                 "low_glucose_suspend", "iob_limit", "sensitivity_scaling"])]
     pub run_dir: Option<PathBuf>,
