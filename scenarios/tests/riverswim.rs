@@ -238,6 +238,7 @@ fn fedrl_run_trains_riverswim_loglinear() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["rounds_completed"], 12, "{report}");
+    check_report_schema(&report);
     let eps = report["epsilon"].as_f64().unwrap();
     assert!(eps <= 1.0, "{report}");
     // Fresh users, un-sampled rounds: beside the epsilon, the exact zCDP rho of one discrete
