@@ -34,7 +34,7 @@ except OSError:
     rep = {}
 print(json.dumps({"command": label, "run": int(run), "rc": int(rc),
                   "shell_seconds": round(float(t1) - float(t0), 2),
-                  "final_eval_return": rep.get("final_eval_return"), "rounds": rep.get("rounds"),
+                  "final_eval_return": (rep.get("final_evaluation") or {}).get("final_eval_return"), "rounds": rep.get("rounds"),
                   "epsilon": rep.get("epsilon"), "timings": rep.get("timings"),
                   "loadavg_1m": float(load),
                   "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))

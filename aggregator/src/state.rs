@@ -9,7 +9,7 @@
 //! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
 //! | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 //! | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section), read back on resume |
-//! | `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
+//! | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
 //! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
 //! | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
@@ -52,7 +52,7 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
 | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section) |
-| `report.json` | public | end of run: epsilon/delta, accountant, evaluations, run configuration |
+| `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 | model export (e.g. `policy.safetensors`) | public | the released model |
 | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
 | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |

@@ -282,7 +282,7 @@ impl Scenario {
     pub fn from_toml_str_with(text: &str, models: &dyn TaskModels) -> Result<Self, ScenarioError> {
         let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
             path: None,
-            message: e.to_string(),
+            message: parse_message(text, &e),
         })?;
         s.resolve(models)
     }
@@ -304,7 +304,7 @@ impl Scenario {
         })?;
         let s: Scenario = toml::from_str(&text).map_err(|e| ScenarioError::Parse {
             path: Some(path.display().to_string()),
-            message: e.to_string(),
+            message: parse_message(&text, &e),
         })?;
         s.resolve(models)
     }
@@ -884,6 +884,79 @@ impl Scenario {
     }
 }
 
+/// The message of a TOML error in a scenario. serde reads `[task]` (a tagged enum) through a
+/// buffer that has lost the fields' positions, so a wrong value inside it would point at the
+/// `[task]` header; the task's fields are then parsed again as the kind's spec alone, and the
+/// message names the field (`task.server_lr`, `task.local.epochs`) and its line.
+fn parse_message(text: &str, err: &toml::de::Error) -> String {
+    task_field_error(text).unwrap_or_else(|| err.to_string())
+}
+
+/// `task.FIELD (line N): MESSAGE` for an error inside `[task]`, or `None` when the task's
+/// fields parse on their own (the error is elsewhere) or cannot be isolated.
+fn task_field_error(text: &str) -> Option<String> {
+    let doc: toml::Table = text.parse().ok()?;
+    let mut task = doc.get("task")?.as_table()?.clone();
+    let kind = task.remove("kind")?.as_str()?.to_string();
+    let alone = toml::to_string(&task).ok()?;
+    let err = crate::task::Task::parse_spec_alone(&kind, &alone)?.err()?;
+    let span = err.span()?;
+    // The field at fault: its `key =` line in the re-written table, under its `[sub.table]`.
+    let before = &alone[..span.start.min(alone.len())];
+    let line = alone[before.rfind('\n').map_or(0, |i| i + 1)..]
+        .lines()
+        .next()
+        .unwrap_or("");
+    let header = before
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let l = l.trim();
+            (l.starts_with('[') && l.ends_with(']')).then(|| l.trim_matches(['[', ']']).to_string())
+        })
+        .filter(|_| !line.trim_start().starts_with('['));
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string());
+    let mut path = String::from("task");
+    for part in header.iter().map(String::as_str).chain(key.as_deref()) {
+        path.push('.');
+        path.push_str(part);
+    }
+    let message = err.message().trim();
+    match key
+        .as_deref()
+        .and_then(|k| line_of(text, header.as_deref(), k))
+    {
+        Some(n) => Some(format!("{path} (line {n}): {message}")),
+        None => Some(format!("{path}: {message}")),
+    }
+}
+
+/// The 1-based line of `key = ...` in the scenario text's `[task]` table (or its
+/// `[task.SUB]` table), if it is written there as a plain key.
+fn line_of(text: &str, sub: Option<&str>, key: &str) -> Option<usize> {
+    let header = match sub {
+        Some(sub) => format!("[task.{sub}]"),
+        None => "[task]".to_string(),
+    };
+    let mut inside = false;
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            inside = t.replace(' ', "") == header;
+            continue;
+        }
+        if inside
+            && let Some((k, _)) = t.split_once('=')
+            && k.trim().trim_matches('"') == key
+        {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -896,6 +969,31 @@ mod tests {
         assert_eq!(s.quorum(), 5);
         assert_eq!(PlainTasks.dim(&s.task).unwrap(), 16);
         assert_eq!(s.expected_cohort(), 10.0);
+    }
+
+    /// Issue 58: a wrong value inside `[task]` names the field and its line, not `[task]`.
+    #[test]
+    fn task_type_errors_name_the_field() {
+        let text = "name = \"x\"\n\n[task]\nkind = \"dppg\"\nserver_lr = \"fast\"\n";
+        let err = Scenario::from_toml_str(text).unwrap_err().to_string();
+        assert!(err.contains("task.server_lr (line 5)"), "{err}");
+        assert!(err.contains("expected f64"), "{err}");
+        let nested = "[task]\nkind = \"dppg\"\n\n[task.local]\nepochs = \"many\"\n";
+        let err = Scenario::from_toml_str(nested).unwrap_err().to_string();
+        assert!(err.contains("task.local.epochs (line 5)"), "{err}");
+        let unknown = "[task]\nkind = \"mean_estimation\"\ndimm = 3\n";
+        let err = Scenario::from_toml_str(unknown).unwrap_err().to_string();
+        assert!(
+            err.contains("task.dimm (line 3)") && err.contains("unknown field"),
+            "{err}"
+        );
+        // An error outside [task] keeps TOML's own message and position.
+        let top = "rounds = \"ten\"\n[task]\nkind = \"mean_estimation\"\n";
+        let err = Scenario::from_toml_str(top).unwrap_err().to_string();
+        assert!(
+            err.contains("rounds = \"ten\"") && !err.contains("task."),
+            "{err}"
+        );
     }
 
     /// Issue 15: plans that cannot run are refused at load, with the numbers: a `fresh` unit's

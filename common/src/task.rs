@@ -158,6 +158,17 @@ macro_rules! task_kinds {
                     $(Task::$variant(t) => TaskSpec::check(t),)*
                 }
             }
+
+            /// Parses `text` (a `[task]` table's fields, without `kind`) as `kind`'s spec
+            /// alone: its error carries the span of the field at fault, where the tagged
+            /// enum's own error can only point at `[task]`. `None` for a kind this build does
+            /// not know.
+            pub fn parse_spec_alone(kind: &str, text: &str) -> Option<Result<(), toml::de::Error>> {
+                $(if kind == <$module::$spec as TaskSpec>::KIND {
+                    return Some(toml::from_str::<$module::$spec>(text).map(|_| ()));
+                })*
+                None
+            }
         }
     };
 }

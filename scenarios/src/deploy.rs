@@ -23,6 +23,7 @@ use fedrl_common::protocol::auth::issue_token;
 use fedrl_common::scenario::Scenario;
 
 use crate::cmd::aggregator::{StopSignal, StopSignals};
+use crate::overrides::{self, Override};
 
 /// The built-in scenario (`fedrl run` with no file).
 pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
@@ -31,15 +32,16 @@ pub const DEFAULT_SCENARIO: &str = include_str!("../cartpole-dppg.toml");
 pub const OUTPUT_FILES_GUIDE: &str = "\
 # Files in this `fedrl run` output directory
 
-Public files are differentially private outputs or the run's configuration: they may be
-published. Operator-only files hold exact counts, unit ids, keys or logs: under Poisson sampling
+Public files are differentially private outputs, evaluations of the released models or the
+scenario as run: they may be published. Operator-only files hold exact counts, unit ids, keys or logs: under Poisson sampling
 the units drawn each round (and how many) must stay secret, because the privacy amplification
 relies on it. Do not publish them.
 
 | file | who | what |
 | --- | --- | --- |
-| `report.json` | public | epsilon/delta, accountant, noise source, evaluations of the released model, run configuration |
-| `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+| `report.json` | public | epsilon/delta (epsilon null for a non-private twin), accountant, noise source, the final evaluation of the released model (`final_evaluation.final_eval_return`); fields described by `scenarios/report.schema.json` in the fedrl repository (the configuration is `scenario.toml`) |
+| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model, time |
+| `metrics.csv` | public | the same rows and columns as CSV |
 | `policy.safetensors` (or the task's model export) | public | the released model |
 | `learning_curve.png` | public | evaluation return of released models per round (offline CQL: per training step, DP-SGD and free steps together) |
 | `d_stable/` | public | expert-level runs: the trajectory prefixes released by the DataRelease, a Minari dataset root (`MINARI_DATASETS_PATH=d_stable`) |
@@ -159,11 +161,17 @@ impl LocalRun {
     /// ([`OutDirError::Differs`]), except for `device` and `target_epsilon` (a raise still
     /// needs `--allow-budget-increase`, checked by the aggregator against its ledger). The
     /// stored `scenario.toml` is never rewritten.
+    ///
+    /// `sets` (`--set key=value`) are applied to the scenario's text before it is parsed and
+    /// validated (see [`crate::overrides`]); the stored `scenario.toml` holds their result. On
+    /// a resume they apply to the stored scenario when no file is given, and the result must
+    /// still be the stored scenario (as a given file must).
     pub fn prepare(
         scenario: Option<&Path>,
         out: Option<&Path>,
         device: Option<DeviceSpec>,
         resume: bool,
+        sets: &[Override],
     ) -> anyhow::Result<LocalRun> {
         let stored_path = out.map(|o| o.join(SCENARIO_FILE));
         let text = match (scenario, &stored_path) {
@@ -178,10 +186,11 @@ impl LocalRun {
             }
             (None, _) => DEFAULT_SCENARIO.to_string(),
         };
-        let mut parsed =
-            fedrl_tasks::scenario_from_toml_str(&text).map_err(|e| match scenario {
-                Some(p) => anyhow::anyhow!("{}: {e}", p.display()),
-                None => anyhow::anyhow!("built-in scenario: {e}"),
+        let mut parsed = overrides::load(&text, sets, fedrl_tasks::scenario_from_toml_str)
+            .map_err(|e| match scenario {
+                Some(p) => anyhow::anyhow!("{}: {e:#}", p.display()),
+                None if resume => anyhow::anyhow!("stored scenario: {e:#}"),
+                None => anyhow::anyhow!("built-in scenario: {e:#}"),
             })?;
         if let Some(d) = device {
             parsed.device = d;

@@ -2,7 +2,10 @@
 
 mod cmd;
 mod deploy;
+mod metrics_files;
+mod overrides;
 mod plot;
+mod replicates;
 
 use std::process::ExitCode;
 

@@ -22,13 +22,18 @@ fn ensure_font() {
     });
 }
 
-/// One named curve of (x, y) points.
+/// One named curve of (x, y) points, with an optional band (x, low, high) drawn shaded
+/// beneath it (an interval around the curve; empty for none).
+#[derive(Default)]
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    pub band: Vec<(f64, f64, f64)>,
 }
 
-/// Draws `series` as lines into a PNG of 960 x 600 pixels at `path`.
+/// Draws `series` as lines (and their bands, shaded) into a PNG of 960 x 600 pixels at
+/// `path`. When every x is a whole number (rounds, steps, epochs) the x axis is labelled
+/// with whole numbers.
 pub fn line_plot(
     path: &Path,
     title: &str,
@@ -37,12 +42,21 @@ pub fn line_plot(
     series: &[Series],
 ) -> anyhow::Result<()> {
     ensure_font();
+    let band_pts = series
+        .iter()
+        .flat_map(|s| s.band.iter())
+        .flat_map(|&(x, lo, hi)| [(x, lo), (x, hi)]);
     let pts = series
         .iter()
-        .flat_map(|s| s.points.iter())
+        .flat_map(|s| s.points.iter().copied())
+        .chain(band_pts)
         .filter(|(x, y)| x.is_finite() && y.is_finite());
+    let whole_x = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .all(|(x, _)| x.fract() == 0.0);
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in pts {
+    for (x, y) in pts {
         x0 = x0.min(x);
         x1 = x1.max(x);
         y0 = y0.min(y);
@@ -55,7 +69,10 @@ pub fn line_plot(
         x1 = x0 + 1.0;
     }
     let pad = ((y1 - y0) * 0.05).max(1e-6);
-    let (y0, y1) = (y0 - pad, y1 + pad);
+    // Headroom above the data for the legend (upper right), one line per series, so that it
+    // covers no curve or band.
+    let legend = pad * (2.0 + 1.4 * series.len() as f64);
+    let (y0, y1) = (y0 - pad, y1 + pad + legend);
 
     let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
@@ -67,13 +84,17 @@ pub fn line_plot(
         .y_label_area_size(72)
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
+    let whole = |x: &f64| format!("{x:.0}");
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(x_label)
         .y_desc(y_label)
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(|e| err(&e))?;
+        .label_style(("sans-serif", 14));
+    if whole_x {
+        // Rounds are whole numbers: no "2.0", and no tick between two of them.
+        mesh.x_label_formatter(&whole)
+            .x_labels(((x1 - x0).round() as usize + 1).clamp(2, 12));
+    }
+    mesh.draw().map_err(|e| err(&e))?;
     let palette = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
@@ -82,6 +103,21 @@ pub fn line_plot(
     ];
     for (i, s) in series.iter().enumerate() {
         let color = palette[i % palette.len()];
+        if !s.band.is_empty() {
+            // The band's outline: along the highs, back along the lows.
+            let outline: Vec<(f64, f64)> = s
+                .band
+                .iter()
+                .map(|&(x, _, hi)| (x, hi))
+                .chain(s.band.iter().rev().map(|&(x, lo, _)| (x, lo)))
+                .collect();
+            chart
+                .draw_series(std::iter::once(Polygon::new(
+                    outline,
+                    color.mix(0.2).filled(),
+                )))
+                .map_err(|e| err(&e))?;
+        }
         chart
             .draw_series(LineSeries::new(
                 s.points.iter().copied(),
@@ -95,6 +131,7 @@ pub fn line_plot(
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
@@ -244,10 +281,20 @@ mod tests {
         let s = Series {
             name: "private".into(),
             points: vec![(0.0, 10.0), (100.0, 200.0), (200.0, 480.0)],
+            ..Series::default()
         };
         line_plot(&p, "CartPole-v1", "users", "evaluation return", &[s]).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         assert!(bytes.len() > 5000);
+        // With a band (whose extremes widen the y range) on whole-number rounds.
+        let banded = Series {
+            name: "mean of 3".into(),
+            points: vec![(1.0, 10.0), (2.0, 20.0), (3.0, 30.0)],
+            band: vec![(1.0, 5.0, 15.0), (2.0, 12.0, 28.0), (3.0, 20.0, 40.0)],
+        };
+        let q = dir.path().join("band.png");
+        line_plot(&q, "mean", "round", "return", &[banded]).unwrap();
+        assert!(std::fs::read(&q).unwrap().len() > 5000);
     }
 }

@@ -171,6 +171,7 @@ fn selective_dp_sgd_releases_prefixes_then_charges_exactly_the_scheduled_dp_step
             serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap())
                 .unwrap();
         assert_eq!(report["rounds_completed"].as_u64(), Some(k), "{report}");
+        check_report_schema(&report);
         let rel = &report["selective"]["release"];
         assert_eq!(rel["trajectories_walked"], 4, "{report}");
         let stable = rel["stable_transitions"].as_u64().unwrap();
@@ -237,6 +238,7 @@ fn released_prefixes_alone_need_no_dp_step() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["rounds_completed"], 0, "{report}");
+    check_report_schema(&report);
     assert!(report["epsilon"].as_f64().unwrap() > 0.0);
     // No round, yet a learning curve: the free steps are evaluated by step.
     let curve = report["final_evaluation"]["curve"].as_array().unwrap();

@@ -123,6 +123,17 @@ fn federated_and_central_modes_release_the_same_q_network() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fed.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["rounds_completed"], 50, "{report}");
+    check_report_schema(&report);
+    // Issue 58: `fedrl eval RUN_DIR` finds the run's Q-network and its environment.
+    let v = fedrl_json(&["eval", fed.to_str().unwrap(), "--episodes", "2", "--json"]);
+    assert_eq!(v["episodes"], 2, "{v}");
+    assert!(
+        v["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("q_network.safetensors"),
+        "{v}"
+    );
     for ((_, a), (_, b)) in qf.iter().zip(&qc) {
         for (x, y) in a.iter().zip(b) {
             worst = worst.max((x - y).abs());

@@ -125,9 +125,145 @@ fn fedrl_run_writes_report_ledger_and_metrics() {
         4
     );
     public_files_hold_no_exact_counts(&out, &report);
+    check_report_schema(&report);
     // The estimate approaches the true mean (norm 0.5): the error is well below the mean's norm.
-    let err = report["final_eval"]["l2_error"].as_f64().unwrap();
+    let err = report["final_evaluation"]["l2_error"].as_f64().unwrap();
     assert!(err < 0.6, "l2 error {err}");
+    // Issue 58: one final evaluation, one noise sentence, no duplicates.
+    for gone in ["final_eval", "final_eval_return", "noise_sources"] {
+        assert!(
+            report.get(gone).is_none(),
+            "report.json has {gone}: {report}"
+        );
+    }
+    assert!(
+        report["noise_source"]
+            .as_str()
+            .unwrap()
+            .contains("scenario's seed 3"),
+        "{report}"
+    );
+    // Every released row has its epsilon, and the CSV has the same rows.
+    let rows: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        rows.iter()
+            .all(|r| r["status"] != "released" || r["epsilon"].as_f64().is_some()),
+        "{metrics}"
+    );
+    let csv = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+    let header = csv.lines().next().unwrap();
+    assert!(header.starts_with("round,status,epsilon,"), "{csv}");
+    assert_eq!(csv.lines().count(), rows.len() + 1, "{csv}");
+}
+
+/// Issue 58: `--set` overrides a field (written into the stored scenario), a wrong one is a
+/// usage error naming it, and `--replicates 2` runs two replicates into rep-0 and rep-1 with a
+/// summary report (mean and interval, privacy per replicate) and the mean curve.
+#[test]
+fn set_and_replicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = write(dir.path(), "s.toml", SCENARIO);
+    let out = dir.path().join("out");
+    let bad = Command::new(exe())
+        .args([
+            "run",
+            scenario.to_str().unwrap(),
+            "--set",
+            "task.dimm=3",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("--set task.dimm=3: the scenario has no field `task.dimm`"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+    let o = Command::new(exe())
+        .args(["run", scenario.to_str().unwrap()])
+        .args([
+            "--set",
+            "rounds=2",
+            "--set",
+            "task.dim=8",
+            "--replicates",
+            "2",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "fedrl run failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("privacy is per replicate"), "{stdout}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    check_report_schema(&summary);
+    assert_eq!(summary["replicates"], 2, "{summary}");
+    assert!(
+        summary["privacy"]
+            .as_str()
+            .unwrap()
+            .starts_with("per replicate")
+    );
+    // The scenario seeds its noise: replicate 1 runs on other seeds, replicate 0 on its own.
+    assert!(
+        summary["seeds"][0].as_object().unwrap().is_empty(),
+        "{summary}"
+    );
+    assert!(summary["seeds"][1]["seed"].as_i64().is_some(), "{summary}");
+    assert!(
+        summary["seeds"][1]["task.data_seed"].as_i64().is_some(),
+        "{summary}"
+    );
+    for i in 0..2 {
+        let rep = out.join(format!("rep-{i}"));
+        let stored = std::fs::read_to_string(rep.join("scenario.toml")).unwrap();
+        let t: toml::Table = stored.parse().unwrap();
+        assert_eq!(t["rounds"].as_integer(), Some(2), "{stored}");
+        assert_eq!(t["task"]["dim"].as_integer(), Some(8), "{stored}");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(rep.join("report.json")).unwrap())
+                .unwrap();
+        check_report_schema(&r);
+        assert_eq!(r["rounds_completed"], 2, "{r}");
+        assert_eq!(summary["epsilon"][i], r["epsilon"], "{summary}");
+    }
+    // The replicates' noise differs (different seeds), so their final errors do too.
+    assert_ne!(
+        std::fs::read_to_string(out.join("rep-0").join("metrics.jsonl")).unwrap(),
+        std::fs::read_to_string(out.join("rep-1").join("metrics.jsonl")).unwrap()
+    );
+    // A non-private run (here by --set): epsilon is null, not "inf", and it says why.
+    let twin = dir.path().join("twin");
+    let o = Command::new(exe())
+        .args(["run", scenario.to_str().unwrap()])
+        .args(["--set", "non_private=true", "--set", "rounds=2", "--out"])
+        .arg(&twin)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(twin.join("report.json")).unwrap()).unwrap();
+    check_report_schema(&r);
+    assert!(r["epsilon"].is_null() && r["epsilon_rdp"].is_null(), "{r}");
+    assert!(
+        r["noise_source"].as_str().unwrap().starts_with("none"),
+        "{r}"
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("epsilon none (non-private)"), "{stdout}");
 }
 
 #[test]
@@ -174,7 +310,16 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         for key in v.as_object().unwrap().keys() {
             assert!(
-                ["round", "status", "epsilon", "delta", "eval", "t_s"].contains(&key.as_str()),
+                [
+                    "round",
+                    "status",
+                    "epsilon",
+                    "epsilon_exact",
+                    "delta",
+                    "eval",
+                    "t_s"
+                ]
+                .contains(&key.as_str()),
                 "metrics.jsonl has {key}: {line}"
             );
         }
@@ -195,6 +340,7 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
             [
                 "report.json",
                 "metrics.jsonl",
+                "metrics.csv",
                 "scenario.toml",
                 "FILES.md",
                 "operator",
@@ -275,7 +421,33 @@ fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
             .contains("reached its target after round 1"),
         "{report}"
     );
-    assert!(report["final_eval"]["eval_return"].as_f64().unwrap() >= 1.0);
+    assert!(
+        report["final_evaluation"]["final_eval_return"]
+            .as_f64()
+            .unwrap()
+            >= 1.0
+    );
+    check_report_schema(&report);
+    // Issue 58: `fedrl eval RUN_DIR` plays the run's policy behind the run's environment.
+    let (code, stdout, stderr) =
+        fedrl_output(&["eval", out.to_str().unwrap(), "--episodes", "2", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let ev: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(ev["env"], "CartPole-v1", "{ev}");
+    assert_eq!(ev["episodes"], 2, "{ev}");
+    assert!(
+        ev["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("policy.safetensors"),
+        "{ev}"
+    );
+    let (code, _, stderr) = fedrl_output(&["eval", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("not a fedrl run output directory"),
+        "{stderr}"
+    );
     let (_, records, _) = PrivacyLedger::read(
         out.join("operator")
             .join(fedrl_aggregator::state::LEDGER_FILE),

@@ -131,8 +131,9 @@ fn text_shows_records_phases_budget_changes_and_the_basic_sum() {
     for needle in [
         "format version 3",
         "chain         6 entries, head SHA-256 ",
-        "poisson(q=0.25, gaussian(z=1.2))",
-        "laplace(b=2)",
+        "Poisson-sampled q=0.25: Gaussian z=1.2000",
+        "Laplace b=2",
+        "participation sampled (the aggregator draws each unit with probability 0.25",
         "budget change: target epsilon 20 -> 30",
         "release",
         "basic sum",

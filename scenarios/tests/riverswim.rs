@@ -238,6 +238,7 @@ fn fedrl_run_trains_riverswim_loglinear() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["rounds_completed"], 12, "{report}");
+    check_report_schema(&report);
     let eps = report["epsilon"].as_f64().unwrap();
     assert!(eps <= 1.0, "{report}");
     // Fresh users, un-sampled rounds: beside the epsilon, the exact zCDP rho of one discrete
@@ -245,8 +246,8 @@ fn fedrl_run_trains_riverswim_loglinear() {
     let rho = report["zcdp_rho"].as_f64().unwrap();
     let rho_z = 1.0 / (2.0 * 3.74f64.powi(2));
     assert!(rho <= rho_z && rho > 0.999 * rho_z, "{report}");
-    let ret = report["final_eval_return"].as_f64().unwrap();
     let fe = &report["final_evaluation"];
+    let ret = fe["final_eval_return"].as_f64().unwrap();
     let (ret_sd, ret_n) = (
         fe["final_eval_return_std"].as_f64().unwrap(),
         fe["final_eval_episodes"].as_f64().unwrap(),

@@ -201,3 +201,39 @@ fn primorl_scenarios_plan_within_the_papers_budgets_and_have_their_twins() {
         );
     }
 }
+
+/// Issue 58: a scenario's comment that says "z = Z gives epsilon E at delta D" states what the
+/// project's accountant computes (the analytic Gaussian of one fresh contribution), to the
+/// digits written.
+#[test]
+fn comments_state_the_accountants_epsilon() {
+    let mut checked = 0;
+    for f in scenario_files() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        // Comments only, joined: a sentence may wrap.
+        let comments: String = text
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix('#'))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let words: Vec<&str> = comments.split_whitespace().collect();
+        for w in words.windows(9) {
+            // z = 3.74 gives epsilon 0.9972 at delta 1e-5
+            if w[0] == "z" && w[1] == "=" && w[3] == "gives" && w[4] == "epsilon" && w[6] == "at" {
+                let z: f64 = w[2].parse().unwrap();
+                let stated = w[5].trim_end_matches([',', '.']);
+                let delta: f64 = w[8].trim_end_matches([',', '.']).parse().unwrap();
+                let eps = fedrl_common::privacy::gaussian::epsilon(z, delta).unwrap();
+                let decimals = stated.split('.').nth(1).map_or(0, str::len);
+                assert_eq!(
+                    format!("{eps:.decimals$}"),
+                    stated,
+                    "{}: z = {z} gives epsilon {eps} at delta {delta}",
+                    f.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 3, "{checked} comments checked");
+}

@@ -1220,23 +1220,17 @@ impl EngineThread {
 
     fn report(&self, finished: String, outcome: Outcome) -> anyhow::Result<RunReport> {
         let rep = self.ledger.report().context("accounting the ledger")?;
-        let noise_sources: Vec<String> = rep.noise_sources.iter().map(|s| s.to_string()).collect();
+        let non_private = self.engine.config().non_private;
         Ok(RunReport {
             public: PublicReport {
                 scenario: self.scenario.name.clone(),
                 rounds_completed: self.engine.rounds_completed(),
                 rounds_abandoned: self.engine.rounds_abandoned(),
                 rounds_attempted: self.engine.rounds_completed() + self.engine.rounds_abandoned(),
-                epsilon: if self.engine.config().non_private {
-                    f64::INFINITY
-                } else {
-                    rep.epsilon
-                },
-                epsilon_rdp: if self.engine.config().non_private {
-                    f64::INFINITY
-                } else {
-                    rep.epsilon_rdp
-                },
+                report_version: super::report::REPORT_VERSION,
+                // A twin has no epsilon: null, not an infinite number or a string.
+                epsilon: (!non_private).then_some(rep.epsilon),
+                epsilon_rdp: (!non_private).then_some(rep.epsilon_rdp),
                 zcdp_rho: if self.engine.config().non_private {
                     None
                 } else {
@@ -1245,7 +1239,11 @@ impl EngineThread {
                 delta: rep.delta,
                 target_epsilon: rep.target_epsilon,
                 seeded: rep.noise_sources.iter().any(|s| !s.is_private()),
-                noise_sources,
+                noise_source: super::report::describe_noise(
+                    &rep.noise_sources,
+                    self.scenario.seed,
+                    non_private,
+                ),
                 accountant: if self.engine.config().non_private {
                     // The engine neither re-clips nor adds noise; a task may still project
                     // each local update (PriMORL's `nonprivate_clip_norm`), so say "server".
@@ -1256,8 +1254,9 @@ impl EngineThread {
                 wall_seconds: self.started.elapsed().as_secs_f64(),
                 finished,
                 outcome,
-                final_eval: self.last_eval.clone(),
-                final_evaluation: self.final_eval.clone(),
+                // The one final evaluation: the model's own end-of-run one, else (a task
+                // without one) its last periodic evaluation.
+                final_evaluation: self.final_eval.clone().or_else(|| self.last_eval.clone()),
                 non_private: self.engine.config().non_private,
                 selective: self.selective_report.clone(),
             },

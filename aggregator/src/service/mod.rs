@@ -69,7 +69,9 @@ pub use gate::{
     DEFAULT_MAX_UNAUTHENTICATED, DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
 };
 pub use release::{STABLE_DIR, STABLE_SUMMARY_FILE};
-pub use report::{OperatorCounts, Outcome, PublicReport, RunFailed, RunReport};
+pub use report::{
+    OperatorCounts, Outcome, PublicReport, REPORT_VERSION, RunFailed, RunReport, describe_noise,
+};
 pub use resume::ResumeError;
 pub use startup::run;
 pub use transport::{

@@ -20,11 +20,17 @@ pub struct PublicReport {
     pub rounds_abandoned: u64,
     /// Rounds attempted by this process and its predecessors (released + abandoned).
     pub rounds_attempted: u64,
-    /// Epsilon of the worst unit at `delta`, by the reported accountant (infinite for a
-    /// non-private twin).
-    pub epsilon: f64,
-    /// The RDP cross-check at `delta` (never smaller than a valid bound needs to be).
-    pub epsilon_rdp: f64,
+    /// Version of this report's layout, the `report_version` of the JSON Schema that
+    /// describes it (`scenarios/report.schema.json`). Bumped when a field is renamed, removed
+    /// or changes meaning.
+    #[serde(default)]
+    pub report_version: u32,
+    /// Epsilon of the worst unit at `delta`, by the reported accountant; `None` (JSON `null`)
+    /// for a non-private twin, which has no epsilon.
+    pub epsilon: Option<f64>,
+    /// The RDP cross-check at `delta` (never smaller than a valid bound needs to be); `None`
+    /// for a non-private twin.
+    pub epsilon_rdp: Option<f64>,
     /// The worst unit's zCDP rho when every round charging it was an un-sampled (discrete)
     /// Gaussian: exact, where `epsilon` counts the discrete Gaussian as continuous up to a
     /// proven gap (`fedrl_common::privacy::event`). `None` otherwise and for a non-private twin.
@@ -34,7 +40,9 @@ pub struct PublicReport {
     pub target_epsilon: f64,
     /// True when the noise was seeded (reproducible, not private).
     pub seeded: bool,
-    pub noise_sources: Vec<String>,
+    /// Where the noise came from, in one sentence ([`describe_noise`]).
+    #[serde(default)]
+    pub noise_source: String,
     pub accountant: String,
     /// Seconds this aggregator process ran.
     pub wall_seconds: f64,
@@ -44,10 +52,10 @@ pub struct PublicReport {
     /// field existed read as `finished`.
     #[serde(default)]
     pub outcome: Outcome,
-    /// The released model's last periodic evaluation, if any.
-    pub final_eval: Option<serde_json::Value>,
-    /// The released model's end-of-run evaluation, if it has one (e.g. `final_eval_return` on
-    /// held-out users).
+    /// The released model's end-of-run evaluation: its return is `final_eval_return` (the one
+    /// place a report gives the final return), with the task's other final figures beside it
+    /// (episodes, spread, clinical metrics, curves). A task without an end-of-run evaluation
+    /// (mean estimation) puts its last periodic evaluation here; `None` when there is neither.
     pub final_evaluation: Option<serde_json::Value>,
     /// True for a non-private twin: no server-side clipping, no noise, epsilon = infinity (a
     /// task may still project its local updates, e.g. PriMORL's `nonprivate_clip_norm`).
@@ -56,6 +64,41 @@ pub struct PublicReport {
     /// all public, D_stable itself is published) and the step schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selective: Option<serde_json::Value>,
+}
+
+/// The layout version this code writes ([`PublicReport::report_version`]).
+pub const REPORT_VERSION: u32 = 2;
+
+/// One sentence saying where a run's noise came from, from the distinct sources its ledger
+/// recorded (`sources`): the OS generator (private), seeded generators (one derived seed per
+/// round from the scenario's `seed`: reproducible, not private), or both after a resume that
+/// changed the seed; `non_private` twins have none.
+pub fn describe_noise(
+    sources: &[fedrl_common::privacy::noise::NoiseSource],
+    scenario_seed: Option<u64>,
+    non_private: bool,
+) -> String {
+    if non_private {
+        return "none (non-private twin: no noise)".into();
+    }
+    let seeded = sources.iter().filter(|s| !s.is_private()).count();
+    let os = sources.len() - seeded;
+    let seeded_text = || match scenario_seed {
+        Some(seed) => format!(
+            "seeded ChaCha20, one seed per round derived from the scenario's seed {seed} \
+             (reproducible, NOT private)"
+        ),
+        None => "seeded ChaCha20 (reproducible, NOT private)".into(),
+    };
+    match (os > 0, seeded > 0) {
+        (_, false) => fedrl_common::privacy::noise::NoiseSource::Os.to_string(),
+        (false, true) => seeded_text(),
+        (true, true) => format!(
+            "mixed: some rounds {}, others {}",
+            fedrl_common::privacy::noise::NoiseSource::Os,
+            seeded_text()
+        ),
+    }
 }
 
 /// How a run ended.
@@ -178,18 +221,18 @@ mod tests {
                 rounds_completed: 3,
                 rounds_abandoned: 1,
                 rounds_attempted: 4,
-                epsilon: 0.9,
-                epsilon_rdp: 1.0,
+                report_version: REPORT_VERSION,
+                epsilon: Some(0.9),
+                epsilon_rdp: Some(1.0),
                 zcdp_rho: None,
                 delta: 1e-5,
                 target_epsilon: 2.0,
                 seeded: false,
-                noise_sources: vec!["os".into()],
+                noise_source: describe_noise(&[], None, false),
                 accountant: "pld".into(),
                 wall_seconds: 1.0,
                 finished: "done".into(),
                 outcome: Outcome::Finished,
-                final_eval: None,
                 final_evaluation: None,
                 non_private: false,
                 selective: None,
@@ -234,5 +277,34 @@ mod tests {
         // Flat, so readers of the old single file find every field where it was.
         let back: RunReport = serde_json::from_value(operator).unwrap();
         assert_eq!(back.operator.updates_accepted, 37);
+    }
+
+    #[test]
+    fn a_twin_has_a_null_epsilon_and_one_noise_sentence() {
+        use fedrl_common::privacy::noise::NoiseSource;
+        let seeded: Vec<NoiseSource> = (0..5).map(|seed| NoiseSource::Seeded { seed }).collect();
+        let text = describe_noise(&seeded, Some(3), false);
+        assert!(
+            text.contains("seed 3") && text.contains("NOT private"),
+            "{text}"
+        );
+        // One sentence, not one entry per round.
+        assert!(!text.contains("seed 4"), "{text}");
+        assert!(describe_noise(&[NoiseSource::Os], None, false).starts_with("os-csprng"));
+        assert!(describe_noise(&[NoiseSource::Os, seeded[0]], Some(1), false).starts_with("mixed"));
+        assert!(describe_noise(&[], None, true).starts_with("none"));
+        // JSON null, and read back as None (an infinite f64 would be written as null and then
+        // fail to read).
+        let mut r: PublicReport = serde_json::from_value(serde_json::json!({
+            "scenario": "s", "rounds_completed": 1, "rounds_abandoned": 0,
+            "rounds_attempted": 1, "epsilon": null, "epsilon_rdp": null, "delta": 1e-5,
+            "target_epsilon": 1.0, "seeded": false, "accountant": "none",
+            "wall_seconds": 1.0, "finished": "done", "final_evaluation": null,
+            "non_private": true
+        }))
+        .unwrap();
+        assert_eq!(r.epsilon, None);
+        r.epsilon = Some(1.5);
+        assert_eq!(serde_json::to_value(&r).unwrap()["epsilon"], 1.5);
     }
 }

@@ -272,7 +272,7 @@ pub fn store_with(
     }
     let spec_json = spec.map(spec_to_json).transpose()?;
     let opts = WriteOptions {
-        algorithm_name: spec.map(|s| format!("fedrl {:?}", s.behaviour)),
+        algorithm_name: spec.map(|s| algorithm_name(&s.behaviour)),
         description: spec.map(|s| {
             format!(
                 "fedrl dataset: {} units x {} episodes in {} (population seed {}), seed {}",
@@ -510,4 +510,46 @@ pub fn list(root: &Path) -> Result<Vec<Listed>, CacheError> {
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
+}
+
+/// Minari's `algorithm_name` of a generated dataset: the behaviour's kind as the scenario
+/// writes it and its parameters, e.g. `fedrl ppo_mixed (checkpoints 4, epsilon 0.2, iterations
+/// 60)` (not a Rust debug string).
+pub fn algorithm_name(b: &fedrl_common::offline::Behaviour) -> String {
+    let v = serde_json::to_value(b).unwrap_or_default();
+    let kind = v["kind"].as_str().unwrap_or("unknown").to_string();
+    let params: Vec<String> = v
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.as_str() != "kind")
+                .map(|(k, x)| format!("{k} {}", x.as_str().map_or(x.to_string(), str::to_string)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if params.is_empty() {
+        format!("fedrl {kind}")
+    } else {
+        format!("fedrl {kind} ({})", params.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algorithm_name_is_the_behaviour_as_written() {
+        let b: fedrl_common::offline::Behaviour =
+            serde_json::from_value(serde_json::json!({"kind": "random"})).unwrap();
+        assert_eq!(algorithm_name(&b), "fedrl random");
+        let b: fedrl_common::offline::Behaviour =
+            serde_json::from_value(serde_json::json!({"kind": "ppo_mixed"})).unwrap();
+        let name = algorithm_name(&b);
+        assert!(
+            name.starts_with("fedrl ppo_mixed (") && name.contains("iterations 60"),
+            "{name}"
+        );
+        assert!(!name.contains('{') && !name.contains("PpoMixed"), "{name}");
+    }
 }

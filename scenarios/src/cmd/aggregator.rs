@@ -17,6 +17,11 @@ pub struct Args {
     /// Scenario file (TOML).
     #[arg(long)]
     pub scenario: PathBuf,
+    /// Override a scenario field by its dotted path (`task.clip_norm=0.5`, `rounds=20`); the
+    /// value is read as TOML (a bare word as a string) and checked like the file. Repeatable.
+    /// Every restart on the same state directory must pass the same ones.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::overrides::parse)]
+    pub sets: Vec<crate::overrides::Override>,
     /// UDP address to listen on; port 0 lets the OS choose (the address is written to
     /// STATE_DIR/address.json).
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -50,8 +55,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.max_connections == 0 {
         return Err(UsageError("--max-connections must be at least 1".into()).into());
     }
-    let mut scenario =
-        fedrl_tasks::scenario_from_file(&args.scenario).map_err(|e| UsageError(e.to_string()))?;
+    let mut scenario = if args.sets.is_empty() {
+        fedrl_tasks::scenario_from_file(&args.scenario).map_err(|e| UsageError(e.to_string()))?
+    } else {
+        let text = std::fs::read_to_string(&args.scenario)
+            .map_err(|e| UsageError(format!("reading {}: {e}", args.scenario.display())))?;
+        crate::overrides::load(&text, &args.sets, fedrl_tasks::scenario_from_toml_str)
+            .map_err(|e| UsageError(format!("{}: {e:#}", args.scenario.display())))?
+    };
     if let Some(d) = args.device {
         scenario.device = d;
     }

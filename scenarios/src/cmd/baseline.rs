@@ -343,13 +343,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     for t in &tuning {
         println!(
-            "tuned {:<10} P {:.3e} I {:.3e} D {:.3e}: TIR {:.3}, <70 {:.3}{} ({} training users, {} days)",
+            "tuned {:<10} P {:.3e} I {:.3e} D {:.3e}: TIR {:.1}%, <70 {:.1}%{} ({} training users, {} days)",
             t.group,
             t.gains.p,
             t.gains.i,
             t.gains.d,
-            t.stats.time_in_range,
-            t.stats.time_below_70,
+            100.0 * t.stats.time_in_range,
+            100.0 * t.stats.time_below_70,
             if t.meets_hypo_target {
                 ""
             } else {
@@ -363,25 +363,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("tuning took {tuning_seconds:.1} s");
     }
     println!(
-        "{controller} on {} users {}..{} (BG; CGM in --json)",
+        "{controller} on {} users {}..{} (BG, % of time; CGM and fractions in --json)",
         args.population,
         args.first_user,
         args.first_user + args.users
     );
     println!(
         "{:<18} {:>15} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}",
-        "user", "patient", "TIR", "<70", "<54", ">180", ">250", "mean BG"
+        "user", "patient", "TIR%", "<70%", "<54%", ">180%", ">250%", "mean BG"
     );
     let row = |label: &str, patient: &str, s: &GlucoseMetrics| {
         println!(
-            "{:<18} {:>15} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>7.1}",
+            "{:<18} {:>15} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>7.1}",
             label,
             patient,
-            s.time_in_range,
-            s.time_below_70,
-            s.time_below_54,
-            s.time_above_180,
-            s.time_above_250,
+            100.0 * s.time_in_range,
+            100.0 * s.time_below_70,
+            100.0 * s.time_below_54,
+            100.0 * s.time_above_180,
+            100.0 * s.time_above_250,
             s.mean_mg_dl
         )
     };
@@ -393,8 +393,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     row(&format!("pooled ({})", pooled.days), "", &pooled.bg);
     println!(
-        "worst patient-day: {} (TIR {:.3}); {:.1} s",
-        pooled.worst_patient, pooled.worst_time_in_range, wall
+        "worst patient-day: {} (TIR {:.1}%); {:.1} s",
+        pooled.worst_patient,
+        100.0 * pooled.worst_time_in_range,
+        wall
     );
     Ok(ExitCode::SUCCESS)
 }

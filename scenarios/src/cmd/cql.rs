@@ -148,7 +148,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         println!("{result}");
     } else {
         println!(
-            "{}: {} steps on {} transitions in {train_s:.1} s; greedy return {:.1} +- {:.1} over {} episodes of {env}",
+            "{}: {} steps on {} transitions in {train_s:.1} s; greedy return {:.1} ± {:.1} (standard deviation) over {} episodes of {env}",
             d.id,
             a.steps,
             data.len(),

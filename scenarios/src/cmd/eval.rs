@@ -1,19 +1,28 @@
-//! `fedrl eval --policy FILE --env ID [--episodes N] [--json]`: evaluates a saved policy (the PPO
-//! MLP `policy.safetensors`, the log-linear riverswim policy, or offline CQL's greedy
-//! `q_network.safetensors`). On
-//! glucose simulators (UVA/Padova, Dosing) it also prints the clinical table of the evaluated
-//! patient-days (time in range, hypo- and hyperglycaemia, LBGI/HBGI, per age group, spread and
-//! worst patient), and puts the full clinical report under `clinical` with --json.
-//! `--env gymnasium:<id> --scenario FILE` evaluates in Gymnasium environments made by the
-//! bridge's Python workers, as the scenario's `[task.gymnasium]` table makes its users' (this
-//! process starts and owns the workers; they end with it).
+//! `fedrl eval RUN_DIR` or `fedrl eval --policy FILE --env ID [--episodes N] [--json]`:
+//! evaluates a saved policy (the PPO MLP `policy.safetensors`, the log-linear riverswim
+//! policy, or offline CQL's greedy `q_network.safetensors`). Given a `fedrl run` output
+//! directory it reads the run's stored `scenario.toml` and its exported policy, and evaluates
+//! behind the run's own environment and pump settings (population, population seed,
+//! `low_risk_weight`, `decision_min`, `low_glucose_suspend`, `iob_limit`,
+//! `sensitivity_scaling`), so none has to be retyped. On glucose simulators (UVA/Padova,
+//! Dosing) it also prints the clinical table of the evaluated patient-days (time in range,
+//! hypo- and hyperglycaemia, LBGI/HBGI, per age group when there are several, spread and worst
+//! patient), and puts the full clinical report under `clinical` with --json.
+//!
+//! Seeds (`--seed S`): a PPO policy's episode i resets its environment with `mix(S + i, 0)`
+//! ([`fedrl_rl::rollout::mix`], SplitMix64), an offline CQL Q-network's with `mix(S, i)`, a
+//! log-linear policy's with `S + i`: each as the task's own evaluations seed theirs.
+//!
+//! `--env gymnasium:<id> --scenario FILE` (or a RUN_DIR of such a run) evaluates in Gymnasium
+//! environments made by the bridge's Python workers, as the scenario's `[task.gymnasium]`
+//! table makes its users' (this process starts and owns the workers; they end with it).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_common::device::DeviceSpec;
-use fedrl_common::task::Task;
+use fedrl_common::scenario::{Scenario, Task};
 use fedrl_rl::evaluate::evaluate_logged;
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_rl::offline::train::evaluate_greedy_for;
@@ -24,38 +33,35 @@ use fedrl_sim::clinical::{
 };
 use fedrl_sim::gym_bridge::{self, GymPool};
 use fedrl_sim::population::{Population, PumpOverrides};
-use fedrl_tasks::dppg::{declared_spaces, gym_config};
+use fedrl_tasks::dppg::{DppgTaskExt, declared_spaces, gym_config};
 
 use super::UsageError;
 
-/// The environments of users `--first-user..` of a `gymnasium:<id>` population, made by bridge
-/// workers from `--scenario`'s `[task.gymnasium]` table, in user order, with the pool that owns
-/// the workers.
-fn gymnasium_envs(args: &Args) -> anyhow::Result<(GymPool, Vec<Box<dyn Env>>)> {
-    let Some(path) = &args.scenario else {
-        return Err(UsageError(format!(
-            "--env {} needs --scenario FILE: its [task.gymnasium] table makes the environments",
-            args.env
-        ))
-        .into());
-    };
+/// The environments of users `first_user..first_user + episodes` of the `gymnasium:<id>`
+/// population `env`, made by bridge workers from the DPPG scenario at `path` (its
+/// `[task.gymnasium]` table), in user order, with the pool that owns the workers.
+fn gymnasium_envs(
+    path: &Path,
+    env: &str,
+    first_user: u64,
+    episodes: u64,
+) -> anyhow::Result<(GymPool, Vec<Box<dyn Env>>)> {
     let scenario = fedrl_tasks::scenario_from_file(path)
         .map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
     let task = match scenario.task {
-        Task::Dppg(t) if t.population == args.env => t,
+        Task::Dppg(t) if t.population == env => t,
         _ => {
             return Err(UsageError(format!(
-                "{} is not a DPPG scenario with population = {:?}",
-                path.display(),
-                args.env
+                "{} is not a DPPG scenario with population = {env:?}",
+                path.display()
             ))
             .into());
         }
     };
     let cfg = gym_config(&task).ok_or_else(|| UsageError("no [task.gymnasium] table".into()))?;
     let mut pool = GymPool::start(cfg, task.gymnasium.as_ref().map(declared_spaces))
-        .with_context(|| format!("starting the Gymnasium workers of {}", args.env))?;
-    let users: Vec<u64> = (0..args.episodes).map(|i| args.first_user + i).collect();
+        .with_context(|| format!("starting the Gymnasium workers of {env}"))?;
+    let users: Vec<u64> = (0..episodes).map(|i| first_user + i).collect();
     let (groups, dropped) = pool.envs_for(&users);
     if let Some((user, why)) = dropped.first() {
         anyhow::bail!("user {user}: {why}");
@@ -67,28 +73,41 @@ fn gymnasium_envs(args: &Args) -> anyhow::Result<(GymPool, Vec<Box<dyn Env>>)> {
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// A `fedrl run` output directory: its exported policy, evaluated behind the environment
+    /// and pump settings of its stored `scenario.toml` (instead of --policy and --env and the
+    /// population and pump flags, which it excludes).
+    #[arg(value_name = "RUN_DIR",
+          conflicts_with_all = ["env", "scenario", "population_seed", "low_risk_weight", "decision_min",
+                                "low_glucose_suspend", "iob_limit", "sensitivity_scaling"])]
+    pub run_dir: Option<PathBuf>,
     /// A policy written by `fedrl run` (`policy.safetensors`, or offline CQL's
-    /// `q_network.safetensors`).
+    /// `q_network.safetensors`); with RUN_DIR, another policy file to evaluate behind that
+    /// run's environment.
     #[arg(long)]
-    pub policy: PathBuf,
+    pub policy: Option<PathBuf>,
     /// Environment id (see `fedrl sim list`) or population name; with a population, episode i
     /// runs user `--first-user + i`. `gymnasium:<id>` needs `--scenario`.
     #[arg(long)]
-    pub env: String,
+    pub env: Option<String>,
     /// With `--env gymnasium:<id>`: the DPPG scenario of that population, whose
     /// `[task.gymnasium]` table (module, kwargs, per-user draws, interpreter, declared spaces)
     /// and `population_seed` make the users' environments (`--population-seed` is ignored).
+    /// A RUN_DIR's own stored scenario is used without it.
     #[arg(long)]
     pub scenario: Option<PathBuf>,
     /// Number of episodes (each in its own environment instance, run as one batch).
     #[arg(long, default_value_t = 100)]
     pub episodes: u64,
-    /// Seed of the first episode's reset (episode i uses seed + i).
+    /// Base seed of the episodes' resets. A PPO policy's episode i resets its environment with
+    /// `mix(seed + i, 0)` (SplitMix64, `fedrl_rl::rollout::mix`: the reset of the first
+    /// episode of a rollout seeded `seed + i`); an offline CQL Q-network's with
+    /// `mix(seed, i)`, as its evaluations during training do; a log-linear policy's with
+    /// `seed + i` itself.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Population seed (only for population names).
-    #[arg(long, default_value_t = 0)]
-    pub population_seed: u64,
+    #[arg(long)]
+    pub population_seed: Option<u64>,
     /// `uva-padova-pump*` populations: the scenario's `task.low_risk_weight`, if it set one.
     #[arg(long)]
     pub low_risk_weight: Option<f64>,
@@ -120,17 +139,85 @@ pub struct Args {
     pub device: DeviceSpec,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if args.episodes == 0 {
-        return Err(UsageError("--episodes must be at least 1".into()).into());
+/// What is evaluated where: the policy file, the environment's name and its population (with
+/// the pump settings applied).
+struct Target {
+    policy: PathBuf,
+    env: String,
+    population: Population,
+}
+
+/// The exported model files a run directory may hold, in the order they are looked for.
+const RUN_POLICIES: [&str; 2] = [
+    fedrl_tasks::dppg::POLICY_FILE,
+    fedrl_tasks::offline_cql::QNET_FILE,
+];
+
+/// The policy, environment and population of a `fedrl run` output directory, from its stored
+/// `scenario.toml` (`policy` overrides the run's own exported file).
+fn run_target(dir: &Path, policy: Option<&Path>) -> anyhow::Result<Target> {
+    let file = dir.join(crate::deploy::SCENARIO_FILE);
+    if !file.is_file() {
+        return Err(UsageError(format!(
+            "{} is not a fedrl run output directory (no {})",
+            dir.display(),
+            crate::deploy::SCENARIO_FILE
+        ))
+        .into());
     }
-    let device = fedrl_rl::device::open(args.device).map_err(|e| UsageError(e.to_string()))?;
-    if !args.policy.is_file() {
-        return Err(UsageError(format!("no policy file at {}", args.policy.display())).into());
-    }
-    let bytes = std::fs::read(&args.policy)
-        .with_context(|| format!("reading the policy {}", args.policy.display()))?;
-    let population = Population::new(&args.env, args.population_seed)
+    let scenario: Scenario = fedrl_tasks::scenario_from_file(&file)
+        .map_err(|e| UsageError(format!("{}: {e}", file.display())))?;
+    let (env, population) = match &scenario.task {
+        Task::Dppg(t) => (
+            t.population.clone(),
+            t.population().map_err(|e| UsageError(e.to_string()))?,
+        ),
+        Task::LogLinearPg(t) => (
+            t.population.clone(),
+            Population::new(&t.population, t.population_seed)
+                .map_err(|e| UsageError(e.to_string()))?,
+        ),
+        Task::OfflineCql(t) => (
+            t.dataset.env.clone(),
+            Population::new(&t.dataset.env, t.dataset.population_seed)
+                .map_err(|e| UsageError(e.to_string()))?,
+        ),
+        other => {
+            return Err(UsageError(format!(
+                "a `{}` run exports no policy fedrl eval plays (its report holds its \
+                 evaluation)",
+                other.kind_name()
+            ))
+            .into());
+        }
+    };
+    let policy = match policy {
+        Some(p) => p.to_path_buf(),
+        None => RUN_POLICIES
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                UsageError(format!(
+                    "{} holds no exported policy ({}): did the run finish?",
+                    dir.display(),
+                    RUN_POLICIES.join(" or ")
+                ))
+            })?,
+    };
+    Ok(Target {
+        policy,
+        env,
+        population,
+    })
+}
+
+/// The policy and environment named by the flags.
+fn flag_target(args: &Args) -> anyhow::Result<Target> {
+    let (Some(policy), Some(env)) = (&args.policy, &args.env) else {
+        return Err(UsageError("give RUN_DIR, or --policy and --env".into()).into());
+    };
+    let population = Population::new(env, args.population_seed.unwrap_or(0))
         .and_then(|p| {
             p.with_pump_overrides(PumpOverrides {
                 low_risk_weight: args.low_risk_weight,
@@ -141,10 +228,47 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             })
         })
         .map_err(|e| UsageError(e.to_string()))?;
+    Ok(Target {
+        policy: policy.clone(),
+        env: env.clone(),
+        population,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.episodes == 0 {
+        return Err(UsageError("--episodes must be at least 1".into()).into());
+    }
+    let device = fedrl_rl::device::open(args.device).map_err(|e| UsageError(e.to_string()))?;
+    let target = match &args.run_dir {
+        Some(dir) => run_target(dir, args.policy.as_deref())?,
+        None => flag_target(&args)?,
+    };
+    let Target {
+        policy,
+        env,
+        population,
+    } = target;
+    if !policy.is_file() {
+        return Err(UsageError(format!("no policy file at {}", policy.display())).into());
+    }
+    let bytes = std::fs::read(&policy)
+        .with_context(|| format!("reading the policy {}", policy.display()))?;
     // A Gymnasium population's environments live in worker processes; `_workers` keeps them
     // until the evaluation is done.
-    let (_workers, mut envs) = if gym_bridge::env_id_of(&args.env).is_some() {
-        let (pool, envs) = gymnasium_envs(&args)?;
+    let (_workers, mut envs) = if gym_bridge::env_id_of(&env).is_some() {
+        let scenario = match (&args.run_dir, &args.scenario) {
+            (Some(dir), _) => dir.join(crate::deploy::SCENARIO_FILE),
+            (None, Some(p)) => p.clone(),
+            (None, None) => {
+                return Err(UsageError(format!(
+                    "--env {env} needs --scenario FILE: its [task.gymnasium] table makes the \
+                     environments"
+                ))
+                .into());
+            }
+        };
+        let (pool, envs) = gymnasium_envs(&scenario, &env, args.first_user, args.episodes)?;
         (Some(pool), envs)
     } else {
         let envs: Vec<Box<dyn Env>> = (0..args.episodes)
@@ -198,21 +322,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     )
                     .into());
                 }
-                evaluate_greedy_for(
-                    &spec,
-                    &params,
-                    &args.env,
-                    args.episodes as usize,
-                    args.seed,
-                    0,
-                )
-                .context("evaluating the Q-network (does it match this environment's spaces?)")?
-                .returns
+                evaluate_greedy_for(&spec, &params, &env, args.episodes as usize, args.seed, 0)
+                    .context("evaluating the Q-network (does it match this environment's spaces?)")?
+                    .returns
             } else {
                 anyhow::bail!(
                     "reading the policy {}: {mlp_err} (nor is it a log-linear policy or an offline \
                      CQL Q-network)",
-                    args.policy.display()
+                    policy.display()
                 );
             }
         }
@@ -227,8 +344,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
     if args.json {
         let mut out = serde_json::json!({
-                "policy": args.policy.display().to_string(),
-                "env": args.env,
+                "policy": policy.display().to_string(),
+                "env": env,
                 "episodes": r.returns.len(),
                 "mean_return": r.mean,
                 "std_return": r.std,
@@ -243,9 +360,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{out}");
     } else {
         println!(
-            "{} on {}: mean return {:.2} ± {:.2} over {} episodes (min {:.1}, max {:.1}; {})",
-            args.policy.display(),
-            args.env,
+            "{} on {}: mean return {:.2} ± {:.2} (standard deviation) over {} episodes (min {:.1}, max {:.1}; {})",
+            policy.display(),
+            env,
             r.mean,
             r.std,
             r.returns.len(),
@@ -287,8 +404,20 @@ fn clinical_table(c: &ClinicalReport) -> String {
         "clinical metrics (mean over patient-days; % of time)\n\
          pool               days   TIR%   <70%   <54%  >180%  >250%   mean   LBGI   HBGI     RI\n",
     );
+    // One group (a dosing population, one age group) is the pool itself: its rows would
+    // repeat the pooled ones.
+    let groups = if c.groups.len() > 1 {
+        c.groups.len()
+    } else {
+        0
+    };
     let pools: Vec<(String, &PoolSummary)> = std::iter::once(("all (BG)".to_string(), &c.pooled))
-        .chain(c.groups.iter().map(|(g, p)| (format!("{g} (BG)"), p)))
+        .chain(
+            c.groups
+                .iter()
+                .take(groups)
+                .map(|(g, p)| (format!("{g} (BG)"), p)),
+        )
         .collect();
     for (label, p) in &pools {
         t.push_str(&row(label, p.patient_days, &p.bg));
@@ -344,5 +473,18 @@ mod tests {
         );
         // Pooled TIR: (100% + 33.3%) / 2.
         assert!(t.lines().nth(2).unwrap().contains("66.7"), "{t}");
+    }
+
+    /// Issue 58: one group (a dosing population) is the pool: each row and the worst patient
+    /// are printed once.
+    #[test]
+    fn one_group_prints_each_row_once() {
+        let day = |p: &str, g: f64| ClinicalSummary::new(p, &[g, g, 100.0], &[g; 3]).unwrap();
+        let c = ClinicalReport::new(vec![day("adult#001", 120.0), day("adult#002", 50.0)]).unwrap();
+        assert_eq!(c.groups.len(), 1);
+        let t = clinical_table(&c);
+        assert_eq!(t.matches("worst patient").count(), 1, "{t}");
+        assert!(!t.contains("adult (BG)"), "{t}");
+        assert_eq!(t.matches("all (BG)").count(), 2, "{t}");
     }
 }

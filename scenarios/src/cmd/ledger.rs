@@ -17,8 +17,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_aggregator::{checkpoint, state};
+use fedrl_common::privacy::DpEvent;
 use fedrl_common::privacy::accountant::AccountantKind;
-use fedrl_common::privacy::ledger::{Entry, LEDGER_FILE_NAME, LedgerHead, PrivacyLedger};
+use fedrl_common::privacy::ledger::{
+    Entry, LEDGER_FILE_NAME, LedgerHead, Participation, PrivacyLedger,
+};
 use serde_json::json;
 
 use super::UsageError;
@@ -157,7 +160,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     );
     say!(out, "unit kind     {}", report.unit_kind);
-    say!(out, "participation {:?}", report.participation);
+    say!(
+        out,
+        "participation {}",
+        participation(&report.participation)
+    );
     say!(out, "records       {}", report.rounds);
     say!(out, "units         {}", report.units);
     say!(out, "entries:");
@@ -175,7 +182,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 } else {
                     "seeded"
                 },
-                r.event
+                describe_event(&r.event)
             ),
             Entry::BudgetChange(b) => say!(
                 out,
@@ -261,6 +268,53 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     emit(&out)
 }
 
+/// How units take part, in words (not the type's debug name).
+fn participation(p: &Participation) -> String {
+    match p {
+        Participation::Fresh => "fresh (each unit contributes at most once)".into(),
+        Participation::Sampled { rate } => format!(
+            "sampled (the aggregator draws each unit with probability {} every round)",
+            rate.get()
+        ),
+    }
+}
+
+/// A recorded mechanism in words: every Gaussian by its noise multiplier z (noise standard
+/// deviation over L2 sensitivity, the number the scenario sets), the discrete Gaussian's grid
+/// units named as such.
+fn describe_event(e: &DpEvent) -> String {
+    match e {
+        DpEvent::Gaussian { noise_multiplier } => format!("Gaussian z={noise_multiplier:.4}"),
+        DpEvent::DiscreteGaussian {
+            sigma,
+            l2_sensitivity,
+        } => format!(
+            "discrete Gaussian z={:.4} (sigma {sigma:.4e} over L2 sensitivity \
+             {l2_sensitivity:.4e}, in fixed-point grid units)",
+            sigma / l2_sensitivity
+        ),
+        DpEvent::Laplace { scale } => format!("Laplace b={scale}"),
+        DpEvent::EpsilonDelta { epsilon, delta } => {
+            format!("(epsilon {epsilon}, delta {delta:e})-DP")
+        }
+        DpEvent::PoissonSampled {
+            sampling_rate,
+            event,
+        } => format!(
+            "Poisson-sampled q={sampling_rate}: {}",
+            describe_event(event)
+        ),
+        DpEvent::SelfComposed { event, count } => {
+            format!("{count} x [{}]", describe_event(event))
+        }
+        DpEvent::Composed { events } => events
+            .iter()
+            .map(describe_event)
+            .collect::<Vec<_>>()
+            .join(" + "),
+    }
+}
+
 /// Writes the output; a closed pipe (the reader took what it wanted, e.g. `| head`) is no
 /// error, and nothing is reported.
 fn emit(text: &str) -> anyhow::Result<ExitCode> {
@@ -307,4 +361,35 @@ fn recorded_heads(file: &Path) -> anyhow::Result<Vec<(PathBuf, LedgerHead)>> {
         }
     }
     Ok(heads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_and_participation_read_in_words() {
+        let dg = DpEvent::DiscreteGaussian {
+            sigma: 3.74e6,
+            l2_sensitivity: 1.0e6,
+        };
+        let text = describe_event(&DpEvent::PoissonSampled {
+            sampling_rate: 0.01,
+            event: Box::new(dg),
+        });
+        assert!(
+            text.starts_with("Poisson-sampled q=0.01: discrete Gaussian z=3.7400 ("),
+            "{text}"
+        );
+        assert!(text.contains("grid units"), "{text}");
+        assert_eq!(
+            participation(&Participation::Fresh),
+            "fresh (each unit contributes at most once)"
+        );
+        let p = participation(&Participation::sampled(0.25).unwrap());
+        assert!(
+            p.contains("probability 0.25") && !p.contains("Sampled"),
+            "{p}"
+        );
+    }
 }

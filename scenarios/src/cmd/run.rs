@@ -73,17 +73,42 @@ pub struct Args {
     /// with the `cuda` feature). Overrides the scenario's `device` (and the twin's).
     #[arg(long, value_name = "cpu|cuda:N")]
     pub device: Option<DeviceSpec>,
+    /// Override a field of SCENARIO by its dotted path, e.g. `--set task.clip_norm=0.5 --set
+    /// rounds=20`. The value is read as TOML (`0.5`, `20`, `true`, `[64, 64]`; a bare word is a
+    /// string) and typed by the scenario's schema: an unknown field or a wrong type is refused
+    /// and names the key. Applied before validation, so the run checks it as it checks a file;
+    /// the stored `OUT/scenario.toml` holds the result. Repeatable (a later one wins). Not
+    /// applied to --twin scenarios.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::overrides::parse)]
+    pub sets: Vec<crate::overrides::Override>,
+    /// Run N independent replicates of the scenario, one after the other, into OUT/rep-0 ...
+    /// OUT/rep-(N-1) (each a complete run directory): fresh noise (from the OS, unless the
+    /// scenario sets `seed`) and different training seeds in each, the same users, data and
+    /// held-out episodes (replicate 0 is the scenario as given; OUT/report.json lists the
+    /// seeds). OUT/report.json gives the mean final return with a 95% Student t interval,
+    /// OUT/learning_curve.png the mean curve with its 95% band. Privacy is per replicate: each
+    /// has its own ledger and epsilon, and publishing all of them composes (the report says
+    /// so).
+    #[arg(long, default_value_t = 1, value_name = "N", conflicts_with_all = ["resume", "twin"])]
+    pub replicates: u64,
 }
 
 /// The built-in scenario's non-private twin.
 const DEFAULT_TWIN: &str = include_str!("../../cartpole-dppg-nonprivate.toml");
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.replicates == 0 {
+        return Err(UsageError("--replicates must be at least 1".into()).into());
+    }
+    if args.replicates > 1 {
+        return run_replicates(args);
+    }
     let mut run = LocalRun::prepare(
         args.scenario.as_deref(),
         args.out.as_deref(),
         args.device,
         args.resume,
+        &args.sets,
     )
     .map_err(|e| UsageError(format!("{e:#}")))?;
     run.allow_budget_increase = args.allow_budget_increase;
@@ -115,6 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Some(&twin_dir),
                 args.device,
                 args.resume && twin_started,
+                &[],
             )
             .map_err(|e| UsageError(format!("{e:#}")))?,
         );
@@ -162,12 +188,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(Series {
                 name: name.into(),
                 points: step_points(report),
+                ..Series::default()
             })
         } else {
             curve(r, name)
         }
     };
-    let mut curves = vec![series(&run, &result.report, "private")?];
+    let mut curves = vec![series(
+        &run,
+        &result.report,
+        &private_label(&result.report),
+    )?];
     let mut twin_reports = Vec::with_capacity(twins.len());
     for t in &twins {
         eprintln!(
@@ -181,8 +212,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(e) => return interrupted(e),
         };
         finish(t, &mut tr)?;
-        curves.push(series(t, &tr.report, &twin_label(&t.scenario))?);
-        twin_reports.push((twin_label(&t.scenario), tr.report));
+        let label = twin_label(&t.scenario, &tr.report);
+        curves.push(series(t, &tr.report, &label)?);
+        twin_reports.push((label, tr.report));
     }
     if curves.iter().any(|c| !c.points.is_empty()) {
         line_plot(
@@ -214,6 +246,190 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The legend of a run's own curve: "private" with its epsilon and delta (seeded noise is
+/// marked; a non-private run says so).
+fn private_label(report: &serde_json::Value) -> String {
+    match (report["epsilon"].as_f64(), report["delta"].as_f64()) {
+        (Some(e), Some(d)) => format!(
+            "private (epsilon {e:.2}, delta {d:e}{})",
+            if report["seeded"] == true {
+                ", seeded noise"
+            } else {
+                ""
+            }
+        ),
+        _ => "non-private".into(),
+    }
+}
+
+/// `--replicates N`: N runs of the scenario into OUT/rep-i, then the summary report and the
+/// mean learning curve with its 95% band at OUT's top (see [`crate::replicates`]).
+fn run_replicates(args: Args) -> anyhow::Result<ExitCode> {
+    let t0 = std::time::Instant::now();
+    let text = match &args.scenario {
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("reading {}", p.display()))
+            .map_err(|e| UsageError(format!("{e:#}")))?,
+        None => deploy::DEFAULT_SCENARIO.to_string(),
+    };
+    let base = crate::overrides::load(&text, &args.sets, fedrl_tasks::scenario_from_toml_str)
+        .map_err(|e| UsageError(format!("{e:#}")))?;
+    let out = match &args.out {
+        Some(o) => o.clone(),
+        None => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            PathBuf::from("runs").join(format!("{}-{t}", base.name))
+        }
+    };
+    if std::fs::read_dir(&out).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(UsageError(format!(
+            "output directory {} exists and is not empty; choose another --out",
+            out.display()
+        ))
+        .into());
+    }
+    let exe = std::env::current_exe()?;
+    let n = args.replicates;
+    let mut reps = Vec::with_capacity(n as usize);
+    let mut curves = Vec::with_capacity(n as usize);
+    let mut by_step = false;
+    for i in 0..n {
+        let seeds = crate::replicates::seed_overrides(&base, i)?;
+        let mut sets = args.sets.clone();
+        sets.extend(seeds.iter().cloned());
+        let dir = crate::replicates::dir_name(i);
+        let run = LocalRun::prepare(
+            args.scenario.as_deref(),
+            Some(&out.join(&dir)),
+            args.device,
+            false,
+            &sets,
+        )
+        .map_err(|e| UsageError(format!("{e:#}")))?;
+        eprintln!(
+            "replicate {}/{n} of {}: {} rounds, results in {}",
+            i + 1,
+            run.scenario.name,
+            run.scenario.rounds,
+            run.out_dir.display()
+        );
+        prepare_dataset(&run.scenario)?;
+        let mut result = match deploy::run_local(&run, &exe, args.timeout, true) {
+            Ok(r) => r,
+            Err(e) => return interrupted(e),
+        };
+        finish(&run, &mut result)?;
+        let steps = step_points(&result.report);
+        by_step = !steps.is_empty();
+        let points = if by_step {
+            steps
+        } else {
+            eval_points(&run.out_dir.join(state::METRICS_FILE))?
+        };
+        if !points.is_empty() {
+            line_plot(
+                &run.out_dir.join(CURVE_FILE),
+                &format!("{} (replicate {i}): evaluation return", run.scenario.name),
+                if by_step { "training step" } else { "round" },
+                "mean return",
+                &[Series {
+                    name: private_label(&result.report),
+                    points: points.clone(),
+                    ..Series::default()
+                }],
+            )?;
+        }
+        curves.push(points);
+        print_summary(&run, &result.report, &result.operator);
+        reps.push(crate::replicates::Replicate {
+            dir,
+            report: result.report,
+            seeds,
+        });
+    }
+    let summary = crate::replicates::summary(&base, &reps, t0.elapsed().as_secs_f64());
+    std::fs::write(
+        out.join(state::REPORT_FILE),
+        serde_json::to_vec_pretty(&summary)?,
+    )?;
+    std::fs::write(out.join(state::FILES_GUIDE_FILE), REPLICATES_GUIDE)?;
+    let (mean, band) = crate::replicates::mean_curve(&curves);
+    if !mean.is_empty() {
+        let eps = match summary["epsilon"].as_array() {
+            Some(e) if !base.non_private => {
+                let max = e.iter().filter_map(|v| v.as_f64()).fold(0.0, f64::max);
+                format!(
+                    "private, epsilon up to {max:.2} each, delta {:e}",
+                    base.delta
+                )
+            }
+            _ => "non-private".into(),
+        };
+        line_plot(
+            &out.join(CURVE_FILE),
+            &format!(
+                "{}: mean evaluation return of {n} replicates, 95% band",
+                base.name
+            ),
+            if by_step { "training step" } else { "round" },
+            "mean return",
+            &[Series {
+                name: format!("mean of {n} ({eps})"),
+                points: mean,
+                band,
+            }],
+        )?;
+    }
+    let fr = &summary["final_return"];
+    match (
+        fr["mean"].as_f64(),
+        fr["ci95_low"].as_f64(),
+        fr["ci95_high"].as_f64(),
+    ) {
+        (Some(m), Some(lo), Some(hi)) => println!(
+            "{n} replicates: final return {m:.2}, 95% interval [{lo:.2}, {hi:.2}] (Student t; \
+             sample sd {:.2})",
+            fr["std"].as_f64().unwrap_or(f64::NAN)
+        ),
+        _ => println!("{n} replicates: no final return to summarise"),
+    }
+    if !base.non_private {
+        println!(
+            "privacy is per replicate (each its own epsilon, listed in {}); publishing all {n} \
+             composes: up to epsilon {:.4} at delta {n} x {:e} in total",
+            out.join(state::REPORT_FILE).display(),
+            summary["epsilon_all_replicates"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+            base.delta
+        );
+    }
+    println!(
+        "results in {} (mean curve: {})",
+        out.display(),
+        out.join(CURVE_FILE).display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `FILES.md` at the top of a `--replicates` output directory.
+const REPLICATES_GUIDE: &str = "\
+# Files in this `fedrl run --replicates N` output directory
+
+| file | who | what |
+| --- | --- | --- |
+| `report.json` | public | the replicates' final returns, their mean and 95% Student t interval, each replicate's epsilon, the seeds each changed (`report.schema.json`, definition `replicates`) |
+| `learning_curve.png` | public | mean evaluation return of the replicates per round (or step), with its 95% band |
+| `rep-0/`, `rep-1/`, ... | public/operator | one complete run each, with its own `FILES.md` (public files at its top, operator-only under its `operator/`) |
+
+Privacy is per replicate: each replicate's epsilon (its `report.json`) covers that replicate
+alone. The replicates train on the same users, so publishing all of them composes their privacy
+loss (at most the sum of their epsilons, `epsilon_all_replicates`, at N x delta).
+";
+
 /// The output folder of the `i`-th (0-based) twin.
 fn twin_dir_name(i: usize) -> String {
     if i == 0 {
@@ -223,12 +439,13 @@ fn twin_dir_name(i: usize) -> String {
     }
 }
 
-/// How a twin's curves are labelled: its scenario name, marked when it is non-private.
-fn twin_label(s: &fedrl_common::scenario::Scenario) -> String {
-    if s.non_private {
-        format!("{} (non-private)", s.name)
-    } else {
-        s.name.clone()
+/// How a twin's curves are labelled: its scenario name, with its epsilon or marked
+/// non-private.
+fn twin_label(s: &fedrl_common::scenario::Scenario, report: &serde_json::Value) -> String {
+    match report["epsilon"].as_f64() {
+        _ if s.non_private => format!("{} (non-private)", s.name),
+        Some(e) => format!("{} (epsilon {e:.2})", s.name),
+        None => s.name.clone(),
     }
 }
 
@@ -259,13 +476,15 @@ fn write_policy_curves(
     twins: &[(String, serde_json::Value)],
 ) -> anyhow::Result<bool> {
     let mut series = vec![Series {
-        name: "private".into(),
+        name: private_label(report),
         points: policy_points(report),
+        ..Series::default()
     }];
     for (label, r) in twins {
         series.push(Series {
             name: label.clone(),
             points: policy_points(r),
+            ..Series::default()
         });
     }
     if series.iter().all(|s| s.points.is_empty()) {
@@ -438,34 +657,17 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         .context("copying the released prefixes (d_stable)")?;
     }
     let r = &mut result.report;
-    let fe = r["final_evaluation"].clone();
-    let noise_source = if run.scenario.non_private {
-        "none (non-private twin)".to_string()
-    } else {
-        r["noise_sources"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default()
-    };
+    // The aggregator's report already holds the final evaluation, the epsilon (null for a
+    // twin) and the noise source, once each; the run adds where its files are.
     if let Some(obj) = r.as_object_mut() {
-        obj.insert("final_eval_return".into(), fe["final_eval_return"].clone());
         obj.insert(
             "rounds".into(),
             obj.get("rounds_completed").cloned().unwrap_or_default(),
         );
-        obj.insert("noise_source".into(), serde_json::json!(noise_source));
         for file in MODEL_FILES {
             if file != fedrl_tasks::primorl::ENSEMBLE_FILE && state_dir.join(file).exists() {
                 obj.insert("policy".into(), serde_json::json!(file));
             }
-        }
-        if run.scenario.non_private {
-            obj.insert("epsilon".into(), serde_json::json!("inf"));
         }
     }
     // The operator's report gets the same fields plus the exact count of contributions.
@@ -479,6 +681,13 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         obj.insert("users".into(), serde_json::json!(users));
     }
     result.operator = operator;
+    // An epsilon on every released row, and the CSV beside the JSON lines (public rows only).
+    crate::metrics_files::publish(
+        &run.out_dir,
+        state::METRICS_FILE,
+        result.report["epsilon"].as_f64(),
+    )
+    .context("completing metrics.jsonl and writing metrics.csv")?;
     std::fs::write(
         run.out_dir.join(state::REPORT_FILE),
         serde_json::to_vec_pretty(&result.report)?,
@@ -498,6 +707,7 @@ fn curve(run: &LocalRun, name: &str) -> anyhow::Result<Series> {
     Ok(Series {
         name: name.into(),
         points: eval_points(&path)?,
+        ..Series::default()
     })
 }
 
@@ -530,9 +740,9 @@ fn last_users(path: &Path) -> u64 {
 
 /// Public figures first; the exact counts after them, labelled operator-only.
 fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) {
-    let eps = match &r["epsilon"] {
-        serde_json::Value::Number(n) => format!("{:.4}", n.as_f64().unwrap_or(f64::NAN)),
-        other => other.as_str().unwrap_or("?").to_string(),
+    let eps = match r["epsilon"].as_f64() {
+        Some(e) => format!("{e:.4}"),
+        None => "none (non-private)".to_string(),
     };
     println!(
         "{}: {} rounds released, {} abandoned, epsilon {eps} at delta {:e}{} ({:.1} s)",
@@ -564,7 +774,7 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
             rel["agents_ready_seconds"].as_f64().unwrap_or(f64::NAN),
         );
     }
-    if let Some(ret) = r["final_eval_return"].as_f64() {
+    if let Some(ret) = r["final_evaluation"]["final_eval_return"].as_f64() {
         println!(
             "final evaluation: mean return {ret:.2} over {} held-out episodes",
             r["final_evaluation"]["final_eval_episodes"]

@@ -12,6 +12,8 @@ use fedrl_aggregator::service::{AddressFile, read_address_file};
 use fedrl_aggregator::state;
 use fedrl_common::protocol::auth::issue_token;
 
+pub mod schema;
+
 pub fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fedrl"))
 }
@@ -204,4 +206,17 @@ pub fn metrics(state_dir: &Path) -> Vec<serde_json::Value> {
 pub fn report(state_dir: &Path) -> serde_json::Value {
     let text = fs::read_to_string(state_dir.join(state::REPORT_FILE)).expect("report.json");
     serde_json::from_str(&text).unwrap()
+}
+
+/// Checks a `report.json` against the JSON Schema in the repository
+/// (`scenarios/report.schema.json`, issue 58): every e2e test that reads a report checks it, so
+/// the schema describes what runs write.
+pub fn check_report_schema(report: &serde_json::Value) {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../../report.schema.json")).expect("schema is JSON");
+    let errors = schema::violations(&schema, report);
+    assert!(
+        errors.is_empty(),
+        "report.json does not match scenarios/report.schema.json: {errors:#?}\n{report:#}"
+    );
 }
