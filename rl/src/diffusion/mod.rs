@@ -11,7 +11,9 @@
 //! - [`ema`]: the exponential moving average of the weights samples are drawn from;
 //! - [`synth`]: the diffusion model (optimiser, EMA, sampling) and PrivORL-n's transition
 //!   synthesizer (the model with the encoding and the public normaliser);
-//! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data.
+//! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data;
+//! - [`dp`]: per-unit clipped gradients of the EDM loss (exact per-example norms) for DP
+//!   fine-tuning.
 //!
 //! Sources. Constants cite the authors' code by file and line: SynthER (`conglu1997/SynthER`)
 //! and PrivORL (`2019ChenGong/PrivORL`, which copies SynthER's `synther/` tree and edits it).
@@ -23,6 +25,7 @@
 
 pub mod curiosity;
 pub mod denoiser;
+pub mod dp;
 pub mod edm;
 pub mod ema;
 pub mod encode;
