@@ -414,7 +414,11 @@ fn policy_phase_status(log: &Path) -> Option<String> {
     let text = String::from_utf8_lossy(&buf);
     text.lines()
         .rev()
-        .find(|l| l.trim_start().starts_with("SAC epoch") || l.starts_with("policy phase:"))
+        .find(|l| {
+            l.trim_start().starts_with("SAC epoch")
+                || l.starts_with("policy phase:")
+                || l.starts_with("privorl:")
+        })
         .map(|l| l.trim().to_string())
 }
 

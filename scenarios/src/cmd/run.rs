@@ -380,6 +380,9 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
             t.dataset.units
         );
     }
+    if let fedrl_common::scenario::Task::Privorl(t) = &scenario.task {
+        prepare_privorl(scenario, t)?;
+    }
     if let fedrl_common::scenario::Task::Primorl(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
         let bar = crate::cmd::data::generation_bar()?;
@@ -397,6 +400,115 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
         );
     }
     Ok(())
+}
+
+/// PrivORL: both datasets (sensitive and public) are generated or found in the cache, and the
+/// synthesizer is pre-trained on the public data here, with its progress in the terminal, and
+/// cached beside the datasets (the aggregator then reads it instead of pre-training before it
+/// listens; twins with the same pre-training share it). No unit's data is read.
+fn prepare_privorl(
+    scenario: &fedrl_common::scenario::Scenario,
+    t: &fedrl_common::task::privorl::PrivorlTask,
+) -> anyhow::Result<()> {
+    let root = fedrl_rl::offline::data_root(None)?;
+    for (what, spec) in [("sensitive", &t.dataset), ("public", &t.public)] {
+        let t0 = std::time::Instant::now();
+        let bar = crate::cmd::data::generation_bar()?;
+        fedrl_rl::offline::cache::prepare(spec, &root, &mut |p| {
+            crate::cmd::data::show_generation(&bar, &p)
+        })
+        .with_context(|| format!("preparing the {what} dataset under {}", root.display()))?;
+        bar.finish_and_clear();
+        eprintln!(
+            "privorl: {what} dataset {} ready ({:.1} s)",
+            spec.minari_id(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    if !t.pretrain.enabled {
+        eprintln!("privorl: no pre-training (fine-tuning starts from random weights)");
+        return Ok(());
+    }
+    let path = fedrl_tasks::privorl::pretrained_path(t, &root)?;
+    if path.exists() {
+        eprintln!(
+            "privorl: pre-trained synthesizer found in the cache ({})",
+            path.display()
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "privorl: pre-training the synthesizer on the public data: {} epochs, curiosity {}",
+        t.pretrain.epochs,
+        if t.pretrain.curiosity { "on" } else { "off" }
+    );
+    let device = fedrl_rl::device::open(scenario.device)?;
+    let t0 = std::time::Instant::now();
+    fedrl_tasks::privorl::pretrained(t, &root, &device, &mut |r| {
+        eprintln!(
+            "privorl: pre-training epoch {}/{}: loss {:.4}, {} novel rows ({:.1} s)",
+            r.epoch + 1,
+            t.pretrain.epochs,
+            r.mean_loss,
+            r.novel_rows,
+            r.seconds
+        );
+    })?;
+    eprintln!(
+        "privorl: pre-training done in {:.1} s, cached in {}",
+        t0.elapsed().as_secs_f64(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// PrivORL's released dataset: copied from the aggregator's state into `OUT/synthetic` (a
+/// Minari root, listed by `fedrl data list --data-dir OUT/synthetic`), its metadata stamped
+/// with the run's epsilon and delta. Returns what the report says about it.
+fn publish_synthetic(
+    run: &LocalRun,
+    report: &serde_json::Value,
+) -> anyhow::Result<Option<serde_json::Value>> {
+    let from = run
+        .out_dir
+        .join("state")
+        .join(fedrl_tasks::privorl::SYNTHETIC_DIR);
+    if !from.exists() {
+        return Ok(None);
+    }
+    let to = run.out_dir.join(fedrl_tasks::privorl::SYNTHETIC_DIR);
+    copy_tree(&from, &to).context("copying the synthetic dataset")?;
+    let epsilon = if run.scenario.non_private {
+        serde_json::json!("inf")
+    } else {
+        report["epsilon"].clone()
+    };
+    let privacy = serde_json::json!({
+        "epsilon": epsilon,
+        "delta": report["delta"],
+        "unit": run.scenario.unit_kind.to_string(),
+        "accountant": report["accountant"],
+        "non_private": run.scenario.non_private,
+        "seeded_noise": run.scenario.seed.is_some(),
+    });
+    let mut ids = Vec::new();
+    for d in fedrl_rl::offline::cache::list(&to)? {
+        let meta = d.path.join("data").join("metadata.json");
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
+        v["fedrl_privacy"] = privacy.clone();
+        std::fs::write(&meta, serde_json::to_vec(&v)?)?;
+        std::fs::write(
+            d.path.join("privacy.json"),
+            serde_json::to_vec_pretty(&privacy)?,
+        )?;
+        ids.push(d.id);
+    }
+    Ok(Some(serde_json::json!({
+        "ids": ids,
+        "folder": fedrl_tasks::privorl::SYNTHETIC_DIR,
+        "privacy": privacy,
+        "list_with": format!("fedrl data list --data-dir {}", to.display()),
+    })))
 }
 
 /// Completes `report.json` with the fields a user looks for first (DP outputs only) and
@@ -437,6 +549,7 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         )
         .context("copying the released prefixes (d_stable)")?;
     }
+    let synthetic = publish_synthetic(run, &result.report)?;
     let r = &mut result.report;
     let fe = r["final_evaluation"].clone();
     let noise_source = if run.scenario.non_private {
@@ -466,6 +579,12 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         }
         if run.scenario.non_private {
             obj.insert("epsilon".into(), serde_json::json!("inf"));
+        }
+        if let Some(s) = synthetic {
+            obj.insert("synthetic_dataset".into(), s);
+            for k in ["fidelity", "utility"] {
+                obj.insert(k.into(), fe[k].clone());
+            }
         }
     }
     // The operator's report gets the same fields plus the exact count of contributions.
