@@ -2,7 +2,9 @@
 //! the synthesizer on public data, fine-tunes it by transition-level DP-SGD in the central mode
 //! (summed path), samples and evaluates the synthetic dataset, and publishes it with its
 //! epsilon and delta; the report carries fidelity and utility, the released dataset opens and
-//! `fedrl data list` lists it.
+//! `fedrl data list` lists it. Its plan is one of the reference vectors of Google's
+//! dp_accounting (`testdata/dp_accounting_vectors.json`: z = 4.045, q = 0.494044, 64 steps,
+//! delta 1e-6), so the ledger's epsilon is checked against that independent accountant.
 
 mod e2e_support;
 
@@ -17,17 +19,18 @@ fn scenario(mode: &str) -> String {
         r#"
 name = "e2e-privorl-{mode}"
 seed = 5
-rounds = 4
+rounds = 64
 users = 120
 client_agents = 2
-participation = {{ kind = "sampled", rate = 0.2 }}
+participation = {{ kind = "sampled", rate = 0.494044 }}
 round_deadline_s = 60.0
 start_timeout_s = 120.0
 clip_norm = 1.0
-noise_multiplier = 1.0
-target_epsilon = 1000.0
+noise_multiplier = 4.045
+delta = 1e-6
+target_epsilon = 10.0
 unit_kind = "transition"
-checkpoint_every = 2
+checkpoint_every = 20
 
 [task]
 kind = "privorl"
@@ -35,7 +38,7 @@ mode = "{mode}"
 transitions = 120
 holdout_transitions = 80
 synthetic_transitions = 60
-eval_every = 2
+eval_every = 16
 
 [task.dataset]
 env = "CartPole-v1"
@@ -106,13 +109,20 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
     assert!(r["utility"]["synthetic"]["return"].as_f64().unwrap() > 0.0);
     assert!(r["utility"]["real_reference"]["return"].as_f64().unwrap() > 0.0);
     assert!(r["utility"]["percent_of_real"].as_f64().is_some());
-    assert_eq!(fe["finetune"]["steps"], 4, "every released round is applied");
+    assert_eq!(fe["finetune"]["steps"], 64, "every released round is applied");
     // Every round went through the summed path, accounted at transition level.
     let ledger = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
-    assert_eq!(ledger.records().len(), 4);
+    assert_eq!(ledger.records().len(), 64);
     assert!(ledger.records().iter().all(|x| x.sampled_by_aggregator));
+    assert_eq!(ledger.config.unit_kind.to_string(), "transition");
+    // The ledger's epsilon against dp_accounting's PLD for the same plan (its exact noise is
+    // calibrated to a sensitivity a few grid units larger than C: relative ~1e-6).
     let eps = r["epsilon"].as_f64().unwrap();
-    assert!(eps > 0.0 && eps.is_finite(), "{eps}");
+    let reference = 4.965254094152048;
+    assert!(
+        ((eps - reference) / reference).abs() < 5e-3,
+        "ledger epsilon {eps}, dp_accounting {reference}"
+    );
 
     // The release: a Minari dataset with the run's epsilon and delta, listed and readable.
     let syn = &r["synthetic_dataset"];
