@@ -1199,8 +1199,14 @@ mod tests {
         )
         .unwrap();
         let primorl: Task = primorl["task"].clone().try_into().unwrap();
-        let tasks = ["mean_estimation", "dppg", "loglinear_pg", "offline_cql"]
-            .map(|kind| Task::from_json(&format!("{{\"kind\":\"{kind}\"}}")).unwrap());
+        let tasks = [
+            "mean_estimation",
+            "dppg",
+            "loglinear_pg",
+            "offline_cql",
+            "privorl",
+        ]
+        .map(|kind| Task::from_json(&format!("{{\"kind\":\"{kind}\"}}")).unwrap());
         for t in tasks.into_iter().chain([primorl]) {
             let kind = t.kind_name();
             // The declared name is the serde tag.
@@ -1222,13 +1228,13 @@ mod tests {
         let err = Task::from_wire(&newer).unwrap_err().to_string();
         assert!(err.contains("dppg") && err.contains("version"), "{err}");
         let unknown = TaskConfig {
-            kind: "privorl".into(),
+            kind: "no_such_kind".into(),
             config_version: 1,
-            config_json: "{\"kind\":\"privorl\"}".into(),
+            config_json: "{\"kind\":\"no_such_kind\"}".into(),
         };
         let err = Task::from_wire(&unknown).unwrap_err().to_string();
         assert!(
-            err.contains("privorl") && err.contains("not known"),
+            err.contains("no_such_kind") && err.contains("not known"),
             "{err}"
         );
         let mislabelled = TaskConfig {

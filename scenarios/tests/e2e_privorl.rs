@@ -109,7 +109,10 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
     assert!(r["utility"]["synthetic"]["return"].as_f64().unwrap() > 0.0);
     assert!(r["utility"]["real_reference"]["return"].as_f64().unwrap() > 0.0);
     assert!(r["utility"]["percent_of_real"].as_f64().is_some());
-    assert_eq!(fe["finetune"]["steps"], 64, "every released round is applied");
+    assert_eq!(
+        fe["finetune"]["steps"], 64,
+        "every released round is applied"
+    );
     // Every round went through the summed path, accounted at transition level.
     let ledger = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
     assert_eq!(ledger.records().len(), 64);
@@ -117,6 +120,7 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
     assert_eq!(ledger.config.unit_kind.to_string(), "transition");
     // The ledger's epsilon against dp_accounting's PLD for the same plan (its exact noise is
     // calibrated to a sensitivity a few grid units larger than C: relative ~1e-6).
+    assert!(out.join("privorl_curve.png").exists(), "the run's plot");
     let eps = r["epsilon"].as_f64().unwrap();
     let reference = 4.965254094152048;
     assert!(
@@ -130,9 +134,17 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
     assert_eq!(syn["privacy"]["unit"], "transition");
     let id = syn["ids"][0].as_str().unwrap();
     let root = out.join("synthetic");
-    let listed = fedrl_json(&["data", "list", "--json", "--data-dir", root.to_str().unwrap()]);
+    let listed = fedrl_json(&[
+        "data",
+        "list",
+        "--json",
+        "--data-dir",
+        root.to_str().unwrap(),
+    ]);
     assert!(listed.to_string().contains(id), "{listed}");
-    let d = fedrl_rl::offline::minari::read(&root.join(id)).unwrap().dataset;
+    let d = fedrl_rl::offline::minari::read(&root.join(id))
+        .unwrap()
+        .dataset;
     assert_eq!(d.episodes.len(), 60);
     assert_eq!(d.n_actions, 2);
     let meta: serde_json::Value = serde_json::from_slice(

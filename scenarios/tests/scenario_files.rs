@@ -270,5 +270,9 @@ fn privorl_scenarios_and_their_twins() {
         "kind = \"privorl\"\nfinetune = false",
         "rounds = 1",
     );
-    refused("unit_kind = \"transition\"", "unit_kind = \"trajectory\"", "unit_kind");
+    refused(
+        "unit_kind = \"transition\"",
+        "unit_kind = \"trajectory\"",
+        "unit_kind",
+    );
 }

@@ -28,8 +28,8 @@ pub mod privorl;
 pub use central::CentralGradients;
 pub use client::{CentralData, ExpertHost, LocalTrainer, TrainerFactory, UnitUpload};
 pub use registry::{
-    Models, TaskExt, TaskKind, central_gradients, default_factory, scenario_from_file, scenario_from_toml_str,
-    server_model,
+    Models, TaskExt, TaskKind, central_gradients, default_factory, scenario_from_file,
+    scenario_from_toml_str, server_model,
 };
 pub use server::{
     EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel, ServerOptimizer,

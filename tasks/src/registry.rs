@@ -100,9 +100,7 @@ pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>>
 }
 
 /// The central update mode's computation for `scenario`'s task, when it runs in that mode.
-pub fn central_gradients(
-    scenario: &Scenario,
-) -> anyhow::Result<Option<Box<dyn CentralGradients>>> {
+pub fn central_gradients(scenario: &Scenario) -> anyhow::Result<Option<Box<dyn CentralGradients>>> {
     with_kind!(&scenario.task, t, K => K::central(t, scenario))
 }
 

@@ -340,13 +340,19 @@ mod tests {
         let clipped = unit_gradients(&net, &cfg, &flat, &units, 7, 1, draws, c).unwrap();
         for ((_, g), n0) in clipped.iter().zip(&norms) {
             let n = g.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-            assert!(n <= c * (1.0 + 1e-6) && n >= c * 0.999, "{n} vs C = {c} (was {n0})");
+            assert!(
+                n <= c * (1.0 + 1e-6) && n >= c * 0.999,
+                "{n} vs C = {c} (was {n0})"
+            );
         }
         let sum = summed_unit_gradients(&net, &cfg, &flat, &units, 7, 1, draws, c).unwrap();
         assert_eq!(sum.norms.len(), 4);
         for (i, s) in sum.sum.iter().enumerate() {
             let want: f64 = clipped.iter().map(|(_, g)| f64::from(g[i])).sum();
-            assert!((s - want).abs() <= 1e-5 * c, "coordinate {i}: {s} vs {want}");
+            assert!(
+                (s - want).abs() <= 1e-5 * c,
+                "coordinate {i}: {s} vs {want}"
+            );
         }
         // A unit's draws depend on (seed, round, unit) only, not on the other units.
         let alone = unit_gradients(&net, &cfg, &flat, &units[1..2], 7, 1, draws, c).unwrap();

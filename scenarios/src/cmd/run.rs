@@ -21,6 +21,8 @@ use crate::plot::{CvgaSeries, Series, cvga_plot, line_plot};
 const CURVE_FILE: &str = "learning_curve.png";
 /// File name of the policy-phase curves (normalised return against SAC epochs; PriMORL).
 const POLICY_CURVE_FILE: &str = "policy_curve.png";
+/// File name of PrivORL's fine-tuning curve (held-out denoising loss against steps).
+const PRIVORL_CURVE_FILE: &str = "privorl_curve.png";
 /// File name of the control variability grid (glucose simulators only).
 const CVGA_FILE: &str = "cvga.png";
 /// File name of the exported policy (written by the aggregator's model).
@@ -203,6 +205,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &result.report,
         &twin_reports,
     )?;
+    write_privorl_curves(
+        &run.out_dir.join(PRIVORL_CURVE_FILE),
+        &run.scenario.name,
+        &result.report,
+        &twin_reports,
+    )?;
     finish(&run, &mut result)?;
     write_cvga(
         &run.out_dir.join(CVGA_FILE),
@@ -276,6 +284,38 @@ fn write_policy_curves(
         &format!("{name}: policy in the model, evaluated in the real environment"),
         "SAC epoch",
         "normalised return",
+        &series,
+    )?;
+    Ok(true)
+}
+
+/// PrivORL: the EMA synthesizer's denoising loss on held-out real transitions against
+/// fine-tuning steps, for the run and each twin, at `path`; nothing when no report has one.
+fn write_privorl_curves(
+    path: &Path,
+    name: &str,
+    report: &serde_json::Value,
+    twins: &[(String, serde_json::Value)],
+) -> anyhow::Result<bool> {
+    let points = |r: &serde_json::Value| report_points(r, "curve", "step", "heldout_loss");
+    let mut series = vec![Series {
+        name: "private".into(),
+        points: points(report),
+    }];
+    for (label, r) in twins {
+        series.push(Series {
+            name: label.clone(),
+            points: points(r),
+        });
+    }
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Ok(false);
+    }
+    line_plot(
+        path,
+        &format!("{name}: synthesizer's denoising loss on held-out real transitions"),
+        "fine-tuning step",
+        "EDM loss (EMA weights)",
         &series,
     )?;
     Ok(true)
@@ -703,6 +743,26 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
     }
     if let Some(e) = r["final_evaluation"]["policy_error"].as_str() {
         println!("policy phase failed: {e}");
+    }
+    if let Some(syn) = r["synthetic_dataset"].as_object() {
+        let f = &r["fidelity"];
+        let u = &r["utility"];
+        println!(
+            "PrivORL: synthetic dataset {} in {} (epsilon {}); fidelity marginal {:.3}, correlation {:.3}; CQL return {:.1} on it, {:.1} on as much held-out real data ({:.0}%)",
+            syn["ids"][0].as_str().unwrap_or("?"),
+            run.out_dir
+                .join(fedrl_tasks::privorl::SYNTHETIC_DIR)
+                .display(),
+            syn["privacy"]["epsilon"],
+            f["marginal"].as_f64().unwrap_or(f64::NAN),
+            f["correlation"].as_f64().unwrap_or(f64::NAN),
+            u["synthetic"]["return"].as_f64().unwrap_or(f64::NAN),
+            u["real_reference"]["return"].as_f64().unwrap_or(f64::NAN),
+            u["percent_of_real"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    if let Some(e) = r["final_evaluation"]["final_eval_error"].as_str() {
+        println!("end-of-run evaluation failed: {e}");
     }
     let clinical = &r["final_evaluation"]["clinical"];
     if let Some(line) = clinical_line("clinical (BG, held-out)", &clinical["pooled"]) {

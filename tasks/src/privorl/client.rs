@@ -34,10 +34,8 @@ impl PrivorlTrainer {
     pub fn new(task: &PrivorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(None)?;
         let (dataset, _) =
-            fedrl_rl::offline::load_or_generate_units(&task.dataset, &root, &mut |_| {}, &|_| {
-                true
-            })
-            .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+            fedrl_rl::offline::load_or_generate_units(&task.dataset, &root, &mut |_| {}, &|_| true)
+                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         let (all, _) = split_sensitive(task, &dataset)?;
         let mut units = BTreeMap::new();
         for r in hosted {
@@ -96,7 +94,11 @@ impl LocalTrainer for PrivorlTrainer {
         }) {
             Ok((g, left_out)) => {
                 for unit in left_out {
-                    tracing::warn!(round = round.round, unit, "unit left out: gradient not finite");
+                    tracing::warn!(
+                        round = round.round,
+                        unit,
+                        "unit left out: gradient not finite"
+                    );
                 }
                 g
             }

@@ -281,7 +281,9 @@ pub fn pretrained_path(task: &PrivorlTask, root: &Path) -> anyhow::Result<PathBu
     });
     let text = serde_json::to_string(&key)?;
     let digest = ring_free_hash(text.as_bytes());
-    Ok(root.join("privorl-pretrained").join(format!("{digest:016x}.safetensors")))
+    Ok(root
+        .join("privorl-pretrained")
+        .join(format!("{digest:016x}.safetensors")))
 }
 
 /// FNV-1a 64 of `bytes` (a cache key, not a security property).
@@ -306,7 +308,13 @@ pub fn pretrained(
     let layout = task.layout()?;
     let public = public_rows(task, root)?;
     if !task.pretrain.enabled {
-        let s = TransitionSynthesizer::new(layout, &public, task.synth_config(), task.model_seed, device)?;
+        let s = TransitionSynthesizer::new(
+            layout,
+            &public,
+            task.synth_config(),
+            task.model_seed,
+            device,
+        )?;
         return Ok((s, None));
     }
     let path = pretrained_path(task, root)?;
@@ -315,8 +323,13 @@ pub fn pretrained(
             .with_context(|| format!("reading the pre-trained synthesizer {}", path.display()))?;
         return Ok((s, None));
     }
-    let mut s =
-        TransitionSynthesizer::new(layout, &public, task.synth_config(), task.model_seed, device)?;
+    let mut s = TransitionSynthesizer::new(
+        layout,
+        &public,
+        task.synth_config(),
+        task.model_seed,
+        device,
+    )?;
     let reports = fedrl_rl::diffusion::pretrain(
         &mut s,
         &public,

@@ -277,7 +277,9 @@ impl PrivorlModel {
             "privorl: fidelity marginal {:.3}, correlation {}; CQL on synthetic data returns {syn_return:.1}{}",
             f.marginal,
             f.correlation.map_or("n/a".into(), |c| format!("{c:.3}")),
-            percent.map_or(String::new(), |p| format!(" ({p:.0}% of the real-data reference)"))
+            percent.map_or(String::new(), |p| format!(
+                " ({p:.0}% of the real-data reference)"
+            ))
         );
         Ok(serde_json::json!({
             "final_eval_return": syn_return,
@@ -356,7 +358,12 @@ impl ServerModel for PrivorlModel {
             .apply_gradient(noisy_mean_gradient)
             .map_err(other)?;
         self.offer = self.synth.model().online_flat().map_err(other)?;
-        if self.synth.model().steps().is_multiple_of(self.task.eval_every) {
+        if self
+            .synth
+            .model()
+            .steps()
+            .is_multiple_of(self.task.eval_every)
+        {
             self.record_curve()
                 .map_err(|e| ModelError::Other(e.to_string()))?;
         }

@@ -207,7 +207,10 @@ impl TaskSpec for PrivorlTask {
         if self.transitions == 0 {
             return bad("task.transitions must be >= 1".into());
         }
-        for (name, d) in [("task.dataset", &self.dataset), ("task.public", &self.public)] {
+        for (name, d) in [
+            ("task.dataset", &self.dataset),
+            ("task.public", &self.public),
+        ] {
             if d.units == 0 || d.episodes_per_unit != 1 {
                 return bad(format!(
                     "{name}: units must be >= 1 and episodes_per_unit = 1 (PrivORL-n reads transitions)"
