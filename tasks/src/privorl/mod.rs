@@ -280,14 +280,14 @@ pub fn pretrained_path(task: &PrivorlTask, root: &Path) -> anyhow::Result<PathBu
         "version": 1,
     });
     let text = serde_json::to_string(&key)?;
-    let digest = ring_free_hash(text.as_bytes());
+    let digest = fnv1a(text.as_bytes());
     Ok(root
         .join("privorl-pretrained")
         .join(format!("{digest:016x}.safetensors")))
 }
 
 /// FNV-1a 64 of `bytes` (a cache key, not a security property).
-fn ring_free_hash(bytes: &[u8]) -> u64 {
+fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);

@@ -289,12 +289,13 @@ impl PrivorlModel {
                 "undefined_pairs": f.undefined_pairs,
                 "real_transitions": self.holdout.len(),
                 "synthetic_transitions": synthetic.len(),
-                "against": "held-out real transitions (episodes after the units')",
+                "against": "held-out real transitions (episodes after the units'; no unit's data): an evaluation beside the DP release, not covered by its epsilon",
             },
             "utility": {
                 "learner": "discrete CQL on the synthetic data only, greedy evaluation",
                 "synthetic": on_syn,
                 "real_reference": reference,
+                "real_reference_data": "as many held-out real transitions as units (no unit's data; not covered by epsilon)",
                 "percent_of_real": percent,
             },
             "synthetic_dataset": {
