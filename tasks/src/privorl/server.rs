@@ -283,6 +283,7 @@ impl PrivorlModel {
         );
         Ok(serde_json::json!({
             "final_eval_return": syn_return,
+            "final_eval_episodes": on_syn["episodes"],
             "fidelity": {
                 "marginal": f.marginal,
                 "correlation": f.correlation,
