@@ -90,7 +90,7 @@ impl PrivorlModel {
         let freqs = synth.model().denoiser().freqs()?;
         *synth.model_mut() = DiffusionModel::from_parts(
             dim,
-            task.synth_config(),
+            finetune_config(task),
             &start,
             None,
             &freqs,
@@ -320,6 +320,15 @@ impl PrivorlModel {
     }
 }
 
+/// The synthesizer's configuration during fine-tuning (its own learning rate, when set).
+fn finetune_config(task: &PrivorlTask) -> fedrl_rl::diffusion::SynthesizerConfig {
+    let mut cfg = task.synth_config();
+    if let Some(lr) = task.finetune_lr {
+        cfg.train.lr = lr;
+    }
+    cfg
+}
+
 /// The released dataset's Minari id for environment `env`.
 pub fn synthetic_id(env: &str) -> String {
     let name: String = env
@@ -405,7 +414,7 @@ impl ServerModel for PrivorlModel {
         self.rounds = state.meta["rounds"].as_u64().unwrap_or(0);
         let model = DiffusionModel::from_parts(
             self.synth.dim(),
-            self.task.synth_config(),
+            finetune_config(&self.task),
             &state.tensors[..dim],
             Some((&state.tensors[dim..], self.rounds)),
             &freqs,

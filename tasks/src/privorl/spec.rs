@@ -65,6 +65,9 @@ pub struct PrivorlTask {
     /// its scenario runs one round, accounted as any other). Default true.
     #[serde(default = "d_true")]
     pub finetune: bool,
+    /// AdamW learning rate of the DP fine-tuning; absent: `synth.lr` (pre-training's).
+    #[serde(default)]
+    pub finetune_lr: Option<f64>,
     /// Noise draws `(sigma, n)` per unit and step; the unit's gradient is the mean over them.
     /// Default 1.
     #[serde(default = "d_one_u32")]
@@ -238,6 +241,11 @@ impl TaskSpec for PrivorlTask {
         }
         if !(s.lr.is_finite() && s.lr > 0.0) {
             return bad(format!("task.synth.lr must be > 0, got {}", s.lr));
+        }
+        if let Some(lr) = self.finetune_lr
+            && !(lr.is_finite() && lr > 0.0)
+        {
+            return bad(format!("task.finetune_lr must be > 0, got {lr}"));
         }
         let p = &self.pretrain;
         if p.enabled && p.epochs == 0 {
