@@ -226,7 +226,7 @@ pub fn public_rows(task: &PrivorlTask, root: &Path) -> anyhow::Result<PublicRows
 
 /// The sensitive dataset's first `transitions` transitions (the units, unit `i` = row `i`) and
 /// the held-out real transitions: from the first episode after the one holding the last unit,
-/// at most `holdout` of them. `keep_holdout = false` skips the held-out part.
+/// at most `task.holdout()` of them (fewer when the dataset ends first).
 pub fn split_sensitive(
     task: &PrivorlTask,
     d: &Dataset,
