@@ -321,17 +321,13 @@ impl Scenario {
     }
 
     /// The central mode's summed path's public bounds, when the aggregator computes the units'
-    /// gradients and sums them (offline CQL in the central mode with `central_path = "summed"`,
-    /// the default, private): at most the population (`sampled`) or the cohort (`fresh`) per
-    /// round, each with `transitions_per_unit` rows. `None` for every other run.
+    /// gradients and sums them (a task in the central mode with `central_path = "summed"`, the
+    /// default, private: offline CQL, PrivORL): at most the population (`sampled`) or the
+    /// cohort (`fresh`) per round, each with the task's rows per unit
+    /// ([`Task::central_summed_rows`]). `None` for every other run.
     pub fn summed_bound(&self) -> Option<SummedBound> {
-        let Task::OfflineCql(task) = &self.task else {
-            return None;
-        };
-        if task.mode != crate::offline::UpdateMode::Central
-            || task.central_path != crate::offline::CentralPath::Summed
-            || self.non_private
-        {
+        let rows_per_unit = self.task.central_summed_rows()?;
+        if self.non_private {
             return None;
         }
         let max_units = match self.participation {
@@ -340,7 +336,7 @@ impl Scenario {
         };
         Some(SummedBound {
             max_units,
-            max_rows: max_units.saturating_mul(u64::from(task.transitions_per_unit)),
+            max_rows: max_units.saturating_mul(rows_per_unit),
         })
     }
 
@@ -781,6 +777,27 @@ impl Scenario {
                 return bad(format!(
                     "task.policy.real_ratio = {} / data_start_fraction = {} train the policy on the real dataset (the MOPO baseline), which no privacy accounting covers: only a `non_private = true` scenario may set them",
                     t.policy.real_ratio, t.policy.data_start_fraction
+                ));
+            }
+        }
+        if let Task::Privorl(t) = &self.task {
+            // DP-SGD over transitions: the aggregator Poisson-samples them (seed 003, Eq. 2).
+            if !matches!(self.participation, Participation::Sampled { .. }) {
+                return bad(
+                    "task `privorl` fine-tunes by DP-SGD: set participation = { kind = \"sampled\", rate = q }"
+                        .into(),
+                );
+            }
+            if self.users != t.transitions {
+                return bad(format!(
+                    "users ({}) must equal task.transitions ({}): every transition is a privacy unit",
+                    self.users, t.transitions
+                ));
+            }
+            if !t.finetune && self.rounds != 1 {
+                return bad(format!(
+                    "task.finetune = false (pre-training only) applies no round: set rounds = 1 (the one round is accounted but not applied), not {}",
+                    self.rounds
                 ));
             }
         }
@@ -1280,8 +1297,14 @@ mod tests {
         )
         .unwrap();
         let primorl: Task = primorl["task"].clone().try_into().unwrap();
-        let tasks = ["mean_estimation", "dppg", "loglinear_pg", "offline_cql"]
-            .map(|kind| Task::from_json(&format!("{{\"kind\":\"{kind}\"}}")).unwrap());
+        let tasks = [
+            "mean_estimation",
+            "dppg",
+            "loglinear_pg",
+            "offline_cql",
+            "privorl",
+        ]
+        .map(|kind| Task::from_json(&format!("{{\"kind\":\"{kind}\"}}")).unwrap());
         for t in tasks.into_iter().chain([primorl]) {
             let kind = t.kind_name();
             // The declared name is the serde tag.
@@ -1303,13 +1326,13 @@ mod tests {
         let err = Task::from_wire(&newer).unwrap_err().to_string();
         assert!(err.contains("dppg") && err.contains("version"), "{err}");
         let unknown = TaskConfig {
-            kind: "privorl".into(),
+            kind: "no_such_kind".into(),
             config_version: 1,
-            config_json: "{\"kind\":\"privorl\"}".into(),
+            config_json: "{\"kind\":\"no_such_kind\"}".into(),
         };
         let err = Task::from_wire(&unknown).unwrap_err().to_string();
         assert!(
-            err.contains("privorl") && err.contains("not known"),
+            err.contains("no_such_kind") && err.contains("not known"),
             "{err}"
         );
         let mislabelled = TaskConfig {

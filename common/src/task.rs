@@ -84,6 +84,12 @@ pub trait TaskSpec {
     fn offer_copies(&self) -> usize {
         1
     }
+    /// Rows (per-example loss terms) one unit contributes when its rounds go through the
+    /// central mode's summed path (the engine's `SummedBound` counts them); `None` (the
+    /// default): the task does not use that path.
+    fn central_summed_rows(&self) -> Option<u64> {
+        None
+    }
     /// Checks every parameter that needs no model; the message names the field.
     fn check(&self) -> Result<(), TaskError>;
 }
@@ -152,6 +158,13 @@ macro_rules! task_kinds {
                 }
             }
 
+            /// Rows per unit on the central summed path ([`TaskSpec::central_summed_rows`]).
+            pub fn central_summed_rows(&self) -> Option<u64> {
+                match self {
+                    $(Task::$variant(t) => TaskSpec::central_summed_rows(t),)*
+                }
+            }
+
             /// Checks every parameter that needs no model; the message names the field.
             pub fn validate(&self) -> Result<(), TaskError> {
                 match self {
@@ -184,6 +197,8 @@ pub mod mean_estimation;
 pub mod offline_cql;
 #[path = "../../tasks/src/primorl/spec.rs"]
 pub mod primorl;
+#[path = "../../tasks/src/privorl/spec.rs"]
+pub mod privorl;
 
 pub use dppg::DppgTask;
 pub use loglinear::LogLinearTask;
@@ -210,6 +225,10 @@ task_kinds! {
     /// continuous-action dataset (each round: a Poisson sample of trajectories drawn by the
     /// aggregator), then SAC inside the pessimistic private model on the aggregator.
     Primorl(primorl::PrimorlTask),
+    /// PrivORL-n (seed 003): a diffusion synthesizer pre-trained on public data, fine-tuned by
+    /// DP-SGD with each transition a privacy unit (a Poisson sample drawn by the aggregator),
+    /// sampled into a released synthetic dataset.
+    Privorl(privorl::PrivorlTask),
 }
 
 impl Task {

@@ -45,6 +45,8 @@ relies on it. Do not publish them.
 | `policy.safetensors` (or the task's model export) | public | the released model |
 | `learning_curve.png` | public | evaluation return of released models per round (offline CQL: per training step, DP-SGD and free steps together) |
 | `d_stable/` | public | expert-level runs: the trajectory prefixes released by the DataRelease, a Minari dataset root (`MINARI_DATASETS_PATH=d_stable`) |
+| `synthetic/` | public | PrivORL: the released synthetic dataset, a Minari dataset root (`fedrl data list --data-dir synthetic`), its epsilon and delta in `privacy.json` and under `fedrl_privacy` in its metadata |
+| `privorl_curve.png` | public | PrivORL: the synthesizer's denoising loss on held-out real transitions per fine-tuning step (held-out data, not units: not covered by epsilon, like the report's fidelity and reference utility) |
 | `scenario.toml`, `twin-scenario.toml` | public | the scenario as run (kept as first run: `--resume` checks against it) |
 | `scenario-resume-N.toml` | public | a resume's scenario, when it changed `target_epsilon` (`--resume --allow-budget-increase`) |
 | `operator/report.json` | operator | the report plus exact counts (users, units, updates, bytes) and the client agents' summaries |
@@ -423,7 +425,11 @@ fn policy_phase_status(log: &Path) -> Option<String> {
     let text = String::from_utf8_lossy(&buf);
     text.lines()
         .rev()
-        .find(|l| l.trim_start().starts_with("SAC epoch") || l.starts_with("policy phase:"))
+        .find(|l| {
+            l.trim_start().starts_with("SAC epoch")
+                || l.starts_with("policy phase:")
+                || l.starts_with("privorl:")
+        })
         .map(|l| l.trim().to_string())
 }
 

@@ -237,3 +237,78 @@ fn comments_state_the_accountants_epsilon() {
     }
     assert!(checked >= 3, "{checked} comments checked");
 }
+
+/// PrivORL-n (seed 003): the scenario at epsilon 10 and 1 (delta 1e-5) and its twins (non-private
+/// fine-tuning, no pre-training, no curiosity, pre-training only) differ only where they should,
+/// plan within their budgets, and the loader refuses the combinations that make no sense.
+#[test]
+fn privorl_scenarios_and_their_twins() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let load = |suffix: &str| {
+        let s = scenario_from_file(dir.join(format!("cartpole-privorl{suffix}.toml")))
+            .unwrap_or_else(|e| panic!("cartpole-privorl{suffix}: {e}"));
+        let Task::Privorl(t) = s.task.clone() else {
+            panic!("{}: not privorl", s.name)
+        };
+        (s, t)
+    };
+    let (main, mt) = load("");
+    assert_eq!(main.target_epsilon, 10.0);
+    assert_eq!(main.delta, 1e-5);
+    assert_eq!(main.users, mt.transitions);
+    assert_eq!(
+        main.unit_kind,
+        fedrl_common::privacy::ledger::UnitKind::Transition
+    );
+    assert!(
+        main.summed_bound().is_some(),
+        "central private runs sum on the aggregator"
+    );
+    for (suffix, eps) in [("", 10.0), ("-eps1", 1.0)] {
+        let (s, _) = load(suffix);
+        assert_eq!(s.target_epsilon, eps);
+        let planned = s.planned_epsilon(s.noise_multiplier).unwrap();
+        assert!(planned <= eps, "{suffix}: the plan costs {planned}");
+    }
+    let (np, npt) = load("-nonprivate");
+    assert!(np.non_private && npt == mt);
+    let (_, t) = load("-nopretrain");
+    assert!(!t.pretrain.enabled && !t.pretrain.curiosity);
+    let (_, t) = load("-nocuriosity");
+    assert!(t.pretrain.enabled && !t.pretrain.curiosity);
+    let (po, t) = load("-pretrainonly");
+    assert!(!t.finetune && t.pretrain.enabled && po.rounds == 1);
+
+    // A fixed noise multiplier: the refusals come from validation, not the noise search.
+    let text = std::fs::read_to_string(dir.join("cartpole-privorl.toml"))
+        .unwrap()
+        .replacen("noise_multiplier = 0.79", "noise_multiplier = 1.0", 1);
+    let refused = |from: &str, to: &str, field: &str| {
+        assert!(text.contains(from), "{from}");
+        let err = scenario_from_toml_str(&text.replacen(from, to, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{to}: {err}");
+    };
+    refused("users = 5000", "users = 4000", "task.transitions");
+    refused(
+        "participation = { kind = \"sampled\", rate = 0.0512 }",
+        "participation = { kind = \"fresh\" }\ncohort_size = 10",
+        "sampled",
+    );
+    refused(
+        "enabled = true\nepochs = 10\ncuriosity = true",
+        "enabled = false\nepochs = 10\ncuriosity = true",
+        "curiosity",
+    );
+    refused(
+        "kind = \"privorl\"",
+        "kind = \"privorl\"\nfinetune = false",
+        "rounds = 1",
+    );
+    refused(
+        "unit_kind = \"transition\"",
+        "unit_kind = \"trajectory\"",
+        "unit_kind",
+    );
+}

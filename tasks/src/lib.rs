@@ -11,8 +11,9 @@
 //! - [`registry`]: the table of kinds: dimensions, [`default_factory`], [`server_model`],
 //!   scenario loading.
 //! - One folder per kind: [`mean_estimation`], [`dppg`], [`loglinear`], [`offline_cql`],
-//!   [`primorl`]. Adding one: docs/adding-a-task-kind.md.
+//!   [`primorl`], [`privorl`]. Adding one: docs/adding-a-task-kind.md.
 
+pub mod central;
 pub mod client;
 pub mod registry;
 pub mod server;
@@ -22,11 +23,13 @@ pub mod loglinear;
 pub mod mean_estimation;
 pub mod offline_cql;
 pub mod primorl;
+pub mod privorl;
 
+pub use central::CentralGradients;
 pub use client::{CentralData, ExpertHost, LocalTrainer, TrainerFactory, UnitUpload};
 pub use registry::{
-    Models, TaskExt, TaskKind, default_factory, scenario_from_file, scenario_from_toml_str,
-    server_model,
+    Models, TaskExt, TaskKind, central_gradients, default_factory, scenario_from_file,
+    scenario_from_toml_str, server_model,
 };
 pub use server::{
     EvaluationDone, EvaluationJob, ModelError, ModelState, ServerModel, ServerOptimizer,

@@ -16,6 +16,7 @@ use fedrl_common::scenario::{Scenario, ScenarioError};
 use fedrl_common::task::{Task, TaskError, TaskModels};
 use fedrl_rl::candle_core::Device;
 
+use crate::central::CentralGradients;
 use crate::client::{LocalTrainer, TrainerFactory};
 use crate::server::ServerModel;
 
@@ -40,6 +41,15 @@ pub trait TaskKind {
     /// kind that can run one; `None` (the default) otherwise.
     fn transition_shape(spec: &Self::Spec) -> Result<Option<(usize, u32)>, TaskError> {
         let _ = spec;
+        Ok(None)
+    }
+    /// The central update mode's computation when this scenario's task runs in it; `None`
+    /// (the default): the kind has no central mode, or the scenario does not use it.
+    fn central(
+        spec: &Self::Spec,
+        scenario: &Scenario,
+    ) -> anyhow::Result<Option<Box<dyn CentralGradients>>> {
+        let _ = (spec, scenario);
         Ok(None)
     }
 }
@@ -87,6 +97,11 @@ pub fn default_factory(device: Device) -> TrainerFactory {
 /// scenario's `device`.
 pub fn server_model(scenario: &Scenario) -> anyhow::Result<Box<dyn ServerModel>> {
     with_kind!(&scenario.task, t, K => K::server_model(t, scenario))
+}
+
+/// The central update mode's computation for `scenario`'s task, when it runs in that mode.
+pub fn central_gradients(scenario: &Scenario) -> anyhow::Result<Option<Box<dyn CentralGradients>>> {
+    with_kind!(&scenario.task, t, K => K::central(t, scenario))
 }
 
 /// The length of `task`'s model and of every update (number of f32).

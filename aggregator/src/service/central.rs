@@ -17,8 +17,9 @@
 //! its uploads with it (freed at once).
 //!
 //! **Memory bounds** ([`UploadLimits`], from the scenario's data shape): a unit's upload may
-//! hold at most `max_unit_rows` transitions (episodes per unit x the environment's step limit,
-//! `OfflineCqlTaskExt::max_unit_rows`), i.e. `unit_bytes`; a session's pending uploads at most
+//! hold at most `max_unit_rows` transitions (the task kind's public bound,
+//! `fedrl_tasks::CentralGradients::max_unit_rows`; offline CQL: episodes per unit x the
+//! environment's step limit), i.e. `unit_bytes`; a session's pending uploads at most
 //! `unit_bytes` x the units it claimed; all sessions' pending uploads together at most
 //! `unit_bytes` x the population. The aggregator thus never holds more than about twice the
 //! whole dataset (complete plus pending) however clients behave; an upload past a bound is
@@ -29,32 +30,26 @@
 //! [`crate::engine`]'s module docs ("Excluding a unit").
 //!
 //! **The summed path (default for a private run).** A round's work is one computation,
-//! [`summed_unit_gradients`]: per-example norms, then one weighted f64 product per layer, which
+//! the task kind's `CentralGradients::summed`: per-example norms, then one weighted f64 product per layer, which
 //! gives the sum of the sampled units' clipped gradients without materialising them. The sum
 //! goes to the engine as one pre-summed contribution ([`Event::SumArrived`](crate::engine::Event::SumArrived)),
 //! which quantises it once; the engine's noise is calibrated to that path's (slightly larger)
 //! sensitivity and the ledger records it ([`crate::engine`]'s module docs).
 //!
 //! **The per-unit path** ([`Central::compute`]; `central_path = "per_unit"`, and what a
-//! non-private twin uses, whose clip norm is infinite): every unit's clipped gradient from [`unit_gradients`], the very function a
-//! federated agent runs, fed back as that client's updates through the same re-clipping and
+//! non-private twin uses, whose clip norm is infinite): every unit's clipped gradient from the
+//! kind's `CentralGradients::per_unit`, the very function a federated agent runs, fed back as that client's updates through the same re-clipping and
 //! per-update quantisation as federated ones. Both paths draw the same per-(round, unit)
 //! transitions, so under one seed and one engine calibration they release the same parameters
 //! up to float rounding (tested below).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use fedrl_common::offline::UpdateMode;
 use fedrl_common::protocol::{RoundSpec, UnitData, UnitId, UnitRange};
-use fedrl_common::scenario::{Scenario, Task};
-use fedrl_common::task::OfflineCqlTask;
-use fedrl_rl::candle_core::Device;
+use fedrl_common::scenario::Scenario;
 use fedrl_rl::offline::TransitionBatch;
-use fedrl_rl::offline::dpsgd::{
-    decode_rows, row_width, summed_unit_gradients, unit_gradients, without_non_finite_units,
-};
-use fedrl_rl::offline::qnet::QNetSpec;
-use fedrl_tasks::offline_cql::OfflineCqlTaskExt;
+use fedrl_rl::offline::dpsgd::{decode_rows, row_width, without_non_finite_units};
+use fedrl_tasks::CentralGradients;
 
 use crate::engine::{ClientId, SummedUnit, resolve_units};
 
@@ -155,11 +150,10 @@ pub(super) struct CentralSum {
 const NON_FINITE: &str = "its gradient is not finite (its uploaded data overflows the network, or the model diverged on it)";
 
 pub(super) struct Central {
-    task: OfflineCqlTask,
+    /// The task kind's computation (`fedrl_tasks::central_gradients`).
+    grads: Box<dyn CentralGradients>,
     /// Whether rounds go through the summed path (a private run) or the per-unit one.
     summed: bool,
-    spec: QNetSpec,
-    device: Device,
     limits: UploadLimits,
     /// Complete data by unit: the units of sessions whose upload was complete (operator-side
     /// data: never written to any output). Never replaced.
@@ -177,23 +171,20 @@ pub(super) struct Central {
 impl Central {
     /// The central mode of `scenario`, if its task runs in it.
     pub(super) fn for_scenario(scenario: &Scenario) -> anyhow::Result<Option<Self>> {
-        let Task::OfflineCql(task) = &scenario.task else {
+        let Some(grads) = fedrl_tasks::central_gradients(scenario)? else {
             return Ok(None);
         };
-        if task.mode != UpdateMode::Central {
-            return Ok(None);
-        }
-        let spec = task.qnet_spec()?;
-        let limits = UploadLimits::new(task.max_unit_rows()?, spec.obs_dim, scenario.users);
+        let limits = UploadLimits::new(
+            grads.max_unit_rows(),
+            grads.row_spec().obs_dim,
+            scenario.users,
+        );
         Ok(Some(Central {
-            // A twin clips at +inf: no grid, no summed path. Must agree with the engine's
+            // A twin clips at +inf: no grid, no summed path. The same rule as the engine's
             // configuration (`EngineConfig::summed`), whose noise is calibrated for it.
-            summed: !scenario.non_private
-                && task.central_path == fedrl_common::offline::CentralPath::Summed,
-            spec,
+            summed: scenario.summed_bound().is_some(),
+            grads,
             limits,
-            task: task.clone(),
-            device: fedrl_rl::device::open(scenario.device)?,
             data: HashMap::new(),
             pending: HashMap::new(),
             pending_bytes: 0,
@@ -264,7 +255,7 @@ impl Central {
             ));
         }
         let batch = decode_rows(
-            &self.spec,
+            self.grads.row_spec(),
             header.obs_dim as usize,
             header.rows as usize,
             payload,
@@ -426,19 +417,8 @@ impl Central {
         offer: &[f32],
     ) -> anyhow::Result<(Vec<CentralSum>, Vec<ExcludedUnit>)> {
         self.each_round(offer, |me, round, clip, chosen, owner| {
-            let (g, left_out) = without_non_finite_units(chosen, |c| {
-                summed_unit_gradients(
-                    &me.spec,
-                    &me.task.cql,
-                    offer,
-                    c,
-                    round,
-                    me.task.data_seed,
-                    me.task.transitions_per_unit,
-                    clip,
-                    &me.device,
-                )
-            })?;
+            let (g, left_out) =
+                without_non_finite_units(chosen, |c| me.grads.summed(offer, c, round, clip))?;
             // Norms and clip factors follow the units kept that have data, in order; a unit
             // without data contributes zero.
             let mut stats = g.norms.iter().zip(&g.clip_factors);
@@ -542,19 +522,8 @@ impl Central {
         offer: &[f32],
     ) -> anyhow::Result<(Vec<CentralUpdate>, Vec<ExcludedUnit>)> {
         self.each_round(offer, |me, round, clip, chosen, owner| {
-            let (grads, left_out) = without_non_finite_units(chosen, |c| {
-                unit_gradients(
-                    &me.spec,
-                    &me.task.cql,
-                    offer,
-                    c,
-                    round,
-                    me.task.data_seed,
-                    me.task.transitions_per_unit,
-                    clip,
-                    &me.device,
-                )
-            })?;
+            let (grads, left_out) =
+                without_non_finite_units(chosen, |c| me.grads.per_unit(offer, c, round, clip))?;
             let updates = grads
                 .into_iter()
                 .map(|(unit, data)| CentralUpdate {
@@ -684,8 +653,8 @@ hidden = [8]
                     c.offer(client, spec, units);
                 }
             }
-            let mut offer = c.spec.init(3);
-            offer.extend(c.spec.init(4));
+            let mut offer = c.grads.row_spec().init(3);
+            offer.extend(c.grads.row_spec().init(4));
             if summed {
                 for s in c.compute_summed(&offer).unwrap().0 {
                     assert_eq!(s.units.len(), 6);
@@ -794,15 +763,15 @@ hidden = [8]
         assert_eq!(c.ready().len(), 1);
         let spec = RoundSpec {
             round: 1,
-            dim: c.spec.dim() as u32,
-            offer_dim: 2 * c.spec.dim() as u32,
+            dim: c.grads.row_spec().dim() as u32,
+            offer_dim: 2 * c.grads.row_spec().dim() as u32,
             clip_norm: 0.01,
             deadline_s: 1.0,
         };
         c.offer(1, spec, vec![0, 1]);
         assert!(c.has_work());
-        let mut offer = c.spec.init(0);
-        offer.extend(c.spec.init(0));
+        let mut offer = c.grads.row_spec().init(0);
+        offer.extend(c.grads.row_spec().init(0));
         let (ups, excluded) = c.compute(&offer).unwrap();
         assert!(excluded.is_empty());
         assert!(!c.has_work());
@@ -950,13 +919,13 @@ hidden = [8]
         assert_eq!(c.ready().len(), 2);
         let spec = RoundSpec {
             round: 1,
-            dim: c.spec.dim() as u32,
-            offer_dim: 2 * c.spec.dim() as u32,
+            dim: c.grads.row_spec().dim() as u32,
+            offer_dim: 2 * c.grads.row_spec().dim() as u32,
             clip_norm: 0.01,
             deadline_s: 1.0,
         };
-        let mut offer = c.spec.init(0);
-        offer.extend(c.spec.init(0));
+        let mut offer = c.grads.row_spec().init(0);
+        offer.extend(c.grads.row_spec().init(0));
         for summed in [true, false] {
             c.offer(1, spec.clone(), vec![0, 1]);
             c.offer(2, spec.clone(), vec![2, 3]);

@@ -91,6 +91,8 @@ pub enum UnitKind {
     Trajectory,
     User,
     Expert,
+    /// One transition of an offline dataset (PrivORL-n, seed 003): weaker than trajectory-level.
+    Transition,
 }
 
 impl std::fmt::Display for UnitKind {
@@ -99,6 +101,7 @@ impl std::fmt::Display for UnitKind {
             UnitKind::Trajectory => "trajectory",
             UnitKind::User => "user",
             UnitKind::Expert => "expert",
+            UnitKind::Transition => "transition",
         })
     }
 }

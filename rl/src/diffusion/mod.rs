@@ -14,6 +14,8 @@
 //! - [`curiosity`]: RND curiosity scores and curiosity-driven pre-training on public data;
 //! - [`trajectory`]: PrivORL-j, fragments with link conditions, the conditional MLP and
 //!   transformer denoisers, stitched generation and the per-trajectory DP contribution.
+//! - [`dp`]: per-unit clipped gradients of the EDM loss (exact per-example norms) for DP
+//!   fine-tuning.
 //!
 //! Sources. Constants cite the authors' code by file and line: SynthER (`conglu1997/SynthER`)
 //! and PrivORL (`2019ChenGong/PrivORL`, which copies SynthER's `synther/` tree and edits it).
@@ -25,6 +27,7 @@
 
 pub mod curiosity;
 pub mod denoiser;
+pub mod dp;
 pub mod edm;
 pub mod ema;
 pub mod encode;

@@ -297,6 +297,21 @@ impl DiffusionModel {
         Ok(loss.to_scalar::<f32>()?)
     }
 
+    /// One optimiser step with a given gradient (flat PyTorch layout, e.g. DP fine-tuning's
+    /// released noisy mean gradient: everything done with it is post-processing): AdamW, then
+    /// the EMA update. No global-norm clip (the gradient is what it is).
+    pub fn apply_gradient(&mut self, flat_grad: &[f32]) -> Result<()> {
+        let tensors = self.net.tensors_from_flat(flat_grad)?;
+        let mut grads = candle_core::backprop::GradStore::default();
+        for (v, g) in self.vars.iter().zip(tensors) {
+            grads.insert(v.as_tensor(), g);
+        }
+        self.opt.step(&grads)?;
+        self.ema.update(&self.online_params())?;
+        self.steps += 1;
+        Ok(())
+    }
+
     /// `n` normalised samples (rows of [`Self::dim`], row-major) from the chosen weights.
     pub fn sample_normalized(&mut self, n: usize, weights: Weights) -> Result<Vec<f32>> {
         let params: Vec<Tensor> = match weights {

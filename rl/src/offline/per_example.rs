@@ -281,15 +281,30 @@ fn prepare(
     device: &Device,
 ) -> Result<(PerExample, Grouping, Option<Tensor>, Clip)> {
     check_clip(clip_norm)?;
-    let g = Grouping::new(unit_of_row, batch.len(), n_units)?;
     let pe = per_example(spec, cfg, params, target, batch, device)?;
+    let (g, idx, clip) = group_and_clip(&pe, unit_of_row, n_units, clip_norm, device)?;
+    Ok((pe, g, idx, clip))
+}
+
+/// Grouping and clip factors of a forward/backward result `pe` of any network of linear
+/// layers (one input row per example and layer).
+fn group_and_clip(
+    pe: &PerExample,
+    unit_of_row: &[u32],
+    n_units: usize,
+    clip_norm: f64,
+    device: &Device,
+) -> Result<(Grouping, Option<Tensor>, Clip)> {
+    check_clip(clip_norm)?;
+    let n_rows = pe.losses.dim(0)?;
+    let g = Grouping::new(unit_of_row, n_rows, n_units)?;
     let idx = if g.uniform {
         None
     } else {
-        Some(g.pad_index(batch.len(), device)?)
+        Some(g.pad_index(n_rows, device)?)
     };
-    let clip = unit_clip(&pe, &g, idx.as_ref(), clip_norm)?;
-    Ok((pe, g, idx, clip))
+    let clip = unit_clip(pe, &g, idx.as_ref(), clip_norm)?;
+    Ok((g, idx, clip))
 }
 
 /// Every unit's mean CQL gradient over its rows, clipped to L2 norm `clip_norm`, materialised
@@ -319,6 +334,30 @@ pub fn per_unit_clipped(
         clip_norm,
         device,
     )?;
+    per_unit_from(&pe, &g, idx.as_ref(), clip)
+}
+
+/// [`per_unit_clipped`] for a forward/backward result of any network of linear layers whose
+/// flat layout is every layer's `[out, in]` weight then its bias, in `pe`'s layer order
+/// (the diffusion denoiser's DP fine-tuning uses it too).
+pub(crate) fn per_unit_clipped_of(
+    pe: &PerExample,
+    unit_of_row: &[u32],
+    n_units: usize,
+    clip_norm: f64,
+    device: &Device,
+) -> Result<UnitGradients> {
+    let (g, idx, clip) = group_and_clip(pe, unit_of_row, n_units, clip_norm, device)?;
+    per_unit_from(pe, &g, idx.as_ref(), clip)
+}
+
+fn per_unit_from(
+    pe: &PerExample,
+    g: &Grouping,
+    idx: Option<&Tensor>,
+    clip: Clip,
+) -> Result<UnitGradients> {
+    let device = pe.losses.device();
     let u = g.n_units();
     let weights: Vec<f32> = clip
         .scales
@@ -329,7 +368,7 @@ pub fn per_unit_clipped(
     let weights = Tensor::from_vec(weights, (u, 1, 1), device)?;
     let mut parts = Vec::with_capacity(2 * pe.deltas.len());
     for (delta, input) in pe.deltas.iter().zip(&pe.inputs) {
-        let (dp, ap) = (g.pad(delta, idx.as_ref())?, g.pad(input, idx.as_ref())?);
+        let (dp, ap) = (g.pad(delta, idx)?, g.pad(input, idx)?);
         let dw = dp.broadcast_mul(&weights)?; // [U, k, out]
         let gw = if g.kmax == 1 {
             // Outer products as one broadcast product: U tiny matmuls would each pay a dispatch.
@@ -434,6 +473,32 @@ pub fn summed_clipped(
         clip_norm,
         device,
     )?;
+    summed_from(&pe, &g, clip, batch.len(), clip_norm, device)
+}
+
+/// [`summed_clipped`] for a forward/backward result of any network of linear layers whose flat
+/// layout is every layer's `[out, in]` weight then its bias, in `pe`'s layer order (the
+/// diffusion denoiser's DP fine-tuning uses it too). The same guarantees: see "The summed
+/// path" in the module docs.
+pub(crate) fn summed_clipped_of(
+    pe: &PerExample,
+    unit_of_row: &[u32],
+    n_units: usize,
+    clip_norm: f64,
+    device: &Device,
+) -> Result<SummedGradient> {
+    let (g, _, clip) = group_and_clip(pe, unit_of_row, n_units, clip_norm, device)?;
+    summed_from(pe, &g, clip, pe.losses.dim(0)?, clip_norm, device)
+}
+
+fn summed_from(
+    pe: &PerExample,
+    g: &Grouping,
+    clip: Clip,
+    n_rows: usize,
+    clip_norm: f64,
+    device: &Device,
+) -> Result<SummedGradient> {
     let mut scales = clip.scales;
     let deltas: Vec<Tensor> = pe
         .deltas
@@ -446,10 +511,10 @@ pub fn summed_clipped(
         .map(|t| t.to_dtype(DType::F64))
         .collect::<candle_core::Result<_>>()?;
     if g.kmax > 1 {
-        row_norm_cap(&deltas, &inputs, &g, clip_norm, &mut scales)?;
+        row_norm_cap(&deltas, &inputs, g, clip_norm, &mut scales)?;
     }
     // Row weight s_u / k_u (f64, one rounding) for the row's unit.
-    let mut w = Vec::with_capacity(batch.len());
+    let mut w = Vec::with_capacity(n_rows);
     for (u, &k) in g.counts.iter().enumerate() {
         w.extend(std::iter::repeat_n(scales[u] / k as f64, k));
     }

@@ -21,6 +21,8 @@ use crate::plot::{CvgaSeries, Series, cvga_plot, line_plot};
 const CURVE_FILE: &str = "learning_curve.png";
 /// File name of the policy-phase curves (normalised return against SAC epochs; PriMORL).
 const POLICY_CURVE_FILE: &str = "policy_curve.png";
+/// File name of PrivORL's fine-tuning curve (held-out denoising loss against steps).
+const PRIVORL_CURVE_FILE: &str = "privorl_curve.png";
 /// File name of the control variability grid (glucose simulators only).
 const CVGA_FILE: &str = "cvga.png";
 /// File name of the exported policy (written by the aggregator's model).
@@ -231,6 +233,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     write_policy_curves(
         &run.out_dir.join(POLICY_CURVE_FILE),
+        &run.scenario.name,
+        &result.report,
+        &twin_reports,
+    )?;
+    write_privorl_curves(
+        &run.out_dir.join(PRIVORL_CURVE_FILE),
         &run.scenario.name,
         &result.report,
         &twin_reports,
@@ -500,6 +508,40 @@ fn write_policy_curves(
     Ok(true)
 }
 
+/// PrivORL: the EMA synthesizer's denoising loss on held-out real transitions against
+/// fine-tuning steps, for the run and each twin, at `path`; nothing when no report has one.
+fn write_privorl_curves(
+    path: &Path,
+    name: &str,
+    report: &serde_json::Value,
+    twins: &[(String, serde_json::Value)],
+) -> anyhow::Result<bool> {
+    let points = |r: &serde_json::Value| report_points(r, "curve", "step", "heldout_loss");
+    let mut series = vec![Series {
+        name: private_label(report),
+        points: points(report),
+        band: Vec::new(),
+    }];
+    for (label, r) in twins {
+        series.push(Series {
+            name: label.clone(),
+            points: points(r),
+            band: Vec::new(),
+        });
+    }
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Ok(false);
+    }
+    line_plot(
+        path,
+        &format!("{name}: synthesizer's denoising loss on held-out real transitions"),
+        "fine-tuning step",
+        "EDM loss (EMA weights)",
+        &series,
+    )?;
+    Ok(true)
+}
+
 /// The (low, high) BG CVGA coordinates of a report's held-out patient-days (mg/dL); empty when
 /// the final evaluation has no clinical report.
 fn cvga_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
@@ -599,6 +641,9 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
             t.dataset.units
         );
     }
+    if let fedrl_common::scenario::Task::Privorl(t) = &scenario.task {
+        prepare_privorl(scenario, t)?;
+    }
     if let fedrl_common::scenario::Task::Primorl(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
         let bar = crate::cmd::data::generation_bar()?;
@@ -616,6 +661,115 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
         );
     }
     Ok(())
+}
+
+/// PrivORL: both datasets (sensitive and public) are generated or found in the cache, and the
+/// synthesizer is pre-trained on the public data here, with its progress in the terminal, and
+/// cached beside the datasets (the aggregator then reads it instead of pre-training before it
+/// listens; twins with the same pre-training share it). No unit's data is read.
+fn prepare_privorl(
+    scenario: &fedrl_common::scenario::Scenario,
+    t: &fedrl_common::task::privorl::PrivorlTask,
+) -> anyhow::Result<()> {
+    let root = fedrl_rl::offline::data_root(None)?;
+    for (what, spec) in [("sensitive", &t.dataset), ("public", &t.public)] {
+        let t0 = std::time::Instant::now();
+        let bar = crate::cmd::data::generation_bar()?;
+        fedrl_rl::offline::cache::prepare(spec, &root, &mut |p| {
+            crate::cmd::data::show_generation(&bar, &p)
+        })
+        .with_context(|| format!("preparing the {what} dataset under {}", root.display()))?;
+        bar.finish_and_clear();
+        eprintln!(
+            "privorl: {what} dataset {} ready ({:.1} s)",
+            spec.minari_id(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    if !t.pretrain.enabled {
+        eprintln!("privorl: no pre-training (fine-tuning starts from random weights)");
+        return Ok(());
+    }
+    let path = fedrl_tasks::privorl::pretrained_path(t, &root)?;
+    if path.exists() {
+        eprintln!(
+            "privorl: pre-trained synthesizer found in the cache ({})",
+            path.display()
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "privorl: pre-training the synthesizer on the public data: {} epochs, curiosity {}",
+        t.pretrain.epochs,
+        if t.pretrain.curiosity { "on" } else { "off" }
+    );
+    let device = fedrl_rl::device::open(scenario.device)?;
+    let t0 = std::time::Instant::now();
+    fedrl_tasks::privorl::pretrained(t, &root, &device, &mut |r| {
+        eprintln!(
+            "privorl: pre-training epoch {}/{}: loss {:.4}, {} novel rows ({:.1} s)",
+            r.epoch + 1,
+            t.pretrain.epochs,
+            r.mean_loss,
+            r.novel_rows,
+            r.seconds
+        );
+    })?;
+    eprintln!(
+        "privorl: pre-training done in {:.1} s, cached in {}",
+        t0.elapsed().as_secs_f64(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// PrivORL's released dataset: copied from the aggregator's state into `OUT/synthetic` (a
+/// Minari root, listed by `fedrl data list --data-dir OUT/synthetic`), its metadata stamped
+/// with the run's epsilon and delta. Returns what the report says about it.
+fn publish_synthetic(
+    run: &LocalRun,
+    report: &serde_json::Value,
+) -> anyhow::Result<Option<serde_json::Value>> {
+    let from = run
+        .out_dir
+        .join("state")
+        .join(fedrl_tasks::privorl::SYNTHETIC_DIR);
+    if !from.exists() {
+        return Ok(None);
+    }
+    let to = run.out_dir.join(fedrl_tasks::privorl::SYNTHETIC_DIR);
+    copy_tree(&from, &to).context("copying the synthetic dataset")?;
+    let epsilon = if run.scenario.non_private {
+        serde_json::json!("inf")
+    } else {
+        report["epsilon"].clone()
+    };
+    let privacy = serde_json::json!({
+        "epsilon": epsilon,
+        "delta": report["delta"],
+        "unit": run.scenario.unit_kind.to_string(),
+        "accountant": report["accountant"],
+        "non_private": run.scenario.non_private,
+        "seeded_noise": run.scenario.seed.is_some(),
+    });
+    let mut ids = Vec::new();
+    for d in fedrl_rl::offline::cache::list(&to)? {
+        let meta = d.path.join("data").join("metadata.json");
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
+        v["fedrl_privacy"] = privacy.clone();
+        std::fs::write(&meta, serde_json::to_vec(&v)?)?;
+        std::fs::write(
+            d.path.join("privacy.json"),
+            serde_json::to_vec_pretty(&privacy)?,
+        )?;
+        ids.push(d.id);
+    }
+    Ok(Some(serde_json::json!({
+        "ids": ids,
+        "folder": fedrl_tasks::privorl::SYNTHETIC_DIR,
+        "privacy": privacy,
+        "list_with": format!("fedrl data list --data-dir {}", to.display()),
+    })))
 }
 
 /// Completes `report.json` with the fields a user looks for first (DP outputs only) and
@@ -656,7 +810,9 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         )
         .context("copying the released prefixes (d_stable)")?;
     }
+    let synthetic = publish_synthetic(run, &result.report)?;
     let r = &mut result.report;
+    let fe = r["final_evaluation"].clone();
     // The aggregator's report already holds the final evaluation, the epsilon (null for a
     // twin) and the noise source, once each; the run adds where its files are.
     if let Some(obj) = r.as_object_mut() {
@@ -667,6 +823,12 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
         for file in MODEL_FILES {
             if file != fedrl_tasks::primorl::ENSEMBLE_FILE && state_dir.join(file).exists() {
                 obj.insert("policy".into(), serde_json::json!(file));
+            }
+        }
+        if let Some(s) = synthetic {
+            obj.insert("synthetic_dataset".into(), s);
+            for k in ["fidelity", "utility"] {
+                obj.insert(k.into(), fe[k].clone());
             }
         }
     }
@@ -794,6 +956,26 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
     }
     if let Some(e) = r["final_evaluation"]["policy_error"].as_str() {
         println!("policy phase failed: {e}");
+    }
+    if let Some(syn) = r["synthetic_dataset"].as_object() {
+        let f = &r["fidelity"];
+        let u = &r["utility"];
+        println!(
+            "PrivORL: synthetic dataset {} in {} (epsilon {}); fidelity marginal {:.3}, correlation {:.3}; CQL return {:.1} on it, {:.1} on as much held-out real data ({:.0}%)",
+            syn["ids"][0].as_str().unwrap_or("?"),
+            run.out_dir
+                .join(fedrl_tasks::privorl::SYNTHETIC_DIR)
+                .display(),
+            syn["privacy"]["epsilon"],
+            f["marginal"].as_f64().unwrap_or(f64::NAN),
+            f["correlation"].as_f64().unwrap_or(f64::NAN),
+            u["synthetic"]["return"].as_f64().unwrap_or(f64::NAN),
+            u["real_reference"]["return"].as_f64().unwrap_or(f64::NAN),
+            u["percent_of_real"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    if let Some(e) = r["final_evaluation"]["final_eval_error"].as_str() {
+        println!("end-of-run evaluation failed: {e}");
     }
     let clinical = &r["final_evaluation"]["clinical"];
     if let Some(line) = clinical_line("clinical (BG, held-out)", &clinical["pooled"]) {

@@ -1,6 +1,6 @@
 //! A JSON Schema checker for the subset of draft 2020-12 that `scenarios/report.schema.json`
 //! uses (`type`, `const`, `enum`, `required`, `properties`, `additionalProperties`, `items`,
-//! `minimum`, `exclusiveMinimum`, `exclusiveMaximum`, `oneOf`, local `$ref`; annotations are
+//! `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, `oneOf`, local `$ref`; annotations are
 //! ignored). A keyword outside the subset is an error, so the schema cannot use one that this
 //! checker would silently skip. Test code: a full validator crate would rebuild much of the
 //! workspace's dependencies with other features, for these few keywords.
@@ -66,10 +66,11 @@ fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<Stri
                     out.push(format!("{path}: {v} is not one of {rule}"));
                 }
             }
-            "minimum" | "exclusiveMinimum" | "exclusiveMaximum" => {
+            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" => {
                 if let (Some(x), Some(b)) = (v.as_f64(), rule.as_f64()) {
                     let ok = match k.as_str() {
                         "minimum" => x >= b,
+                        "maximum" => x <= b,
                         "exclusiveMinimum" => x > b,
                         _ => x < b,
                     };

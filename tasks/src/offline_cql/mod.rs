@@ -15,13 +15,16 @@ pub mod server;
 pub use client::CqlTrainer;
 pub use server::{CqlModel, QNET_FILE};
 
-use fedrl_common::protocol::UnitRange;
+use fedrl_common::protocol::{UnitId, UnitRange};
 use fedrl_common::scenario::Scenario;
 use fedrl_common::task::{OfflineCqlTask, TaskError};
 use fedrl_rl::candle_core::Device;
+use fedrl_rl::offline::TransitionBatch;
+use fedrl_rl::offline::per_example::SummedGradient;
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_sim::population::Population;
 
+use crate::central::CentralGradients;
 use crate::client::LocalTrainer;
 use crate::registry::{TaskKind, model_error};
 use crate::server::ServerModel;
@@ -56,6 +59,80 @@ impl TaskKind for OfflineCql {
     fn transition_shape(spec: &OfflineCqlTask) -> Result<Option<(usize, u32)>, TaskError> {
         let q = spec.qnet_spec()?;
         Ok(Some((q.obs_dim, q.n_actions as u32)))
+    }
+
+    fn central(
+        spec: &OfflineCqlTask,
+        scenario: &Scenario,
+    ) -> anyhow::Result<Option<Box<dyn CentralGradients>>> {
+        if spec.mode != fedrl_common::offline::UpdateMode::Central {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(CqlCentral {
+            qnet: spec.qnet_spec()?,
+            max_unit_rows: spec.max_unit_rows()?,
+            task: spec.clone(),
+            device: fedrl_rl::device::open(scenario.device)?,
+        })))
+    }
+}
+
+/// Offline CQL's central computation: the same per-unit gradients a federated agent computes
+/// ([`fedrl_rl::offline::dpsgd`]), on the uploaded data.
+struct CqlCentral {
+    task: OfflineCqlTask,
+    qnet: QNetSpec,
+    max_unit_rows: u64,
+    device: Device,
+}
+
+impl CentralGradients for CqlCentral {
+    fn row_spec(&self) -> &QNetSpec {
+        &self.qnet
+    }
+
+    fn max_unit_rows(&self) -> u64 {
+        self.max_unit_rows
+    }
+
+    fn summed(
+        &self,
+        offer: &[f32],
+        units: &[(UnitId, &TransitionBatch)],
+        round: u64,
+        clip_norm: f64,
+    ) -> fedrl_rl::Result<SummedGradient> {
+        fedrl_rl::offline::dpsgd::summed_unit_gradients(
+            &self.qnet,
+            &self.task.cql,
+            offer,
+            units,
+            round,
+            self.task.data_seed,
+            self.task.transitions_per_unit,
+            clip_norm,
+            &self.device,
+        )
+    }
+
+    fn per_unit(
+        &self,
+        offer: &[f32],
+        units: &[(UnitId, &TransitionBatch)],
+        round: u64,
+        clip_norm: f64,
+    ) -> fedrl_rl::Result<Vec<(UnitId, Vec<f32>)>> {
+        fedrl_rl::offline::dpsgd::unit_gradients(
+            &self.qnet,
+            &self.task.cql,
+            offer,
+            units,
+            round,
+            self.task.data_seed,
+            self.task.transitions_per_unit,
+            clip_norm,
+            &self.device,
+        )
     }
 }
 

@@ -85,6 +85,11 @@ impl TaskSpec for OfflineCqlTask {
     fn offer_copies(&self) -> usize {
         2
     }
+    fn central_summed_rows(&self) -> Option<u64> {
+        (self.mode == crate::offline::UpdateMode::Central
+            && self.central_path == crate::offline::CentralPath::Summed)
+            .then_some(u64::from(self.transitions_per_unit))
+    }
     fn check(&self) -> Result<(), TaskError> {
         self.validate()
     }

@@ -1,0 +1,453 @@
+//! PrivORL-n (seed 003): differentially private synthetic transitions from a diffusion model.
+//! A synthesizer pre-trained on public data ([`pretrained`], cached beside the datasets), then
+//! fine-tuned by DP-SGD where each transition of the sensitive dataset is a privacy unit: the
+//! units' clipped EDM-loss gradients ([`client`] in the federated mode, [`PrivorlCentral`] in
+//! the central one), the AdamW/EMA server model, the sampling of the released dataset and its
+//! evaluation ([`server`]).
+//!
+//! Invariants: the normaliser is fitted on the public data only and the Fourier frequencies
+//! come from `model_seed`, so the client agents, the central computation and the server model
+//! build the same network without seeing any unit; a unit's gradient depends on that unit's
+//! transition and public numbers only (`fedrl_rl::diffusion::dp`).
+
+/// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
+/// `fedrl_common::task::privorl` (its doc says why).
+pub use fedrl_common::task::privorl as spec;
+
+pub mod client;
+pub mod server;
+
+pub use client::PrivorlTrainer;
+pub use server::{PrivorlModel, SYNTHETIC_DIR};
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use fedrl_common::protocol::{UnitId, UnitRange};
+use fedrl_common::scenario::Scenario;
+use fedrl_common::task::TaskError;
+use fedrl_common::task::privorl::PrivorlTask;
+use fedrl_rl::candle_core::Device;
+use fedrl_rl::diffusion::curiosity::{CuriosityConfig, EpochReport, PretrainConfig};
+use fedrl_rl::diffusion::dp::{UnitRows, summed_unit_gradients, unit_gradients};
+use fedrl_rl::diffusion::{
+    ActionCoding, Denoiser, DenoiserConfig, DenoiserSpec, EdmConfig, Normalizer, PublicRows,
+    SynthesizerConfig, TrainConfig, TransitionLayout, TransitionSynthesizer, Transitions,
+};
+use fedrl_rl::offline::TransitionBatch;
+use fedrl_rl::offline::dataset::Dataset;
+use fedrl_rl::offline::per_example::SummedGradient;
+use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_sim::population::Population;
+
+use crate::central::CentralGradients;
+use crate::client::LocalTrainer;
+use crate::registry::{TaskKind, model_error};
+use crate::server::ServerModel;
+
+/// The PrivORL kind in the registry.
+pub struct Privorl;
+
+impl TaskKind for Privorl {
+    type Spec = PrivorlTask;
+
+    fn dim(spec: &PrivorlTask) -> Result<usize, TaskError> {
+        Ok(spec.denoiser_spec()?.num_params())
+    }
+
+    fn trainer(
+        spec: &PrivorlTask,
+        units: &[UnitRange],
+        device: &Device,
+    ) -> anyhow::Result<Box<dyn LocalTrainer>> {
+        Ok(Box::new(PrivorlTrainer::new(spec, units, device.clone())?))
+    }
+
+    fn server_model(
+        spec: &PrivorlTask,
+        scenario: &Scenario,
+    ) -> anyhow::Result<Box<dyn ServerModel>> {
+        let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
+        Ok(Box::new(PrivorlModel::new(spec, device)?))
+    }
+
+    fn transition_shape(spec: &PrivorlTask) -> Result<Option<(usize, u32)>, TaskError> {
+        let q = spec.row_spec()?;
+        Ok(Some((q.obs_dim, q.n_actions as u32)))
+    }
+
+    fn central(
+        spec: &PrivorlTask,
+        scenario: &Scenario,
+    ) -> anyhow::Result<Option<Box<dyn CentralGradients>>> {
+        if spec.mode != fedrl_common::offline::UpdateMode::Central {
+            return Ok(None);
+        }
+        let device = fedrl_rl::device::open(scenario.device)?;
+        let root = fedrl_rl::offline::data_root(None)?;
+        Ok(Some(Box::new(PrivorlCentral::new(spec, &root, &device)?)))
+    }
+}
+
+/// The shapes a [`PrivorlTask`] builds for its environment.
+pub trait PrivorlTaskExt {
+    /// The observation size and action count of the dataset's environment (box observations,
+    /// discrete actions), with the downstream CQL's hidden widths.
+    fn row_spec(&self) -> Result<QNetSpec, TaskError>;
+    /// `[s, one-hot a, r, s', done]`.
+    fn layout(&self) -> Result<TransitionLayout, TaskError>;
+    /// The denoiser for that layout.
+    fn denoiser_spec(&self) -> Result<DenoiserSpec, TaskError>;
+    /// The synthesizer's configuration (EDM and EMA at the library's, i.e. the paper's,
+    /// defaults; the network, learning rate, batch and sampler steps from the task).
+    fn synth_config(&self) -> SynthesizerConfig;
+    /// The pre-training configuration.
+    fn pretrain_config(&self) -> PretrainConfig;
+}
+
+impl PrivorlTaskExt for PrivorlTask {
+    fn row_spec(&self) -> Result<QNetSpec, TaskError> {
+        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
+            .and_then(|p| p.user_env(0))
+            .map_err(|e| model_error("task.dataset.env", e))?;
+        let obs_dim = match env.observation_space() {
+            fedrl_sim::Space::Box { low, .. } => low.len(),
+            other => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: PrivORL-n needs a box observation space, `{}` has {other:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        let n_actions = match env.action_space() {
+            fedrl_sim::Space::Discrete { n } => *n,
+            other => {
+                return Err(TaskError::Invalid(format!(
+                    "task.dataset.env: this PrivORL-n kind writes discrete-action datasets, `{}` has {other:?}",
+                    self.dataset.env
+                )));
+            }
+        };
+        Ok(QNetSpec {
+            obs_dim,
+            hidden: self.utility.cql.hidden.clone(),
+            n_actions,
+        })
+    }
+
+    fn layout(&self) -> Result<TransitionLayout, TaskError> {
+        let q = self.row_spec()?;
+        Ok(TransitionLayout {
+            obs_dim: q.obs_dim,
+            action: ActionCoding::Discrete { n: q.n_actions },
+            model_terminal: true,
+        })
+    }
+
+    fn denoiser_spec(&self) -> Result<DenoiserSpec, TaskError> {
+        Ok(DenoiserSpec {
+            data_dim: self.layout()?.dim(),
+            config: self.synth_config().denoiser,
+        })
+    }
+
+    fn synth_config(&self) -> SynthesizerConfig {
+        let s = &self.synth;
+        SynthesizerConfig {
+            denoiser: DenoiserConfig {
+                width: s.width,
+                blocks: s.blocks,
+                dim_t: s.dim_t,
+                fourier_dim: s.fourier_dim,
+            },
+            edm: EdmConfig {
+                sample_steps: s.sample_steps,
+                ..EdmConfig::default()
+            },
+            train: TrainConfig {
+                lr: s.lr,
+                batch_size: s.batch_size,
+                ..TrainConfig::default()
+            },
+        }
+    }
+
+    fn pretrain_config(&self) -> PretrainConfig {
+        let p = &self.pretrain;
+        PretrainConfig {
+            epochs: p.epochs,
+            curiosity: CuriosityConfig {
+                enabled: p.curiosity,
+                rate: p.curiosity_rate,
+                pool_size: p.pool_size,
+                refresh_every_epochs: p.refresh_every_epochs,
+                ..CuriosityConfig::default()
+            },
+        }
+    }
+}
+
+/// A dataset's transitions in episode order (episodes sorted by id).
+pub fn transitions_in_order(d: &Dataset) -> TransitionBatch {
+    let mut eps: Vec<&fedrl_rl::offline::Episode> = d.episodes.iter().collect();
+    eps.sort_by_key(|e| e.id);
+    let mut out = TransitionBatch::new(d.obs_dim);
+    for e in eps {
+        e.push_transitions(&mut out);
+    }
+    out
+}
+
+/// The public rows (encoded, not normalised) of the task's public dataset, loaded from the
+/// cache under `root` (generated there first if missing), at most `public_transitions`.
+pub fn public_rows(task: &PrivorlTask, root: &Path) -> anyhow::Result<PublicRows> {
+    let layout = task.layout()?;
+    let (d, _) =
+        fedrl_rl::offline::load_or_generate_units(&task.public, root, &mut |_| {}, &|_| true)
+            .with_context(|| format!("loading the public dataset under {}", root.display()))?;
+    if d.obs_dim != layout.obs_dim || d.n_actions != task.row_spec()?.n_actions {
+        anyhow::bail!(
+            "the public dataset {} has observations of {} values and {} actions, the sensitive one {} and {}",
+            d.id,
+            d.obs_dim,
+            d.n_actions,
+            layout.obs_dim,
+            task.row_spec()?.n_actions
+        );
+    }
+    let mut b = transitions_in_order(&d);
+    if task.public_transitions > 0 && (b.len() as u64) > task.public_transitions {
+        let rows: Vec<usize> = (0..task.public_transitions as usize).collect();
+        b = b.select(&rows);
+    }
+    let rows = layout.encode(&Transitions::from(&b))?;
+    Ok(PublicRows::new(layout.dim(), rows)?)
+}
+
+/// The sensitive dataset's first `transitions` transitions (the units, unit `i` = row `i`) and
+/// the held-out real transitions: from the first episode after the one holding the last unit,
+/// at most `task.holdout()` of them (fewer when the dataset ends first).
+pub fn split_sensitive(
+    task: &PrivorlTask,
+    d: &Dataset,
+) -> anyhow::Result<(TransitionBatch, TransitionBatch)> {
+    let n = task.transitions as usize;
+    let mut eps: Vec<&fedrl_rl::offline::Episode> = d.episodes.iter().collect();
+    eps.sort_by_key(|e| e.id);
+    let mut units = TransitionBatch::new(d.obs_dim);
+    let mut held = TransitionBatch::new(d.obs_dim);
+    let mut it = eps.into_iter();
+    for e in it.by_ref() {
+        e.push_transitions(&mut units);
+        if units.len() >= n {
+            break;
+        }
+    }
+    if units.len() < n {
+        anyhow::bail!(
+            "the sensitive dataset {} holds {} transitions, fewer than task.transitions = {n}: raise task.dataset.units",
+            d.id,
+            units.len()
+        );
+    }
+    let rows: Vec<usize> = (0..n).collect();
+    let units = units.select(&rows);
+    let want = task.holdout() as usize;
+    for e in it {
+        if held.len() >= want {
+            break;
+        }
+        e.push_transitions(&mut held);
+    }
+    if held.len() > want {
+        let rows: Vec<usize> = (0..want).collect();
+        held = held.select(&rows);
+    }
+    Ok((units, held))
+}
+
+/// Where the pre-trained synthesizer of `task` is cached under the data root: keyed by
+/// everything pre-training reads (public data, network, pre-training settings, seed), so twins
+/// that differ only in their fine-tuning share it. Public data only: no unit is involved.
+pub fn pretrained_path(task: &PrivorlTask, root: &Path) -> anyhow::Result<PathBuf> {
+    let key = serde_json::json!({
+        "public": task.public,
+        "public_transitions": task.public_transitions,
+        "layout": task.layout()?,
+        "synth": task.synth_config(),
+        "pretrain": task.pretrain_config(),
+        "model_seed": task.model_seed,
+        "version": 1,
+    });
+    let text = serde_json::to_string(&key)?;
+    let digest = fnv1a(text.as_bytes());
+    Ok(root
+        .join("privorl-pretrained")
+        .join(format!("{digest:016x}.safetensors")))
+}
+
+/// FNV-1a 64 of `bytes` (a cache key, not a security property).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The synthesizer fine-tuning starts from: the cached pre-trained one (pre-trained here and
+/// cached when missing, reporting each epoch through `on_epoch`), or, with pre-training off, a
+/// fresh one whose normaliser is fitted on the public data. Its EMA restarts from its weights.
+pub fn pretrained(
+    task: &PrivorlTask,
+    root: &Path,
+    device: &Device,
+    on_epoch: &mut dyn FnMut(&EpochReport),
+) -> anyhow::Result<(TransitionSynthesizer, Option<Vec<EpochReport>>)> {
+    let layout = task.layout()?;
+    let public = public_rows(task, root)?;
+    if !task.pretrain.enabled {
+        let s = TransitionSynthesizer::new(
+            layout,
+            &public,
+            task.synth_config(),
+            task.model_seed,
+            device,
+        )?;
+        return Ok((s, None));
+    }
+    let path = pretrained_path(task, root)?;
+    if let Ok(bytes) = std::fs::read(&path) {
+        let s = TransitionSynthesizer::from_bytes(&bytes, task.model_seed, device)
+            .with_context(|| format!("reading the pre-trained synthesizer {}", path.display()))?;
+        return Ok((s, None));
+    }
+    let mut s = TransitionSynthesizer::new(
+        layout,
+        &public,
+        task.synth_config(),
+        task.model_seed,
+        device,
+    )?;
+    let reports = fedrl_rl::diffusion::pretrain(
+        &mut s,
+        &public,
+        &task.pretrain_config(),
+        task.model_seed,
+        on_epoch,
+    )?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, s.to_bytes()?)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok((s, Some(reports)))
+}
+
+/// The per-unit computation shared by both modes: the network built from public numbers (the
+/// Fourier frequencies of `model_seed`, the public normaliser) and the units' noise draws.
+pub struct PrivorlCentral {
+    task: PrivorlTask,
+    row: QNetSpec,
+    layout: TransitionLayout,
+    normalizer: Normalizer,
+    net: Denoiser,
+    edm: EdmConfig,
+}
+
+impl PrivorlCentral {
+    /// Builds the network on `device`; the public data is read from the cache under `root`.
+    pub fn new(task: &PrivorlTask, root: &Path, device: &Device) -> anyhow::Result<Self> {
+        let layout = task.layout()?;
+        let public = public_rows(task, root)?;
+        let normalizer = Normalizer::fit_public(&layout, &public)?;
+        let spec = task.denoiser_spec()?;
+        let (_, freqs) = spec.init(task.model_seed)?;
+        Ok(PrivorlCentral {
+            task: task.clone(),
+            row: task.row_spec()?,
+            layout,
+            normalizer,
+            net: Denoiser::new(spec, &freqs, device)?,
+            edm: task.synth_config().edm,
+        })
+    }
+
+    /// Normalised encoded rows of every unit (the same encoding as the server's).
+    fn rows(&self, units: &[(UnitId, &TransitionBatch)]) -> fedrl_rl::Result<Vec<Vec<f32>>> {
+        units
+            .iter()
+            .map(|(_, b)| {
+                if b.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut r = self.layout.encode(&Transitions::from(*b))?;
+                self.normalizer.normalize(&mut r);
+                Ok(r)
+            })
+            .collect()
+    }
+}
+
+impl CentralGradients for PrivorlCentral {
+    fn row_spec(&self) -> &QNetSpec {
+        &self.row
+    }
+
+    /// A unit is one transition.
+    fn max_unit_rows(&self) -> u64 {
+        1
+    }
+
+    fn summed(
+        &self,
+        offer: &[f32],
+        units: &[(UnitId, &TransitionBatch)],
+        round: u64,
+        clip_norm: f64,
+    ) -> fedrl_rl::Result<SummedGradient> {
+        let rows = self.rows(units)?;
+        let ur: Vec<UnitRows> = units
+            .iter()
+            .zip(&rows)
+            .map(|((u, _), r)| UnitRows { unit: *u, rows: r })
+            .collect();
+        summed_unit_gradients(
+            &self.net,
+            &self.edm,
+            offer,
+            &ur,
+            round,
+            self.task.data_seed,
+            self.task.draws_per_unit,
+            clip_norm,
+        )
+    }
+
+    fn per_unit(
+        &self,
+        offer: &[f32],
+        units: &[(UnitId, &TransitionBatch)],
+        round: u64,
+        clip_norm: f64,
+    ) -> fedrl_rl::Result<Vec<(UnitId, Vec<f32>)>> {
+        let rows = self.rows(units)?;
+        let ur: Vec<UnitRows> = units
+            .iter()
+            .zip(&rows)
+            .map(|((u, _), r)| UnitRows { unit: *u, rows: r })
+            .collect();
+        unit_gradients(
+            &self.net,
+            &self.edm,
+            offer,
+            &ur,
+            round,
+            self.task.data_seed,
+            self.task.draws_per_unit,
+            clip_norm,
+        )
+    }
+}

@@ -1,0 +1,470 @@
+//! PrivORL-n, server side: the synthesizer (pre-trained on public data before the first
+//! round), one AdamW step per released noisy mean gradient with the EMA updated after it, and,
+//! when the rounds are over, the sampling of the synthetic dataset from the EMA weights, its
+//! evaluation and its export in Minari's layout.
+//!
+//! Everything here is post-processing of released gradients and public data, except the
+//! evaluation's real data: the held-out transitions of the sensitive dataset's episodes after
+//! the units' (no unit's transition is among them). The fidelity and the reference CQL are
+//! computed on those, and so are operator-side diagnostics about held-out data, not about any
+//! unit. The held-out loss curve uses them too.
+//!
+//! A checkpoint keeps the online and EMA weights (not AdamW's moments: a resumed run restarts
+//! them, as a new training phase does).
+
+use std::path::Path;
+use std::time::Instant;
+
+use fedrl_common::task::privorl::PrivorlTask;
+use fedrl_rl::candle_core::{Device, Tensor};
+use fedrl_rl::diffusion::edm::{normal_tensor, per_example_loss};
+use fedrl_rl::diffusion::{Actions, DiffusionModel, TransitionSynthesizer, Transitions};
+use fedrl_rl::offline::dataset::{Dataset, Episode};
+use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_rl::offline::train::{evaluate_greedy_for, train_cql};
+use fedrl_rl::offline::{TransitionBatch, minari};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+
+use super::{PrivorlTaskExt, pretrained, split_sensitive};
+use crate::server::{ModelError, ModelState, ServerModel};
+
+/// Folder of the released synthetic dataset in the output directory (a Minari root: the
+/// dataset sits at `SYNTHETIC_DIR/<id>/data/`).
+pub const SYNTHETIC_DIR: &str = "synthetic";
+
+/// Held-out rows the curve's denoising loss is measured on.
+const CURVE_ROWS: usize = 1000;
+
+/// Synthetic transitions sampled per sampler call (progress lines between calls).
+const SAMPLE_CHUNK: usize = 2000;
+
+pub struct PrivorlModel {
+    task: PrivorlTask,
+    synth: TransitionSynthesizer,
+    /// The online weights (what every offer carries).
+    offer: Vec<f32>,
+    /// Held-out real transitions (fidelity, the reference CQL).
+    holdout: TransitionBatch,
+    /// Normalised held-out rows with fixed noise levels and noise (the curve's loss).
+    curve_rows: (Tensor, Vec<f64>, Tensor),
+    curve: Vec<serde_json::Value>,
+    reported: usize,
+    /// Released rounds received, and applied (0 without fine-tuning).
+    rounds: u64,
+    finetune_s: f64,
+    pretrain: serde_json::Value,
+    /// The sampled synthetic dataset, once the run is over.
+    released: Option<Dataset>,
+    device: Device,
+}
+
+impl PrivorlModel {
+    /// Builds (or reads from the cache) the pre-trained synthesizer and reads the held-out real
+    /// data.
+    pub fn new(task: &PrivorlTask, device: Device) -> anyhow::Result<Self> {
+        let root = fedrl_rl::offline::data_root(None)?;
+        let t0 = Instant::now();
+        let (synth, reports) = pretrained(task, &root, &device, &mut |r| {
+            eprintln!(
+                "privorl: pre-training epoch {}/{}: loss {:.4} ({:.1} s)",
+                r.epoch + 1,
+                task.pretrain.epochs,
+                r.mean_loss,
+                r.seconds
+            );
+        })?;
+        let pretrain = serde_json::json!({
+            "enabled": task.pretrain.enabled,
+            "curiosity": task.pretrain.enabled && task.pretrain.curiosity,
+            "epochs": if task.pretrain.enabled { task.pretrain.epochs } else { 0 },
+            "cached": task.pretrain.enabled && reports.is_none(),
+            "seconds_here": t0.elapsed().as_secs_f64(),
+            "epoch_losses": reports
+                .map(|r| r.iter().map(|e| e.mean_loss).collect::<Vec<_>>()),
+        });
+        // Fine-tuning starts from the pre-trained average, with a fresh EMA and AdamW.
+        let mut synth = synth;
+        let dim = synth.dim();
+        let start = synth.model().ema_flat()?;
+        let freqs = synth.model().denoiser().freqs()?;
+        *synth.model_mut() = DiffusionModel::from_parts(
+            dim,
+            finetune_config(task),
+            &start,
+            None,
+            &freqs,
+            task.model_seed ^ 0xf1ae_0000_0000_0001,
+            &device,
+        )?;
+        let (dataset, _) =
+            fedrl_rl::offline::load_or_generate_units(&task.dataset, &root, &mut |_| {}, &|_| {
+                true
+            })?;
+        let (_, holdout) = split_sensitive(task, &dataset)?;
+        drop(dataset);
+        if holdout.is_empty() {
+            anyhow::bail!(
+                "the sensitive dataset has no episode after the units' transitions: raise task.dataset.units for held-out data"
+            );
+        }
+        let n = holdout.len().min(CURVE_ROWS);
+        let rows: Vec<usize> = (0..n).collect();
+        let x = synth.encode(&Transitions::from(&holdout.select(&rows)))?;
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(task.model_seed ^ 0xc0ffee);
+        let edm = task.synth_config().edm;
+        let sigmas: Vec<f64> = (0..n).map(|_| edm.draw_sigma(&mut rng)).collect();
+        let noise = normal_tensor(n, dim, &mut rng, &device)?;
+        let x = Tensor::from_vec(x, (n, dim), &device)?;
+        let mut m = PrivorlModel {
+            task: task.clone(),
+            offer: Vec::new(),
+            synth,
+            holdout,
+            curve_rows: (x, sigmas, noise),
+            curve: Vec::new(),
+            reported: 0,
+            rounds: 0,
+            finetune_s: 0.0,
+            pretrain,
+            released: None,
+            device,
+        };
+        m.offer = m.synth.model().online_flat()?;
+        m.record_curve()?;
+        Ok(m)
+    }
+
+    /// The EMA weights' denoising loss on the held-out rows at fixed noise.
+    fn heldout_loss(&self) -> anyhow::Result<f64> {
+        let (x, s, n) = &self.curve_rows;
+        let model = self.synth.model();
+        let l = per_example_loss(
+            &model.config().edm,
+            model.denoiser(),
+            model.ema_params(),
+            x,
+            s,
+            n,
+        )?
+        .mean_all()?
+        .to_scalar::<f32>()?;
+        Ok(f64::from(l))
+    }
+
+    fn record_curve(&mut self) -> anyhow::Result<()> {
+        let loss = self.heldout_loss()?;
+        self.curve.push(serde_json::json!({
+            "step": self.synth.model().steps(),
+            "heldout_loss": loss,
+        }));
+        Ok(())
+    }
+
+    /// Samples the synthetic dataset (one-step episodes: the transitions are independent).
+    fn sample(&mut self) -> anyhow::Result<(Dataset, TransitionBatch)> {
+        let n = self.task.synthetic() as usize;
+        let t0 = Instant::now();
+        let obs_dim = self.synth.layout().obs_dim;
+        let mut batch = TransitionBatch::new(obs_dim);
+        let mut done = 0;
+        while done < n {
+            let m = SAMPLE_CHUNK.min(n - done);
+            let t = self.synth.sample(m)?;
+            let Actions::Discrete(actions) = &t.actions else {
+                anyhow::bail!("the synthesizer decoded continuous actions");
+            };
+            batch.obs.extend_from_slice(&t.obs);
+            batch.next_obs.extend_from_slice(&t.next_obs);
+            batch.actions.extend_from_slice(actions);
+            batch.rewards.extend_from_slice(&t.rewards);
+            batch.terminals.extend_from_slice(&t.terminals);
+            done += m;
+            eprintln!(
+                "privorl: sampling {done}/{n} synthetic transitions ({:.0} s)",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        let q = self.task.row_spec()?;
+        let mut episodes = Vec::with_capacity(n);
+        for i in 0..batch.len() {
+            let mut observations = batch.obs[i * obs_dim..(i + 1) * obs_dim].to_vec();
+            observations.extend_from_slice(&batch.next_obs[i * obs_dim..(i + 1) * obs_dim]);
+            let terminal = batch.terminals[i] > 0.5;
+            episodes.push(Episode {
+                id: i as u64,
+                unit: i as u64,
+                observations,
+                actions: vec![batch.actions[i]],
+                rewards: vec![batch.rewards[i]],
+                terminations: vec![terminal],
+                truncations: vec![!terminal],
+            });
+        }
+        let d = Dataset {
+            id: synthetic_id(&self.task.dataset.env),
+            env_id: self.task.dataset.env.clone(),
+            obs_dim,
+            n_actions: q.n_actions,
+            episodes,
+        };
+        Ok((d, batch))
+    }
+
+    /// Trains the downstream CQL on `data` and evaluates it greedily.
+    fn utility(&self, data: &TransitionBatch, what: &str) -> anyhow::Result<serde_json::Value> {
+        let u = &self.task.utility;
+        let spec: QNetSpec = self.task.row_spec()?;
+        let t0 = Instant::now();
+        let every = (u.steps / 5).max(1);
+        let params = train_cql(
+            &spec,
+            &u.cql,
+            data,
+            u.steps,
+            u.cql.model_seed,
+            &Device::Cpu,
+            &mut |step, loss| {
+                if step % every == 0 {
+                    eprintln!(
+                        "privorl: CQL on {what} data, step {step}/{}: loss {loss:.4}",
+                        u.steps
+                    );
+                }
+            },
+        )?;
+        let r = evaluate_greedy_for(
+            &spec,
+            &params,
+            &self.task.dataset.env,
+            u.eval_episodes,
+            u.eval_seed,
+            u.eval_max_steps,
+        )?;
+        Ok(serde_json::json!({
+            "return": r.mean,
+            "return_std": r.std,
+            "episodes": r.returns.len(),
+            "transitions": data.len(),
+            "seconds": t0.elapsed().as_secs_f64(),
+        }))
+    }
+
+    fn evaluate_release(&mut self) -> anyhow::Result<serde_json::Value> {
+        let t0 = Instant::now();
+        let (dataset, synthetic) = self.sample()?;
+        let sampling_s = t0.elapsed().as_secs_f64();
+        let layout = *self.synth.layout();
+        let real = layout.encode(&Transitions::from(&self.holdout))?;
+        let syn = layout.encode(&Transitions::from(&synthetic))?;
+        let f = fedrl_rl::fidelity::fidelity(&real, &syn, layout.dim())?;
+        let t1 = Instant::now();
+        let on_syn = self.utility(&synthetic, "synthetic")?;
+        let reference = if self.task.utility.reference {
+            Some(self.utility(&self.holdout, "held-out real")?)
+        } else {
+            None
+        };
+        let downstream_s = t1.elapsed().as_secs_f64();
+        let syn_return = on_syn["return"].as_f64().unwrap_or(f64::NAN);
+        let percent = reference
+            .as_ref()
+            .and_then(|r| r["return"].as_f64())
+            .map(|r| 100.0 * syn_return / r);
+        let id = dataset.id.clone();
+        self.released = Some(dataset);
+        eprintln!(
+            "privorl: fidelity marginal {:.3}, correlation {}; CQL on synthetic data returns {syn_return:.1}{}",
+            f.marginal,
+            f.correlation.map_or("n/a".into(), |c| format!("{c:.3}")),
+            percent.map_or(String::new(), |p| format!(
+                " ({p:.0}% of the real-data reference)"
+            ))
+        );
+        Ok(serde_json::json!({
+            "final_eval_return": syn_return,
+            "final_eval_episodes": on_syn["episodes"],
+            "fidelity": {
+                "marginal": f.marginal,
+                "correlation": f.correlation,
+                "undefined_pairs": f.undefined_pairs,
+                "real_transitions": self.holdout.len(),
+                "synthetic_transitions": synthetic.len(),
+                "against": "held-out real transitions (episodes after the units'; no unit's data): an evaluation beside the DP release, not covered by its epsilon",
+            },
+            "utility": {
+                "learner": "discrete CQL on the synthetic data only, greedy evaluation",
+                "synthetic": on_syn,
+                "real_reference": reference,
+                "real_reference_data": "as many held-out real transitions as units (no unit's data; not covered by epsilon)",
+                "percent_of_real": percent,
+            },
+            "synthetic_dataset": {
+                "id": id,
+                "folder": SYNTHETIC_DIR,
+                "transitions": synthetic.len(),
+            },
+            "pretrain": self.pretrain,
+            "finetune": {
+                "applied": self.task.finetune,
+                "rounds": self.rounds,
+                "steps": self.synth.model().steps(),
+                "seconds_applying": self.finetune_s,
+            },
+            "phase_seconds": {
+                "sampling": sampling_s,
+                "downstream": downstream_s,
+            },
+            "curve": self.curve,
+        }))
+    }
+}
+
+/// The synthesizer's configuration during fine-tuning (its own learning rate, when set).
+fn finetune_config(task: &PrivorlTask) -> fedrl_rl::diffusion::SynthesizerConfig {
+    let mut cfg = task.synth_config();
+    if let Some(lr) = task.finetune_lr {
+        cfg.train.lr = lr;
+    }
+    cfg
+}
+
+/// The released dataset's Minari id for environment `env`.
+pub fn synthetic_id(env: &str) -> String {
+    let name: String = env
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("privorl/{name}-synthetic-v0")
+}
+
+impl ServerModel for PrivorlModel {
+    fn params(&self) -> &[f32] {
+        &self.offer
+    }
+
+    /// One AdamW step with the released noisy mean gradient, then the EMA update (skipped
+    /// entirely in a pre-training-only run).
+    fn apply(&mut self, noisy_mean_gradient: &[f32]) -> Result<(), ModelError> {
+        if noisy_mean_gradient.len() != self.offer.len() {
+            return Err(ModelError::Length {
+                expected: self.offer.len(),
+                got: noisy_mean_gradient.len(),
+            });
+        }
+        self.rounds += 1;
+        if !self.task.finetune {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let other = |e: fedrl_rl::NnError| ModelError::Other(e.to_string());
+        self.synth
+            .model_mut()
+            .apply_gradient(noisy_mean_gradient)
+            .map_err(other)?;
+        self.offer = self.synth.model().online_flat().map_err(other)?;
+        if self
+            .synth
+            .model()
+            .steps()
+            .is_multiple_of(self.task.eval_every)
+        {
+            self.record_curve()
+                .map_err(|e| ModelError::Other(e.to_string()))?;
+        }
+        self.finetune_s += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The online weights, then the EMA weights.
+    fn state(&self) -> ModelState {
+        let mut tensors = self.offer.clone();
+        tensors.extend(self.synth.model().ema_flat().unwrap_or_default());
+        ModelState {
+            meta: serde_json::json!({
+                "model": "privorl",
+                "rounds": self.rounds,
+                "curve": self.curve,
+            }),
+            tensors,
+        }
+    }
+
+    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
+        let dim = self.offer.len();
+        if state.tensors.len() != 2 * dim {
+            return Err(ModelError::Restore(format!(
+                "the checkpoint has {} values, the online and EMA weights need {}",
+                state.tensors.len(),
+                2 * dim
+            )));
+        }
+        let freqs = self
+            .synth
+            .model()
+            .denoiser()
+            .freqs()
+            .map_err(|e| ModelError::Restore(e.to_string()))?;
+        self.rounds = state.meta["rounds"].as_u64().unwrap_or(0);
+        let model = DiffusionModel::from_parts(
+            self.synth.dim(),
+            finetune_config(&self.task),
+            &state.tensors[..dim],
+            Some((&state.tensors[dim..], self.rounds)),
+            &freqs,
+            self.task.model_seed ^ 0xf1ae_0000_0000_0002,
+            &self.device,
+        )
+        .map_err(|e| ModelError::Restore(e.to_string()))?;
+        *self.synth.model_mut() = model;
+        self.offer = state.tensors[..dim].to_vec();
+        self.curve = state.meta["curve"].as_array().cloned().unwrap_or_default();
+        self.reported = self.curve.len();
+        Ok(())
+    }
+
+    /// The latest held-out loss when a new one was measured since the last round.
+    fn evaluate(&mut self, _round: u64) -> Option<serde_json::Value> {
+        let new = self.curve.len() > self.reported;
+        self.reported = self.curve.len();
+        new.then(|| self.curve.last().cloned()).flatten()
+    }
+
+    fn final_evaluation(&mut self) -> Option<serde_json::Value> {
+        Some(
+            self.evaluate_release()
+                .unwrap_or_else(|e| serde_json::json!({ "final_eval_error": format!("{e:#}") })),
+        )
+    }
+
+    /// Writes the synthetic dataset into `dir/synthetic/<id>` (Minari's layout).
+    fn export(&self, dir: &Path) -> anyhow::Result<()> {
+        let Some(d) = &self.released else {
+            return Ok(());
+        };
+        let root = dir.join(SYNTHETIC_DIR);
+        let target = minari::dataset_dir(&root, &d.id)?;
+        if target.exists() {
+            std::fs::remove_dir_all(&target)?;
+        }
+        std::fs::create_dir_all(&target)?;
+        minari::write(
+            d,
+            &target,
+            &minari::WriteOptions {
+                algorithm_name: Some("PrivORL-n (fedrl)".into()),
+                description: Some(
+                    "DP synthetic transitions (one-step episodes) sampled from a diffusion model fine-tuned by transition-level DP-SGD".into(),
+                ),
+                spec: Some(serde_json::json!({ "privorl": self.task })),
+            },
+        )?;
+        Ok(())
+    }
+}

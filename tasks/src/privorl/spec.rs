@@ -1,0 +1,336 @@
+//! PrivORL-n's parameters ([`Task::Privorl`]): DP synthetic offline-RL transitions (seed 003,
+//! sections IV-V).
+//!
+//! This is the kind's spec: plain serde data, checked without a model. It sits in the kind's
+//! folder with the rest of the kind, but `common/src/task.rs` compiles it into `fedrl-common`
+//! (as `fedrl_common::task::privorl`): `Task`, which the protocol, the scenario loader and the
+//! engine read without candle, names it. So `crate` here is `fedrl_common`. Adding a kind:
+//! docs/adding-a-task-kind.md.
+//!
+//! The run: (1) the aggregator pre-trains the diffusion synthesizer on the **public** dataset
+//! (`public`, e.g. CartPole variants of another physics), with curiosity unless switched off;
+//! (2) every round is one DP-SGD fine-tuning step on the **sensitive** dataset, in which each of
+//! the first `transitions` transitions of `dataset` is a privacy unit: the aggregator
+//! Poisson-samples units, each sampled unit's gradient of its own EDM loss (its own noise
+//! levels and noise draws) is clipped to the scenario's `clip_norm`, the engine sums, adds the
+//! noise, divides by the expected batch and the server takes one AdamW step (EMA updated);
+//! (3) the EMA weights are sampled into the synthetic dataset, which is released with the
+//! run's epsilon and delta; (4) it is evaluated: fidelity against held-out real transitions
+//! and the utility of discrete CQL trained on it alone.
+
+use serde::{Deserialize, Serialize};
+
+use crate::privacy::ledger::UnitKind;
+use crate::task::{TaskError, TaskSpec};
+// Named by the docs only.
+#[cfg(doc)]
+use crate::task::Task;
+
+/// Parameters of [`Task::Privorl`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrivorlTask {
+    /// The sensitive dataset (generated or loaded from the cache by every client agent). Its
+    /// first `transitions` transitions, in episode order, are the privacy units; transitions
+    /// of the episodes after the one holding the last unit are the held-out real data.
+    #[serde(default)]
+    pub dataset: crate::offline::DatasetSpec,
+    /// Privacy units: the first `transitions` transitions of `dataset` (the scenario's `users`
+    /// must equal it). Default 10,000.
+    #[serde(default = "d_transitions")]
+    pub transitions: u64,
+    /// Held-out real transitions (fidelity, and the reference CQL trained on real data); 0
+    /// (default): as many as `transitions`.
+    #[serde(default)]
+    pub holdout_transitions: u64,
+    /// The public dataset of the same domain (pre-training and the normaliser).
+    #[serde(default = "d_public")]
+    pub public: crate::offline::DatasetSpec,
+    /// At most this many public transitions are used (0: all). Default 0.
+    #[serde(default)]
+    pub public_transitions: u64,
+    /// `federated` or `central` (default; DESIGN §2.5).
+    #[serde(default = "d_central")]
+    pub mode: crate::offline::UpdateMode,
+    /// Central mode only: `summed` (default) or `per_unit`.
+    #[serde(default)]
+    pub central_path: crate::offline::CentralPath,
+    /// The synthesizer's network and training.
+    #[serde(default)]
+    pub synth: PrivorlSynth,
+    /// Pre-training on the public data (off: the "no pre-training" ablation).
+    #[serde(default)]
+    pub pretrain: PrivorlPretrain,
+    /// Off: the rounds' released gradients are not applied (the "pre-training only" ablation;
+    /// its scenario runs one round, accounted as any other). Default true.
+    #[serde(default = "d_true")]
+    pub finetune: bool,
+    /// AdamW learning rate of the DP fine-tuning; absent: `synth.lr` (pre-training's).
+    #[serde(default)]
+    pub finetune_lr: Option<f64>,
+    /// Noise draws `(sigma, n)` per unit and step; the unit's gradient is the mean over them.
+    /// Default 1.
+    #[serde(default = "d_one_u32")]
+    pub draws_per_unit: u32,
+    /// Seed of the units' noise draws (not privacy noise). Default 0.
+    #[serde(default)]
+    pub data_seed: u64,
+    /// Seed of the initial weights, pre-training and sampling. Default 0.
+    #[serde(default)]
+    pub model_seed: u64,
+    /// Synthetic transitions sampled and released; 0 (default): as many as `transitions`.
+    #[serde(default)]
+    pub synthetic_transitions: u64,
+    /// Held-out denoising loss of the EMA weights every K fine-tuning steps (the curve).
+    /// Default 50.
+    #[serde(default = "d_eval_every")]
+    pub eval_every: u64,
+    /// The downstream learner.
+    #[serde(default)]
+    pub utility: PrivorlUtility,
+}
+
+/// The denoiser and its optimiser (defaults: the CPU size; the paper's is width 1024, 6
+/// blocks, meant for `--device cuda:0`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivorlSynth {
+    /// Width of the residual blocks. Default 256.
+    pub width: usize,
+    /// Residual blocks. Default 4.
+    pub blocks: usize,
+    /// Width of the input projection and time embedding. Default 128.
+    pub dim_t: usize,
+    /// Random Fourier features (even). Default 16.
+    pub fourier_dim: usize,
+    /// AdamW learning rate of pre-training and fine-tuning. Default 3e-4.
+    pub lr: f64,
+    /// Pre-training batch rows. Default 128.
+    pub batch_size: usize,
+    /// Heun steps of the sampler. Default 128.
+    pub sample_steps: usize,
+}
+
+impl Default for PrivorlSynth {
+    fn default() -> Self {
+        PrivorlSynth {
+            width: 256,
+            blocks: 4,
+            dim_t: 128,
+            fourier_dim: 16,
+            lr: 3e-4,
+            batch_size: 128,
+            sample_steps: 128,
+        }
+    }
+}
+
+/// Curiosity-driven pre-training on the public data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivorlPretrain {
+    /// Off: fine-tuning starts from random weights. Default true.
+    pub enabled: bool,
+    /// Passes over the public data. Default 10.
+    pub epochs: usize,
+    /// Curiosity (RND) during pre-training. Default true.
+    pub curiosity: bool,
+    /// Share of each batch replaced by novel samples. Default 0.3.
+    pub curiosity_rate: f64,
+    /// Samples per curiosity pool. Default 1000.
+    pub pool_size: usize,
+    /// Refresh the pool every this many epochs. Default 1.
+    pub refresh_every_epochs: usize,
+}
+
+impl Default for PrivorlPretrain {
+    fn default() -> Self {
+        PrivorlPretrain {
+            enabled: true,
+            epochs: 10,
+            curiosity: true,
+            curiosity_rate: 0.3,
+            pool_size: 1000,
+            refresh_every_epochs: 1,
+        }
+    }
+}
+
+/// Discrete CQL trained on the synthetic data alone (and, as the reference, on the held-out
+/// real data), evaluated greedily in the simulator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivorlUtility {
+    pub cql: crate::offline::CqlConfig,
+    /// CQL gradient steps. Default 3000.
+    pub steps: u64,
+    /// Evaluation episodes. Default 20.
+    pub eval_episodes: usize,
+    /// Seed of the evaluation episodes. Default 1_000_000.
+    pub eval_seed: u64,
+    /// Step limit of an evaluation episode (0: the environment's). Default 0.
+    pub eval_max_steps: u64,
+    /// Also train the reference on held-out real data. Default true.
+    pub reference: bool,
+}
+
+impl Default for PrivorlUtility {
+    fn default() -> Self {
+        PrivorlUtility {
+            cql: crate::offline::CqlConfig {
+                hidden: vec![64, 64],
+                learning_rate: 1e-3,
+                target_update_interval: 100,
+                batch_size: 256,
+                ..Default::default()
+            },
+            steps: 3000,
+            eval_episodes: 20,
+            eval_seed: 1_000_000,
+            eval_max_steps: 0,
+            reference: true,
+        }
+    }
+}
+
+impl TaskSpec for PrivorlTask {
+    const KIND: &'static str = "privorl";
+    const CONFIG_VERSION: u32 = 1;
+    /// PrivORL-n: one transition per contribution.
+    fn unit_kind(&self) -> UnitKind {
+        UnitKind::Transition
+    }
+    fn central_summed_rows(&self) -> Option<u64> {
+        (self.mode == crate::offline::UpdateMode::Central
+            && self.central_path == crate::offline::CentralPath::Summed)
+            .then_some(u64::from(self.draws_per_unit))
+    }
+    fn check(&self) -> Result<(), TaskError> {
+        let bad = |m: String| Err(TaskError::Invalid(m));
+        if self.transitions == 0 {
+            return bad("task.transitions must be >= 1".into());
+        }
+        for (name, d) in [
+            ("task.dataset", &self.dataset),
+            ("task.public", &self.public),
+        ] {
+            if d.units == 0 || d.episodes_per_unit != 1 {
+                return bad(format!(
+                    "{name}: units must be >= 1 and episodes_per_unit = 1 (PrivORL-n reads transitions)"
+                ));
+            }
+        }
+        if self.public == self.dataset {
+            return bad(
+                "task.public is the sensitive dataset itself: pre-training must use other, public data"
+                    .into(),
+            );
+        }
+        let s = &self.synth;
+        if s.width == 0
+            || s.blocks == 0
+            || s.dim_t == 0
+            || s.fourier_dim == 0
+            || !s.fourier_dim.is_multiple_of(2)
+            || s.batch_size == 0
+            || s.sample_steps < 2
+        {
+            return bad(format!(
+                "task.synth: width, blocks, dim_t, batch_size must be >= 1, fourier_dim even and >= 2, sample_steps >= 2; got {s:?}"
+            ));
+        }
+        if !(s.lr.is_finite() && s.lr > 0.0) {
+            return bad(format!("task.synth.lr must be > 0, got {}", s.lr));
+        }
+        if let Some(lr) = self.finetune_lr
+            && !(lr.is_finite() && lr > 0.0)
+        {
+            return bad(format!("task.finetune_lr must be > 0, got {lr}"));
+        }
+        let p = &self.pretrain;
+        if p.enabled && p.epochs == 0 {
+            return bad("task.pretrain.epochs must be >= 1 (or set enabled = false)".into());
+        }
+        if !p.enabled && p.curiosity {
+            return bad(
+                "task.pretrain.curiosity = true needs pre-training: curiosity acts only on the public data (set curiosity = false with enabled = false)"
+                    .into(),
+            );
+        }
+        if p.curiosity
+            && (!(0.0..=1.0).contains(&p.curiosity_rate)
+                || p.pool_size == 0
+                || p.refresh_every_epochs == 0)
+        {
+            return bad(format!(
+                "task.pretrain: curiosity_rate in [0, 1], pool_size and refresh_every_epochs >= 1; got {p:?}"
+            ));
+        }
+        if !self.finetune && !p.enabled {
+            return bad(
+                "task.finetune = false and task.pretrain.enabled = false: the synthesizer would learn nothing"
+                    .into(),
+            );
+        }
+        if self.draws_per_unit == 0 || self.eval_every == 0 {
+            return bad("task.draws_per_unit and task.eval_every must be >= 1".into());
+        }
+        let u = &self.utility;
+        if u.cql.hidden.is_empty() || u.cql.hidden.contains(&0) || u.cql.batch_size == 0 {
+            return bad("task.utility.cql: hidden widths and batch_size must be >= 1".into());
+        }
+        if u.steps == 0 || u.eval_episodes == 0 {
+            return bad("task.utility.steps and task.utility.eval_episodes must be >= 1".into());
+        }
+        Ok(())
+    }
+}
+
+impl PrivorlTask {
+    /// Held-out real transitions used.
+    pub fn holdout(&self) -> u64 {
+        if self.holdout_transitions == 0 {
+            self.transitions
+        } else {
+            self.holdout_transitions
+        }
+    }
+
+    /// Synthetic transitions released.
+    pub fn synthetic(&self) -> u64 {
+        if self.synthetic_transitions == 0 {
+            self.transitions
+        } else {
+            self.synthetic_transitions
+        }
+    }
+}
+
+fn d_transitions() -> u64 {
+    10_000
+}
+
+fn d_public() -> crate::offline::DatasetSpec {
+    crate::offline::DatasetSpec {
+        env: "cartpole-b1".into(),
+        units: 100,
+        seed: 1,
+        ..Default::default()
+    }
+}
+
+fn d_central() -> crate::offline::UpdateMode {
+    crate::offline::UpdateMode::Central
+}
+
+fn d_true() -> bool {
+    true
+}
+
+fn d_one_u32() -> u32 {
+    1
+}
+
+fn d_eval_every() -> u64 {
+    50
+}
