@@ -6,6 +6,7 @@
 #
 #   cargo build --release -p fedrl-scenarios
 #   bench/run_privorl.sh [RUNS] [SCENARIO_SUFFIX...]    # default: 1 run of "" -eps1 -nonprivate
+#   PRIVORL_SET="task.finetune_lr=1e-3" bench/run_privorl.sh 3 "" -eps1   # with --set overrides
 #
 # Each run's noise comes from the OS (no `seed`): runs differ by the DP noise only (the
 # datasets and the pre-trained synthesizer are cached and shared). The first run of a fresh
@@ -25,18 +26,21 @@ for r in $(seq 1 "$runs"); do
     out="$out_root/$name-$(date +%s)"
     log="$out.log"
     t0=$(date +%s.%N)
-    "$bin" run "scenarios/$name.toml" --out "$out" > "$log" 2>&1
+    set_args=()
+    for kv in ${PRIVORL_SET:-}; do set_args+=(--set "$kv"); done
+    "$bin" run "scenarios/$name.toml" "${set_args[@]}" --out "$out" > "$log" 2>&1
     t1=$(date +%s.%N)
-    python3 - "$out" "$log" "$name" "$t0" "$t1" "$r" <<'EOF' >> bench/results/privorl.jsonl
+    python3 - "$out" "$log" "$name" "$t0" "$t1" "$r" "${PRIVORL_SET:-}" <<'EOF' >> bench/results/privorl.jsonl
 import json, re, subprocess, sys
-out, log, name, t0, t1, run = sys.argv[1:]
+out, log, name, t0, t1, run, overrides = sys.argv[1:]
 r = json.load(open(f"{out}/report.json"))
 fe = r["final_evaluation"]
 text = open(log).read()
 pre = re.search(r"pre-training done in ([0-9.]+) s", text)
 cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
 row = {
-    "bench": "privorl", "scenario": name, "run": int(run), "cores": int(cpu),
+    "bench": "privorl", "scenario": name, "set": overrides.split(), "run": int(run),
+    "cores": int(cpu),
     "epsilon": r["epsilon"], "delta": r["delta"],
     "rounds": r["rounds_completed"],
     "fidelity_marginal": fe["fidelity"]["marginal"],
