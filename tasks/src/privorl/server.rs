@@ -217,34 +217,53 @@ impl PrivorlModel {
         let spec: QNetSpec = self.task.row_spec()?;
         let t0 = Instant::now();
         let every = (u.steps / 5).max(1);
-        let params = train_cql(
-            &spec,
-            &u.cql,
-            data,
-            u.steps,
-            u.cql.model_seed,
-            &Device::Cpu,
-            &mut |step, loss| {
-                if step % every == 0 {
-                    eprintln!(
-                        "privorl: CQL on {what} data, step {step}/{}: loss {loss:.4}",
-                        u.steps
-                    );
-                }
-            },
-        )?;
-        let r = evaluate_greedy_for(
-            &spec,
-            &params,
-            &self.task.dataset.env,
-            u.eval_episodes,
-            u.eval_seed,
-            u.eval_max_steps,
-        )?;
+        let mut per_seed = Vec::with_capacity(u.seeds as usize);
+        let mut all = Vec::new();
+        for i in 0..u.seeds {
+            let params = train_cql(
+                &spec,
+                &u.cql,
+                data,
+                u.steps,
+                u.cql.model_seed.wrapping_add(i),
+                &Device::Cpu,
+                &mut |step, loss| {
+                    if step % every == 0 {
+                        eprintln!(
+                            "privorl: CQL {}/{} on {what} data, step {step}/{}: loss {loss:.4}",
+                            i + 1,
+                            u.seeds,
+                            u.steps
+                        );
+                    }
+                },
+            )?;
+            let r = evaluate_greedy_for(
+                &spec,
+                &params,
+                &self.task.dataset.env,
+                u.eval_episodes,
+                u.eval_seed,
+                u.eval_max_steps,
+            )?;
+            per_seed.push(r.mean);
+            all.extend(r.returns);
+        }
+        let mean = per_seed.iter().sum::<f64>() / per_seed.len() as f64;
+        let sd = |v: &[f64], m: f64| {
+            if v.len() < 2 {
+                0.0
+            } else {
+                (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
+            }
+        };
         Ok(serde_json::json!({
-            "return": r.mean,
-            "return_std": r.std,
-            "episodes": r.returns.len(),
+            "return": mean,
+            "return_per_seed": per_seed,
+            "return_sd_over_seeds": sd(&per_seed, mean),
+            "return_std": sd(&all, mean),
+            "cql_seeds": u.seeds,
+            "episodes": all.len(),
             "transitions": data.len(),
             "seconds": t0.elapsed().as_secs_f64(),
         }))
