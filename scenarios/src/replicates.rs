@@ -90,17 +90,24 @@ pub fn t_interval(values: &[f64]) -> Option<(f64, f64, f64, f64)> {
 /// A curve's (x, low, high) band.
 pub type Band = Vec<(f64, f64, f64)>;
 
-/// The mean curve and its 95% band over the replicates' curves, at the x values every
-/// replicate has: (x, mean) points and (x, low, high) band.
+/// The mean curve and its 95% band over the replicates' curves, at every x some replicate has:
+/// (x, mean) points and (x, low, high) band. A replicate whose curve ended before x (its run
+/// stopped early, e.g. at its target return) counts with its last value: its released model
+/// does not change after it ends. An x before a replicate's first point, or missing inside its
+/// curve, is skipped; a replicate without any point (no evaluation) is left out.
 pub fn mean_curve(curves: &[Vec<(f64, f64)>]) -> (Vec<(f64, f64)>, Band) {
-    let Some(first) = curves.first() else {
-        return (Vec::new(), Vec::new());
-    };
+    let curves: Vec<&Vec<(f64, f64)>> = curves.iter().filter(|c| !c.is_empty()).collect();
+    let mut xs: Vec<f64> = curves.iter().flat_map(|c| c.iter().map(|p| p.0)).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
     let (mut mean, mut band) = (Vec::new(), Vec::new());
-    for &(x, _) in first {
+    for x in xs {
         let ys: Option<Vec<f64>> = curves
             .iter()
-            .map(|c| c.iter().find(|p| p.0 == x).map(|p| p.1))
+            .map(|c| match c.iter().find(|p| p.0 == x) {
+                Some(p) => Some(p.1),
+                None => c.last().filter(|last| last.0 < x).map(|last| last.1),
+            })
             .collect();
         let Some(ys) = ys else { continue };
         if let Some((m, _, lo, hi)) = t_interval(&ys) {
@@ -232,12 +239,16 @@ mod tests {
         assert!((m - lo - (hi - m)).abs() < 1e-12);
         assert!(t_interval(&[1.0]).is_none());
         assert!(t_interval(&[1.0, f64::NAN]).is_none());
+        // The second replicate stopped after x = 2: it counts with its last value at x = 3; the
+        // third has no point before x = 2, so x = 1 is skipped; an empty curve is left out.
         let (mean, band) = mean_curve(&[
             vec![(1.0, 1.0), (2.0, 2.0), (3.0, 5.0)],
             vec![(1.0, 3.0), (2.0, 4.0)],
+            vec![(2.0, 3.0), (3.0, 4.0)],
+            vec![],
         ]);
-        assert_eq!(mean, vec![(1.0, 2.0), (2.0, 3.0)]);
-        assert!(band[0].1 < 2.0 && band[0].2 > 2.0);
+        assert_eq!(mean, vec![(2.0, 3.0), (3.0, 13.0 / 3.0)]);
+        assert!(band[0].1 < 3.0 && band[0].2 > 3.0);
     }
 
     #[test]

@@ -109,7 +109,9 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
     assert!(r["fidelity"]["correlation"].as_f64().is_some(), "{r}");
     assert!(r["utility"]["synthetic"]["return"].as_f64().unwrap() > 0.0);
     // Three CQL trainings per dataset by default, their mean the utility.
-    let seeds = r["utility"]["synthetic"]["return_per_seed"].as_array().unwrap();
+    let seeds = r["utility"]["synthetic"]["return_per_seed"]
+        .as_array()
+        .unwrap();
     assert_eq!(seeds.len(), 3, "{r}");
     let mean = seeds.iter().map(|x| x.as_f64().unwrap()).sum::<f64>() / 3.0;
     assert!((mean - r["utility"]["synthetic"]["return"].as_f64().unwrap()).abs() < 1e-9);
