@@ -8,32 +8,12 @@
 //! `cargo bench -p fedrl-bench --bench ingest [-- --dim N] [-- --json]`; each kernel runs
 //! `FEDRL_BENCH_REPEATS` times (default 5) and the best run is reported.
 
+use fedrl_bench::{arg_usize as arg, best_of};
 use std::hint::black_box;
-use std::time::Instant;
 
 use fedrl_aggregator::journal::update_digest;
 use fedrl_common::privacy::clipping::clip_l2;
 use fedrl_common::privacy::fixed_point::{DEFAULT_GRID_BITS, FixedPointSum, Grid};
-
-fn arg(name: &str, default: usize) -> usize {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.iter()
-        .position(|a| a == name)
-        .and_then(|i| argv.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Best wall-clock seconds of `repeats` runs of `f`.
-fn best_of(repeats: usize, mut f: impl FnMut()) -> f64 {
-    (0..repeats)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
 
 fn main() {
     let json = std::env::args().any(|a| a == "--json");

@@ -7,8 +7,8 @@
 //! grid units, and sigma = 1.1 x 2^24 (noise multiplier 1.1 on the default grid, what a release
 //! draws). Each case runs `FEDRL_BENCH_REPEATS` times (default 3); the best run is reported.
 
+use fedrl_bench::{arg_usize as arg, best_of};
 use std::hint::black_box;
-use std::time::Instant;
 
 use fedrl_common::privacy::discrete_gaussian::DiscreteGaussian;
 use fedrl_common::privacy::fixed_point::{DEFAULT_GRID_BITS, Grid, NoiseCalibration};
@@ -16,26 +16,6 @@ use fedrl_common::privacy::noise::DiscreteGaussianNoise;
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
 use rand_distr::{Distribution, Normal};
-
-fn arg(name: &str, default: usize) -> usize {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.iter()
-        .position(|a| a == name)
-        .and_then(|i| argv.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Best wall-clock seconds of `repeats` runs of `f`.
-fn best_of(repeats: usize, mut f: impl FnMut()) -> f64 {
-    (0..repeats)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
 
 fn main() {
     let json = std::env::args().any(|a| a == "--json");

@@ -9,21 +9,13 @@
 //!
 //! Prints env-steps/s and users/s, one JSON line per case.
 
+use fedrl_bench::arg_usize as arg;
 use std::time::Instant;
 
 use fedrl_rl::{
     LocalUpdateConfig, ModelSpec, UserBatch, local_updates, local_updates_from_batches,
 };
 use fedrl_sim::Env;
-
-fn arg(name: &str, default: usize) -> usize {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.iter()
-        .position(|a| a == name)
-        .and_then(|i| argv.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn report(case: &str, users: usize, steps: usize, secs: f64, cfg: &LocalUpdateConfig) {
     println!(

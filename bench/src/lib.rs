@@ -43,3 +43,25 @@ pub fn load_primorl_run(run: &std::path::Path) -> anyhow::Result<PrimorlRun> {
         ensemble,
     })
 }
+
+/// The `usize` value after `--name` on the command line (`default` when absent or not a number):
+/// the hand-rolled benches' (`harness = false`) only argument form.
+pub fn arg_usize(name: &str, default: usize) -> usize {
+    let argv: Vec<String> = std::env::args().collect();
+    argv.iter()
+        .position(|a| a == name)
+        .and_then(|i| argv.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Best wall-clock seconds of `repeats` runs of `f`.
+pub fn best_of(repeats: usize, mut f: impl FnMut()) -> f64 {
+    (0..repeats)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
