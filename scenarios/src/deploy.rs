@@ -115,7 +115,7 @@ fn has_entries(dir: &Path) -> anyhow::Result<bool> {
 
 /// The fields in which two scenarios differ, as `field: stored X, given Y` (dotted paths into
 /// their resolved TOML form).
-fn differences(stored: &Scenario, given: &Scenario) -> anyhow::Result<Vec<String>> {
+pub(crate) fn differences(stored: &Scenario, given: &Scenario) -> anyhow::Result<Vec<String>> {
     let table = |s: &Scenario| -> anyhow::Result<toml::Table> {
         Ok(s.to_toml_string()?.parse::<toml::Table>()?)
     };

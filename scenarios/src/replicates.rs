@@ -125,15 +125,53 @@ pub struct Replicate {
     pub seeds: Vec<Override>,
 }
 
-/// The replicates' `report.json` (see `report.schema.json`, definition `replicates`).
-pub fn summary(scenario: &Scenario, reps: &[Replicate], wall_seconds: f64) -> Value {
+/// The replicates' final returns (`final_evaluation.final_eval_return` of each), their mean and
+/// 95% Student t interval (`report.schema.json`, definition `final_return`).
+fn final_return(reps: &[Replicate]) -> Value {
     let values: Vec<Option<f64>> = reps
         .iter()
         .map(|r| r.report["final_evaluation"]["final_eval_return"].as_f64())
         .collect();
     let all: Option<Vec<f64>> = values.iter().copied().collect();
     let stats = all.as_deref().and_then(t_interval);
-    let eps: Vec<Option<f64>> = reps.iter().map(|r| r.report["epsilon"].as_f64()).collect();
+    let n = reps.len();
+    json!({
+        "values": values,
+        "mean": stats.map(|s| s.0),
+        "std": stats.map(|s| s.1),
+        "ci95_low": stats.map(|s| s.2),
+        "ci95_high": stats.map(|s| s.3),
+        "interval": format!(
+            "95% Student t interval of the mean over {n} replicates ({} degrees of freedom)",
+            n.saturating_sub(1)
+        ),
+    })
+}
+
+fn epsilons(reps: &[Replicate]) -> Vec<Option<f64>> {
+    reps.iter().map(|r| r.report["epsilon"].as_f64()).collect()
+}
+
+fn seeds(reps: &[Replicate]) -> Vec<serde_json::Map<String, Value>> {
+    reps.iter()
+        .map(|r| {
+            r.seeds
+                .iter()
+                .map(|o| (o.key.clone(), json!(o.value.as_integer())))
+                .collect()
+        })
+        .collect()
+}
+
+/// The replicates' `report.json` (see `report.schema.json`, definition `replicates`): the
+/// scenario's replicates, and each twin scenario's (`--twin`) summarised the same way.
+pub fn summary(
+    scenario: &Scenario,
+    reps: &[Replicate],
+    twins: &[(&Scenario, Vec<Replicate>)],
+    wall_seconds: f64,
+) -> Value {
+    let eps = epsilons(reps);
     let all_eps: Option<f64> = eps.iter().copied().sum();
     let n = reps.len();
     let privacy = if scenario.non_private {
@@ -144,38 +182,45 @@ pub fn summary(scenario: &Scenario, reps: &[Replicate], wall_seconds: f64) -> Va
              ledger (rep-N/operator/privacy.ledger), and its epsilon holds for that replicate \
              alone. The replicates train on the same users' data, so publishing the models of \
              all {n} composes their privacy loss: at most the sum of their epsilons at {n} x \
-             delta (epsilon_all_replicates, basic composition)."
+             delta (epsilon_all_replicates, basic composition).{}",
+            if twins.iter().any(|(t, _)| !t.non_private) {
+                " A private twin's replicates are further runs on the same users: publishing \
+                 them composes too."
+            } else {
+                ""
+            }
         )
     };
-    json!({
+    let mut v = json!({
         "report_version": fedrl_aggregator::service::REPORT_VERSION,
         "scenario": scenario.name,
         "replicates": n,
         "replicate_dirs": reps.iter().map(|r| r.dir.clone()).collect::<Vec<_>>(),
-        "final_return": {
-            "values": values,
-            "mean": stats.map(|s| s.0),
-            "std": stats.map(|s| s.1),
-            "ci95_low": stats.map(|s| s.2),
-            "ci95_high": stats.map(|s| s.3),
-            "interval": format!(
-                "95% Student t interval of the mean over {n} replicates ({} degrees of freedom)",
-                n.saturating_sub(1)
-            ),
-        },
+        "final_return": final_return(reps),
         "epsilon": eps,
         "epsilon_all_replicates": all_eps,
         "delta": scenario.delta,
         "non_private": scenario.non_private,
         "privacy": privacy,
-        "seeds": reps.iter().map(|r| {
-            r.seeds
-                .iter()
-                .map(|o| (o.key.clone(), json!(o.value.as_integer())))
-                .collect::<serde_json::Map<_, _>>()
-        }).collect::<Vec<_>>(),
+        "seeds": seeds(reps),
         "wall_seconds": wall_seconds,
-    })
+    });
+    if !twins.is_empty() {
+        v["twins"] = twins
+            .iter()
+            .map(|(s, reps)| {
+                json!({
+                    "scenario": s.name,
+                    "replicate_dirs": reps.iter().map(|r| r.dir.clone()).collect::<Vec<_>>(),
+                    "final_return": final_return(reps),
+                    "epsilon": epsilons(reps),
+                    "non_private": s.non_private,
+                    "seeds": seeds(reps),
+                })
+            })
+            .collect();
+    }
+    v
 }
 
 #[cfg(test)]
@@ -262,6 +307,7 @@ mod tests {
         let v = summary(
             &s,
             &[rep(10.0, 0.5, 0), rep(12.0, 0.5, 1), rep(14.0, 0.6, 2)],
+            &[],
             3.0,
         );
         assert_eq!(v["final_return"]["mean"], 12.0);
@@ -277,8 +323,27 @@ mod tests {
             report: json!({"final_evaluation": {"l2_error": 0.1}, "epsilon": 0.5}),
             seeds: Vec::new(),
         };
-        let v = summary(&s, &[rep(1.0, 0.5, 0), none], 1.0);
+        let v = summary(&s, &[rep(1.0, 0.5, 0), none], &[], 1.0);
         assert!(v["final_return"]["mean"].is_null());
         assert!(schema_check::violations(&schema, &v).is_empty(), "{v}");
+        // With a non-private twin: its replicates summarised beside, still valid.
+        let twin = scenario("non_private = true\n[task]\nkind = \"mean_estimation\"\n");
+        let t = |ret: f64, i: u64| Replicate {
+            dir: format!("{}/twin", dir_name(i)),
+            report: json!({"final_evaluation": {"final_eval_return": ret}, "epsilon": null}),
+            seeds: seed_overrides(&twin, i).unwrap(),
+        };
+        let v = summary(
+            &s,
+            &[rep(1.0, 0.5, 0), rep(2.0, 0.5, 1)],
+            &[(&twin, vec![t(3.0, 0), t(5.0, 1)])],
+            1.0,
+        );
+        assert_eq!(v["twins"][0]["final_return"]["mean"], 4.0, "{v}");
+        assert!(v["twins"][0]["epsilon"][0].is_null(), "{v}");
+        assert!(schema_check::violations(&schema, &v).is_empty(), "{v}");
+        let mut bad = v.clone();
+        bad["twins"][0]["final_return"]["std"] = json!(-1.0);
+        assert!(!schema_check::violations(&schema, &bad).is_empty());
     }
 }

@@ -266,6 +266,82 @@ fn set_and_replicates() {
     assert!(stdout.contains("epsilon none (non-private)"), "{stdout}");
 }
 
+/// Issue 58: `--replicates 2 --twin` runs the twin in each replicate (rep-N/twin) and summarises
+/// both; `--resume` reads back a finished replicate without re-running it, starts the missing
+/// one, and refuses a changed scenario.
+#[test]
+fn replicates_with_a_twin_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = write(dir.path(), "s.toml", SCENARIO);
+    let twin = write(
+        dir.path(),
+        "twin.toml",
+        &SCENARIO.replace(
+            "name = \"e2e-run\"",
+            "name = \"e2e-twin\"\nnon_private = true",
+        ),
+    );
+    let out = dir.path().join("out");
+    let run = |extra: &[&str]| {
+        Command::new(exe())
+            .args(["run", scenario.to_str().unwrap(), "--set", "rounds=2"])
+            .args(["--replicates", "2", "--out"])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--twin", twin.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&read(out.join("report.json"))).unwrap();
+    check_report_schema(&summary);
+    assert_eq!(summary["twins"][0]["scenario"], "e2e-twin", "{summary}");
+    assert_eq!(
+        summary["twins"][0]["replicate_dirs"],
+        serde_json::json!(["rep-0/twin", "rep-1/twin"])
+    );
+    assert!(summary["twins"][0]["epsilon"][1].is_null(), "{summary}");
+    assert!(summary["epsilon"][1].as_f64().is_some(), "{summary}");
+    for i in 0..2 {
+        let r: serde_json::Value =
+            serde_json::from_str(&read(out.join(format!("rep-{i}/twin/report.json")))).unwrap();
+        // --set is not applied to twins: the twin runs its own 4 rounds.
+        assert_eq!(r["rounds_completed"], 4, "{r}");
+    }
+    // Replicate 1 lost (as if the machine stopped before it began); replicate 0 is kept.
+    let rep0 = read(out.join("rep-0").join("metrics.jsonl"));
+    std::fs::remove_dir_all(out.join("rep-1")).unwrap();
+    std::fs::remove_file(out.join("report.json")).unwrap();
+    let changed = run(&["--resume", "--set", "rounds=3"]);
+    assert_eq!(changed.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&changed.stderr);
+    assert!(stderr.contains("rounds"), "{stderr}");
+    let with_twin = run(&["--resume", "--twin", twin.to_str().unwrap()]);
+    assert_eq!(with_twin.status.code(), Some(2));
+    let o = Command::new(exe())
+        .args(["run", "--replicates", "2", "--resume", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("finished before"), "{stderr}");
+    assert_eq!(read(out.join("rep-0").join("metrics.jsonl")), rep0);
+    let summary: serde_json::Value = serde_json::from_str(&read(out.join("report.json"))).unwrap();
+    check_report_schema(&summary);
+    assert_eq!(
+        summary["twins"][0]["replicate_dirs"][1], "rep-1/twin",
+        "{summary}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&read(out.join("rep-1/twin/report.json"))).unwrap();
+    assert_eq!(r["rounds_completed"], 4, "{r}");
+    // rep-1 ran from the stored scenario: 2 rounds, as the set said at the start.
+    let stored: toml::Table = read(out.join("rep-1/scenario.toml")).parse().unwrap();
+    assert_eq!(stored["rounds"].as_integer(), Some(2));
+}
+
 #[test]
 fn bad_scenario_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();

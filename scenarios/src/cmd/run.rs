@@ -90,8 +90,10 @@ pub struct Args {
     /// seeds). OUT/report.json gives the mean final return with a 95% Student t interval,
     /// OUT/learning_curve.png the mean curve with its 95% band. Privacy is per replicate: each
     /// has its own ledger and epsilon, and publishing all of them composes (the report says
-    /// so).
-    #[arg(long, default_value_t = 1, value_name = "N", conflicts_with_all = ["resume", "twin"])]
+    /// so). With --twin, each replicate runs the twins too (OUT/rep-i/twin, ...) and the plot
+    /// has a mean curve and band per scenario; --resume continues an interrupted set (those
+    /// finished are read back, the one running resumes, the rest start).
+    #[arg(long, default_value_t = 1, value_name = "N")]
     pub replicates: u64,
 }
 
@@ -270,112 +272,318 @@ fn private_label(report: &serde_json::Value) -> String {
     }
 }
 
-/// `--replicates N`: N runs of the scenario into OUT/rep-i, then the summary report and the
-/// mean learning curve with its 95% band at OUT's top (see [`crate::replicates`]).
+/// What one replicate of one arm (the scenario or one of its twins) left behind.
+struct ArmRun {
+    report: serde_json::Value,
+    /// (round or training step, evaluation return) of its learning curve.
+    points: Vec<(f64, f64)>,
+    by_step: bool,
+}
+
+/// Runs one replicate of one arm in `dir` from `scenario_file` with `sets` (its seeds); with
+/// --resume, reads back a replicate that finished before (its `report.json` is written only
+/// when it ends) or resumes one that started. `Ok(Err(code))` when a signal interrupted it.
+fn replicate_arm(
+    args: &Args,
+    exe: &Path,
+    scenario_file: &Path,
+    dir: &Path,
+    sets: &[crate::overrides::Override],
+    title: &str,
+) -> anyhow::Result<Result<ArmRun, ExitCode>> {
+    let arm = |report: serde_json::Value| -> anyhow::Result<ArmRun> {
+        let steps = step_points(&report);
+        let by_step = !steps.is_empty();
+        let points = if by_step {
+            steps
+        } else {
+            eval_points(&dir.join(state::METRICS_FILE))?
+        };
+        Ok(ArmRun {
+            report,
+            points,
+            by_step,
+        })
+    };
+    let report_path = dir.join(state::REPORT_FILE);
+    if args.resume && report_path.exists() {
+        let report: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&report_path)
+                .with_context(|| format!("reading {}", report_path.display()))?,
+        )
+        .with_context(|| format!("reading {}", report_path.display()))?;
+        eprintln!("{title}: finished before, read from {}", dir.display());
+        return Ok(Ok(arm(report)?));
+    }
+    let started = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
+    let run = LocalRun::prepare(
+        Some(scenario_file),
+        Some(dir),
+        args.device,
+        args.resume && started,
+        sets,
+    )
+    .map_err(|e| UsageError(format!("{e:#}")))?;
+    eprintln!(
+        "{title}: {} rounds, results in {}{}",
+        run.scenario.rounds,
+        run.out_dir.display(),
+        if args.resume && started {
+            " (resumed)"
+        } else {
+            ""
+        }
+    );
+    prepare_dataset(&run.scenario)?;
+    let mut result = match deploy::run_local(&run, exe, args.timeout, true) {
+        Ok(r) => r,
+        Err(e) => return interrupted(e).map(Err),
+    };
+    finish(&run, &mut result)?;
+    let out = arm(result.report.clone())?;
+    if !out.points.is_empty() {
+        line_plot(
+            &run.out_dir.join(CURVE_FILE),
+            &format!("{title}: evaluation return"),
+            if out.by_step {
+                "training step"
+            } else {
+                "round"
+            },
+            "mean return",
+            &[Series {
+                name: private_label(&result.report),
+                points: out.points.clone(),
+                ..Series::default()
+            }],
+        )?;
+    }
+    print_summary(&run, &result.report, &result.operator);
+    Ok(Ok(out))
+}
+
+/// The legend of an arm's mean curve: its name and epsilon (the largest of its replicates').
+fn replicates_label(
+    name: &str,
+    s: &fedrl_common::scenario::Scenario,
+    eps: &serde_json::Value,
+) -> String {
+    let n = eps.as_array().map_or(0, Vec::len);
+    if s.non_private {
+        return format!("{name}: mean of {n} (non-private)");
+    }
+    let max = eps
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_f64())
+        .fold(0.0, f64::max);
+    format!(
+        "{name}: mean of {n} (epsilon up to {max:.2} each, delta {:e})",
+        s.delta
+    )
+}
+
+/// `--replicates N`: N runs of the scenario into OUT/rep-i (and of each `--twin` into
+/// OUT/rep-i/twin...), then the summary report and the mean learning curves with their 95%
+/// bands at OUT's top (see [`crate::replicates`]). The resolved scenario is stored as
+/// OUT/scenario.toml and the twins' as OUT/twin-scenario.toml, ... so that `--resume` needs
+/// neither: it reads back the replicates that finished, resumes the one that was running and
+/// starts the rest.
 fn run_replicates(args: Args) -> anyhow::Result<ExitCode> {
     let t0 = std::time::Instant::now();
-    let text = match &args.scenario {
-        Some(p) => std::fs::read_to_string(p)
+    let usage = |e: anyhow::Error| UsageError(format!("{e:#}"));
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
             .with_context(|| format!("reading {}", p.display()))
-            .map_err(|e| UsageError(format!("{e:#}")))?,
-        None => deploy::DEFAULT_SCENARIO.to_string(),
+            .map_err(usage)
     };
-    let base = crate::overrides::load(&text, &args.sets, fedrl_tasks::scenario_from_toml_str)
-        .map_err(|e| UsageError(format!("{e:#}")))?;
+    let given_text = match &args.scenario {
+        Some(p) => Some(read(p)?),
+        None if !args.resume => Some(deploy::DEFAULT_SCENARIO.to_string()),
+        None => None,
+    };
     let out = match &args.out {
         Some(o) => o.clone(),
         None => {
+            // Only a new run gets here (--resume requires --out).
+            let name = crate::overrides::load(
+                given_text.as_deref().unwrap_or(deploy::DEFAULT_SCENARIO),
+                &args.sets,
+                fedrl_tasks::scenario_from_toml_str,
+            )
+            .map_err(usage)?
+            .name;
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0);
-            PathBuf::from("runs").join(format!("{}-{t}", base.name))
+            PathBuf::from("runs").join(format!("{name}-{t}"))
         }
     };
-    if std::fs::read_dir(&out).is_ok_and(|mut d| d.next().is_some()) {
+    let existing = std::fs::read_dir(&out).is_ok_and(|mut d| d.next().is_some());
+    if existing && !args.resume {
         return Err(UsageError(format!(
-            "output directory {} exists and is not empty; choose another --out",
+            "output directory {} exists and is not empty; pass --resume to continue its \
+             replicates, or choose another --out",
             out.display()
         ))
         .into());
+    }
+    let top = out.join(deploy::SCENARIO_FILE);
+    let base = if args.resume {
+        if !existing {
+            return Err(UsageError(format!(
+                "--resume: output directory {} holds no replicates to resume (it is missing or \
+                 empty)",
+                out.display()
+            ))
+            .into());
+        }
+        if !args.twin.is_empty() {
+            return Err(UsageError(
+                "--resume runs the twins the replicates started with (stored in OUT); leave \
+                 --twin out"
+                    .into(),
+            )
+            .into());
+        }
+        let stored_text = read(&top).map_err(|e| {
+            UsageError(format!(
+                "{e}: not the output of `fedrl run --replicates` (or from an older fedrl)"
+            ))
+        })?;
+        let stored = fedrl_tasks::scenario_from_toml_str(&stored_text)
+            .with_context(|| format!("reading {}", top.display()))
+            .map_err(usage)?;
+        let given = crate::overrides::load(
+            given_text.as_deref().unwrap_or(&stored_text),
+            &args.sets,
+            fedrl_tasks::scenario_from_toml_str,
+        )
+        .map_err(usage)?;
+        let differences = deploy::differences(&stored, &given)?;
+        if !differences.is_empty() {
+            return Err(usage(
+                deploy::OutDirError::Differs {
+                    path: top,
+                    differences,
+                }
+                .into(),
+            )
+            .into());
+        }
+        stored
+    } else {
+        let base = crate::overrides::load(
+            given_text.as_deref().unwrap_or(deploy::DEFAULT_SCENARIO),
+            &args.sets,
+            fedrl_tasks::scenario_from_toml_str,
+        )
+        .map_err(usage)?;
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        std::fs::write(&top, base.to_toml_string()?)
+            .with_context(|| format!("writing {}", top.display()))?;
+        base
+    };
+    // The twins' scenario files, stored at OUT's top (resolved, so a resume needs no file).
+    let twin_file = |j: usize| out.join(format!("{}-scenario.toml", twin_dir_name(j)));
+    let mut twins = Vec::new();
+    if args.resume {
+        while twin_file(twins.len()).exists() {
+            let f = twin_file(twins.len());
+            let s = fedrl_tasks::scenario_from_toml_str(&read(&f)?)
+                .with_context(|| format!("reading {}", f.display()))
+                .map_err(usage)?;
+            twins.push((f, s));
+        }
+    } else {
+        for (j, t) in args.twin.iter().enumerate() {
+            let text = if t.as_os_str().is_empty() {
+                if args.scenario.is_some() {
+                    return Err(UsageError(
+                        "--twin needs the twin's scenario file when a scenario is given".into(),
+                    )
+                    .into());
+                }
+                DEFAULT_TWIN.to_string()
+            } else {
+                read(t)?
+            };
+            let s = fedrl_tasks::scenario_from_toml_str(&text)
+                .map_err(|e| UsageError(format!("{}: {e:#}", t.display())))?;
+            std::fs::write(twin_file(j), s.to_toml_string()?)?;
+            twins.push((twin_file(j), s));
+        }
     }
     let exe = std::env::current_exe()?;
     let n = args.replicates;
     let mut reps = Vec::with_capacity(n as usize);
     let mut curves = Vec::with_capacity(n as usize);
+    let mut twin_reps: Vec<Vec<crate::replicates::Replicate>> =
+        twins.iter().map(|_| Vec::new()).collect();
+    let mut twin_curves: Vec<Vec<Vec<(f64, f64)>>> = vec![Vec::new(); twins.len()];
     let mut by_step = false;
     for i in 0..n {
         let seeds = crate::replicates::seed_overrides(&base, i)?;
-        let mut sets = args.sets.clone();
-        sets.extend(seeds.iter().cloned());
         let dir = crate::replicates::dir_name(i);
-        let run = LocalRun::prepare(
-            args.scenario.as_deref(),
-            Some(&out.join(&dir)),
-            args.device,
-            false,
-            &sets,
-        )
-        .map_err(|e| UsageError(format!("{e:#}")))?;
-        eprintln!(
-            "replicate {}/{n} of {}: {} rounds, results in {}",
-            i + 1,
-            run.scenario.name,
-            run.scenario.rounds,
-            run.out_dir.display()
-        );
-        prepare_dataset(&run.scenario)?;
-        let mut result = match deploy::run_local(&run, &exe, args.timeout, true) {
-            Ok(r) => r,
-            Err(e) => return interrupted(e),
+        let title = format!("{} (replicate {}/{n})", base.name, i + 1);
+        let arm = match replicate_arm(&args, &exe, &top, &out.join(&dir), &seeds, &title)? {
+            Ok(a) => a,
+            Err(code) => return Ok(code),
         };
-        finish(&run, &mut result)?;
-        let steps = step_points(&result.report);
-        by_step = !steps.is_empty();
-        let points = if by_step {
-            steps
-        } else {
-            eval_points(&run.out_dir.join(state::METRICS_FILE))?
-        };
-        if !points.is_empty() {
-            line_plot(
-                &run.out_dir.join(CURVE_FILE),
-                &format!("{} (replicate {i}): evaluation return", run.scenario.name),
-                if by_step { "training step" } else { "round" },
-                "mean return",
-                &[Series {
-                    name: private_label(&result.report),
-                    points: points.clone(),
-                    ..Series::default()
-                }],
-            )?;
-        }
-        curves.push(points);
-        print_summary(&run, &result.report, &result.operator);
+        by_step = arm.by_step;
+        curves.push(arm.points);
         reps.push(crate::replicates::Replicate {
-            dir,
-            report: result.report,
+            dir: dir.clone(),
+            report: arm.report,
             seeds,
         });
+        for (j, (file, s)) in twins.iter().enumerate() {
+            let seeds = crate::replicates::seed_overrides(s, i)?;
+            let tdir = format!("{dir}/{}", twin_dir_name(j));
+            let title = format!("{} (twin, replicate {}/{n})", s.name, i + 1);
+            let arm = match replicate_arm(&args, &exe, file, &out.join(&tdir), &seeds, &title)? {
+                Ok(a) => a,
+                Err(code) => return Ok(code),
+            };
+            twin_curves[j].push(arm.points);
+            twin_reps[j].push(crate::replicates::Replicate {
+                dir: tdir,
+                report: arm.report,
+                seeds,
+            });
+        }
     }
-    let summary = crate::replicates::summary(&base, &reps, t0.elapsed().as_secs_f64());
+    let twin_summaries: Vec<(&fedrl_common::scenario::Scenario, Vec<_>)> =
+        twins.iter().map(|(_, s)| s).zip(twin_reps).collect();
+    let summary =
+        crate::replicates::summary(&base, &reps, &twin_summaries, t0.elapsed().as_secs_f64());
     std::fs::write(
         out.join(state::REPORT_FILE),
         serde_json::to_vec_pretty(&summary)?,
     )?;
     std::fs::write(out.join(state::FILES_GUIDE_FILE), REPLICATES_GUIDE)?;
+    let mut series = Vec::new();
     let (mean, band) = crate::replicates::mean_curve(&curves);
     if !mean.is_empty() {
-        let eps = match summary["epsilon"].as_array() {
-            Some(e) if !base.non_private => {
-                let max = e.iter().filter_map(|v| v.as_f64()).fold(0.0, f64::max);
-                format!(
-                    "private, epsilon up to {max:.2} each, delta {:e}",
-                    base.delta
-                )
-            }
-            _ => "non-private".into(),
-        };
+        series.push(Series {
+            name: replicates_label(&base.name, &base, &summary["epsilon"]),
+            points: mean,
+            band,
+        });
+    }
+    for (j, (_, s)) in twins.iter().enumerate() {
+        let (mean, band) = crate::replicates::mean_curve(&twin_curves[j]);
+        if !mean.is_empty() {
+            series.push(Series {
+                name: replicates_label(&s.name, s, &summary["twins"][j]["epsilon"]),
+                points: mean,
+                band,
+            });
+        }
+    }
+    if !series.is_empty() {
         line_plot(
             &out.join(CURVE_FILE),
             &format!(
@@ -384,25 +592,24 @@ fn run_replicates(args: Args) -> anyhow::Result<ExitCode> {
             ),
             if by_step { "training step" } else { "round" },
             "mean return",
-            &[Series {
-                name: format!("mean of {n} ({eps})"),
-                points: mean,
-                band,
-            }],
+            &series,
         )?;
     }
-    let fr = &summary["final_return"];
-    match (
+    let print_return = |name: &str, fr: &serde_json::Value| match (
         fr["mean"].as_f64(),
         fr["ci95_low"].as_f64(),
         fr["ci95_high"].as_f64(),
     ) {
         (Some(m), Some(lo), Some(hi)) => println!(
-            "{n} replicates: final return {m:.2}, 95% interval [{lo:.2}, {hi:.2}] (Student t; \
-             sample sd {:.2})",
+            "{name}, {n} replicates: final return {m:.2}, 95% interval [{lo:.2}, {hi:.2}] \
+             (Student t; sample sd {:.2})",
             fr["std"].as_f64().unwrap_or(f64::NAN)
         ),
-        _ => println!("{n} replicates: no final return to summarise"),
+        _ => println!("{name}, {n} replicates: no final return to summarise"),
+    };
+    print_return(&base.name, &summary["final_return"]);
+    for (j, (_, s)) in twins.iter().enumerate() {
+        print_return(&s.name, &summary["twins"][j]["final_return"]);
     }
     if !base.non_private {
         println!(
@@ -430,8 +637,9 @@ const REPLICATES_GUIDE: &str = "\
 | file | who | what |
 | --- | --- | --- |
 | `report.json` | public | the replicates' final returns, their mean and 95% Student t interval, each replicate's epsilon, the seeds each changed (`report.schema.json`, definition `replicates`) |
-| `learning_curve.png` | public | mean evaluation return of the replicates per round (or step), with its 95% band |
-| `rep-0/`, `rep-1/`, ... | public/operator | one complete run each, with its own `FILES.md` (public files at its top, operator-only under its `operator/`) |
+| `learning_curve.png` | public | mean evaluation return of the replicates per round (or step), with its 95% band (and each twin's, with `--twin`) |
+| `scenario.toml`, `twin-scenario.toml`, ... | public | the resolved scenario (and twins) every replicate started from; `--resume` reads them |
+| `rep-0/`, `rep-1/`, ... | public/operator | one complete run each, with its own `FILES.md` (public files at its top, operator-only under its `operator/`); with `--twin`, the twins' runs of that replicate in `rep-N/twin`, `rep-N/twin-2`, ... |
 
 Privacy is per replicate: each replicate's epsilon (its `report.json`) covers that replicate
 alone. The replicates train on the same users, so publishing all of them composes their privacy
