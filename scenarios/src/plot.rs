@@ -31,6 +31,22 @@ pub struct Series {
     pub band: Vec<(f64, f64, f64)>,
 }
 
+/// The y axis of a line plot whose data span `[lo, hi]`, with `n` series in the legend: 5%
+/// padding below and above, and headroom above for the legend (upper right, one line per
+/// series) so that it covers no curve or band.
+fn y_axis(mut lo: f64, mut hi: f64, n: usize) -> (f64, f64) {
+    if hi - lo <= lo.abs().max(hi.abs()) * 1e-3 {
+        // A flat curve (an offline run whose greedy return never moved): a span of zero
+        // would give ticks that all print the same number, so centre it in a visible range.
+        let half = (lo.abs().max(hi.abs()) * 0.1).max(0.5);
+        let mid = 0.5 * (lo + hi);
+        (lo, hi) = (mid - half, mid + half);
+    }
+    let pad = (hi - lo) * 0.05;
+    let legend = pad * (2.0 + 1.4 * n as f64);
+    (lo - pad, hi + pad + legend)
+}
+
 /// Draws `series` as lines (and their bands, shaded) into a PNG of 960 x 600 pixels at
 /// `path`. When every x is a whole number (rounds, steps, epochs) the x axis is labelled
 /// with whole numbers.
@@ -68,11 +84,7 @@ pub fn line_plot(
     if x1 - x0 < 1e-12 {
         x1 = x0 + 1.0;
     }
-    let pad = ((y1 - y0) * 0.05).max(1e-6);
-    // Headroom above the data for the legend (upper right), one line per series, so that it
-    // covers no curve or band.
-    let legend = pad * (2.0 + 1.4 * series.len() as f64);
-    let (y0, y1) = (y0 - pad, y1 + pad + legend);
+    let (y0, y1) = y_axis(y0, y1, series.len());
 
     let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
@@ -272,6 +284,17 @@ mod tests {
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         assert!(bytes.len() > 5000);
+    }
+
+    #[test]
+    fn a_flat_curve_gets_a_visible_y_range() {
+        let (lo, hi) = y_axis(9.3, 9.3, 1);
+        assert!(lo < 9.0 && hi > 9.6, "{lo} {hi}");
+        let (lo, hi) = y_axis(0.0, 0.0, 1);
+        assert!(lo <= -0.5 && hi >= 0.5, "{lo} {hi}");
+        // A small but real change (a loss going from 0.462 to 0.458) keeps its own scale.
+        let (lo, hi) = y_axis(0.458, 0.462, 1);
+        assert!(lo > 0.45 && hi < 0.48, "{lo} {hi}");
     }
 
     #[test]
