@@ -101,6 +101,10 @@ pub fn line_plot(
     mesh.x_desc(x_label)
         .y_desc(y_label)
         .label_style(("sans-serif", 14));
+    if y1 - y0 >= 20.0 {
+        // Returns in the tens and more: "250", not "250.0".
+        mesh.y_label_formatter(&whole);
+    }
     if whole_x {
         // Rounds are whole numbers: no "2.0", and no tick between two of them.
         mesh.x_label_formatter(&whole)

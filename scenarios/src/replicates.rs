@@ -87,6 +87,20 @@ pub fn t_interval(values: &[f64]) -> Option<(f64, f64, f64, f64)> {
     Some((mean, sd, mean - half, mean + half))
 }
 
+/// The 95% Student t interval of a mean of `n` values whose population (divide-by-n) standard
+/// deviation is `pop_sd`, as an evaluation reports its episodes' returns: `None` for fewer than
+/// two values or figures that are not finite.
+pub fn mean_interval(mean: f64, pop_sd: f64, n: u64) -> Option<(f64, f64)> {
+    if n < 2 || !mean.is_finite() || !pop_sd.is_finite() || pop_sd < 0.0 {
+        return None;
+    }
+    let nf = n as f64;
+    let sd = pop_sd * (nf / (nf - 1.0)).sqrt();
+    let t = StudentsT::new(0.0, 1.0, nf - 1.0).ok()?.inverse_cdf(0.975);
+    let half = t * sd / nf.sqrt();
+    Some((mean - half, mean + half))
+}
+
 /// A curve's (x, low, high) band.
 pub type Band = Vec<(f64, f64, f64)>;
 
@@ -283,6 +297,13 @@ mod tests {
         assert!((hi - m - 4.302_653 / 3f64.sqrt()).abs() < 1e-5, "{hi}");
         assert!((m - lo - (hi - m)).abs() < 1e-12);
         assert!(t_interval(&[1.0]).is_none());
+        // The same interval from the mean and the population sd (sqrt(2/3) for 1, 2, 3).
+        let (plo, phi) = mean_interval(2.0, (2.0f64 / 3.0).sqrt(), 3).unwrap();
+        assert!(
+            (plo - lo).abs() < 1e-12 && (phi - hi).abs() < 1e-12,
+            "{plo} {phi}"
+        );
+        assert!(mean_interval(2.0, 1.0, 1).is_none());
         assert!(t_interval(&[1.0, f64::NAN]).is_none());
         // The second replicate stopped after x = 2: it counts with its last value at x = 3; the
         // third has no point before x = 2, so x = 1 is skipped; an empty curve is left out.

@@ -189,10 +189,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let by_step = !step_points(&result.report).is_empty();
     let series = |r: &LocalRun, report: &serde_json::Value, name: &str| {
         if by_step {
+            let (points, band) = step_curve(report);
             Ok(Series {
                 name: name.into(),
-                points: step_points(report),
-                ..Series::default()
+                points,
+                band,
             })
         } else {
             curve(r, name)
@@ -223,7 +224,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if curves.iter().any(|c| !c.points.is_empty()) {
         line_plot(
             &run.out_dir.join(CURVE_FILE),
-            &format!("{}: evaluation return on held-out users", run.scenario.name),
+            &format!(
+                "{}: evaluation return on held-out users, 95% band",
+                run.scenario.name
+            ),
             if by_step {
                 "training step (DP-SGD and free)"
             } else {
@@ -342,9 +346,14 @@ fn replicate_arm(
     finish(&run, &mut result)?;
     let out = arm(result.report.clone())?;
     if !out.points.is_empty() {
+        let (points, band) = if out.by_step {
+            step_curve(&result.report)
+        } else {
+            eval_curve(&run.out_dir.join(state::METRICS_FILE))?
+        };
         line_plot(
             &run.out_dir.join(CURVE_FILE),
-            &format!("{title}: evaluation return"),
+            &format!("{title}: evaluation return, 95% band"),
             if out.by_step {
                 "training step"
             } else {
@@ -353,8 +362,8 @@ fn replicate_arm(
             "mean return",
             &[Series {
                 name: private_label(&result.report),
-                points: out.points.clone(),
-                ..Series::default()
+                points,
+                band,
             }],
         )?;
     }
@@ -1073,27 +1082,68 @@ fn finish(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<()> {
 
 /// Evaluation return of each released model against its round, from the public `metrics.jsonl`.
 fn curve(run: &LocalRun, name: &str) -> anyhow::Result<Series> {
-    let path = run.out_dir.join(state::METRICS_FILE);
+    let (points, band) = eval_curve(&run.out_dir.join(state::METRICS_FILE))?;
     Ok(Series {
         name: name.into(),
-        points: eval_points(&path)?,
-        ..Series::default()
+        points,
+        band,
     })
 }
 
-/// (training step, evaluation return) of an offline CQL report's curve; empty otherwise.
+/// (training step, evaluation return) of an offline CQL report's curve, with the 95% band of
+/// each mean over its evaluation episodes; empty otherwise.
 fn step_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
-    report_points(report, "curve", "step", "eval_return")
+    step_curve(report).0
 }
 
+fn step_curve(report: &serde_json::Value) -> (Vec<(f64, f64)>, crate::replicates::Band) {
+    episode_curve(
+        report["final_evaluation"]["curve"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some((e["step"].as_f64()?, e))),
+    )
+}
+
+/// (round, evaluation return) of the evaluated rounds in a public `metrics.jsonl`.
 fn eval_points(path: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
+    Ok(eval_curve(path)?.0)
+}
+
+/// [`eval_points`] with the 95% band of each mean over its evaluation episodes.
+fn eval_curve(path: &Path) -> anyhow::Result<(Vec<(f64, f64)>, crate::replicates::Band)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(text
+    let rows: Vec<serde_json::Value> = text
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| Some((v["round"].as_f64()?, v["eval"]["eval_return"].as_f64()?)))
-        .collect())
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    Ok(episode_curve(
+        rows.iter()
+            .filter_map(|v| Some((v["round"].as_f64()?, &v["eval"]))),
+    ))
+}
+
+/// The (x, mean return) points of evaluations (`eval_return`), and where an evaluation gives
+/// its episodes' spread (`eval_return_std`, `eval_episodes`) the 95% Student t interval of its
+/// mean: how far the mean of that many held-out episodes is from the policy's expected return.
+fn episode_curve<'a>(
+    rows: impl Iterator<Item = (f64, &'a serde_json::Value)>,
+) -> (Vec<(f64, f64)>, crate::replicates::Band) {
+    let (mut points, mut band) = (Vec::new(), Vec::new());
+    for (x, e) in rows {
+        let Some(m) = e["eval_return"].as_f64() else {
+            continue;
+        };
+        points.push((x, m));
+        if let (Some(sd), Some(n)) = (e["eval_return_std"].as_f64(), e["eval_episodes"].as_u64())
+            && let Some((lo, hi)) = crate::replicates::mean_interval(m, sd, n)
+        {
+            band.push((x, lo, hi));
+        }
+    }
+    (points, band)
 }
 
 /// Contributions in released rounds, from the last released line of the operator's
