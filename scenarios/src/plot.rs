@@ -187,10 +187,13 @@ pub fn cvga_plot(path: &Path, title: &str, series: &[CvgaSeries]) -> anyhow::Res
     ensure_font();
     // Plot coordinate u = 160 - x, so the axis runs 110 -> 50 left to right.
     let flip = |x: f64| 160.0 - x;
-    let root = BitMapBackend::new(path, (800, 720)).into_drawing_area();
+    let root = BitMapBackend::new(path, (800, 760)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
+    // The legend goes in a strip beneath the grid: patient-days crowd every edge and corner of
+    // the grid (values beyond it are drawn on its edge), so no place inside is free.
+    let (top, strip) = root.split_vertically(720);
+    let mut chart = ChartBuilder::on(&top)
         .caption(title, ("sans-serif", 22))
         .margin(16)
         .x_label_area_size(48)
@@ -204,6 +207,7 @@ pub fn cvga_plot(path: &Path, title: &str, series: &[CvgaSeries]) -> anyhow::Res
         .y_desc("high BG (97.5th percentile, mg/dL)")
         .x_labels(7)
         .x_label_formatter(&|u| format!("{:.0}", 160.0 - u))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(|e| err(&e))?;
@@ -242,23 +246,24 @@ pub fn cvga_plot(path: &Path, title: &str, series: &[CvgaSeries]) -> anyhow::Res
             .filter(|(x, y)| x.is_finite() && y.is_finite())
             .map(|&(x, y)| (flip(x.clamp(50.0, 110.0)), y.clamp(110.0, 400.0)))
             .collect();
+        // Translucent, so that the series' points on the same edge show through each other.
         chart
             .draw_series(
                 pts.iter()
-                    .map(|&p| Circle::new(p, 5, color.filled().stroke_width(1))),
+                    .map(|&p| Circle::new(p, 5, color.mix(0.7).filled().stroke_width(1))),
             )
-            .map_err(|e| err(&e))?
-            .label(format!("{} ({} patient-days)", s.name, pts.len()))
-            .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
-    }
-    if !series.is_empty() {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()
+            .map_err(|e| err(&e))?;
+        // Two entries per line (the run and its twin fill the first).
+        let (x, y) = (80 + 340 * (i % 2) as i32, 6 + 18 * (i / 2) as i32);
+        strip
+            .draw(&Circle::new((x, y + 8), 5, color.filled()))
+            .map_err(|e| err(&e))?;
+        strip
+            .draw(&Text::new(
+                format!("{} ({} patient-days)", s.name, pts.len()),
+                (x + 12, y),
+                ("sans-serif", 14),
+            ))
             .map_err(|e| err(&e))?;
     }
     root.present()
