@@ -345,6 +345,13 @@ pub struct PolicyEpoch {
     pub eval_return_std: f64,
     /// [`normalized_return`] of `eval_return`.
     pub normalized_return: f64,
+    /// The standard deviation of the episodes' normalised returns (the normalisation is
+    /// affine: `eval_return_std` times its slope).
+    #[serde(default)]
+    pub normalized_return_std: f64,
+    /// Evaluation episodes behind the mean (0 in reports written before it was recorded).
+    #[serde(default)]
+    pub eval_episodes: usize,
     /// Mean model reward before the penalty, and mean penalty `lambda u`, over this epoch's
     /// rollout steps.
     pub model_reward: f64,
@@ -639,6 +646,9 @@ pub fn policy_phase(
             eval_return: m,
             eval_return_std: sd,
             normalized_return: normalized_return(env_id, m),
+            normalized_return_std: sd
+                * (normalized_return(env_id, 1.0) - normalized_return(env_id, 0.0)).abs(),
+            eval_episodes: cfg.eval_episodes,
             model_reward: reward_sum / steps.max(1) as f64,
             penalty: penalty_sum / steps.max(1) as f64,
             alpha: last.alpha,

@@ -686,9 +686,28 @@ fn report_points(report: &serde_json::Value, curve: &str, x: &str, y: &str) -> V
         .unwrap_or_default()
 }
 
-/// (SAC epoch, normalised return) of a report's policy phase (PriMORL); empty otherwise.
-fn policy_points(report: &serde_json::Value) -> Vec<(f64, f64)> {
-    report_points(report, "policy_curve", "epoch", "normalized_return")
+/// (SAC epoch, normalised return) of a report's policy phase (PriMORL), with the 95% band of
+/// each mean over its evaluation episodes; empty otherwise.
+fn policy_curve(report: &serde_json::Value) -> (Vec<(f64, f64)>, crate::replicates::Band) {
+    let (mut points, mut band) = (Vec::new(), Vec::new());
+    for e in report["final_evaluation"]["policy_curve"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let (Some(x), Some(m)) = (e["epoch"].as_f64(), e["normalized_return"].as_f64()) else {
+            continue;
+        };
+        points.push((x, m));
+        if let (Some(sd), Some(n)) = (
+            e["normalized_return_std"].as_f64(),
+            e["eval_episodes"].as_u64(),
+        ) && let Some((lo, hi)) = crate::replicates::mean_interval(m, sd, n)
+        {
+            band.push((x, lo, hi));
+        }
+    }
+    (points, band)
 }
 
 /// Draws the policy phase's normalised return against SAC epochs for the run and each twin
@@ -700,17 +719,13 @@ fn write_policy_curves(
     report: &serde_json::Value,
     twins: &[(String, serde_json::Value)],
 ) -> anyhow::Result<bool> {
-    let mut series = vec![Series {
-        name: private_label(report),
-        points: policy_points(report),
-        ..Series::default()
-    }];
+    let series_of = |name: String, r: &serde_json::Value| {
+        let (points, band) = policy_curve(r);
+        Series { name, points, band }
+    };
+    let mut series = vec![series_of(private_label(report), report)];
     for (label, r) in twins {
-        series.push(Series {
-            name: label.clone(),
-            points: policy_points(r),
-            ..Series::default()
-        });
+        series.push(series_of(label.clone(), r));
     }
     if series.iter().all(|s| s.points.is_empty()) {
         return Ok(false);
@@ -1330,13 +1345,17 @@ mod tests {
         let curve = |v: f64| {
             serde_json::json!({ "final_evaluation": { "policy_curve": [
                 { "epoch": 1, "normalized_return": v },
-                { "epoch": 2, "normalized_return": v + 100.0 },
+                { "epoch": 2, "normalized_return": v + 100.0, "normalized_return_std": 30.0,
+                  "eval_episodes": 4 },
             ] } })
         };
-        assert_eq!(
-            policy_points(&curve(300.0)),
-            vec![(1.0, 300.0), (2.0, 400.0)]
-        );
+        let (points, band) = policy_curve(&curve(300.0));
+        assert_eq!(points, vec![(1.0, 300.0), (2.0, 400.0)]);
+        // Only the epoch with its spread has a band: t(0.975, 3) = 3.1824, sample sd
+        // 30 sqrt(4/3), over sqrt(4).
+        assert_eq!(band.len(), 1);
+        let half = 3.182_446 * 30.0 * (4.0f64 / 3.0).sqrt() / 2.0;
+        assert!((band[0].2 - 400.0 - half).abs() < 1e-3, "{band:?}");
         let path = dir.path().join(POLICY_CURVE_FILE);
         let twins = vec![("mopo (non-private)".to_string(), curve(500.0))];
         assert!(write_policy_curves(&path, "pendulum-primorl", &curve(300.0), &twins).unwrap());
