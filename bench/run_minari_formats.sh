@@ -18,6 +18,7 @@ if [ -z "${FEDRL:-}" ]; then
   FEDRL="$root/target/release/fedrl"
 fi
 data="${ROOT:-$(mktemp -d -t fedrl-minari-formats.XXXXXX)}"
+mkdir -p "$data"
 uptime
 "$py" bench/peers/minari_formats.py --root "$data" --fedrl "$FEDRL" \
   --out "$root/bench/results/minari_formats.json" 2> "$data/peer.log" \

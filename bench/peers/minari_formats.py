@@ -100,6 +100,11 @@ def import_all(fedrl: str, root: Path, written: dict) -> dict:
         else:
             row["error"] = stderr.strip()
         out[fmt] = row
+    # The same episodes in three formats: fedrl's summaries (counts, units, every return
+    # quantile) must be the same but for the id.
+    sums = [{k: v for k, v in r["summary"].items() if k != "id"}
+            for r in out.values() if r["rc"] == 0]
+    out["summaries_identical_across_formats"] = len(sums) > 1 and all(x == sums[0] for x in sums)
     return out
 
 
@@ -200,6 +205,8 @@ def main() -> None:
     imported = import_all(args.fedrl, root, written)
     cql_row = cql(args.fedrl, root, "peer/imported-parquet-v0", args.cql_steps) \
         if imported["parquet"]["rc"] == 0 else {"skipped": "parquet import failed"}
+    cql_row["note"] = ("non-private `fedrl cql`: no private scenario can name an imported "
+                       "dataset in this fedrl ([task.dataset] takes a generation spec)")
     d3 = d3rlpy_as_is(args.fedrl, root, args.d3rlpy_units)
     sys.stdout = real_stdout
     result = {
