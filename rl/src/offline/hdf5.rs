@@ -18,7 +18,7 @@
 //! finite values), and the same unit assignment: an episode whose metadata names no unit becomes
 //! a unit of its own, numbered after the largest unit present (0 when none), in episode order.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use hdf5_metno as h5;
 use serde_json::Value;
@@ -65,27 +65,16 @@ pub(super) fn read_units(
         (None, None) => String::new(),
     };
 
-    let path = dir.join("data").join(MAIN_FILE);
-    if !path.is_file() {
-        return Err(layout(&path, "missing file"));
-    }
-    let file = h5::File::open(&path).map_err(h5_err(&path, "open"))?;
-    let mut groups = Vec::with_capacity(total_episodes as usize);
+    let file = Hdf5File::open(&dir.join("data"))?;
     let mut metas = Vec::with_capacity(total_episodes as usize);
     for i in 0..total_episodes {
-        let name = format!("episode_{i}");
-        let g = file.group(&name).map_err(h5_err(&path, &name))?;
-        metas.push((
-            attr_u64(&g, UNIT_KEY, &path)?,
-            attr_u64(&g, "total_steps", &path)?,
-        ));
-        groups.push((name, g));
+        metas.push(file.episode_meta(i)?);
     }
     let mut next = metas.iter().filter_map(|m| m.0).max().map_or(0, |m| m + 1);
     let mut units_assigned = 0;
     let mut episodes = Vec::new();
     let mut steps = 0u64;
-    for ((i, (name, g)), (unit, total)) in (0..total_episodes).zip(groups).zip(metas) {
+    for (i, (unit, total)) in (0..total_episodes).zip(metas) {
         let unit = unit.unwrap_or_else(|| {
             units_assigned += 1;
             next += 1;
@@ -95,8 +84,7 @@ pub(super) fn read_units(
             // Saturating: a corrupt count then fails the total check instead of wrapping.
             (false, Some(t)) => steps = steps.saturating_add(t),
             (kept, _) => {
-                let where_ = format!("{}: {name}", path.display());
-                let mut e = read_episode(&g, Path::new(&where_), i, obs_dim, n_actions, total)?;
+                let mut e = file.read_episode(i, obs_dim, n_actions, total)?;
                 steps = steps.saturating_add(e.len() as u64);
                 if kept {
                     e.unit = unit;
@@ -124,6 +112,57 @@ pub(super) fn read_units(
     })
 }
 
+/// An open `data/main_data.hdf5`: per-episode metadata and episodes, by episode id (the
+/// primitives [`read_units`] is made of, for the other readers of a dataset's episodes).
+pub(super) struct Hdf5File {
+    path: PathBuf,
+    file: h5::File,
+}
+
+impl Hdf5File {
+    /// Opens `data/main_data.hdf5` (`data` is the dataset's `data/` folder).
+    pub(super) fn open(data: &Path) -> Result<Self, MinariError> {
+        let path = data.join(MAIN_FILE);
+        if !path.is_file() {
+            return Err(layout(&path, "missing file"));
+        }
+        let file = h5::File::open(&path).map_err(h5_err(&path, "open"))?;
+        Ok(Self { path, file })
+    }
+
+    fn group(&self, id: u64) -> Result<(h5::Group, PathBuf), MinariError> {
+        let name = format!("episode_{id}");
+        let g = self
+            .file
+            .group(&name)
+            .map_err(|e| layout(&self.path, format!("HDF5 group {name}: {e}")))?;
+        // Errors about the episode name the file and the group.
+        Ok((g, PathBuf::from(format!("{}: {name}", self.path.display()))))
+    }
+
+    /// What episode `id`'s attributes say: its unit ([`UNIT_KEY`], if any) and `total_steps`
+    /// (if given).
+    pub(super) fn episode_meta(&self, id: u64) -> Result<(Option<u64>, Option<u64>), MinariError> {
+        let (g, at) = self.group(id)?;
+        Ok((
+            attr_u64(&g, UNIT_KEY, &at)?,
+            attr_u64(&g, "total_steps", &at)?,
+        ))
+    }
+
+    /// Decodes episode `id` (its unit left at 0), checked against `total_steps` when given.
+    pub(super) fn read_episode(
+        &self,
+        id: u64,
+        obs_dim: usize,
+        n_actions: usize,
+        total_steps: Option<u64>,
+    ) -> Result<Episode, MinariError> {
+        let (g, at) = self.group(id)?;
+        read_episode(&g, &at, id, obs_dim, n_actions, total_steps)
+    }
+}
+
 /// An optional unsigned integer attribute of an episode group (h5py writes Python ints as
 /// int64 scalars): `None` when absent, an error when it is not a non-negative integer.
 fn attr_u64(g: &h5::Group, key: &str, path: &Path) -> Result<Option<u64>, MinariError> {
@@ -132,12 +171,7 @@ fn attr_u64(g: &h5::Group, key: &str, path: &Path) -> Result<Option<u64>, Minari
         return Ok(None);
     }
     let a = g.attr(key).map_err(h5_err(path, key))?;
-    let bad = || {
-        layout(
-            path,
-            format!("{}: {key} is not an unsigned integer", g.name()),
-        )
-    };
+    let bad = || layout(path, format!("{key} is not an unsigned integer"));
     let td = a
         .dtype()
         .and_then(|t| t.to_descriptor())
