@@ -65,8 +65,12 @@ def run(a: argparse.Namespace) -> dict:
         terms.append(np.asarray(ep.terminations, dtype=np.float32))
         # d3rlpy refuses a step that is both terminal and timed out (Gymnasium reports both when
         # the pole falls on the time limit's last step): termination wins, it decides the
-        # target. An episode whose last step is neither (never in fedrl data) still closes as a
-        # timeout: d3rlpy splits episodes on terminal or timeout.
+        # target. An episode whose last step is neither still closes as a timeout: d3rlpy
+        # splits episodes on terminal or timeout. fedrl no longer writes either case (a step
+        # that terminates is never also a truncation, rl/src/offline/generate.rs, and every
+        # episode ends on one of them; bench/peers/minari_formats.py builds d3rlpy's dataset
+        # from the flags as they are): these lines only matter for datasets cached by an
+        # older fedrl or written by other tools.
         term = np.asarray(ep.terminations, dtype=bool)
         t = np.asarray(ep.truncations, dtype=bool) & ~term
         if not (term[-1] or t[-1]):

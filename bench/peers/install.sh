@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Python peers into local virtual environments beside this script:
-# - .venv         from every requirements-*.txt except requirements-offline.txt (dp_accounting,
-#                 Gymnasium 1.4, PyTorch PPO, ...);
-# - .venv-offline from requirements-offline.txt (d3rlpy 2.8.1 pins gymnasium 1.0.0, which
-#                 conflicts with the other peers; minari, opacus);
+# - .venv         from every requirements-*.txt except requirements-offline.txt,
+#                 requirements-minari_formats.txt and requirements-simglucose.txt (dp_accounting,
+#                 Gymnasium 1.4, PyTorch PPO, the policy-export peer torch_policy.py, ...);
+# - .venv-offline from requirements-offline.txt and requirements-minari_formats.txt (d3rlpy
+#                 2.8.1 pins gymnasium 1.0.0, which conflicts with the other peers; minari with
+#                 its hdf5 and create (jax) extras, opacus);
 # - .venv-simglucose from requirements-simglucose.txt (simglucose 0.2.11 pins gymnasium 0.29.1).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -12,6 +14,7 @@ python3 -m venv "$here/.venv"
 "$here/.venv/bin/pip" install --quiet --upgrade pip
 for req in "$here"/requirements-*.txt; do
   [ "$(basename "$req")" = "requirements-offline.txt" ] && continue
+  [ "$(basename "$req")" = "requirements-minari_formats.txt" ] && continue
   [ "$(basename "$req")" = "requirements-simglucose.txt" ] && continue
   echo "installing $(basename "$req") into .venv"
   "$here/.venv/bin/pip" install --quiet -r "$req"
@@ -20,8 +23,9 @@ echo "peers installed in $here/.venv"
 
 python3 -m venv "$here/.venv-offline"
 "$here/.venv-offline/bin/pip" install --quiet --upgrade pip
-echo "installing requirements-offline.txt into .venv-offline"
-"$here/.venv-offline/bin/pip" install --quiet -r "$here/requirements-offline.txt"
+echo "installing requirements-offline.txt and requirements-minari_formats.txt into .venv-offline"
+"$here/.venv-offline/bin/pip" install --quiet -r "$here/requirements-offline.txt" \
+  -r "$here/requirements-minari_formats.txt"
 echo "offline peers installed in $here/.venv-offline"
 
 python3 -m venv "$here/.venv-simglucose"

@@ -89,7 +89,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MinariError + '_ {
     }
 }
 
-fn layout(path: &Path, message: impl Into<String>) -> MinariError {
+pub(super) fn layout(path: &Path, message: impl Into<String>) -> MinariError {
     MinariError::Layout {
         path: path.to_path_buf(),
         message: message.into(),
@@ -475,7 +475,7 @@ fn parse_space(text: &str, path: &Path, what: &str) -> Result<Value, MinariError
 }
 
 /// The spaces fedrl holds: a flat float32 Box and `Discrete(n)` starting at 0.
-fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError> {
+pub(super) fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError> {
     let get = |k: &str| {
         meta.get(k).and_then(Value::as_str).ok_or_else(|| {
             layout(
@@ -791,7 +791,8 @@ pub fn totals(dir: &Path) -> Result<(u64, u64), MinariError> {
 }
 
 /// Reads the dataset in `dir` (`root/<id>`, holding `data/`), written by fedrl or by Python
-/// Minari with the parquet or the arrow backend (HDF5 gets a clear error). Checks the
+/// Minari with the parquet or the arrow backend, or the HDF5 one with the `hdf5` feature
+/// ([`super::hdf5`]; without it, HDF5 gets an error naming the feature). Checks the
 /// spaces (1-D float32 Box, Discrete from 0), the episode count and every episode's lengths
 /// against the metadata, actions in range, finite values.
 pub fn read(dir: &Path) -> Result<ReadDataset, MinariError> {
@@ -815,13 +816,17 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
     let format = match meta.get("data_format").and_then(Value::as_str) {
         Some("parquet") => StorageFormat::Parquet,
         Some("arrow") => StorageFormat::Arrow,
+        #[cfg(feature = "hdf5")]
+        Some("hdf5") => return super::hdf5::read_units(dir, &meta, &meta_path, keep),
+        #[cfg(not(feature = "hdf5"))]
         Some("hdf5") => {
             return Err(layout(
                 &meta_path,
-                "data_format is \"hdf5\": this fedrl reads Minari's \"parquet\" and \"arrow\" \
-                 backends (HDF5 needs a system library fedrl does not build with). Re-record the \
-                 dataset with minari.DataCollector(env, data_format=\"parquet\"), or copy its \
-                 episodes into one with minari.create_dataset_from_buffers(..., \
+                "data_format is \"hdf5\": this fedrl was built without its `hdf5` feature \
+                 (it links the system HDF5 library): rebuild with `cargo build --release \
+                 --features hdf5` (Debian: `apt-get install libhdf5-dev` first), or re-record \
+                 the dataset with minari.DataCollector(env, data_format=\"parquet\"), or copy \
+                 its episodes into one with minari.create_dataset_from_buffers(..., \
                  data_format=\"parquet\")",
             ));
         }

@@ -3,7 +3,8 @@
 //!
 //! - [`dataset`]: episodes owned by units and their summary; [`generate`]: their generation by
 //!   a named, seeded procedure; [`cache`]: the on-disk cache keyed by that procedure;
-//!   [`minari`]: Minari's Arrow/Parquet layout (read and write); [`experts`]: seed 000/002's
+//!   [`minari`]: Minari's Arrow/Parquet layout (read and write), and with the `hdf5` feature
+//!   `hdf5`: its HDF5 storage (read); [`experts`]: seed 000/002's
 //!   experts (trained, softened, stored with their demonstrations) and their count queries;
 //! - [`batch`]: transitions as flat arrays, the unit of every loss;
 //! - [`qnet`], [`cql`]: the Q-network and the discrete CQL loss; [`per_example`]: per-example
@@ -21,6 +22,8 @@ pub mod dataset;
 pub mod dpsgd;
 pub mod experts;
 pub mod generate;
+#[cfg(feature = "hdf5")]
+pub mod hdf5;
 pub mod minari;
 pub mod per_example;
 pub mod qnet;
