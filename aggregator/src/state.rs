@@ -6,12 +6,13 @@
 //!
 //! | file | who | what |
 //! | --- | --- | --- |
-//! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+//! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, public training diagnostics (`diagnostics`: norms of the released update and of the model step, server step size), time |
+//! | `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released lines as TensorBoard scalars, step = round (one file per aggregator process) |
 //! | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 //! | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section), read back on resume |
 //! | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
-//! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
+//! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) and `operator_diagnostics` (the accepted updates' norms before clipping, the clipped fraction, the central mode's training loss on the units' data) |
 //! | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
 //! | `privacy.ledger` | operator | the privacy ledger (`fedrl_common::privacy::ledger`): unit ids of every round |
 //! | `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |
@@ -31,6 +32,8 @@ use thiserror::Error;
 
 pub const LEDGER_FILE: &str = fedrl_common::privacy::ledger::LEDGER_FILE_NAME;
 pub const METRICS_FILE: &str = "metrics.jsonl";
+/// Sub-directory of the TensorBoard event files (public).
+pub const TENSORBOARD_DIR: &str = "tensorboard";
 pub const ADDRESS_FILE: &str = "address.json";
 pub const REPORT_FILE: &str = "report.json";
 pub const SECRET_FILE: &str = "enrolment.key";
@@ -49,12 +52,13 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 
 | file | who | what |
 | --- | --- | --- |
-| `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+| `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, public training diagnostics (`diagnostics`: norms of the released update and of the model step, server step size), time |
+| `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released lines as TensorBoard scalars, step = round (one file per aggregator process) |
 | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section) |
 | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 | model export (e.g. `policy.safetensors`) | public | the released model |
-| `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
+| `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) and `operator_diagnostics` (the accepted updates' norms before clipping, the clipped fraction, the central mode's training loss on the units' data) |
 | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
 | `privacy.ledger` | operator | the privacy ledger: every released round and its unit ids |
 | `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |

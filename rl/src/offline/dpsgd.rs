@@ -146,6 +146,7 @@ pub fn summed_unit_gradients(
             sum: vec![0.0; dim],
             norms: Vec::new(),
             clip_factors: Vec::new(),
+            mean_loss: None,
         });
     }
     summed_clipped(
