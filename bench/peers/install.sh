@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Python peers into local virtual environments beside this script:
 # - .venv         from every requirements-*.txt except requirements-offline.txt (dp_accounting,
-#                 Gymnasium 1.4, PyTorch PPO, ...);
+#                 Gymnasium 1.4, PyTorch PPO, TensorBoard's event reader, ...);
 # - .venv-offline from requirements-offline.txt (d3rlpy 2.8.1 pins gymnasium 1.0.0, which
 #                 conflicts with the other peers; minari, opacus);
 # - .venv-simglucose from requirements-simglucose.txt (simglucose 0.2.11 pins gymnasium 0.29.1).
