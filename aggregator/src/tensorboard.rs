@@ -18,8 +18,12 @@
 //! appends to another writer's file: each aggregator process opens a new file, named
 //! `events.out.tfevents.<unix seconds>.<host>[.<n>]` so that files sort by start time, and
 //! TensorBoard merges a directory's files by step (a resumed run adds a file, it does not
-//! rewrite the old one). What is written is the caller's business: the service writes only
-//! the numbers of the public `metrics.jsonl` lines (see `service::metrics`).
+//! rewrite the old one). Every event of a file carries the file's start time as its
+//! `wall_time`, not the time it was written: per-round times reveal how much work a round was
+//! (the secret sample's size), which the published `t_s` already warns about; TensorBoard's
+//! wall-time axis is flat on purpose, its step axis is the round. What is written is the
+//! caller's business: the service writes only the numbers of the public `metrics.jsonl` lines
+//! (see `service::metrics`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -35,6 +39,8 @@ pub const FILE_PREFIX: &str = "events.out.tfevents.";
 pub struct EventWriter {
     file: File,
     path: PathBuf,
+    /// The file's start time (seconds since the epoch), every event's `wall_time`.
+    wall_time: f64,
 }
 
 /// TFRecord's masked CRC-32C (masking keeps CRCs of data holding CRCs well distributed).
@@ -127,7 +133,11 @@ impl EventWriter {
                 Err(e) => return Err(e),
             }
         };
-        let mut w = EventWriter { file, path };
+        let mut w = EventWriter {
+            file,
+            path,
+            wall_time: wall,
+        };
         w.record(&event(wall, 0, Some(FILE_VERSION), &[]))?;
         Ok(w)
     }
@@ -142,7 +152,7 @@ impl EventWriter {
         if scalars.is_empty() {
             return Ok(());
         }
-        self.record(&event(now(), step, None, scalars))
+        self.record(&event(self.wall_time, step, None, scalars))
     }
 
     fn record(&mut self, data: &[u8]) -> io::Result<()> {
@@ -295,7 +305,9 @@ mod tests {
             [("a/b".to_string(), 1.5), (long_tag, -2.0)]
         );
         assert_eq!((events[1].step, events[2].step), (3, 300));
-        assert!(events[2].wall_time >= events[0].wall_time && events[0].wall_time > 1e9);
+        // One wall time for the whole file: no per-round timing.
+        assert!(events.iter().all(|e| e.wall_time == events[0].wall_time));
+        assert!(events[0].wall_time > 1e9);
     }
 
     #[test]

@@ -8,7 +8,8 @@ OUT/tensorboard/, the lines in OUT/metrics.jsonl. TensorBoard's EventAccumulator
 directory (every event file in it, in name order, as `tensorboard --logdir` does); each tag's
 scalars must equal, step for step, the field of the released lines the tag names
 (`eval/eval_return` is `line["eval"]["eval_return"]`), as float32, and no released line's
-number may be missing from TensorBoard.
+number (but the round, which is the step, and the time `t_s`, which is left out) may be
+missing from TensorBoard.
 
 One caveat, by design: the aggregator writes each line's event as the line is written, when a
 row between two accounted epsilons has none yet; `fedrl run` later fills those rows' epsilon
@@ -30,7 +31,8 @@ def f32(x: float) -> float:
 
 
 def leaves(prefix: str, v, out: dict) -> None:
-    """Numbers of a JSON line by TensorBoard tag (the writer's rule: every number but `round`)."""
+    """Numbers of a JSON line by TensorBoard tag (the writer's rule: every number but `round`
+    and the time `t_s`)."""
     if isinstance(v, dict):
         for k, x in v.items():
             leaves(f"{prefix}/{k}" if prefix else k, x, out)
@@ -64,6 +66,7 @@ def main() -> None:
             nums = {}
             leaves("", row, nums)
             nums.pop("round", None)
+            nums.pop("t_s", None)
             if row.get("epsilon_exact") is False:
                 nums.pop("epsilon", None)
                 filled += 1

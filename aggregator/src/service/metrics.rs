@@ -4,9 +4,10 @@
 //!   its status, epsilon and delta as accounted by the ledger, the evaluation of the released
 //!   model, the public training diagnostics (`diagnostics`, below), and the time.
 //! - `tensorboard/events.out.tfevents.*` (public): the numbers of the released rounds' public
-//!   lines, one tag per field (`epsilon`, `eval/eval_return`, `diagnostics/update_norm`, ...),
-//!   step = round, written and flushed with each line ([`crate::tensorboard`]). Nothing else
-//!   goes there, so it holds nothing `metrics.jsonl` does not.
+//!   lines but the time `t_s`, one tag per field (`epsilon`, `eval/eval_return`,
+//!   `diagnostics/update_norm`, ...), step = round, written and flushed with each line
+//!   ([`crate::tensorboard`]). Nothing else goes there, so it holds nothing `metrics.jsonl`
+//!   does not.
 //! - `operator/metrics.jsonl` (operator-only): the same lines plus the exact counts (updates
 //!   offered, accepted, clipped, rejected, contributions so far, quorum), the reason a round
 //!   was abandoned, and `operator_diagnostics`. Under Poisson sampling an exact accepted count
@@ -214,8 +215,9 @@ impl RoundMetrics {
     }
 }
 
-/// The TensorBoard scalars of a public line: every number in it but the round (the step),
-/// tagged by its path (`eval/eval_return`); booleans, strings and nulls are left out.
+/// The TensorBoard scalars of a public line: every number in it but the round (the step) and
+/// `t_s` (a timing, not DP: see the event file's wall time in [`crate::tensorboard`]), tagged
+/// by its path (`eval/eval_return`); booleans, strings, arrays and nulls are left out.
 pub(crate) fn scalars(line: &Value) -> Vec<(String, f32)> {
     fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, f32)>) {
         match v {
@@ -239,7 +241,7 @@ pub(crate) fn scalars(line: &Value) -> Vec<(String, f32)> {
     }
     let mut out = Vec::new();
     walk("", line, &mut out);
-    out.retain(|(tag, _)| tag != "round");
+    out.retain(|(tag, _)| tag != "round" && tag != "t_s");
     out
 }
 
@@ -379,7 +381,8 @@ mod tests {
                 got.extend(e.scalars.iter().map(|(t, v)| (e.step, t.clone(), *v)));
             }
         }
-        // What metrics.jsonl says, by hand: every number of each released line but the round.
+        // What metrics.jsonl says, by hand: every number of each released line but the round
+        // and the time.
         let mut want: Vec<(i64, String, f32)> = Vec::new();
         for line in lines(&dir.path().join(state::METRICS_FILE)) {
             if line["status"] != "released" {
@@ -390,7 +393,6 @@ mod tests {
             for (tag, v) in [
                 ("delta", num(&line["delta"])),
                 ("epsilon", num(&line["epsilon"])),
-                ("t_s", num(&line["t_s"])),
                 ("diagnostics/update_norm", num(&line["diagnostics"]["update_norm"])),
                 ("diagnostics/server_lr", num(&line["diagnostics"]["server_lr"])),
                 ("eval/eval_return", num(&line["eval"]["eval_return"])),
@@ -409,6 +411,7 @@ mod tests {
         assert!(got.contains(&(3, "epsilon".into(), 0.4)));
         assert!(!got.iter().any(|(s, t, _)| *s == 0 && t == "epsilon"));
         assert!(!got.iter().any(|(_, t, _)| t.contains("unit_norm") || t.contains("loss")));
+        assert!(!got.iter().any(|(_, t, _)| t == "t_s"));
         assert!(!got.iter().any(|(s, _, _)| *s == 2), "abandoned rounds release nothing");
     }
 }
