@@ -317,11 +317,25 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
                     "epsilon_exact",
                     "delta",
                     "eval",
+                    "diagnostics",
                     "t_s"
                 ]
                 .contains(&key.as_str()),
                 "metrics.jsonl has {key}: {line}"
             );
+        }
+        // The public diagnostics are functions of the release only (issue 58).
+        if let Some(d) = v.get("diagnostics") {
+            for key in d.as_object().unwrap().keys() {
+                assert!(
+                    ["update_norm", "step_norm", "param_norm", "server_lr"]
+                        .contains(&key.as_str()),
+                    "metrics.jsonl has diagnostics.{key}: {line}"
+                );
+            }
+        }
+        if v["status"] == "released" {
+            assert!(v["diagnostics"]["update_norm"].as_f64().is_some(), "{line}");
         }
     }
     let operator_metrics =
@@ -329,6 +343,21 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
     assert!(
         operator_metrics.contains("\"accepted\""),
         "{operator_metrics}"
+    );
+    // The accepted updates' norms before clipping are operator-only.
+    assert!(
+        operator_metrics.contains("\"unit_norm_mean\""),
+        "{operator_metrics}"
+    );
+    assert!(!metrics.contains("unit_norm"), "{metrics}");
+    // The event files hold the public lines' numbers (the aggregator's tests decode them).
+    let events: Vec<_> = std::fs::read_dir(out.join("tensorboard"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        events.len() == 1 && events[0].starts_with("events.out.tfevents."),
+        "{events:?}"
     );
     // Everything at the top level is public, and no unit list is among it.
     let public: Vec<String> = std::fs::read_dir(out)
@@ -343,6 +372,7 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
                 "metrics.csv",
                 "scenario.toml",
                 "FILES.md",
+                "tensorboard",
                 "operator",
                 "state"
             ]
