@@ -167,14 +167,30 @@ impl EventWriter {
     }
 }
 
-/// An event file reader for tests, written from the format's definition and sharing nothing
-/// with the writer (its own CRC, its own protobuf parsing), so that a writer bug is not
-/// mirrored by the reader.
-#[cfg(test)]
-pub(crate) mod decode {
+/// A reader of event files for checks (the tests, `fedrl`'s end-to-end tests), written from
+/// the format's definition and sharing nothing with the writer (its own bit-by-bit CRC, its own
+/// protobuf parsing), so that a writer bug is not mirrored by the reader. It reads what
+/// [`EventWriter`] writes (the fields above) and refuses anything else.
+pub mod decode {
+    use thiserror::Error;
+
+    /// A malformed event file.
+    #[derive(Debug, Error, PartialEq)]
+    pub enum ReadError {
+        #[error("record at byte {0}: truncated")]
+        Truncated(usize),
+        #[error("record at byte {0}: the length's CRC does not match")]
+        LengthCrc(usize),
+        #[error("record at byte {0}: the data's CRC does not match")]
+        DataCrc(usize),
+        #[error("record at byte {at}: {what}")]
+        Protobuf { at: usize, what: String },
+    }
+
     /// One decoded event.
     #[derive(Debug, Default, PartialEq)]
     pub struct Event {
+        /// Seconds since the epoch.
         pub wall_time: f64,
         pub step: i64,
         pub file_version: Option<String>,
@@ -199,93 +215,120 @@ pub(crate) mod decode {
         ((c >> 15) | (c << 17)).wrapping_add(0xa282_ead8)
     }
 
-    fn varint(b: &[u8], i: &mut usize) -> u64 {
-        let (mut v, mut shift) = (0u64, 0);
-        loop {
-            let x = b[*i];
-            *i += 1;
-            v |= u64::from(x & 0x7f) << shift;
-            if x & 0x80 == 0 {
-                return v;
-            }
-            shift += 7;
-        }
+    fn take<'a>(b: &'a [u8], i: &mut usize, n: usize) -> Result<&'a [u8], String> {
+        let end = i.checked_add(n).filter(|&e| e <= b.len()).ok_or("truncated field")?;
+        let out = &b[*i..end];
+        *i = end;
+        Ok(out)
     }
 
-    /// (field, wire type, payload) of each field of a message; panics on a malformed one.
-    fn fields(b: &[u8]) -> Vec<(u64, u64, Vec<u8>)> {
+    fn varint(b: &[u8], i: &mut usize) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let x = take(b, i, 1)?[0];
+            v |= u64::from(x & 0x7f) << shift;
+            if x & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("varint longer than 10 bytes".into())
+    }
+
+    /// (field, wire type, payload) of each field of a message.
+    fn fields(b: &[u8]) -> Result<Vec<(u64, u64, Vec<u8>)>, String> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < b.len() {
-            let key = varint(b, &mut i);
+            let key = varint(b, &mut i)?;
             let (field, wire) = (key >> 3, key & 7);
             let payload = match wire {
-                0 => varint(b, &mut i).to_le_bytes().to_vec(),
-                1 => {
-                    i += 8;
-                    b[i - 8..i].to_vec()
-                }
+                0 => varint(b, &mut i)?.to_le_bytes().to_vec(),
+                1 => take(b, &mut i, 8)?.to_vec(),
                 2 => {
-                    let n = varint(b, &mut i) as usize;
-                    i += n;
-                    b[i - n..i].to_vec()
+                    let n = usize::try_from(varint(b, &mut i)?).map_err(|e| e.to_string())?;
+                    take(b, &mut i, n)?.to_vec()
                 }
-                5 => {
-                    i += 4;
-                    b[i - 4..i].to_vec()
-                }
-                w => panic!("wire type {w}"),
+                5 => take(b, &mut i, 4)?.to_vec(),
+                w => return Err(format!("wire type {w}")),
             };
             out.push((field, wire, payload));
         }
-        out
+        Ok(out)
+    }
+
+    fn array<const N: usize>(p: Vec<u8>) -> Result<[u8; N], String> {
+        p.try_into().map_err(|_| "bad fixed-width field".to_string())
+    }
+
+    fn event(data: &[u8]) -> Result<Event, String> {
+        let mut e = Event::default();
+        for (field, wire, p) in fields(data)? {
+            match (field, wire) {
+                (1, 1) => e.wall_time = f64::from_le_bytes(array(p)?),
+                (2, 0) => e.step = u64::from_le_bytes(array(p)?) as i64,
+                (3, 2) => {
+                    e.file_version = Some(String::from_utf8(p).map_err(|e| e.to_string())?)
+                }
+                (5, 2) => {
+                    for (f, w, v) in fields(&p)? {
+                        if (f, w) != (1, 2) {
+                            return Err(format!("unexpected Summary field {f} (wire {w})"));
+                        }
+                        let (mut tag, mut value) = (None, None);
+                        for (f, w, x) in fields(&v)? {
+                            match (f, w) {
+                                (1, 2) => {
+                                    tag = Some(String::from_utf8(x).map_err(|e| e.to_string())?)
+                                }
+                                (2, 5) => value = Some(f32::from_le_bytes(array(x)?)),
+                                _ => return Err(format!("unexpected Summary.Value field {f}")),
+                            }
+                        }
+                        match (tag, value) {
+                            (Some(t), Some(v)) => e.scalars.push((t, v)),
+                            _ => return Err("a Summary.Value without tag or simple_value".into()),
+                        }
+                    }
+                }
+                _ => return Err(format!("unexpected Event field {field} (wire {wire})")),
+            }
+        }
+        Ok(e)
     }
 
     /// Every record of an event file, both CRCs checked.
-    pub fn read(bytes: &[u8]) -> Vec<Event> {
+    pub fn read(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
         let mut events = Vec::new();
         let mut i = 0;
         while i < bytes.len() {
-            let len_bytes = &bytes[i..i + 8];
-            let len = u64::from_le_bytes(len_bytes.try_into().unwrap()) as usize;
-            let crc = u32::from_le_bytes(bytes[i + 8..i + 12].try_into().unwrap());
-            assert_eq!(crc, masked(len_bytes), "length CRC of the record at {i}");
-            let data = &bytes[i + 12..i + 12 + len];
-            let crc = u32::from_le_bytes(bytes[i + 12 + len..i + 16 + len].try_into().unwrap());
-            assert_eq!(crc, masked(data), "data CRC of the record at {i}");
-            i += 16 + len;
-            let mut e = Event::default();
-            for (field, wire, p) in fields(data) {
-                match (field, wire) {
-                    (1, 1) => e.wall_time = f64::from_le_bytes(p.try_into().unwrap()),
-                    (2, 0) => e.step = u64::from_le_bytes(p.try_into().unwrap()) as i64,
-                    (3, 2) => e.file_version = Some(String::from_utf8(p).unwrap()),
-                    (5, 2) => {
-                        for (f, w, v) in fields(&p) {
-                            assert_eq!((f, w), (1, 2), "Summary.value");
-                            let (mut tag, mut value) = (None, None);
-                            for (f, w, x) in fields(&v) {
-                                match (f, w) {
-                                    (1, 2) => tag = Some(String::from_utf8(x).unwrap()),
-                                    (2, 5) => value = Some(f32::from_le_bytes(x.try_into().unwrap())),
-                                    other => panic!("unexpected Summary.Value field {other:?}"),
-                                }
-                            }
-                            e.scalars.push((tag.unwrap(), value.unwrap()));
-                        }
-                    }
-                    other => panic!("unexpected Event field {other:?}"),
-                }
+            let at = i;
+            let head = bytes.get(i..i + 12).ok_or(ReadError::Truncated(at))?;
+            let (len_bytes, crc) = head.split_at(8);
+            let mut l = [0u8; 8];
+            l.copy_from_slice(len_bytes);
+            let mut c = [0u8; 4];
+            c.copy_from_slice(crc);
+            if u32::from_le_bytes(c) != masked(len_bytes) {
+                return Err(ReadError::LengthCrc(at));
             }
-            events.push(e);
+            let len = usize::try_from(u64::from_le_bytes(l)).map_err(|_| ReadError::Truncated(at))?;
+            let end = (i + 12).checked_add(len).ok_or(ReadError::Truncated(at))?;
+            let data = bytes.get(i + 12..end).ok_or(ReadError::Truncated(at))?;
+            let crc = bytes.get(end..end + 4).ok_or(ReadError::Truncated(at))?;
+            c.copy_from_slice(crc);
+            if u32::from_le_bytes(c) != masked(data) {
+                return Err(ReadError::DataCrc(at));
+            }
+            events.push(event(data).map_err(|what| ReadError::Protobuf { at, what })?);
+            i = end + 4;
         }
-        events
+        Ok(events)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::decode::{crc32c_bitwise, read};
+    use super::decode::{self, crc32c_bitwise, read};
     use super::*;
 
     #[test]
@@ -297,7 +340,8 @@ mod tests {
             .unwrap();
         w.scalars(300, &[("a/b".into(), f32::MAX)]).unwrap();
         w.scalars(301, &[]).unwrap();
-        let events = read(&std::fs::read(w.path()).unwrap());
+        let bytes = std::fs::read(w.path()).unwrap();
+        let events = read(&bytes).unwrap();
         assert_eq!(events.len(), 3);
         assert_eq!(events[0].file_version.as_deref(), Some(FILE_VERSION));
         assert_eq!(
@@ -305,6 +349,19 @@ mod tests {
             [("a/b".to_string(), 1.5), (long_tag, -2.0)]
         );
         assert_eq!((events[1].step, events[2].step), (3, 300));
+        // A flipped bit in a record's data, or in a length, is caught by its CRC; a cut file
+        // is truncated.
+        let mut bad = bytes.clone();
+        let last = bad.len() - 6;
+        bad[last] ^= 1;
+        assert!(matches!(read(&bad), Err(decode::ReadError::DataCrc(_))));
+        let mut bad = bytes.clone();
+        bad[0] ^= 1;
+        assert_eq!(read(&bad), Err(decode::ReadError::LengthCrc(0)));
+        assert!(matches!(
+            read(&bytes[..bytes.len() - 1]),
+            Err(decode::ReadError::Truncated(_))
+        ));
         // One wall time for the whole file: no per-round timing.
         assert!(events.iter().all(|e| e.wall_time == events[0].wall_time));
         assert!(events[0].wall_time > 1e9);

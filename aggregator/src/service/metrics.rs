@@ -374,7 +374,7 @@ mod tests {
         assert_eq!(files.len(), 2, "one event file per process");
         let mut got: Vec<(i64, String, f32)> = Vec::new();
         for f in &files {
-            let events = decode::read(&std::fs::read(f).unwrap());
+            let events = decode::read(&std::fs::read(f).unwrap()).unwrap();
             assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
             for e in &events[1..] {
                 assert!(e.file_version.is_none());
