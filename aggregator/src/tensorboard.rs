@@ -46,7 +46,7 @@ pub struct EventWriter {
 /// TFRecord's masked CRC-32C (masking keeps CRCs of data holding CRCs well distributed).
 pub fn masked_crc32c(data: &[u8]) -> u32 {
     let c = crc32c::crc32c(data);
-    ((c >> 15) | (c << 17)).wrapping_add(0xa282_ead8)
+    c.rotate_right(15).wrapping_add(0xa282_ead8)
 }
 
 /// Protobuf varint.
@@ -67,7 +67,12 @@ fn bytes_field(field: u32, data: &[u8], out: &mut Vec<u8>) {
 
 /// An `Event` with its wall time (seconds since the epoch), step, and either a file version or
 /// a summary of scalars.
-fn event(wall_time: f64, step: i64, file_version: Option<&str>, scalars: &[(String, f32)]) -> Vec<u8> {
+fn event(
+    wall_time: f64,
+    step: i64,
+    file_version: Option<&str>,
+    scalars: &[(String, f32)],
+) -> Vec<u8> {
     let mut out = Vec::new();
     out.push(1 << 3 | 1); // wall_time, fixed64
     out.extend_from_slice(&wall_time.to_le_bytes());
@@ -204,7 +209,11 @@ pub mod decode {
         for &b in data {
             c ^= u32::from(b);
             for _ in 0..8 {
-                c = if c & 1 == 1 { (c >> 1) ^ 0x82f6_3b78 } else { c >> 1 };
+                c = if c & 1 == 1 {
+                    (c >> 1) ^ 0x82f6_3b78
+                } else {
+                    c >> 1
+                };
             }
         }
         !c
@@ -212,11 +221,14 @@ pub mod decode {
 
     fn masked(data: &[u8]) -> u32 {
         let c = crc32c_bitwise(data);
-        ((c >> 15) | (c << 17)).wrapping_add(0xa282_ead8)
+        c.rotate_right(15).wrapping_add(0xa282_ead8)
     }
 
     fn take<'a>(b: &'a [u8], i: &mut usize, n: usize) -> Result<&'a [u8], String> {
-        let end = i.checked_add(n).filter(|&e| e <= b.len()).ok_or("truncated field")?;
+        let end = i
+            .checked_add(n)
+            .filter(|&e| e <= b.len())
+            .ok_or("truncated field")?;
         let out = &b[*i..end];
         *i = end;
         Ok(out)
@@ -257,7 +269,8 @@ pub mod decode {
     }
 
     fn array<const N: usize>(p: Vec<u8>) -> Result<[u8; N], String> {
-        p.try_into().map_err(|_| "bad fixed-width field".to_string())
+        p.try_into()
+            .map_err(|_| "bad fixed-width field".to_string())
     }
 
     fn event(data: &[u8]) -> Result<Event, String> {
@@ -266,9 +279,7 @@ pub mod decode {
             match (field, wire) {
                 (1, 1) => e.wall_time = f64::from_le_bytes(array(p)?),
                 (2, 0) => e.step = u64::from_le_bytes(array(p)?) as i64,
-                (3, 2) => {
-                    e.file_version = Some(String::from_utf8(p).map_err(|e| e.to_string())?)
-                }
+                (3, 2) => e.file_version = Some(String::from_utf8(p).map_err(|e| e.to_string())?),
                 (5, 2) => {
                     for (f, w, v) in fields(&p)? {
                         if (f, w) != (1, 2) {
@@ -311,7 +322,8 @@ pub mod decode {
             if u32::from_le_bytes(c) != masked(len_bytes) {
                 return Err(ReadError::LengthCrc(at));
             }
-            let len = usize::try_from(u64::from_le_bytes(l)).map_err(|_| ReadError::Truncated(at))?;
+            let len =
+                usize::try_from(u64::from_le_bytes(l)).map_err(|_| ReadError::Truncated(at))?;
             let end = (i + 12).checked_add(len).ok_or(ReadError::Truncated(at))?;
             let data = bytes.get(i + 12..end).ok_or(ReadError::Truncated(at))?;
             let crc = bytes.get(end..end + 4).ok_or(ReadError::Truncated(at))?;
@@ -373,7 +385,7 @@ mod tests {
         assert_eq!(crc32c_bitwise(b"123456789"), 0xe306_9283);
         for data in [&b""[..], b"a", b"brain.Event:2", &[0u8; 37]] {
             let c = crc32c_bitwise(data);
-            let want = ((c >> 15) | (c << 17)).wrapping_add(0xa282_ead8);
+            let want = c.rotate_right(15).wrapping_add(0xa282_ead8);
             assert_eq!(masked_crc32c(data), want);
         }
     }

@@ -328,8 +328,7 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
         if let Some(d) = v.get("diagnostics") {
             for key in d.as_object().unwrap().keys() {
                 assert!(
-                    ["update_norm", "step_norm", "param_norm", "server_lr"]
-                        .contains(&key.as_str()),
+                    ["update_norm", "step_norm", "param_norm", "server_lr"].contains(&key.as_str()),
                     "metrics.jsonl has diagnostics.{key}: {line}"
                 );
             }

@@ -449,7 +449,10 @@ mod tests {
         let mut b = ServerOptimizer::new(vec![0.0], 3.0, 0.0).with_decay(Some(d));
         b.restore(&st).unwrap();
         assert_eq!(b.next_lr(), want[2]);
-        assert!(b.diagnostics().is_empty(), "no step taken since the restore");
+        assert!(
+            b.diagnostics().is_empty(),
+            "no step taken since the restore"
+        );
         for (t, w) in (3..=5).zip(&want[2..]) {
             b.step(&[1.0]).unwrap();
             let lr = b.diagnostics()["server_lr"].as_f64().unwrap();

@@ -299,7 +299,15 @@ mod tests {
         };
         assert_eq!(
             keys(&public[0]),
-            ["delta", "diagnostics", "epsilon", "eval", "round", "status", "t_s"]
+            [
+                "delta",
+                "diagnostics",
+                "epsilon",
+                "eval",
+                "round",
+                "status",
+                "t_s"
+            ]
         );
         assert_eq!(public[0]["epsilon"], 0.7);
         assert_eq!(public[0]["diagnostics"]["update_norm"], 0.25);
@@ -346,7 +354,10 @@ mod tests {
         let mut m = RoundMetrics::open(dir.path()).unwrap();
         m.released(released(0, None));
         m.flush(|| Some((None, 1e-5))).unwrap();
-        m.released(released(1, Some(json!({"eval_return": 12.5, "eval_episodes": 4}))));
+        m.released(released(
+            1,
+            Some(json!({"eval_return": 12.5, "eval_episodes": 4})),
+        ));
         m.flush(|| Some((Some(0.3), 1e-5))).unwrap();
         m.abandoned(Abandoned {
             round: 2,
@@ -393,8 +404,14 @@ mod tests {
             for (tag, v) in [
                 ("delta", num(&line["delta"])),
                 ("epsilon", num(&line["epsilon"])),
-                ("diagnostics/update_norm", num(&line["diagnostics"]["update_norm"])),
-                ("diagnostics/server_lr", num(&line["diagnostics"]["server_lr"])),
+                (
+                    "diagnostics/update_norm",
+                    num(&line["diagnostics"]["update_norm"]),
+                ),
+                (
+                    "diagnostics/server_lr",
+                    num(&line["diagnostics"]["server_lr"]),
+                ),
                 ("eval/eval_return", num(&line["eval"]["eval_return"])),
                 ("eval/eval_episodes", num(&line["eval"]["eval_episodes"])),
             ] {
@@ -410,8 +427,14 @@ mod tests {
         assert!(got.contains(&(1, "eval/eval_return".into(), 12.5)));
         assert!(got.contains(&(3, "epsilon".into(), 0.4)));
         assert!(!got.iter().any(|(s, t, _)| *s == 0 && t == "epsilon"));
-        assert!(!got.iter().any(|(_, t, _)| t.contains("unit_norm") || t.contains("loss")));
+        assert!(
+            !got.iter()
+                .any(|(_, t, _)| t.contains("unit_norm") || t.contains("loss"))
+        );
         assert!(!got.iter().any(|(_, t, _)| t == "t_s"));
-        assert!(!got.iter().any(|(s, _, _)| *s == 2), "abandoned rounds release nothing");
+        assert!(
+            !got.iter().any(|(s, _, _)| *s == 2),
+            "abandoned rounds release nothing"
+        );
     }
 }

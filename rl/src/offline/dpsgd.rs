@@ -472,7 +472,10 @@ mod tests {
         let (want, _) =
             crate::offline::cql::loss_and_grad(&s, &cfg, params, target, &rows, &dev).unwrap();
         let got = sum.mean_loss.unwrap();
-        assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{got} vs {want}");
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "{got} vs {want}"
+        );
         // Every unit bad: all left out, an empty (zero) step.
         let (sum, out) = without_non_finite_units(&[(7, &absurd)], |u| {
             summed_unit_gradients(&s, &cfg, &offer, u, 4, 0, 3, 0.5, &dev)

@@ -533,7 +533,11 @@ fn summed_from(
     let sum: Vec<f64> = Tensor::cat(&parts, 0)?.to_vec1()?;
     let mean_loss = (n_rows > 0)
         .then(|| -> Result<f64> {
-            Ok(pe.losses.to_dtype(DType::F64)?.mean_all()?.to_scalar::<f64>()?)
+            Ok(pe
+                .losses
+                .to_dtype(DType::F64)?
+                .mean_all()?
+                .to_scalar::<f64>()?)
         })
         .transpose()?;
     Ok(SummedGradient {

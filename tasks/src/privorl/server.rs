@@ -406,7 +406,10 @@ impl ServerModel for PrivorlModel {
     fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
         let mut m = serde_json::Map::new();
         if self.task.finetune {
-            m.insert("server_lr".into(), finetune_config(&self.task).train.lr.into());
+            m.insert(
+                "server_lr".into(),
+                finetune_config(&self.task).train.lr.into(),
+            );
         }
         m
     }
