@@ -68,9 +68,32 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | `lock` | operator | held by the running aggregator; holds its pid |
 ";
 
-/// Writes [`FILES_GUIDE`] into a state directory.
+/// The training diagnostics section of `FILES.md` (this directory's and `fedrl run`'s): which
+/// per-round diagnostic is public and which operator-only, by task kind (the same table as
+/// `service::metrics`'s module doc).
+pub const DIAGNOSTICS_GUIDE: &str = "\
+## Training diagnostics, per released round
+
+Public diagnostics (`diagnostics` and `eval` in `metrics.jsonl`, the CSV and TensorBoard) are
+functions of the released noisy update, the model it produced, public settings and episodes the
+server plays itself on held-out users: post-processing, no privacy cost. Operator-only ones
+(`operator_diagnostics` in `operator/metrics.jsonl`) are statistics of the units' own updates or
+data, exact and not noised: do not publish them. Clients send no losses (a client's loss is a
+statistic of its units' data that the update does not release).
+
+| kind (mode) | public | operator-only |
+| --- | --- | --- |
+| every kind | `update_norm` (L2 of the released noisy mean update), `step_norm` (of the change it made to the offered parameters), `param_norm` | `unit_norm_mean`, `unit_norm_max` (accepted updates before the server's clip), `clipped_fraction` |
+| dppg | `server_lr`; on evaluated rounds `eval.eval_policy_entropy`, `eval.eval_value_rmse` (on the held-out evaluation episodes) | as every kind |
+| offline_cql (federated, central) | `server_lr`, `dp_steps`, `free_steps` (Selective) | central mode: `train_loss` (mean CQL loss of the round's rows) |
+| privorl (federated, central) | `server_lr` | central mode: `train_loss` (mean denoising loss of the round's rows) |
+| primorl, loglinear, mean_estimation | the generic norms (`server_lr` for the last two) | as every kind |
+";
+
+/// Writes [`FILES_GUIDE`] and [`DIAGNOSTICS_GUIDE`] into a state directory.
 pub fn write_files_guide(dir: &Path) -> anyhow::Result<()> {
-    write_atomic(&dir.join(FILES_GUIDE_FILE), FILES_GUIDE.as_bytes())
+    let guide = format!("{FILES_GUIDE}\n{DIAGNOSTICS_GUIDE}");
+    write_atomic(&dir.join(FILES_GUIDE_FILE), guide.as_bytes())
 }
 /// Held locked (an exclusive advisory lock on the open file) by the one aggregator that uses the
 /// directory; holds that aggregator's pid.

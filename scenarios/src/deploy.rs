@@ -2,7 +2,8 @@
 //! follow progress, and collect the results (`fedrl run`). Reusable: the RL tasks extend the
 //! report (see [`RunResult::report`], a JSON object) without touching process management.
 //!
-//! Output directory layout ([`OUTPUT_FILES_GUIDE`], written as `FILES.md`): public files at the
+//! Output directory layout ([`OUTPUT_FILES_GUIDE`] and the aggregator's diagnostics table,
+//! written as `FILES.md`): public files at the
 //! top (`scenario.toml`, `report.json`, `metrics.jsonl`, `tensorboard/`, the model, plots),
 //! operator-only files
 //! under `operator/` (`report.json` and `metrics.jsonl` with exact counts, `privacy.ledger`, the
@@ -553,7 +554,10 @@ pub fn run_local(
     state::store_secret(&state_dir, &secret)?;
     let op_dir = out.join(state::OPERATOR_DIR);
     fs::create_dir_all(&op_dir).with_context(|| format!("creating {}", op_dir.display()))?;
-    fs::write(out.join(state::FILES_GUIDE_FILE), OUTPUT_FILES_GUIDE)?;
+    fs::write(
+        out.join(state::FILES_GUIDE_FILE),
+        format!("{OUTPUT_FILES_GUIDE}\n{}", state::DIAGNOSTICS_GUIDE),
+    )?;
     let agg_log = op_dir.join("aggregator.log");
     let extra: &[&str] = if run.allow_budget_increase {
         &["--allow-budget-increase"]

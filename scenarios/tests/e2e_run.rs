@@ -381,6 +381,11 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
     }
     let guide = std::fs::read_to_string(out.join("FILES.md")).unwrap();
     assert!(guide.contains("operator/privacy.ledger"), "{guide}");
+    // Which training diagnostic is public and which operator-only, by kind (issue 58).
+    assert!(
+        guide.contains("## Training diagnostics") && guide.contains("unit_norm_mean"),
+        "{guide}"
+    );
     let state_guide = std::fs::read_to_string(out.join("state").join("FILES.md")).unwrap();
     assert!(
         state_guide.contains("operator/metrics.jsonl"),
