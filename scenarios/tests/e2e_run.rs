@@ -497,6 +497,12 @@ fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
     assert_eq!(lines[0]["round"], 1);
     assert!(lines[0]["eval"]["eval_return"].as_f64().unwrap() >= 1.0);
     assert!(lines[0]["epsilon"].as_f64().unwrap() > 0.0);
+    // Issue 58: the released policy's entropy (two actions: at most ln 2) and its value
+    // network's error, measured on the evaluation episodes the server played.
+    let h = lines[0]["eval"]["eval_policy_entropy"].as_f64().unwrap();
+    assert!(h > 0.0 && h <= 2f64.ln() + 1e-9, "{h}");
+    assert!(lines[0]["eval"]["eval_value_rmse"].as_f64().unwrap() >= 0.0);
+    assert!(lines[0]["diagnostics"]["server_lr"].as_f64().unwrap() > 0.0);
     let operator: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.join("operator").join("report.json")).unwrap(),
     )
