@@ -8,12 +8,14 @@
 //! parameters and of episodes the server simulates itself (no unit's data), so they may be
 //! published like the return.
 
-use candle_core::Device;
+use candle_core::{D, DType, Device, Tensor};
+use candle_nn::ops::log_softmax;
 use fedrl_sim::{Env, GlucoseSample};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-use crate::mlp::{ActionKind, ModelSpec, RowMlp, RowScratch};
+
+use crate::mlp::{ActionKind, ModelSpec, forward, policy_layers};
 use crate::rollout::{RolloutConfig, UserBatch, run_users, run_users_logged};
 
 /// How to evaluate.
@@ -99,7 +101,8 @@ pub fn evaluate(
     )?;
     let diagnostics = cfg
         .diagnostics
-        .map(|target| diagnose(spec, params, &out, target));
+        .map(|target| diagnose(spec, params, &out, target, device))
+        .transpose()?;
     let mut r = summarize(out);
     if let Some((entropy, rmse)) = diagnostics {
         r.policy_entropy = entropy;
@@ -109,16 +112,18 @@ pub fn evaluate(
 }
 
 /// The policy's mean entropy and the value network's RMS error over the recorded steps of
-/// `out` (`None` each when no step was recorded).
+/// `out` (`None` each when no step was recorded). The entropy of a discrete policy is one
+/// batched forward pass over every recorded observation on `device`.
 fn diagnose(
     spec: &ModelSpec,
     params: &[f32],
     out: &[UserBatch],
     target: ValueTarget,
-) -> (Option<f64>, Option<f64>) {
+    device: &Device,
+) -> Result<(Option<f64>, Option<f64>)> {
     let steps: usize = out.iter().map(UserBatch::len).sum();
     if steps == 0 {
-        return (None, None);
+        return Ok((None, None));
     }
     let layout = spec.layout();
     let entropy = match spec.action {
@@ -130,15 +135,13 @@ fn diagnose(
                 .sum::<f64>()
         }),
         ActionKind::Discrete { .. } => {
-            let net = RowMlp::new(&layout, params);
-            let mut s = RowScratch::default();
-            let mut total = 0.0f64;
-            for b in out {
-                for x in b.obs.chunks_exact(spec.obs_dim.max(1)) {
-                    total += softmax_entropy(net.policy(x, &mut s));
-                }
-            }
-            Some(total / steps as f64)
+            let obs: Vec<f32> = out.iter().flat_map(|b| b.obs.iter().copied()).collect();
+            let x = Tensor::from_vec(obs, (1, steps, spec.obs_dim), device)?;
+            let t = layout.stack(&[params], device)?;
+            let head = forward(&x, &policy_layers(&layout, &t))?;
+            let logp = log_softmax(&head, D::Minus1)?;
+            let h = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?;
+            Some(h.to_dtype(DType::F64)?.mean_all()?.to_scalar::<f64>()?)
         }
     };
     let mut sq = 0.0f64;
@@ -149,21 +152,7 @@ fn diagnose(
             sq += (*v as f64 - *g as f64).powi(2);
         }
     }
-    (entropy, Some((sq / steps as f64).sqrt()))
-}
-
-/// Entropy (nats) of the categorical distribution with these logits.
-fn softmax_entropy(logits: &[f32]) -> f64 {
-    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let z: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
-    let log_z = z.ln() + m;
-    logits
-        .iter()
-        .map(|&l| {
-            let logp = l as f64 - log_z;
-            -logp.exp() * logp
-        })
-        .sum()
+    Ok((entropy, Some((sq / steps as f64).sqrt())))
 }
 
 /// One evaluation episode per env and repetition, as a rollout.
