@@ -229,6 +229,9 @@ fn federated_and_central_modes_release_the_same_q_network() {
             let d = r["diagnostics"].as_object().unwrap();
             assert!(d["update_norm"].as_f64().is_some(), "{r}");
             assert!(!d.contains_key("train_loss") && !d.contains_key("unit_norm_mean"));
+            // One DP step per released round (all 50 released), at the Adam learning rate.
+            assert_eq!(d["dp_steps"], r["round"], "{r}");
+            assert!(d["server_lr"].as_f64().unwrap() > 0.0, "{r}");
         }
     }
 }
