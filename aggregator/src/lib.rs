@@ -15,6 +15,7 @@ pub mod engine;
 pub mod journal;
 pub mod service;
 pub mod state;
+pub mod tensorboard;
 pub mod tls;
 
 /// The engine configuration of `scenario`: its task's [`engine::Shapes`] computed by the task's

@@ -6,12 +6,13 @@
 //!
 //! | file | who | what |
 //! | --- | --- | --- |
-//! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+//! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, public training diagnostics (`diagnostics`: norms of the released update and of the model step, server step size), time |
+//! | `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released lines as TensorBoard scalars, step = round (one file per aggregator process) |
 //! | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 //! | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section), read back on resume |
 //! | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
-//! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
+//! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) and `operator_diagnostics` (the accepted updates' norms before clipping, the clipped fraction, the central mode's training loss on the units' data) |
 //! | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
 //! | `privacy.ledger` | operator | the privacy ledger (`fedrl_common::privacy::ledger`): unit ids of every round |
 //! | `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |
@@ -31,6 +32,8 @@ use thiserror::Error;
 
 pub const LEDGER_FILE: &str = fedrl_common::privacy::ledger::LEDGER_FILE_NAME;
 pub const METRICS_FILE: &str = "metrics.jsonl";
+/// Sub-directory of the TensorBoard event files (public).
+pub const TENSORBOARD_DIR: &str = "tensorboard";
 pub const ADDRESS_FILE: &str = "address.json";
 pub const REPORT_FILE: &str = "report.json";
 pub const SECRET_FILE: &str = "enrolment.key";
@@ -49,12 +52,13 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 
 | file | who | what |
 | --- | --- | --- |
-| `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, time |
+| `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, public training diagnostics (`diagnostics`: norms of the released update and of the model step, server step size), time |
+| `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released lines as TensorBoard scalars, step = round (one file per aggregator process) |
 | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
 | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section) |
 | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 | model export (e.g. `policy.safetensors`) | public | the released model |
-| `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) |
+| `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) and `operator_diagnostics` (the accepted updates' norms before clipping, the clipped fraction, the central mode's training loss on the units' data) |
 | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
 | `privacy.ledger` | operator | the privacy ledger: every released round and its unit ids |
 | `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |
@@ -64,9 +68,32 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | `lock` | operator | held by the running aggregator; holds its pid |
 ";
 
-/// Writes [`FILES_GUIDE`] into a state directory.
+/// The training diagnostics section of `FILES.md` (this directory's and `fedrl run`'s): which
+/// per-round diagnostic is public and which operator-only, by task kind (the same table as
+/// `service::metrics`'s module doc).
+pub const DIAGNOSTICS_GUIDE: &str = "\
+## Training diagnostics, per released round
+
+Public diagnostics (`diagnostics` and `eval` in `metrics.jsonl`, the CSV and TensorBoard) are
+functions of the released noisy update, the model it produced, public settings and episodes the
+server plays itself on held-out users: post-processing, no privacy cost. Operator-only ones
+(`operator_diagnostics` in `operator/metrics.jsonl`) are statistics of the units' own updates or
+data, exact and not noised: do not publish them. Clients send no losses (a client's loss is a
+statistic of its units' data that the update does not release).
+
+| kind (mode) | public | operator-only |
+| --- | --- | --- |
+| every kind | `update_norm` (L2 of the released noisy mean update), `step_norm` (of the change it made to the offered parameters), `param_norm` | `unit_norm_mean`, `unit_norm_max` (accepted updates before the server's clip), `clipped_fraction` |
+| dppg | `server_lr`; on evaluated rounds `eval.eval_policy_entropy`, `eval.eval_value_rmse` (on the held-out evaluation episodes) | as every kind |
+| offline_cql (federated, central) | `server_lr`, `dp_steps`, `free_steps` (Selective) | central mode: `train_loss` (mean CQL loss of the round's rows) |
+| privorl (federated, central) | `server_lr` | central mode: `train_loss` (mean denoising loss of the round's rows) |
+| primorl, loglinear, mean_estimation | the generic norms (`server_lr` for the last two) | as every kind |
+";
+
+/// Writes [`FILES_GUIDE`] and [`DIAGNOSTICS_GUIDE`] into a state directory.
 pub fn write_files_guide(dir: &Path) -> anyhow::Result<()> {
-    write_atomic(&dir.join(FILES_GUIDE_FILE), FILES_GUIDE.as_bytes())
+    let guide = format!("{FILES_GUIDE}\n{DIAGNOSTICS_GUIDE}");
+    write_atomic(&dir.join(FILES_GUIDE_FILE), guide.as_bytes())
 }
 /// Held locked (an exclusive advisory lock on the open file) by the one aggregator that uses the
 /// directory; holds that aggregator's pid.

@@ -2,8 +2,10 @@
 //! follow progress, and collect the results (`fedrl run`). Reusable: the RL tasks extend the
 //! report (see [`RunResult::report`], a JSON object) without touching process management.
 //!
-//! Output directory layout ([`OUTPUT_FILES_GUIDE`], written as `FILES.md`): public files at the
-//! top (`scenario.toml`, `report.json`, `metrics.jsonl`, the model, plots), operator-only files
+//! Output directory layout ([`OUTPUT_FILES_GUIDE`] and the aggregator's diagnostics table,
+//! written as `FILES.md`): public files at the
+//! top (`scenario.toml`, `report.json`, `metrics.jsonl`, `tensorboard/`, the model, plots),
+//! operator-only files
 //! under `operator/` (`report.json` and `metrics.jsonl` with exact counts, `privacy.ledger`, the
 //! processes' logs), and `state/` (the aggregator's state directory, operator-only as a whole).
 
@@ -40,8 +42,9 @@ relies on it. Do not publish them.
 | file | who | what |
 | --- | --- | --- |
 | `report.json` | public | epsilon/delta (epsilon null for a non-private twin), accountant, noise source, the final evaluation of the released model (`final_evaluation.final_eval_return`); fields described by `scenarios/report.schema.json` in the fedrl repository (the configuration is `scenario.toml`) |
-| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model, time |
+| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model (`eval`; DPPG adds the policy's entropy and the value network's error on the evaluation episodes), public training diagnostics of the release (`diagnostics`: `update_norm` of the released noisy update, `step_norm` and `param_norm` of the offered parameters, the server's step size `server_lr`), time |
 | `metrics.csv` | public | the same rows and columns as CSV |
+| `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released rows as TensorBoard scalars (`tensorboard --logdir tensorboard`), step = round, one tag per field (`eval/eval_return`, `diagnostics/update_norm`, ...); one file per aggregator process (a resume adds one); `epsilon` only on the rows the aggregator accounted (`epsilon_exact` true); no `t_s`, and every event of a file carries the file's start time, so it reveals no per-round timing |
 | `policy.safetensors` (or the task's model export) | public | the released model |
 | `learning_curve.png` | public | evaluation return of released models per round (offline CQL: per training step, DP-SGD and free steps together) |
 | `d_stable/` | public | expert-level runs: the trajectory prefixes released by the DataRelease, a Minari dataset root (`MINARI_DATASETS_PATH=d_stable`) |
@@ -50,7 +53,7 @@ relies on it. Do not publish them.
 | `scenario.toml`, `twin-scenario.toml` | public | the scenario as run (kept as first run: `--resume` checks against it) |
 | `scenario-resume-N.toml` | public | a resume's scenario, when it changed `target_epsilon` (`--resume --allow-budget-increase`) |
 | `operator/report.json` | operator | the report plus exact counts (users, units, updates, bytes) and the client agents' summaries |
-| `operator/metrics.jsonl` | operator | per round with exact counts (offered, accepted, clipped, rejected) |
+| `operator/metrics.jsonl` | operator | per round with exact counts (offered, accepted, clipped, rejected) and `operator_diagnostics`: the accepted updates' norms before clipping (`unit_norm_mean`, `unit_norm_max`), `clipped_fraction`, and in the central mode the training loss on the units' data (`train_loss`) |
 | `operator/privacy.ledger` | operator | the privacy ledger: every released round and its unit ids (`fedrl ledger` reads it) |
 | `operator/aggregator.log`, `operator/client-N.log` | operator | the processes' logs (a resume appends to them) |
 | `state/` | operator (holds keys) | the aggregator's state directory (see its own `FILES.md`) |
@@ -376,9 +379,21 @@ fn forward(child: &Child, signal: StopSignal) {
     }
 }
 
-/// Copies what grows while a run runs (the ledger, both metrics files) from the state directory
-/// into the output directory.
+/// Copies what grows while a run runs (the ledger, both metrics files, the TensorBoard event
+/// files) from the state directory into the output directory.
 fn copy_progress(state_dir: &Path, out: &Path) -> anyhow::Result<()> {
+    let tb = state_dir.join(state::TENSORBOARD_DIR);
+    if tb.is_dir() {
+        let dst = out.join(state::TENSORBOARD_DIR);
+        fs::create_dir_all(&dst).context("creating tensorboard/")?;
+        for entry in fs::read_dir(&tb).context("listing the event files")? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                fs::copy(entry.path(), dst.join(entry.file_name()))
+                    .context("copying an event file")?;
+            }
+        }
+    }
     let op_dir = out.join(state::OPERATOR_DIR);
     fs::copy(
         state_dir.join(state::LEDGER_FILE),
@@ -539,7 +554,10 @@ pub fn run_local(
     state::store_secret(&state_dir, &secret)?;
     let op_dir = out.join(state::OPERATOR_DIR);
     fs::create_dir_all(&op_dir).with_context(|| format!("creating {}", op_dir.display()))?;
-    fs::write(out.join(state::FILES_GUIDE_FILE), OUTPUT_FILES_GUIDE)?;
+    fs::write(
+        out.join(state::FILES_GUIDE_FILE),
+        format!("{OUTPUT_FILES_GUIDE}\n{}", state::DIAGNOSTICS_GUIDE),
+    )?;
     let agg_log = op_dir.join("aggregator.log");
     let extra: &[&str] = if run.allow_budget_increase {
         &["--allow-budget-increase"]

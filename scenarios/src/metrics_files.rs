@@ -1,6 +1,9 @@
 //! The public per-round files of a finished `fedrl run`: `metrics.jsonl` with an epsilon on
 //! every released row, and `metrics.csv` beside it (the same rows and columns, nested fields
-//! flattened as `eval.eval_return`), for pandas and spreadsheets.
+//! flattened as `eval.eval_return`, `diagnostics.update_norm`), for pandas and spreadsheets.
+//! The public training diagnostics (`diagnostics.*`, the evaluation's `eval.*`) become columns
+//! like every other field. (The TensorBoard event files are written by the aggregator as lines
+//! arrive: `fedrl_aggregator::tensorboard`.)
 //!
 //! Invariants: only the public `metrics.jsonl` is read (DP outputs and evaluations of released
 //! models; the exact counts stay in `operator/metrics.jsonl`), so the CSV holds nothing the
@@ -180,17 +183,18 @@ mod tests {
     fn csv_flattens_nested_fields_and_quotes() {
         let rows = vec![
             json!({"round": 1, "status": "released", "epsilon": 0.5,
-                   "eval": {"eval_return": 9.5, "note": "a, \"b\""}}),
+                   "eval": {"eval_return": 9.5, "note": "a, \"b\""},
+                   "diagnostics": {"update_norm": 0.25}}),
             json!({"round": 2, "status": "abandoned", "t_s": 1.5}),
         ];
         let csv = to_csv(&rows);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(
             lines[0],
-            "round,status,epsilon,eval.eval_return,eval.note,t_s"
+            "round,status,epsilon,diagnostics.update_norm,eval.eval_return,eval.note,t_s"
         );
-        assert_eq!(lines[1], "1,released,0.5,9.5,\"a, \"\"b\"\"\",");
-        assert_eq!(lines[2], "2,abandoned,,,,1.5");
+        assert_eq!(lines[1], "1,released,0.5,0.25,9.5,\"a, \"\"b\"\"\",");
+        assert_eq!(lines[2], "2,abandoned,,,,,1.5");
         assert_eq!(lines.len(), 3);
     }
 }

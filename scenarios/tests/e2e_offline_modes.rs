@@ -187,6 +187,53 @@ fn federated_and_central_modes_release_the_same_q_network() {
     let qs = q_network(&sum);
     assert!(qs.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())));
     assert_ne!(qs, qc, "the summed path's noise is calibrated differently");
+
+    // Issue 58: the summed path's training loss (a statistic of the units' data) is in the
+    // operator's lines only; the federated run has none (clients send no losses), but both
+    // have the accepted updates' norms, operator-only too.
+    let rows = |out: &Path, operator: bool| -> Vec<serde_json::Value> {
+        let dir = if operator {
+            out.join("operator")
+        } else {
+            out.to_path_buf()
+        };
+        metrics(&dir)
+            .into_iter()
+            .filter(|r| r["status"] == "released")
+            .collect()
+    };
+    let summed_op = rows(&sum, true);
+    assert_eq!(summed_op.len(), 50);
+    for r in &summed_op {
+        let loss = r["operator_diagnostics"]["train_loss"].as_f64();
+        assert!(loss.is_some_and(|l| l.is_finite() && l > 0.0), "{r}");
+        assert!(
+            r["operator_diagnostics"]["unit_norm_mean"]
+                .as_f64()
+                .is_some(),
+            "{r}"
+        );
+    }
+    for r in rows(&fed, true) {
+        assert!(r["operator_diagnostics"].get("train_loss").is_none(), "{r}");
+        assert!(
+            r["operator_diagnostics"]["unit_norm_mean"]
+                .as_f64()
+                .is_some(),
+            "{r}"
+        );
+    }
+    for out in [&fed, &cen, &sum] {
+        for r in rows(out, false) {
+            assert!(r.get("operator_diagnostics").is_none(), "{r}");
+            let d = r["diagnostics"].as_object().unwrap();
+            assert!(d["update_norm"].as_f64().is_some(), "{r}");
+            assert!(!d.contains_key("train_loss") && !d.contains_key("unit_norm_mean"));
+            // One DP step per released round (all 50 released), at the Adam learning rate.
+            assert_eq!(d["dp_steps"], r["round"], "{r}");
+            assert!(d["server_lr"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
 }
 
 /// Issue 59, item 7: `fedrl eval` could not read offline CQL's `q_network.safetensors` ("no

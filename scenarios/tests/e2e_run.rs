@@ -393,11 +393,24 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
                     "epsilon_exact",
                     "delta",
                     "eval",
+                    "diagnostics",
                     "t_s"
                 ]
                 .contains(&key.as_str()),
                 "metrics.jsonl has {key}: {line}"
             );
+        }
+        // The public diagnostics are functions of the release only (issue 58).
+        if let Some(d) = v.get("diagnostics") {
+            for key in d.as_object().unwrap().keys() {
+                assert!(
+                    ["update_norm", "step_norm", "param_norm", "server_lr"].contains(&key.as_str()),
+                    "metrics.jsonl has diagnostics.{key}: {line}"
+                );
+            }
+        }
+        if v["status"] == "released" {
+            assert!(v["diagnostics"]["update_norm"].as_f64().is_some(), "{line}");
         }
     }
     let operator_metrics =
@@ -405,6 +418,21 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
     assert!(
         operator_metrics.contains("\"accepted\""),
         "{operator_metrics}"
+    );
+    // The accepted updates' norms before clipping are operator-only.
+    assert!(
+        operator_metrics.contains("\"unit_norm_mean\""),
+        "{operator_metrics}"
+    );
+    assert!(!metrics.contains("unit_norm"), "{metrics}");
+    // The event files hold the public lines' numbers (the aggregator's tests decode them).
+    let events: Vec<_> = std::fs::read_dir(out.join("tensorboard"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        events.len() == 1 && events[0].starts_with("events.out.tfevents."),
+        "{events:?}"
     );
     // Everything at the top level is public, and no unit list is among it.
     let public: Vec<String> = std::fs::read_dir(out)
@@ -419,6 +447,7 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
                 "metrics.csv",
                 "scenario.toml",
                 "FILES.md",
+                "tensorboard",
                 "operator",
                 "state"
             ]
@@ -428,6 +457,11 @@ fn public_files_hold_no_exact_counts(out: &std::path::Path, report: &serde_json:
     }
     let guide = std::fs::read_to_string(out.join("FILES.md")).unwrap();
     assert!(guide.contains("operator/privacy.ledger"), "{guide}");
+    // Which training diagnostic is public and which operator-only, by kind (issue 58).
+    assert!(
+        guide.contains("## Training diagnostics") && guide.contains("unit_norm_mean"),
+        "{guide}"
+    );
     let state_guide = std::fs::read_to_string(out.join("state").join("FILES.md")).unwrap();
     assert!(
         state_guide.contains("operator/metrics.jsonl"),
@@ -539,6 +573,12 @@ fn a_pipelined_evaluation_stops_the_run_at_the_round_that_reached_the_target() {
     assert_eq!(lines[0]["round"], 1);
     assert!(lines[0]["eval"]["eval_return"].as_f64().unwrap() >= 1.0);
     assert!(lines[0]["epsilon"].as_f64().unwrap() > 0.0);
+    // Issue 58: the released policy's entropy (two actions: at most ln 2) and its value
+    // network's error, measured on the evaluation episodes the server played.
+    let h = lines[0]["eval"]["eval_policy_entropy"].as_f64().unwrap();
+    assert!(h > 0.0 && h <= 2f64.ln() + 1e-9, "{h}");
+    assert!(lines[0]["eval"]["eval_value_rmse"].as_f64().unwrap() >= 0.0);
+    assert!(lines[0]["diagnostics"]["server_lr"].as_f64().unwrap() > 0.0);
     let operator: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.join("operator").join("report.json")).unwrap(),
     )

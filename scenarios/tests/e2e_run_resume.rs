@@ -173,4 +173,26 @@ fn a_fedrl_run_stopped_by_sigterm_resumes() {
         .collect();
     attempted.sort_unstable();
     assert_eq!(attempted, (1..=20).collect::<Vec<_>>());
+    // TensorBoard (issue 58): the resumed aggregator added an event file rather than rewrite
+    // the first; together they hold each released round once, as metrics.jsonl does.
+    let tb = out.join("tensorboard");
+    let mut files: Vec<_> = std::fs::read_dir(&tb)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let mut steps = Vec::new();
+    for f in &files {
+        let events =
+            fedrl_aggregator::tensorboard::decode::read(&std::fs::read(f).unwrap()).unwrap();
+        steps.extend(events[1..].iter().map(|e| e.step as u64));
+    }
+    steps.sort_unstable();
+    let released: Vec<u64> = metrics(&out)
+        .iter()
+        .filter(|m| m["status"] == "released")
+        .map(|m| m["round"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, released);
 }

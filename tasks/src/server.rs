@@ -2,6 +2,10 @@
 //! ([`TrainsOnStableData`]), and the pieces every kind's server model shares: the server
 //! optimizer (SGD with momentum, or Adam), model selection on held-out evaluations, and
 //! checkpoints that keep the selected model.
+//!
+//! Per-round diagnostics ([`ServerModel::diagnostics`], [`ServerOptimizer::diagnostics`]) are
+//! computed from released updates and the model they produce only (post-processing): they go
+//! to the public `metrics.jsonl`. Statistics of units' data never come through this trait.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -44,6 +48,14 @@ pub trait ServerModel: Send {
     fn state(&self) -> ModelState;
     /// Restores a snapshot produced by [`ServerModel::state`].
     fn restore(&mut self, state: ModelState) -> Result<(), ModelError>;
+    /// Public diagnostics of the last [`ServerModel::apply`], for the round's line in
+    /// `metrics.jsonl` (e.g. `server_lr`, the step size the server optimizer used). Only
+    /// functions of released updates, the model and public settings belong here (they are
+    /// published); the service adds the norms of the update and of the model step itself.
+    /// Default: none.
+    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::Map::new()
+    }
     /// Optional evaluation after the release of `round` (written to `metrics.jsonl`).
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
         let _ = round;
@@ -165,6 +177,9 @@ pub struct ServerOptimizer {
     pub rule: ServerRule,
     /// Optional decay of the learning rate over the run.
     pub decay: Option<CosineDecay>,
+    /// The learning rate of the last update (`None` before the first; not checkpointed: a
+    /// diagnostic of the step just taken).
+    pub last_lr: Option<f64>,
 }
 
 /// A half-cosine decay of the server learning rate from its initial value to `final_lr` over
@@ -214,6 +229,7 @@ impl ServerOptimizer {
             lr,
             rule,
             decay: None,
+            last_lr: None,
         }
     }
 
@@ -242,6 +258,7 @@ impl ServerOptimizer {
             });
         }
         let lr = self.next_lr();
+        self.last_lr = Some(lr);
         self.steps += 1;
         self.rule.apply(
             lr,
@@ -252,6 +269,16 @@ impl ServerOptimizer {
             update,
         );
         Ok(())
+    }
+
+    /// Public diagnostics of the last step: `server_lr`, the learning rate it used (a public
+    /// setting, or its decay at a public step count). Empty before the first step.
+    pub fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        if let Some(lr) = self.last_lr {
+            m.insert("server_lr".into(), lr.into());
+        }
+        m
     }
 
     /// The parameters and moments, and the update count in `meta` (an object) under
@@ -422,8 +449,14 @@ mod tests {
         let mut b = ServerOptimizer::new(vec![0.0], 3.0, 0.0).with_decay(Some(d));
         b.restore(&st).unwrap();
         assert_eq!(b.next_lr(), want[2]);
-        for _ in 0..3 {
+        assert!(
+            b.diagnostics().is_empty(),
+            "no step taken since the restore"
+        );
+        for (t, w) in (3..=5).zip(&want[2..]) {
             b.step(&[1.0]).unwrap();
+            let lr = b.diagnostics()["server_lr"].as_f64().unwrap();
+            assert!((lr - w).abs() < 1e-12, "step {t}: {lr} vs {w}");
         }
         let total: f64 = want.iter().sum();
         assert!((b.params[0] as f64 - total).abs() < 1e-5, "{}", b.params[0]);

@@ -144,6 +144,9 @@ pub(super) struct CentralSum {
     pub(super) units: Vec<SummedUnit>,
     /// The sum of the units' clipped gradients, f64 (operator-only).
     pub(super) sum: Vec<f64>,
+    /// The mean training loss of the round's rows at the offered parameters, where the kind's
+    /// computation gives it (operator-only: a statistic of the units' data).
+    pub(super) loss: Option<f64>,
 }
 
 /// The reason logged for a unit left out of a step.
@@ -443,6 +446,7 @@ impl Central {
                 round,
                 units,
                 sum: g.sum,
+                loss: g.mean_loss,
             };
             Ok((vec![sum], left_out))
         })

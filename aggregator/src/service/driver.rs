@@ -6,7 +6,7 @@
 //! the driver only reports what happened (`LedgerAppended`/`LedgerRefused`, `Released` with the
 //! model's `finished()`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -123,6 +123,62 @@ pub(super) struct EngineThread {
     /// A checkpoint fell due while an evaluation was running: it is written once the
     /// evaluation is in, so it holds the model selection an uninterrupted run would make.
     pub(super) checkpoint_due: bool,
+    /// Per open round, the statistics of its accepted updates for the operator's diagnostics
+    /// (operator-only); taken when the round closes.
+    pub(super) round_stats: BTreeMap<u64, RoundStats>,
+}
+
+/// What the operator's diagnostics of one round gather from its accepted updates.
+#[derive(Clone, Debug, Default)]
+pub(super) struct RoundStats {
+    /// Accepted updates, the sum and the largest of their L2 norms before the server's clip.
+    accepted: u64,
+    norm_sum: f64,
+    norm_max: f64,
+    /// The central summed path's mean training loss on the round's rows.
+    loss: Option<f64>,
+}
+
+impl RoundStats {
+    /// The operator-only diagnostics of a released round (`clipped` of `accepted` clipped).
+    fn operator_diagnostics(
+        &self,
+        accepted: u64,
+        clipped: u64,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        if self.accepted > 0 {
+            m.insert(
+                "unit_norm_mean".into(),
+                (self.norm_sum / self.accepted as f64).into(),
+            );
+            m.insert("unit_norm_max".into(), self.norm_max.into());
+        }
+        if accepted > 0 {
+            m.insert(
+                "clipped_fraction".into(),
+                (clipped as f64 / accepted as f64).into(),
+            );
+        }
+        if let Some(l) = self.loss.filter(|l| l.is_finite()) {
+            m.insert("train_loss".into(), l.into());
+        }
+        m
+    }
+}
+
+/// L2 norm, accumulated in f64.
+fn l2(v: impl IntoIterator<Item = f64>) -> f64 {
+    v.into_iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// A JSON number, or null for a non-finite value (JSON has no infinities).
+fn finite(x: f64) -> serde_json::Value {
+    if x.is_finite() {
+        x.into()
+    } else {
+        serde_json::Value::Null
+    }
 }
 
 /// An evaluation running on its own thread (the round pipeline): the next round trains
@@ -718,7 +774,14 @@ impl EngineThread {
             if let Some(reason) = self.exclude(now, excluded, queue, metrics)? {
                 return Ok(Some(reason));
             }
-            for CentralSum { round, units, sum } in sums {
+            for CentralSum {
+                round,
+                units,
+                sum,
+                loss,
+            } in sums
+            {
+                self.round_stats.entry(round).or_default().loss = loss;
                 self.journal
                     .record_sum(now, round, &units, &sum)
                     .context("journalling a summed contribution")?;
@@ -986,6 +1049,10 @@ impl EngineThread {
                     clipped,
                 } => {
                     self.accepted += 1;
+                    let st = self.round_stats.entry(round).or_default();
+                    st.accepted += 1;
+                    st.norm_sum += norm;
+                    st.norm_max = st.norm_max.max(norm);
                     // In the central mode the aggregator computed the update itself: nothing to
                     // acknowledge to the client.
                     if self.central.is_none() {
@@ -1074,6 +1141,10 @@ impl EngineThread {
                     self.last_round = self.last_round.max(round);
                     self.flush_metrics_line(metrics)?;
                     let t = Instant::now();
+                    // Public diagnostics: the released update and the step it caused in the
+                    // offered parameters (post-processing of the release).
+                    let update_norm = l2(release.noisy_mean.iter().map(|&x| f64::from(x)));
+                    let before = self.model.params().to_vec();
                     if let Err(e) = self.model.apply(&release.noisy_mean) {
                         self.failure = Some(e.to_string());
                         queue.push_back(Event::ReleaseFailed {
@@ -1083,7 +1154,26 @@ impl EngineThread {
                         continue;
                     }
                     self.snapshot = Bytes::from(encode_payload(self.model.params()));
+                    let after = self.model.params();
+                    let mut diagnostics = serde_json::Map::new();
+                    diagnostics.insert("update_norm".into(), finite(update_norm));
+                    if after.len() == before.len() {
+                        let step = l2(after
+                            .iter()
+                            .zip(&before)
+                            .map(|(&a, &b)| f64::from(a) - f64::from(b)));
+                        diagnostics.insert("step_norm".into(), finite(step));
+                    }
+                    diagnostics.insert(
+                        "param_norm".into(),
+                        finite(l2(after.iter().map(|&x| f64::from(x)))),
+                    );
+                    diagnostics.extend(self.model.diagnostics());
                     self.timings.apply_s += t.elapsed().as_secs_f64();
+                    let stats = self.round_stats.remove(&round).unwrap_or_default();
+                    self.round_stats.retain(|&r, _| r > round);
+                    let operator_diagnostics =
+                        stats.operator_diagnostics(release.accepted, release.clipped);
                     match self.model.evaluation_job(round) {
                         // Pipelined: the next round's offers go out while it runs.
                         Some(job) => {
@@ -1102,6 +1192,8 @@ impl EngineThread {
                         round,
                         t_s: now,
                         eval: self.last_eval.clone(),
+                        diagnostics,
+                        operator_diagnostics,
                         users: self.users_released,
                         accepted: release.accepted,
                         clipped: release.clipped,
@@ -1134,6 +1226,7 @@ impl EngineThread {
                 } => {
                     eprintln!("round {round} abandoned: {reason}");
                     self.last_round = self.last_round.max(round);
+                    self.round_stats.retain(|&r, _| r > round);
                     // Lines stay in round order: the released round's line, with its
                     // evaluation, goes first (the engine may already have opened the next
                     // round; a target reached stops it).

@@ -218,6 +218,7 @@ pub async fn run(
         timings: Default::default(),
         pending_eval: None,
         checkpoint_due: false,
+        round_stats: Default::default(),
     };
     std::thread::Builder::new()
         .name("fedrl-engine".into())

@@ -255,6 +255,7 @@ pub fn summed_unit_gradients(
             sum: vec![0.0; net.spec().num_params()],
             norms: Vec::new(),
             clip_factors: Vec::new(),
+            mean_loss: None,
         });
     }
     let pe = per_example(net, edm, params, &x0, &sigmas, &noise)?;

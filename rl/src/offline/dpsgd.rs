@@ -146,6 +146,7 @@ pub fn summed_unit_gradients(
             sum: vec![0.0; dim],
             norms: Vec::new(),
             clip_factors: Vec::new(),
+            mean_loss: None,
         });
     }
     summed_clipped(
@@ -463,6 +464,18 @@ mod tests {
         assert_eq!(out, vec![7]);
         assert_eq!(sum.norms.len(), 2);
         assert!(sum.sum.iter().all(|v| v.is_finite()));
+        // The operator's training loss is the CQL loss of the step's rows (the same rows the
+        // gradient uses), computed by the plain trainer's loss.
+        let kept = [(5, &good), (9, &good)];
+        let (rows, _, _) = gather(&s, &kept, 4, 0, 3);
+        let (params, target) = offer.split_at(s.dim());
+        let (want, _) =
+            crate::offline::cql::loss_and_grad(&s, &cfg, params, target, &rows, &dev).unwrap();
+        let got = sum.mean_loss.unwrap();
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "{got} vs {want}"
+        );
         // Every unit bad: all left out, an empty (zero) step.
         let (sum, out) = without_non_finite_units(&[(7, &absurd)], |u| {
             summed_unit_gradients(&s, &cfg, &offer, u, 4, 0, 3, 0.5, &dev)

@@ -443,6 +443,10 @@ pub struct SummedGradient {
     pub norms: Vec<f64>,
     /// Each unit's clip factor `s_u` in `(0, 1]` (below 1: clipped). Operator-only.
     pub clip_factors: Vec<f64>,
+    /// The mean per-row training loss of the batch at the offered parameters (the forward
+    /// pass computes it anyway); `None` without rows or where a path does not compute it (the
+    /// trajectory model). Operator-only: a statistic of the units' data, not noised.
+    pub mean_loss: Option<f64>,
 }
 
 /// The sum over units of their clipped mean CQL gradients, accumulated in f64 (see "The summed
@@ -527,10 +531,20 @@ fn summed_from(
         parts.push(dw.sum(0)?);
     }
     let sum: Vec<f64> = Tensor::cat(&parts, 0)?.to_vec1()?;
+    let mean_loss = (n_rows > 0)
+        .then(|| -> Result<f64> {
+            Ok(pe
+                .losses
+                .to_dtype(DType::F64)?
+                .mean_all()?
+                .to_scalar::<f64>()?)
+        })
+        .transpose()?;
     Ok(SummedGradient {
         sum,
         norms: clip.norms,
         clip_factors: scales,
+        mean_loss,
     })
 }
 

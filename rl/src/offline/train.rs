@@ -206,7 +206,13 @@ pub fn evaluate_greedy_for(
     let n = returns.len().max(1) as f64;
     let mean = returns.iter().sum::<f64>() / n;
     let std = (returns.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt();
-    Ok(EvalResult { returns, mean, std })
+    Ok(EvalResult {
+        returns,
+        mean,
+        std,
+        policy_entropy: None,
+        value_rmse: None,
+    })
 }
 
 /// Index of the largest value, the lowest on ties (NaN never wins).

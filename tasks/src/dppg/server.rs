@@ -23,6 +23,7 @@ use super::DppgTaskExt;
 use fedrl_common::scenario::DppgTask;
 use fedrl_common::task::ServerOptimizerKind;
 use fedrl_rl::candle_core::Device;
+use fedrl_rl::evaluate::ValueTarget;
 use fedrl_rl::evaluate::evaluate_logged;
 use fedrl_rl::{EvalConfig, ModelSpec, evaluate, io};
 use fedrl_sim::Env;
@@ -82,6 +83,8 @@ struct HeldOut {
     spec: ModelSpec,
     population: Population,
     episodes_per_env: usize,
+    /// The value network's discounting, for the evaluation's value error.
+    value_target: ValueTarget,
     /// Where evaluations run.
     device: Device,
 }
@@ -97,6 +100,7 @@ impl HeldOut {
         let seeds: Vec<u64> = (0..n).map(|j| eval_seed(first + j)).collect();
         let cfg = EvalConfig {
             episodes_per_env: self.episodes_per_env,
+            diagnostics: Some(self.value_target),
             ..EvalConfig::default()
         };
         Ok((envs, seeds, cfg))
@@ -110,26 +114,41 @@ impl HeldOut {
             mean: r.mean,
             std: r.std,
             episodes: r.returns.len(),
+            policy_entropy: r.policy_entropy,
+            value_rmse: r.value_rmse,
         })
     }
 }
 
-/// What an evaluation measured.
+/// What an evaluation measured: functions of the released parameters and of episodes the
+/// server plays on held-out users, so all of it is public (DESIGN §3).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Evaluation {
     pub mean: f64,
     pub std: f64,
     pub episodes: usize,
+    /// Mean policy entropy (nats) on the states the evaluation episodes visited.
+    pub policy_entropy: Option<f64>,
+    /// RMS error of the value network against the episodes' discounted returns (scaled
+    /// reward units, `local.reward_scale`).
+    pub value_rmse: Option<f64>,
 }
 
 impl Evaluation {
-    /// The metrics fields (`eval_*`).
+    /// The metrics fields (`eval_*`; the entropy and value error only where measured).
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "eval_return": self.mean,
             "eval_return_std": self.std,
             "eval_episodes": self.episodes,
-        })
+        });
+        if let Some(h) = self.policy_entropy {
+            v["eval_policy_entropy"] = h.into();
+        }
+        if let Some(e) = self.value_rmse {
+            v["eval_value_rmse"] = e.into();
+        }
+        v
     }
 }
 
@@ -157,6 +176,10 @@ impl DppgModel {
                 spec,
                 population: task.population()?,
                 episodes_per_env: task.eval_episodes.max(1),
+                value_target: ValueTarget {
+                    gamma: task.local.gamma,
+                    reward_scale: task.local.reward_scale,
+                },
                 device,
             },
             first_eval_user: training_users,
@@ -190,6 +213,8 @@ impl DppgModel {
             mean: r.mean,
             std: r.std,
             episodes: r.returns.len(),
+            policy_entropy: r.policy_entropy,
+            value_rmse: r.value_rmse,
         };
         let mut days = Vec::new();
         for ep in &logs {
@@ -275,6 +300,10 @@ impl ServerModel for DppgModel {
 
     fn apply(&mut self, noisy_mean_update: &[f32]) -> Result<(), ModelError> {
         self.sgd.step(noisy_mean_update)
+    }
+
+    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.sgd.diagnostics()
     }
 
     fn state(&self) -> ModelState {

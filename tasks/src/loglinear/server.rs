@@ -111,6 +111,10 @@ impl ServerModel for LogLinearModel {
         self.sgd.step(noisy_mean_update)
     }
 
+    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.sgd.diagnostics()
+    }
+
     fn state(&self) -> ModelState {
         let meta = serde_json::json!({
             "model": "loglinear_pg",

@@ -28,6 +28,10 @@ impl ServerModel for MeanEstimationModel {
     fn apply(&mut self, noisy_mean_update: &[f32]) -> Result<(), ModelError> {
         self.sgd.step(noisy_mean_update)
     }
+
+    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.sgd.diagnostics()
+    }
     fn state(&self) -> ModelState {
         self.sgd
             .state(serde_json::json!({"model": "mean_estimation", "dim": self.truth.len()}))

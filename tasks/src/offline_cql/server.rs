@@ -233,6 +233,18 @@ impl ServerModel for CqlModel {
         Ok(())
     }
 
+    /// The Adam learning rate (a public setting) and the steps taken so far (public counts:
+    /// one DP step per released round, free steps by the public schedule).
+    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("server_lr".into(), self.task.cql.learning_rate.into());
+        m.insert("dp_steps".into(), self.dp_done.into());
+        if self.schedule.is_some() {
+            m.insert("free_steps".into(), self.free_done.into());
+        }
+        m
+    }
+
     /// The offer (online, then target) followed by Adam's state.
     fn state(&self) -> ModelState {
         let mut tensors = self.offer.clone();

@@ -401,6 +401,19 @@ impl ServerModel for PrivorlModel {
         Ok(())
     }
 
+    /// The fine-tuning's AdamW learning rate (a public setting; absent in a pre-training-only
+    /// run, which applies nothing).
+    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        if self.task.finetune {
+            m.insert(
+                "server_lr".into(),
+                finetune_config(&self.task).train.lr.into(),
+            );
+        }
+        m
+    }
+
     /// The online weights, then the EMA weights.
     fn state(&self) -> ModelState {
         let mut tensors = self.offer.clone();

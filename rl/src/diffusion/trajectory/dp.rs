@@ -213,6 +213,7 @@ pub fn summed_trajectory_contributions<N: CondNet + ?Sized>(
         sum,
         norms: per.norms,
         clip_factors: per.clip_factors,
+        mean_loss: None,
     })
 }
 
