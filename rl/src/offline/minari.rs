@@ -39,6 +39,8 @@ use parquet::file::properties::WriterProperties;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
+use fedrl_common::offline::UnitMap;
+
 use super::dataset::{Dataset, Episode};
 
 /// The Minari release whose layout this module writes (it must be in the reader's
@@ -474,8 +476,29 @@ fn parse_space(text: &str, path: &Path, what: &str) -> Result<Value, MinariError
         })
 }
 
-/// The spaces fedrl holds: a flat float32 Box and `Discrete(n)` starting at 0.
-fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError> {
+/// An action space as a dataset's metadata declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActionSpace {
+    /// `Discrete(n)` starting at 0.
+    Discrete(usize),
+    /// A 1-D float32 `Box` of this many dimensions.
+    Box(usize),
+    /// Anything else, as Minari serialised it.
+    Other(String),
+}
+
+impl std::fmt::Display for ActionSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ActionSpace::Discrete(n) => write!(f, "Discrete({n})"),
+            ActionSpace::Box(d) => write!(f, "a float32 Box of {d} dimensions"),
+            ActionSpace::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// The observation size (a flat float32 Box, required) and the action space of `meta`.
+fn parse_spaces(meta: &Value, path: &Path) -> Result<(usize, ActionSpace), MinariError> {
     let get = |k: &str| {
         meta.get(k).and_then(Value::as_str).ok_or_else(|| {
             layout(
@@ -486,14 +509,16 @@ fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError>
     };
     let obs = parse_space(get("observation_space")?, path, "observation_space")?;
     let act = parse_space(get("action_space")?, path, "action_space")?;
-    let shape: Option<Vec<u64>> = obs.get("shape").and_then(|s| {
-        s.as_array()
-            .map(|a| a.iter().filter_map(Value::as_u64).collect())
-    });
+    let shape_of = |v: &Value| -> Option<Vec<u64>> {
+        v.get("shape").and_then(|s| {
+            s.as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        })
+    };
     let obs_dim = match (
         obs.get("type").and_then(Value::as_str),
         obs.get("dtype").and_then(Value::as_str),
-        shape.as_deref(),
+        shape_of(&obs).as_deref(),
     ) {
         (Some("Box"), Some("float32"), Some([n])) if *n > 0 => *n as usize,
         _ => {
@@ -506,23 +531,22 @@ fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError>
             ));
         }
     };
-    let n_actions = match (
+    let action = match (
         act.get("type").and_then(Value::as_str),
         act.get("start").and_then(Value::as_i64),
         act.get("n").and_then(Value::as_u64),
     ) {
-        (Some("Discrete"), Some(0), Some(n)) if n > 0 => n as usize,
-        _ => {
-            return Err(layout(
-                path,
-                format!(
-                    "action_space must be Discrete(n) starting at 0, got {}",
-                    get("action_space")?
-                ),
-            ));
-        }
+        (Some("Discrete"), Some(0), Some(n)) if n > 0 => ActionSpace::Discrete(n as usize),
+        _ => match (
+            act.get("type").and_then(Value::as_str),
+            act.get("dtype").and_then(Value::as_str),
+            shape_of(&act).as_deref(),
+        ) {
+            (Some("Box"), Some("float32"), Some([n])) if *n > 0 => ActionSpace::Box(*n as usize),
+            _ => ActionSpace::Other(get("action_space")?.to_string()),
+        },
     };
-    Ok((obs_dim, n_actions))
+    Ok((obs_dim, action))
 }
 
 /// The episode's data files: every file of its folder that pyarrow's dataset reader would
@@ -798,11 +822,28 @@ pub fn read(dir: &Path) -> Result<ReadDataset, MinariError> {
     read_units(dir, &|_| true)
 }
 
-/// [`read`], keeping only the episodes of the units `keep` accepts (a client agent hosting a
-/// share of the units). Every episode's metadata is read, so units are assigned as [`read`]
-/// assigns them; an episode not kept is decoded only if its metadata gives no `total_steps`
-/// (the dataset's total is checked against the sum either way).
-pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset, MinariError> {
+/// What a dataset's `data/metadata.json` declares, read without any episode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    /// `dataset_id`.
+    pub id: String,
+    /// Size of the flat float32 observation.
+    pub obs_dim: usize,
+    pub action: ActionSpace,
+    pub total_episodes: u64,
+    pub total_steps: u64,
+    /// The environment the dataset records: fedrl's `fedrl_env_id`, else the id of Gymnasium's
+    /// `env_spec`; empty when neither is stored.
+    pub env_id: String,
+    /// The `minari_version` that wrote the file (empty when absent).
+    pub minari_version: String,
+    format: StorageFormat,
+}
+
+/// Reads `dir/data/metadata.json` (`dir` = `root/<id>`): the storage format (parquet or
+/// arrow; HDF5 gets a clear error), the spaces (a 1-D float32 Box observation; any action
+/// space, reported in [`Header::action`]), the counts and the recorded environment.
+pub fn header(dir: &Path) -> Result<Header, MinariError> {
     let data = dir.join("data");
     if !data.is_dir() {
         return Err(layout(
@@ -835,7 +876,7 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
             ));
         }
     };
-    let (obs_dim, n_actions) = read_spaces(&meta, &meta_path)?;
+    let (obs_dim, action) = parse_spaces(&meta, &meta_path)?;
     let id = meta
         .get("dataset_id")
         .and_then(Value::as_str)
@@ -864,6 +905,38 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
             None => String::new(),
         },
     };
+    Ok(Header {
+        id,
+        obs_dim,
+        action,
+        total_episodes,
+        total_steps,
+        env_id,
+        minari_version,
+        format,
+    })
+}
+
+/// [`read`], keeping only the episodes of the units `keep` accepts (a client agent hosting a
+/// share of the units). Every episode's metadata is read, so units are assigned as [`read`]
+/// assigns them; an episode not kept is decoded only if its metadata gives no `total_steps`
+/// (the dataset's total is checked against the sum either way).
+pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset, MinariError> {
+    let h = header(dir)?;
+    let data = dir.join("data");
+    let meta_path = data.join("metadata.json");
+    let n_actions = match h.action {
+        ActionSpace::Discrete(n) => n,
+        other => {
+            return Err(layout(
+                &meta_path,
+                format!("action_space must be Discrete(n) starting at 0, got {other}"),
+            ));
+        }
+    };
+    let (obs_dim, format, total_episodes, total_steps) =
+        (h.obs_dim, h.format, h.total_episodes, h.total_steps);
+    let (id, env_id, minari_version) = (h.id, h.env_id, h.minari_version);
     let mut metas = Vec::with_capacity(total_episodes as usize);
     for i in 0..total_episodes {
         metas.push(episode_meta(&data, i)?);
@@ -908,4 +981,166 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
         units_assigned,
         minari_version,
     })
+}
+
+/// A stored dataset read with its episodes mapped to privacy units ([`read_mapped`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappedDataset {
+    /// The kept episodes, each with its unit (0-based, dense).
+    pub dataset: Dataset,
+    /// Units in the whole dataset (kept or not). Operator-only: an exact count.
+    pub units: u64,
+}
+
+/// The key under which [`UnitMap`] groups an episode: equal keys, one unit. `None` for an
+/// episode that is a unit of its own.
+fn unit_key(
+    map: &UnitMap,
+    meta: &Value,
+    meta_path: &Path,
+) -> Result<Option<String>, MinariError> {
+    match map {
+        UnitMap::Episode => Ok(None),
+        UnitMap::Stored => match meta.get(UNIT_KEY) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(|u| Some(u.to_string())).ok_or_else(|| {
+                layout(
+                    meta_path,
+                    format!("{UNIT_KEY} is {v}, expected an unsigned integer"),
+                )
+            }),
+        },
+        UnitMap::MetadataKey(key) => match meta.get(key) {
+            None | Some(Value::Null) => Err(layout(
+                meta_path,
+                format!(
+                    "the episode has no {key:?} in its metadata, and units = {{ metadata_key = \
+                     {key:?} }} needs it on every episode (an episode without an owner cannot \
+                     be put in the right unit)"
+                ),
+            )),
+            // A string and the number it spells are one owner: merging two spellings makes
+            // a larger unit (more protection), splitting them would make an owner two units.
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Ok(Some(v.to_string())),
+        },
+    }
+}
+
+/// Reads the dataset in `dir` as [`read_units`] does, with episodes mapped to privacy units by
+/// `map`: units are numbered 0, 1, ... in the order of their first episode (episodes in id
+/// order), so the numbering is a function of the files alone and every reader (the aggregator,
+/// each client agent) gets the same. `keep` sees those numbers. Episodes with equal keys are one
+/// unit, never split; with [`UnitMap::Stored`] an episode without a stored unit is a unit of
+/// its own.
+pub fn read_mapped(
+    dir: &Path,
+    map: &UnitMap,
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<MappedDataset, MinariError> {
+    let h = header(dir)?;
+    let data = dir.join("data");
+    let meta_path = data.join("metadata.json");
+    let n_actions = match &h.action {
+        ActionSpace::Discrete(n) => *n,
+        other => {
+            return Err(layout(
+                &meta_path,
+                format!("action_space must be Discrete(n) starting at 0, got {other}"),
+            ));
+        }
+    };
+    let mut ids = std::collections::HashMap::<String, u64>::new();
+    let mut units = 0u64;
+    let mut episodes = Vec::new();
+    let mut steps = 0u64;
+    for i in 0..h.total_episodes {
+        let ep_meta_path = data.join(i.to_string()).join("metadata.json");
+        let meta = read_json(&ep_meta_path)?;
+        let total = match meta.get("total_steps") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                layout(
+                    &ep_meta_path,
+                    format!("total_steps is {v}, expected an unsigned integer"),
+                )
+            })?),
+        };
+        let unit = match unit_key(map, &meta, &ep_meta_path)? {
+            Some(k) => *ids.entry(k).or_insert_with(|| {
+                units += 1;
+                units - 1
+            }),
+            None => {
+                units += 1;
+                units - 1
+            }
+        };
+        match (keep(unit), total) {
+            (false, Some(t)) => steps = steps.saturating_add(t),
+            (kept, _) => {
+                let mut e = read_episode(&data, h.format, i, h.obs_dim, n_actions, total)?;
+                steps = steps.saturating_add(e.len() as u64);
+                if kept {
+                    e.unit = unit;
+                    episodes.push(e);
+                }
+            }
+        }
+    }
+    if steps != h.total_steps {
+        return Err(layout(
+            &meta_path,
+            format!(
+                "total_steps is {} but the episodes hold {steps} steps",
+                h.total_steps
+            ),
+        ));
+    }
+    Ok(MappedDataset {
+        dataset: Dataset {
+            id: h.id,
+            env_id: h.env_id,
+            obs_dim: h.obs_dim,
+            n_actions,
+            episodes,
+        },
+        units,
+    })
+}
+
+/// Episode `id`'s metadata keys other than the ones fedrl writes itself (`id`, `total_steps`,
+/// `unit`): e.g. an `owner` a data holder recorded, kept through `fedrl data import` so that a
+/// scenario can map units by it.
+pub fn extra_episode_metadata(dir: &Path, id: u64) -> Result<Map<String, Value>, MinariError> {
+    let path = dir.join("data").join(id.to_string()).join("metadata.json");
+    let mut m = match read_json(&path)? {
+        Value::Object(m) => m,
+        other => return Err(layout(&path, format!("not a JSON object: {other}"))),
+    };
+    for k in ["id", "total_steps", UNIT_KEY] {
+        m.remove(k);
+    }
+    Ok(m)
+}
+
+/// Adds `extra` to episode `id`'s metadata in the dataset folder `dir` (keys already there are
+/// kept: fedrl's own win).
+pub fn add_episode_metadata(
+    dir: &Path,
+    id: u64,
+    extra: &Map<String, Value>,
+) -> Result<(), MinariError> {
+    if extra.is_empty() {
+        return Ok(());
+    }
+    let path = dir.join("data").join(id.to_string()).join("metadata.json");
+    let mut m = match read_json(&path)? {
+        Value::Object(m) => m,
+        other => return Err(layout(&path, format!("not a JSON object: {other}"))),
+    };
+    for (k, v) in extra {
+        m.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    write_json(&path, &Value::Object(m))
 }

@@ -29,7 +29,7 @@ pub mod train;
 
 pub use adam::Adam;
 pub use batch::TransitionBatch;
-pub use cache::{data_root, load_or_generate, load_or_generate_units};
+pub use cache::{data_root, load_or_generate, load_or_generate_units, load_source_units};
 pub use cql::loss_and_grad;
 pub use dataset::{Dataset, DatasetSummary, Episode};
 pub use experts::{ExpertReturns, ExpertSet};
