@@ -6,7 +6,9 @@
 //! - `summary ID_OR_PATH [--json]`: episodes, steps, units, return quantiles (and, for an
 //!   experts dataset, the spread of the experts' mean returns).
 //! - `import PATH [--id NEW_ID]`: copies a Minari dataset folder (e.g. written by Python
-//!   minari) into the root, validated; episodes without a unit id become one unit each.
+//!   minari) into the root, validated; episodes without a unit id become one unit each, and
+//!   every other episode metadata key (an `owner`, ...) is kept, so that a scenario can name the
+//!   dataset (`[task.dataset] name = ...`) and map units by it.
 //!
 //! The root is `--data-dir`, else `$FEDRL_DATA_DIR`, else `$MINARI_DATASETS_PATH`, else
 //! `~/.fedrl/datasets`; it is a Minari
@@ -627,7 +629,18 @@ fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
         minari::check_id(&id).map_err(|e| UsageError(e.to_string()))?;
         dataset.id = id;
     }
-    let dir = cache::store(&dataset, &root, None)?;
+    // Episode metadata beyond fedrl's own keys (e.g. an `owner` a scenario maps units by) is
+    // copied into the stored episodes before the SHA-256 sums are written.
+    let mut extras = Vec::with_capacity(dataset.episodes.len());
+    for e in &dataset.episodes {
+        extras.push((e.id, minari::extra_episode_metadata(&path, e.id)?));
+    }
+    let dir = cache::store_with(&dataset, &root, None, &|tmp| {
+        for (id, extra) in &extras {
+            minari::add_episode_metadata(tmp, *id, extra)?;
+        }
+        Ok(())
+    })?;
     let s = dataset.summary();
     if a.json {
         println!(
