@@ -587,7 +587,12 @@ fn no_nulls(a: &dyn Array, name: &str, path: &Path) -> Result<(), MinariError> {
 #[derive(Default)]
 struct Columns {
     obs: Vec<f32>,
+    /// Discrete actions; for a Box action space, one 0 per row (so its length counts rows).
     actions: Vec<i64>,
+    /// Box actions, `act_dim` values per row (empty for a discrete space).
+    box_actions: Vec<f32>,
+    /// Size of a Box action; 0 for a discrete space.
+    act_dim: usize,
     rewards: Vec<f64>,
     terminations: Vec<bool>,
     truncations: Vec<bool>,
@@ -642,7 +647,35 @@ fn append_batch(
 
     let actions = column(b, "actions", path)?;
     no_nulls(actions.as_ref(), "actions", path)?;
-    if let Some(a) = actions.as_any().downcast_ref::<Int64Array>() {
+    if out.act_dim > 0 {
+        // Minari's encoding of a 1-D Box: a fixed-size list of float32 per row.
+        let list = actions
+            .as_any()
+            .downcast_ref::<FixedSizeListArray>()
+            .filter(|l| l.value_length() as usize == out.act_dim)
+            .ok_or_else(|| {
+                layout(
+                    path,
+                    format!(
+                        "actions are {}, expected lists of {} float32 (the Box action space)",
+                        actions.data_type(),
+                        out.act_dim
+                    ),
+                )
+            })?;
+        let vals = list
+            .values()
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .ok_or_else(|| layout(path, "Box actions do not hold float32"))?;
+        no_nulls(vals, "actions", path)?;
+        let len = list.len() * out.act_dim;
+        if vals.len() < len {
+            return Err(layout(path, "action values shorter than their lists"));
+        }
+        out.box_actions.extend_from_slice(&vals.values()[..len]);
+        out.actions.extend(std::iter::repeat_n(0, list.len()));
+    } else if let Some(a) = actions.as_any().downcast_ref::<Int64Array>() {
         out.actions.extend_from_slice(a.values());
     } else if let Some(a) = actions.as_any().downcast_ref::<Int32Array>() {
         out.actions.extend(a.values().iter().map(|&x| i64::from(x)));
@@ -703,18 +736,22 @@ fn episode_meta(data: &Path, id: u64) -> Result<(Option<u64>, Option<u64>), Mina
     Ok((unit, total_steps))
 }
 
-/// Decodes episode `id` (its unit left at 0), checking it against its metadata's
-/// `total_steps` when given.
-fn read_episode(
+/// The columns of episode `id` (`act_dim` 0: discrete actions, else a Box of that size), with
+/// their row counts checked against each other and against `total_steps` when given. Returns
+/// the columns and the number of steps (rows less Minari's padding row).
+fn read_columns(
     data: &Path,
     format: StorageFormat,
     id: u64,
     obs_dim: usize,
-    n_actions: usize,
+    act_dim: usize,
     total_steps: Option<u64>,
-) -> Result<Episode, MinariError> {
+) -> Result<(Columns, usize), MinariError> {
     let ep_dir = data.join(id.to_string());
-    let mut cols = Columns::default();
+    let mut cols = Columns {
+        act_dim,
+        ..Columns::default()
+    };
     for part in part_files(&ep_dir)? {
         let file = File::open(&part).map_err(io_err(&part))?;
         let arrow = |source| MinariError::Arrow {
@@ -750,6 +787,7 @@ fn read_episode(
         return Err(layout(&ep_dir, "the episode has no rows"));
     }
     if cols.obs.len() != rows * obs_dim
+        || cols.box_actions.len() != rows * act_dim
         || cols.rewards.len() != rows
         || cols.terminations.len() != rows
         || cols.truncations.len() != rows
@@ -768,6 +806,33 @@ fn read_episode(
             format!("total_steps is {t} but the episode file has {steps} steps"),
         ));
     }
+    if let Some(r) = cols.rewards[..steps].iter().find(|r| !r.is_finite()) {
+        return Err(layout(&ep_dir, format!("non-finite reward {r}")));
+    }
+    if let Some(x) = cols.obs.iter().find(|x| !x.is_finite()) {
+        return Err(layout(&ep_dir, format!("non-finite observation value {x}")));
+    }
+    if let Some(x) = cols.box_actions[..steps * act_dim]
+        .iter()
+        .find(|x| !x.is_finite())
+    {
+        return Err(layout(&ep_dir, format!("non-finite action value {x}")));
+    }
+    Ok((cols, steps))
+}
+
+/// Decodes episode `id` (its unit left at 0), checking it against its metadata's
+/// `total_steps` when given.
+fn read_episode(
+    data: &Path,
+    format: StorageFormat,
+    id: u64,
+    obs_dim: usize,
+    n_actions: usize,
+    total_steps: Option<u64>,
+) -> Result<Episode, MinariError> {
+    let ep_dir = data.join(id.to_string());
+    let (mut cols, steps) = read_columns(data, format, id, obs_dim, 0, total_steps)?;
     let mut actions = Vec::with_capacity(steps);
     for &a in &cols.actions[..steps] {
         if a < 0 || a as u64 >= n_actions as u64 {
@@ -1143,4 +1208,63 @@ pub fn add_episode_metadata(
         m.entry(k.clone()).or_insert_with(|| v.clone());
     }
     write_json(&path, &Value::Object(m))
+}
+
+/// One episode of a Box-action dataset as Minari stores it ([`read_box`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BoxEpisode {
+    /// Episode id (its folder).
+    pub id: u64,
+    /// The unit stored with it (episode metadata `unit`), if any.
+    pub unit: Option<u64>,
+    /// `len + 1` rows of `obs_dim`.
+    pub observations: Vec<f32>,
+    /// `len` rows of `act_dim`.
+    pub actions: Vec<f32>,
+    pub rewards: Vec<f32>,
+    /// Whether the last step terminated the episode (else a time limit cut it).
+    pub terminated: bool,
+}
+
+/// Reads every episode of a dataset whose action space is a 1-D float32 Box, with the same
+/// checks as [`read`] (episode count, lengths against the metadata, finite values). Returns
+/// the header and the episodes in id order.
+pub fn read_box(dir: &Path) -> Result<(Header, Vec<BoxEpisode>), MinariError> {
+    let h = header(dir)?;
+    let data = dir.join("data");
+    let meta_path = data.join("metadata.json");
+    let act_dim = match h.action {
+        ActionSpace::Box(d) => d,
+        ref other => {
+            return Err(layout(
+                &meta_path,
+                format!("action_space must be a 1-D float32 Box, got {other}"),
+            ));
+        }
+    };
+    let mut episodes = Vec::with_capacity(h.total_episodes as usize);
+    let mut steps_sum = 0u64;
+    for i in 0..h.total_episodes {
+        let (unit, total) = episode_meta(&data, i)?;
+        let (cols, steps) = read_columns(&data, h.format, i, h.obs_dim, act_dim, total)?;
+        steps_sum = steps_sum.saturating_add(steps as u64);
+        episodes.push(BoxEpisode {
+            id: i,
+            unit,
+            observations: cols.obs,
+            actions: cols.box_actions[..steps * act_dim].to_vec(),
+            rewards: cols.rewards[..steps].iter().map(|&r| r as f32).collect(),
+            terminated: steps > 0 && cols.terminations[steps - 1],
+        });
+    }
+    if steps_sum != h.total_steps {
+        return Err(layout(
+            &meta_path,
+            format!(
+                "total_steps is {} but the episodes hold {steps_sum} steps",
+                h.total_steps
+            ),
+        ));
+    }
+    Ok((h, episodes))
 }
