@@ -278,6 +278,10 @@ pub enum UnitMap {
     /// (e.g. `owner`: all of a person's episodes together, user-level privacy). Every episode
     /// must hold the key.
     MetadataKey(String),
+    /// Each transition is a unit of its own (PrivORL-n's level, the weakest): right only when
+    /// no person contributed more than one transition. Only `privorl` takes it, and it takes
+    /// only this one (its contributions are single transitions).
+    Transition,
 }
 
 /// Experts whose episodes make one update of the shared starting policy of

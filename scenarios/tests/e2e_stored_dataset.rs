@@ -251,3 +251,82 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
     );
     std::fs::write(&meta, text).unwrap();
 }
+
+fn privorl(units: &str) -> String {
+    format!(
+        r#"
+name = "e2e-stored-privorl"
+seed = 5
+rounds = 8
+users = 100
+client_agents = 2
+participation = {{ kind = "sampled", rate = 0.2 }}
+round_deadline_s = 60.0
+start_timeout_s = 120.0
+clip_norm = 1.0
+noise_multiplier = 1.0
+target_epsilon = 1000.0
+unit_kind = "transition"
+
+[task]
+kind = "privorl"
+mode = "central"
+transitions = 100
+holdout_transitions = 40
+synthetic_transitions = 30
+eval_every = 4
+
+[task.dataset]
+name = "myorg/cartpole-v0"
+units = "{units}"
+
+[task.public]
+env = "cartpole-b1"
+units = 10
+seed = 3
+behaviour = {{ kind = "random" }}
+
+[task.synth]
+width = 16
+blocks = 1
+dim_t = 8
+fourier_dim = 4
+sample_steps = 4
+batch_size = 32
+
+[task.pretrain]
+epochs = 1
+pool_size = 16
+
+[task.utility]
+steps = 10
+seeds = 1
+eval_episodes = 2
+eval_max_steps = 50
+cql = {{ hidden = [8], batch_size = 16 }}
+"#
+    )
+}
+
+/// PrivORL-n's sensitive data can be a stored dataset, with transition-level units stated as
+/// such; any coarser mapping is refused (one contribution is one transition).
+#[test]
+fn privorl_fine_tunes_on_a_stored_dataset_with_transition_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = imported(dir.path());
+    let (ok, log, _) = run(dir.path(), &root, "privorl-episode", &privorl("episode"));
+    assert!(!ok, "ran");
+    assert!(
+        log.contains("PrivORL-n's privacy unit is one transition"),
+        "{log}"
+    );
+    let (ok, log, out) = run(dir.path(), &root, "privorl", &privorl("transition"));
+    assert!(ok, "{log}");
+    let l = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
+    assert_eq!(l.config.unit_kind, UnitKind::Transition);
+    assert_eq!(l.records().len(), 8);
+    assert!(l.records().iter().flat_map(|r| &r.units).all(|u| *u < 100));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert!(report["synthetic_dataset"].is_object(), "{report}");
+}

@@ -139,6 +139,7 @@ pub fn describe(map: &UnitMap) -> String {
         UnitMap::Episode => "units = \"episode\"".into(),
         UnitMap::Stored => "units = \"stored\"".into(),
         UnitMap::MetadataKey(k) => format!("units = {{ metadata_key = {k:?} }}"),
+        UnitMap::Transition => "units = \"transition\"".into(),
     }
 }
 

@@ -1065,7 +1065,8 @@ fn unit_key(
     meta_path: &Path,
 ) -> Result<Option<String>, MinariError> {
     match map {
-        UnitMap::Episode => Ok(None),
+        // Transition-level units are numbered by the task (PrivORL-n); episodes stay apart.
+        UnitMap::Episode | UnitMap::Transition => Ok(None),
         UnitMap::Stored => match meta.get(UNIT_KEY) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v.as_u64().map(|u| Some(u.to_string())).ok_or_else(|| {

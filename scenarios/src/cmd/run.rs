@@ -706,7 +706,18 @@ fn prepare_privorl(
     t: &fedrl_common::task::privorl::PrivorlTask,
 ) -> anyhow::Result<()> {
     let root = fedrl_rl::offline::data_root(None)?;
-    for (what, spec) in [("sensitive", &t.dataset), ("public", &t.public)] {
+    let mut specs = vec![("public", &t.public)];
+    match &t.dataset {
+        fedrl_common::offline::DatasetSource::Generated(d) => specs.insert(0, ("sensitive", d)),
+        // A stored sensitive dataset: found, its SHA-256 sums checked, nothing generated (its
+        // transition count is checked against task.transitions where the units are split).
+        fedrl_common::offline::DatasetSource::Stored(s) => {
+            let dir = fedrl_rl::offline::cache::stored_dir(&root, &s.name)?;
+            fedrl_rl::offline::cache::verify_content(&dir)?;
+            eprintln!("privorl: sensitive dataset {} (stored) checked", s.name);
+        }
+    }
+    for (what, spec) in specs {
         let t0 = std::time::Instant::now();
         let bar = crate::cmd::data::generation_bar()?;
         fedrl_rl::offline::cache::prepare(spec, &root, &mut |p| {

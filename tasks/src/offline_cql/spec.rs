@@ -108,6 +108,12 @@ impl OfflineCqlTask {
             crate::offline::DatasetSource::Generated(d) => d,
             crate::offline::DatasetSource::Stored(s) => {
                 s.check()?;
+                if s.units == crate::offline::UnitMap::Transition {
+                    return bad(
+                        "task.dataset.units = \"transition\" is PrivORL-n's unit; offline_cql clips one unit's episodes together: use \"episode\", \"stored\" or { metadata_key = ... }"
+                            .into(),
+                    );
+                }
                 &crate::offline::DatasetSpec::default()
             }
         };
