@@ -714,6 +714,65 @@ mod tests {
     }
 
     #[test]
+    fn a_dataset_table_is_a_generation_spec_or_a_stored_dataset() {
+        let parse = |t: &str| toml::from_str::<DatasetSource>(t).map_err(|e| e.to_string());
+        // Every generation spec reads as before, with the same cache key.
+        let g = parse("env = \"CartPole-v1\"\nunits = 24\nbehaviour = { kind = \"random\" }")
+            .unwrap();
+        let spec = g.generated().unwrap();
+        assert_eq!((spec.units, &spec.behaviour), (24, &Behaviour::Random));
+        assert_eq!(parse("").unwrap(), DatasetSource::default());
+        assert_eq!(
+            DatasetSource::default().minari_id(),
+            DatasetSpec::default().minari_id()
+        );
+        // Stored, with each mapping.
+        let s = parse("name = \"myorg/c-v0\"").unwrap();
+        assert_eq!(
+            s.stored().unwrap(),
+            &StoredDataset {
+                name: "myorg/c-v0".into(),
+                units: UnitMap::Episode,
+                env: None
+            }
+        );
+        let owner = parse(
+            "name = \"myorg/c-v0\"\nunits = { metadata_key = \"owner\" }\nenv = \"CartPole-v1\"",
+        )
+        .unwrap();
+        assert_eq!(
+            owner.stored().unwrap().units,
+            UnitMap::MetadataKey("owner".into())
+        );
+        assert_eq!(
+            parse("name = \"a/b-v0\"\nunits = \"stored\"")
+                .unwrap()
+                .stored()
+                .unwrap()
+                .units,
+            UnitMap::Stored
+        );
+        // Both, neither, typos: refused with what to do.
+        let e = parse("name = \"a/b-v0\"\nseed = 3\nunits = 4").unwrap_err();
+        assert!(e.contains("seed, units (a number)") && e.contains("not both"), "{e}");
+        let e = parse("units = \"episode\"").unwrap_err();
+        assert!(e.contains("only a stored dataset takes"), "{e}");
+        let e = parse("name = \"a/b-v0\"\nunit = \"episode\"").unwrap_err();
+        assert!(e.contains("unknown field `unit`"), "{e}");
+        let e = parse("name = \"a/b-v0\"\nunits = \"owner\"").unwrap_err();
+        assert!(e.contains("unknown variant `owner`"), "{e}");
+        let e = parse("envv = \"x\"").unwrap_err();
+        assert!(e.contains("unknown field `envv`"), "{e}");
+        // The wire (JSON) and the stored scenario (TOML) read back what was written.
+        for d in [g, owner, DatasetSource::default()] {
+            let j = serde_json::to_string(&d).unwrap();
+            assert_eq!(serde_json::from_str::<DatasetSource>(&j).unwrap(), d, "{j}");
+            let t = toml::to_string(&d).unwrap();
+            assert_eq!(toml::from_str::<DatasetSource>(&t).unwrap(), d, "{t}");
+        }
+    }
+
+    #[test]
     fn fnv_matches_reference_vectors() {
         // Published FNV-1a 64 test vectors.
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
