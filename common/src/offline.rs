@@ -717,8 +717,8 @@ mod tests {
     fn a_dataset_table_is_a_generation_spec_or_a_stored_dataset() {
         let parse = |t: &str| toml::from_str::<DatasetSource>(t).map_err(|e| e.to_string());
         // Every generation spec reads as before, with the same cache key.
-        let g = parse("env = \"CartPole-v1\"\nunits = 24\nbehaviour = { kind = \"random\" }")
-            .unwrap();
+        let g =
+            parse("env = \"CartPole-v1\"\nunits = 24\nbehaviour = { kind = \"random\" }").unwrap();
         let spec = g.generated().unwrap();
         assert_eq!((spec.units, &spec.behaviour), (24, &Behaviour::Random));
         assert_eq!(parse("").unwrap(), DatasetSource::default());
@@ -754,7 +754,10 @@ mod tests {
         );
         // Both, neither, typos: refused with what to do.
         let e = parse("name = \"a/b-v0\"\nseed = 3\nunits = 4").unwrap_err();
-        assert!(e.contains("seed, units (a number)") && e.contains("not both"), "{e}");
+        assert!(
+            e.contains("seed, units (a number)") && e.contains("not both"),
+            "{e}"
+        );
         let e = parse("units = \"episode\"").unwrap_err();
         assert!(e.contains("only a stored dataset takes"), "{e}");
         let e = parse("name = \"a/b-v0\"\nunit = \"episode\"").unwrap_err();

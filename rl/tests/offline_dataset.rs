@@ -625,7 +625,10 @@ fn a_box_action_minari_dataset_imports_into_the_continuous_format() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minari");
     let dir = fixtures.join("pyfix/pendulum-random-v0");
     let e = minari::read(&dir).unwrap_err().to_string();
-    assert!(e.contains("Discrete") && e.contains("float32 Box of 1"), "{e}");
+    assert!(
+        e.contains("Discrete") && e.contains("float32 Box of 1"),
+        "{e}"
+    );
     let h = minari::header(&dir).unwrap();
     assert_eq!(h.action, minari::ActionSpace::Box(1));
     assert_eq!(h.env_id, "Pendulum-v1");
@@ -646,10 +649,9 @@ fn a_box_action_minari_dataset_imports_into_the_continuous_format() {
         [11, 12, 13]
     );
     assert_eq!((back.meta.obs_dim, back.meta.act_dim), (3, 1));
-    let expected: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(fixtures.join("expected-box.json")).unwrap(),
-    )
-    .unwrap();
+    let expected: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("expected-box.json")).unwrap())
+            .unwrap();
     assert_eq!(back.episodes.len(), expected.len());
     for (e, x) in back.episodes.iter().zip(&expected) {
         assert_eq!(e.len() as u64, x["steps"].as_u64().unwrap());
@@ -663,7 +665,10 @@ fn a_box_action_minari_dataset_imports_into_the_continuous_format() {
                 .collect()
         };
         assert_eq!(e.observations[..3], f32s(&x["first_obs"])[..]);
-        assert_eq!(e.observations[e.observations.len() - 3..], f32s(&x["last_obs"])[..]);
+        assert_eq!(
+            e.observations[e.observations.len() - 3..],
+            f32s(&x["last_obs"])[..]
+        );
         assert_eq!(e.actions[..1], f32s(&x["first_action"])[..]);
     }
     // Listed with the other datasets; a second import of the same name is refused.
@@ -691,11 +696,18 @@ fn stored_datasets_map_episodes_to_units_deterministically() {
     for rel in ["0", "1", "2"] {
         std::fs::create_dir_all(dir.join("data").join(rel)).unwrap();
         for f in ["metadata.json", "part-0.parquet"] {
-            std::fs::copy(src.join("data").join(rel).join(f), dir.join("data").join(rel).join(f))
-                .unwrap();
+            std::fs::copy(
+                src.join("data").join(rel).join(f),
+                dir.join("data").join(rel).join(f),
+            )
+            .unwrap();
         }
     }
-    std::fs::copy(src.join("data/metadata.json"), dir.join("data/metadata.json")).unwrap();
+    std::fs::copy(
+        src.join("data/metadata.json"),
+        dir.join("data/metadata.json"),
+    )
+    .unwrap();
     // Owners: episodes 0 and 2 are one person's (one as a number, one as the string spelling
     // it: still one owner), episode 1 another's.
     let set = |i: u64, owner: serde_json::Value| {
@@ -720,9 +732,15 @@ fn stored_datasets_map_episodes_to_units_deterministically() {
         )
     };
     let all = |_: u64| true;
-    assert_eq!(units(&UnitMap::Episode, &all), (3, vec![(0, 0), (1, 1), (2, 2)]));
+    assert_eq!(
+        units(&UnitMap::Episode, &all),
+        (3, vec![(0, 0), (1, 1), (2, 2)])
+    );
     // Stored units 11 and 12, the third has none: a unit of its own.
-    assert_eq!(units(&UnitMap::Stored, &all), (3, vec![(0, 0), (1, 1), (2, 2)]));
+    assert_eq!(
+        units(&UnitMap::Stored, &all),
+        (3, vec![(0, 0), (1, 1), (2, 2)])
+    );
     let owner = UnitMap::MetadataKey("owner".into());
     assert_eq!(units(&owner, &all), (2, vec![(0, 0), (1, 1), (2, 0)]));
     // A reader keeping one unit sees the same numbers and all of that unit's episodes.
@@ -731,5 +749,8 @@ fn stored_datasets_map_episodes_to_units_deterministically() {
     // A key missing on one episode is refused, naming the episode's file and the key.
     let e = minari::read_mapped(&dir, &UnitMap::MetadataKey("team".into()), &all).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("\"team\"") && msg.contains("0/metadata.json"), "{msg}");
+    assert!(
+        msg.contains("\"team\"") && msg.contains("0/metadata.json"),
+        "{msg}"
+    );
 }

@@ -174,7 +174,12 @@ fn import_of_a_box_action_dataset_goes_to_the_continuous_format() {
     assert_eq!(ids, ["continuous/pyfix-pendulum-random-v0"]);
     let s = json_of(&fedrl(
         root.path(),
-        &["data", "summary", "continuous/pyfix-pendulum-random-v0", "--json"],
+        &[
+            "data",
+            "summary",
+            "continuous/pyfix-pendulum-random-v0",
+            "--json",
+        ],
     ));
     assert_eq!(s["summary"]["env_id"], "Pendulum-v1");
     assert_eq!(s["summary"]["episodes"], 3);
@@ -197,7 +202,14 @@ fn import_keeps_the_episodes_own_metadata() {
     let root = tmp.path().join("root");
     json_of(&fedrl(
         &root,
-        &["data", "import", src.to_str().unwrap(), "--id", "myorg/c-v0", "--json"],
+        &[
+            "data",
+            "import",
+            src.to_str().unwrap(),
+            "--id",
+            "myorg/c-v0",
+            "--json",
+        ],
     ));
     let stored: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("myorg/c-v0/data/1/metadata.json")).unwrap(),

@@ -140,7 +140,12 @@ fn a_private_cql_run_reads_an_imported_dataset_by_name() {
         dir.path(),
         &root,
         "episode",
-        &scenario(12, "trajectory", "federated", "name = \"myorg/cartpole-v0\""),
+        &scenario(
+            12,
+            "trajectory",
+            "federated",
+            "name = \"myorg/cartpole-v0\"",
+        ),
     );
     assert!(ok, "{log}");
     check_ledger(&out, 12, UnitKind::Trajectory);
@@ -188,32 +193,57 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
     refused(
         "users-episode",
         base(6, "trajectory", "name = \"myorg/cartpole-v0\""),
-        &["users (6)", "myorg/cartpole-v0", "units = \"episode\"", "(12"],
+        &[
+            "users (6)",
+            "myorg/cartpole-v0",
+            "units = \"episode\"",
+            "(12",
+        ],
     );
     refused(
         "users-stored",
-        base(12, "user", "name = \"myorg/cartpole-v0\"\nunits = \"stored\""),
+        base(
+            12,
+            "user",
+            "name = \"myorg/cartpole-v0\"\nunits = \"stored\"",
+        ),
         &["users (12)", "units = \"stored\"", "(6"],
     );
     refused(
         "users-owner",
-        base(6, "user", "name = \"myorg/cartpole-v0\"\nunits = { metadata_key = \"owner\" }"),
+        base(
+            6,
+            "user",
+            "name = \"myorg/cartpole-v0\"\nunits = { metadata_key = \"owner\" }",
+        ),
         &["users (6)", "metadata_key = \"owner\"", "(3"],
     );
     refused(
         "no-key",
-        base(3, "user", "name = \"myorg/cartpole-v0\"\nunits = { metadata_key = \"team\" }"),
+        base(
+            3,
+            "user",
+            "name = \"myorg/cartpole-v0\"\nunits = { metadata_key = \"team\" }",
+        ),
         &["myorg/cartpole-v0", "\"team\"", "every episode"],
     );
     // The label must say what one contribution holds.
     refused(
         "kind",
-        base(3, "trajectory", "name = \"myorg/cartpole-v0\"\nunits = { metadata_key = \"owner\" }"),
+        base(
+            3,
+            "trajectory",
+            "name = \"myorg/cartpole-v0\"\nunits = { metadata_key = \"owner\" }",
+        ),
         &["unit_kind", "user"],
     );
     refused(
         "both",
-        base(12, "trajectory", "name = \"myorg/cartpole-v0\"\nbehaviour = { kind = \"random\" }"),
+        base(
+            12,
+            "trajectory",
+            "name = \"myorg/cartpole-v0\"\nbehaviour = { kind = \"random\" }",
+        ),
         &["`name` names a stored dataset", "behaviour", "not both"],
     );
     refused(
@@ -223,13 +253,21 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
     );
     refused(
         "typo",
-        base(12, "trajectory", "name = \"myorg/cartpole-v0\"\nunit = \"episode\""),
+        base(
+            12,
+            "trajectory",
+            "name = \"myorg/cartpole-v0\"\nunit = \"episode\"",
+        ),
         &["unknown field `unit`"],
     );
     // The evaluation environment must have the dataset's spaces.
     refused(
         "spaces",
-        base(12, "trajectory", "name = \"myorg/cartpole-v0\"\nenv = \"Acrobot-v1\""),
+        base(
+            12,
+            "trajectory",
+            "name = \"myorg/cartpole-v0\"\nenv = \"Acrobot-v1\"",
+        ),
         &["myorg/cartpole-v0", "Discrete(2)", "Acrobot-v1"],
     );
     // A dataset that records no environment fedrl simulates needs `env`.
@@ -246,7 +284,11 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
     // Naming the environment gets past that, and then the SHA-256 check sees the edited file.
     refused(
         "sha",
-        base(12, "trajectory", "name = \"myorg/cartpole-v0\"\nenv = \"CartPole-v1\""),
+        base(
+            12,
+            "trajectory",
+            "name = \"myorg/cartpole-v0\"\nenv = \"CartPole-v1\"",
+        ),
         &["metadata.json", "SHA-256", "damaged"],
     );
     std::fs::write(&meta, text).unwrap();

@@ -18,6 +18,11 @@
 //! checks it once ([`verify_content`]), so bits flipped on disk are an error naming the file,
 //! never silently trained on. Folders stored before this file existed load unchecked.
 //!
+//! A scenario can also name a stored dataset instead of a spec ([`DatasetSource::Stored`]):
+//! [`load_stored_units`] finds it ([`stored_dir`]: a missing one is an error saying how to list
+//! and import), checks its recorded sums, and maps its episodes to units as the scenario states
+//! ([`minari::read_mapped`]); [`load_source_units`] takes either source.
+//!
 //! [`list`] never fails for one bad dataset: it lists the others and marks that one with its
 //! problem ([`Listed::problem`]).
 

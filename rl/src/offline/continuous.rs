@@ -7,8 +7,9 @@
 //! episode's `len + 1` observations in turn), `actions` (`[steps, act_dim]`), `rewards`
 //! (`[steps]`), and per episode `units`, `lengths` (I64) and `terminated` (U8); the environment
 //! id, the dimensions and the generating procedure are JSON metadata. The discrete datasets of
-//! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own (Minari's
-//! Box-action layout is HDF5-based and nothing here reads it).
+//! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own. A Minari
+//! dataset with a 1-D float32 Box action space (parquet or arrow) is imported into it by
+//! [`import_minari`] (`fedrl data import`), its SHA-256 sidecar written as for a generated one.
 
 use std::path::Path;
 

@@ -22,6 +22,16 @@
 //! `metadata.json` (`update_episode_metadata` merges keys into it), so the privacy unit owning an
 //! episode rides along as the key `"unit"` there; Python reads it with
 //! `dataset.storage.get_episode_metadata([i])`.
+//!
+//! **Stored datasets as a scenario's data.** [`read_mapped`] reads a dataset with its episodes
+//! mapped to privacy units as the scenario states ([`UnitMap`]: one per episode, the stored
+//! `unit`, or equal values of an episode metadata key such as an owner). Units are numbered by
+//! the first appearance of their key in episode-id order, so every reader derives the same
+//! numbers from the same files, and episodes with one key are always one unit (never split).
+//!
+//! **Box actions.** [`header`] reports the action space; [`read_box`] reads a 1-D float32 Box
+//! dataset (Minari stores those actions as fixed-size lists of float32, padded like the rest),
+//! which `fedrl data import` stores in fedrl's continuous format ([`super::continuous`]).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -1059,11 +1069,7 @@ pub struct MappedDataset {
 
 /// The key under which [`UnitMap`] groups an episode: equal keys, one unit. `None` for an
 /// episode that is a unit of its own.
-fn unit_key(
-    map: &UnitMap,
-    meta: &Value,
-    meta_path: &Path,
-) -> Result<Option<String>, MinariError> {
+fn unit_key(map: &UnitMap, meta: &Value, meta_path: &Path) -> Result<Option<String>, MinariError> {
     match map {
         // Transition-level units are numbered by the task (PrivORL-n); episodes stay apart.
         UnitMap::Episode | UnitMap::Transition => Ok(None),

@@ -181,8 +181,7 @@ fn run_target(dir: &Path, policy: Option<&Path>) -> anyhow::Result<Target> {
             // A stored dataset's environment: the scenario's, else the one it records.
             let (env, seed) = fedrl_tasks::stored::source_env(&t.dataset)
                 .map_err(|e| UsageError(e.to_string()))?;
-            let population =
-                Population::new(&env, seed).map_err(|e| UsageError(e.to_string()))?;
+            let population = Population::new(&env, seed).map_err(|e| UsageError(e.to_string()))?;
             (env, population)
         }
         other => {

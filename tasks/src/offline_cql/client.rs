@@ -52,13 +52,9 @@ impl CqlTrainer {
         let is_hosted = |u: UnitId| hosted.iter().any(|r| r.contains(u));
         // A stored dataset: its SHA-256 sums are checked and its episodes mapped to units as
         // the scenario states, the same way on every agent.
-        let (dataset, _) = fedrl_rl::offline::load_source_units(
-            &task.dataset,
-            &root,
-            &mut |_| {},
-            &is_hosted,
-        )
-        .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        let (dataset, _) =
+            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &is_hosted)
+                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         if dataset.obs_dim != spec.obs_dim || dataset.n_actions != spec.n_actions {
             anyhow::bail!(
                 "dataset {} has observations of {} values and {} actions; the task's Q-network \
@@ -96,10 +92,9 @@ impl CqlTrainer {
                 )?;
                 let dir = fedrl_rl::offline::minari::dataset_dir(&root, &spec.minari_id())?;
                 Some(
-                    fedrl_rl::offline::experts::ExpertSet::read_for(spec, &dir)
-                        .with_context(|| {
-                            format!("loading the expert policies of {}", dataset.id)
-                        })?,
+                    fedrl_rl::offline::experts::ExpertSet::read_for(spec, &dir).with_context(
+                        || format!("loading the expert policies of {}", dataset.id),
+                    )?,
                 )
             }
             None => None,

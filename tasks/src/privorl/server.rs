@@ -98,9 +98,7 @@ impl PrivorlModel {
             &device,
         )?;
         let (dataset, _) =
-            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| {
-                true
-            })?;
+            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)?;
         let (_, holdout) = split_sensitive(task, &dataset)?;
         drop(dataset);
         if holdout.is_empty() {
