@@ -189,6 +189,17 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
         base(12, "trajectory", "name = \"myorg/absent-v0\""),
         &["myorg/absent-v0", "fedrl data list", "fedrl data import"],
     );
+    // With its environment named, the scenario loads without the data (an aggregator's
+    // machine need not hold it), and `fedrl run` still refuses before starting anything.
+    refused(
+        "missing-with-env",
+        base(
+            12,
+            "trajectory",
+            "name = \"myorg/absent-v0\"\nenv = \"CartPole-v1\"",
+        ),
+        &["myorg/absent-v0", "fedrl data list", "fedrl data import"],
+    );
     // Users must equal the unit count under the mapping: 12 episodes, 6 stored units, 3 owners.
     refused(
         "users-episode",

@@ -76,12 +76,30 @@ pub fn resolve(stored: &StoredDataset) -> Result<Resolved, TaskError> {
     Ok(Resolved { dir, header, env })
 }
 
+/// [`resolve`], except that a dataset absent from this machine's data root is `None` when the
+/// scenario names its `env`: a federated aggregator never reads the units' data, so its
+/// machine need not hold it (the client agents, which read it, check the spaces against the
+/// network they are sent, and `fedrl run` checks everything up front).
+pub fn resolve_if_present(stored: &StoredDataset) -> Result<Option<Resolved>, TaskError> {
+    if stored.env.is_some() {
+        let root = fedrl_rl::offline::data_root(None).map_err(cache_error)?;
+        if cache::stored_dir(&root, &stored.name).is_err() {
+            return Ok(None);
+        }
+    }
+    resolve(stored).map(Some)
+}
+
 /// The environment and population seed an offline task evaluates in and builds its network
-/// for: a generation spec's own, or a stored dataset's ([`resolve`]; population seed 0).
+/// for: a generation spec's own, or a stored dataset's: the scenario's `env`, else the one the
+/// dataset records ([`resolve`]; population seed 0).
 pub fn source_env(source: &DatasetSource) -> Result<(String, u64), TaskError> {
     match source {
         DatasetSource::Generated(d) => Ok((d.env.clone(), d.population_seed)),
-        DatasetSource::Stored(s) => Ok((resolve(s)?.env, 0)),
+        DatasetSource::Stored(s) => match &s.env {
+            Some(e) => Ok((e.clone(), 0)),
+            None => Ok((resolve(s)?.env, 0)),
+        },
     }
 }
 

@@ -156,12 +156,12 @@ pub const FALLBACK_EPISODE_STEPS: u64 = 100_000;
 impl OfflineCqlTaskExt for OfflineCqlTask {
     fn qnet_spec(&self) -> Result<QNetSpec, TaskError> {
         let resolved = match &self.dataset {
-            DatasetSource::Stored(s) => Some(crate::stored::resolve(s)?),
+            DatasetSource::Stored(s) => crate::stored::resolve_if_present(s)?,
             DatasetSource::Generated(_) => None,
         };
-        let (env_id, population_seed) = match (&resolved, &self.dataset) {
-            (Some(r), _) => (r.env.clone(), 0),
-            (None, d) => crate::stored::source_env(d)?,
+        let (env_id, population_seed) = match &resolved {
+            Some(r) => (r.env.clone(), 0),
+            None => crate::stored::source_env(&self.dataset)?,
         };
         let env = Population::new(&env_id, population_seed)
             .and_then(|p| p.user_env(0))
@@ -197,6 +197,8 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
             DatasetSource::Generated(d) => d,
             // A unit of a stored dataset holds at most the whole dataset: its recorded step
             // count bounds every upload (the header's, checked against the episodes on read).
+            // The central mode's aggregator receives the data anyway, so it must hold the
+            // dataset to know the bound (an absent one is refused, naming it).
             DatasetSource::Stored(s) => return Ok(crate::stored::resolve(s)?.header.total_steps),
         };
         let env = Population::new(&d.env, d.population_seed)

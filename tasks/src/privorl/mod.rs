@@ -108,7 +108,9 @@ pub trait PrivorlTaskExt {
 impl PrivorlTaskExt for PrivorlTask {
     fn row_spec(&self) -> Result<QNetSpec, TaskError> {
         let resolved = match &self.dataset {
-            fedrl_common::offline::DatasetSource::Stored(s) => Some(crate::stored::resolve(s)?),
+            fedrl_common::offline::DatasetSource::Stored(s) => {
+                crate::stored::resolve_if_present(s)?
+            }
             fedrl_common::offline::DatasetSource::Generated(_) => None,
         };
         let (env_id, population_seed) = match &resolved {
