@@ -56,6 +56,17 @@ fn imported(dir: &Path) -> PathBuf {
         root.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{out}{err}");
+    // A Box-action dataset beside it (the continuous format), for the spaces refusal.
+    let pendulum = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rl/tests/fixtures/minari/pyfix/pendulum-random-v0");
+    let (code, out, err) = fedrl_output(&[
+        "data",
+        "import",
+        pendulum.to_str().unwrap(),
+        "--data-dir",
+        root.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
     root
 }
 
@@ -280,6 +291,19 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
             "name = \"myorg/cartpole-v0\"\nenv = \"Acrobot-v1\"",
         ),
         &["myorg/cartpole-v0", "Discrete(2)", "Acrobot-v1"],
+    );
+    refused(
+        "box",
+        base(
+            3,
+            "trajectory",
+            "name = \"continuous/pyfix-pendulum-random-v0\"",
+        ),
+        &[
+            "continuous/pyfix-pendulum-random-v0",
+            "Box",
+            "discrete-action",
+        ],
     );
     // A dataset that records no environment fedrl simulates needs `env`.
     let meta = root.join("myorg/cartpole-v0/data/metadata.json");

@@ -86,6 +86,10 @@ pub enum CacheError {
         "task.dataset.name: no dataset {name:?} under the data root {root} (see `fedrl data list`; bring one with `fedrl data import PATH --id {name}`)"
     )]
     NotStored { name: String, root: PathBuf },
+    #[error(
+        "task.dataset: dataset {name:?} holds Box (continuous) actions, in fedrl's continuous format; this task needs a discrete-action Minari dataset (PriMORL's continuous datasets cannot be named by a scenario yet)"
+    )]
+    Continuous { name: String },
     #[error("task.dataset: dataset {name:?}: {source}")]
     Stored {
         name: String,
@@ -190,6 +194,17 @@ pub fn stored_dir(root: &Path, name: &str) -> Result<PathBuf, CacheError> {
         name: name.to_string(),
         root: root.to_path_buf(),
     };
+    if let Some(file) = name.strip_prefix("continuous/")
+        && !file.contains(['/', '\\'])
+        && root
+            .join("continuous")
+            .join(format!("{file}.safetensors"))
+            .is_file()
+    {
+        return Err(CacheError::Continuous {
+            name: name.to_string(),
+        });
+    }
     let dir = minari::dataset_dir(root, name).map_err(|_| missing())?;
     if !dir.join("data").join("metadata.json").is_file() {
         return Err(missing());
