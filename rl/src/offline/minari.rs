@@ -486,6 +486,28 @@ fn parse_space(text: &str, path: &Path, what: &str) -> Result<Value, MinariError
         })
 }
 
+/// The spaces fedrl holds: a flat float32 Box and `Discrete(n)` starting at 0.
+fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), MinariError> {
+    let get = |k: &str| {
+        meta.get(k).and_then(Value::as_str).ok_or_else(|| {
+            layout(
+                path,
+                format!("{k} is missing (fedrl needs the spaces stored in the metadata)"),
+            )
+        })
+    };
+    match parse_spaces(meta, path)? {
+        (obs_dim, ActionSpace::Discrete(n)) => Ok((obs_dim, n)),
+        _ => Err(layout(
+            path,
+            format!(
+                "action_space must be Discrete(n) starting at 0, got {}",
+                get("action_space")?
+            ),
+        )),
+    }
+}
+
 /// An action space as a dataset's metadata declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ActionSpace {
@@ -912,11 +934,30 @@ pub struct Header {
     pub env_id: String,
     /// The `minari_version` that wrote the file (empty when absent).
     pub minari_version: String,
-    format: StorageFormat,
+    /// The columnar backend; `None` for HDF5.
+    format: Option<StorageFormat>,
 }
 
-/// Reads `dir/data/metadata.json` (`dir` = `root/<id>`): the storage format (parquet or
-/// arrow; HDF5 gets a clear error), the spaces (a 1-D float32 Box observation; any action
+impl Header {
+    /// The columnar backend the episode readers here need; HDF5 is an error saying what to do
+    /// (`what` says which reader).
+    fn columnar(&self, meta_path: &Path, what: &str) -> Result<StorageFormat, MinariError> {
+        self.format.ok_or_else(|| {
+            layout(
+                meta_path,
+                format!(
+                    "data_format is \"hdf5\": {what} reads Minari's \"parquet\" and \"arrow\" \
+                     backends; copy the dataset into one with `fedrl data import PATH --id \
+                     NEW_ID` (stored as parquet), or re-record it with \
+                     minari.DataCollector(env, data_format=\"parquet\")"
+                ),
+            )
+        })
+    }
+}
+
+/// Reads `dir/data/metadata.json` (`dir` = `root/<id>`): the storage format (parquet, arrow
+/// or HDF5), the spaces (a 1-D float32 Box observation; any action
 /// space, reported in [`Header::action`]), the counts and the recorded environment.
 pub fn header(dir: &Path) -> Result<Header, MinariError> {
     let data = dir.join("data");
@@ -928,24 +969,17 @@ pub fn header(dir: &Path) -> Result<Header, MinariError> {
     }
     let meta_path = data.join("metadata.json");
     let meta = read_json(&meta_path)?;
+    // HDF5 is named here, not refused: only the episode readers need the columnar backends
+    // (`read` handles HDF5 its own way).
     let format = match meta.get("data_format").and_then(Value::as_str) {
-        Some("parquet") => StorageFormat::Parquet,
-        Some("arrow") => StorageFormat::Arrow,
-        Some("hdf5") => {
-            return Err(layout(
-                &meta_path,
-                "data_format is \"hdf5\": this fedrl reads Minari's \"parquet\" and \"arrow\" \
-                 backends (HDF5 needs a system library fedrl does not build with). Re-record the \
-                 dataset with minari.DataCollector(env, data_format=\"parquet\"), or copy its \
-                 episodes into one with minari.create_dataset_from_buffers(..., \
-                 data_format=\"parquet\")",
-            ));
-        }
+        Some("parquet") => Some(StorageFormat::Parquet),
+        Some("arrow") => Some(StorageFormat::Arrow),
+        Some("hdf5") => None,
         other => {
             return Err(layout(
                 &meta_path,
                 format!(
-                    "data_format is {}; fedrl reads Minari's \"parquet\" and \"arrow\" backends",
+                    "data_format is {}; fedrl reads Minari's \"parquet\", \"arrow\" and \"hdf5\" backends",
                     other.map_or_else(|| "missing".to_string(), |f| format!("{f:?}"))
                 ),
             ));
@@ -997,21 +1031,67 @@ pub fn header(dir: &Path) -> Result<Header, MinariError> {
 /// assigns them; an episode not kept is decoded only if its metadata gives no `total_steps`
 /// (the dataset's total is checked against the sum either way).
 pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset, MinariError> {
-    let h = header(dir)?;
     let data = dir.join("data");
+    if !data.is_dir() {
+        return Err(layout(
+            dir,
+            "not a Minari dataset folder: it has no data/ subfolder",
+        ));
+    }
     let meta_path = data.join("metadata.json");
-    let n_actions = match h.action {
-        ActionSpace::Discrete(n) => n,
+    let meta = read_json(&meta_path)?;
+    let format = match meta.get("data_format").and_then(Value::as_str) {
+        Some("parquet") => StorageFormat::Parquet,
+        Some("arrow") => StorageFormat::Arrow,
+        Some("hdf5") => {
+            return Err(layout(
+                &meta_path,
+                "data_format is \"hdf5\": this fedrl reads Minari's \"parquet\" and \"arrow\" \
+                 backends (HDF5 needs a system library fedrl does not build with). Re-record the \
+                 dataset with minari.DataCollector(env, data_format=\"parquet\"), or copy its \
+                 episodes into one with minari.create_dataset_from_buffers(..., \
+                 data_format=\"parquet\")",
+            ));
+        }
         other => {
             return Err(layout(
                 &meta_path,
-                format!("action_space must be Discrete(n) starting at 0, got {other}"),
+                format!(
+                    "data_format is {}; fedrl reads Minari's \"parquet\" and \"arrow\" backends",
+                    other.map_or_else(|| "missing".to_string(), |f| format!("{f:?}"))
+                ),
             ));
         }
     };
-    let (obs_dim, format, total_episodes, total_steps) =
-        (h.obs_dim, h.format, h.total_episodes, h.total_steps);
-    let (id, env_id, minari_version) = (h.id, h.env_id, h.minari_version);
+    let (obs_dim, n_actions) = read_spaces(&meta, &meta_path)?;
+    let id = meta
+        .get("dataset_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| layout(&meta_path, "dataset_id is missing"))?
+        .to_string();
+    let minari_version = meta
+        .get("minari_version")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let total_episodes = meta
+        .get("total_episodes")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| layout(&meta_path, "total_episodes is missing"))?;
+    let total_steps = meta
+        .get("total_steps")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| layout(&meta_path, "total_steps is missing"))?;
+    let env_id = match meta.get("fedrl_env_id").and_then(Value::as_str) {
+        Some(e) => e.to_string(),
+        None => match meta.get("env_spec").and_then(Value::as_str) {
+            Some(spec) => serde_json::from_str::<Value>(spec)
+                .ok()
+                .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string))
+                .ok_or_else(|| layout(&meta_path, "env_spec has no id"))?,
+            None => String::new(),
+        },
+    };
     let mut metas = Vec::with_capacity(total_episodes as usize);
     for i in 0..total_episodes {
         metas.push(episode_meta(&data, i)?);
@@ -1113,6 +1193,7 @@ pub fn read_mapped(
     let h = header(dir)?;
     let data = dir.join("data");
     let meta_path = data.join("metadata.json");
+    let format = h.columnar(&meta_path, "a scenario's stored dataset")?;
     let n_actions = match &h.action {
         ActionSpace::Discrete(n) => *n,
         other => {
@@ -1151,7 +1232,7 @@ pub fn read_mapped(
         match (keep(unit), total) {
             (false, Some(t)) => steps = steps.saturating_add(t),
             (kept, _) => {
-                let mut e = read_episode(&data, h.format, i, h.obs_dim, n_actions, total)?;
+                let mut e = read_episode(&data, format, i, h.obs_dim, n_actions, total)?;
                 steps = steps.saturating_add(e.len() as u64);
                 if kept {
                     e.unit = unit;
@@ -1240,6 +1321,7 @@ pub fn read_box(dir: &Path) -> Result<(Header, Vec<BoxEpisode>), MinariError> {
     let h = header(dir)?;
     let data = dir.join("data");
     let meta_path = data.join("metadata.json");
+    let format = h.columnar(&meta_path, "the Box-action import")?;
     let act_dim = match h.action {
         ActionSpace::Box(d) => d,
         ref other => {
@@ -1253,7 +1335,7 @@ pub fn read_box(dir: &Path) -> Result<(Header, Vec<BoxEpisode>), MinariError> {
     let mut steps_sum = 0u64;
     for i in 0..h.total_episodes {
         let (unit, total) = episode_meta(&data, i)?;
-        let (cols, steps) = read_columns(&data, h.format, i, h.obs_dim, act_dim, total)?;
+        let (cols, steps) = read_columns(&data, format, i, h.obs_dim, act_dim, total)?;
         steps_sum = steps_sum.saturating_add(steps as u64);
         episodes.push(BoxEpisode {
             id: i,
