@@ -941,15 +941,18 @@ pub struct Header {
 impl Header {
     /// The columnar backend the episode readers here need; HDF5 is an error saying what to do
     /// (`what` says which reader).
-    fn columnar(&self, meta_path: &Path, what: &str) -> Result<StorageFormat, MinariError> {
+    fn columnar(
+        &self,
+        meta_path: &Path,
+        what: &str,
+        fix: &str,
+    ) -> Result<StorageFormat, MinariError> {
         self.format.ok_or_else(|| {
             layout(
                 meta_path,
                 format!(
                     "data_format is \"hdf5\": {what} reads Minari's \"parquet\" and \"arrow\" \
-                     backends; copy the dataset into one with `fedrl data import PATH --id \
-                     NEW_ID` (stored as parquet), or re-record it with \
-                     minari.DataCollector(env, data_format=\"parquet\")"
+                     backends; {fix}"
                 ),
             )
         })
@@ -1193,7 +1196,12 @@ pub fn read_mapped(
     let h = header(dir)?;
     let data = dir.join("data");
     let meta_path = data.join("metadata.json");
-    let format = h.columnar(&meta_path, "a scenario's stored dataset")?;
+    let format = h.columnar(
+        &meta_path,
+        "a scenario's stored dataset",
+        "copy it into the data root with `fedrl data import PATH --id NEW_ID` (stored as \
+         parquet) and name NEW_ID",
+    )?;
     let n_actions = match &h.action {
         ActionSpace::Discrete(n) => *n,
         other => {
@@ -1321,7 +1329,13 @@ pub fn read_box(dir: &Path) -> Result<(Header, Vec<BoxEpisode>), MinariError> {
     let h = header(dir)?;
     let data = dir.join("data");
     let meta_path = data.join("metadata.json");
-    let format = h.columnar(&meta_path, "the Box-action import")?;
+    let format = h.columnar(
+        &meta_path,
+        "the Box-action import",
+        "re-record the dataset with minari.DataCollector(env, data_format=\"parquet\"), or \
+         copy its episodes into one with minari.create_dataset_from_buffers(..., \
+         data_format=\"parquet\")",
+    )?;
     let act_dim = match h.action {
         ActionSpace::Box(d) => d,
         ref other => {

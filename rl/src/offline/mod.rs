@@ -2,9 +2,8 @@
 //! clipped gradients of DP-SGD shared by the federated and the central update modes.
 //!
 //! - [`dataset`]: episodes owned by units and their summary; [`generate`]: their generation by
-//!   a named, seeded procedure; [`cache`]: the on-disk cache keyed by that procedure, and
-//!   stored datasets a scenario names; [`minari`]: Minari's Arrow/Parquet layout (read and
-//!   write, episodes mapped to units, Box actions read for import); [`experts`]: seed 000/002's
+//!   a named, seeded procedure; [`cache`]: the on-disk cache keyed by that procedure;
+//!   [`minari`]: Minari's Arrow/Parquet layout (read and write); [`experts`]: seed 000/002's
 //!   experts (trained, softened, stored with their demonstrations) and their count queries;
 //! - [`batch`]: transitions as flat arrays, the unit of every loss;
 //! - [`qnet`], [`cql`]: the Q-network and the discrete CQL loss; [`per_example`]: per-example
@@ -12,6 +11,9 @@
 //!   [`train`]: the non-private CQL trainer and the greedy evaluation; [`dpsgd`]: one DP-SGD
 //!   step's per-unit work, shared by the federated agent and the central aggregator;
 //!   [`td3bc`]: TD3+BC for continuous-action datasets (PrivORL's downstream learner).
+//! - stored datasets a scenario names (`[task.dataset] name = ...`): [`cache::load_source_units`]
+//!   (found, checked, episodes mapped to units by [`minari::read_mapped`]); Box-action Minari
+//!   datasets are read by [`minari::read_box`] and imported by [`continuous::import_minari`].
 
 pub mod adam;
 pub mod batch;
