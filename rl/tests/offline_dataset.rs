@@ -626,7 +626,7 @@ fn a_box_action_minari_dataset_imports_into_the_continuous_format() {
     let dir = fixtures.join("pyfix/pendulum-random-v0");
     let e = minari::read(&dir).unwrap_err().to_string();
     assert!(
-        e.contains("Discrete") && e.contains("float32 Box of 1"),
+        e.contains("Discrete(n)") && e.contains("\"type\": \"Box\""),
         "{e}"
     );
     let h = minari::header(&dir).unwrap();
