@@ -810,14 +810,19 @@ impl Scenario {
                         .into(),
                 );
             }
-            if self.users != t.dataset.units {
+            // A stored dataset's unit count needs its files: `fedrl run` and the agents check
+            // it where they read them (fedrl_tasks::stored).
+            if let Some(d) = t.dataset.generated()
+                && self.users != d.units
+            {
                 return bad(format!(
                     "users ({}) must equal task.dataset.units ({}): every unit of the dataset is a privacy unit",
-                    self.users, t.dataset.units
+                    self.users, d.units
                 ));
             }
             if let Some(r) = t.selective.as_ref().and_then(|s| s.release.as_ref()) {
-                let crate::offline::Behaviour::Experts { max_steps, .. } = &t.dataset.behaviour
+                let Some(crate::offline::Behaviour::Experts { max_steps, .. }) =
+                    t.dataset.generated().map(|d| &d.behaviour)
                 else {
                     return bad(
                         "[task.selective.release] queries expert policies: set task.dataset.behaviour = { kind = \"experts\", ... }"

@@ -87,8 +87,8 @@ pub struct SelectiveConfig {
 
 /// The minimum action probability of a dataset's expert policies (Assumption 1 of seed 002),
 /// if its behaviour is made of experts.
-pub fn expert_p_min(spec: &crate::offline::DatasetSpec) -> Option<f64> {
-    match &spec.behaviour {
+pub fn expert_p_min(source: &crate::offline::DatasetSource) -> Option<f64> {
+    match &source.generated()?.behaviour {
         crate::offline::Behaviour::Experts { p_min, .. } => Some(*p_min),
         _ => None,
     }

@@ -619,3 +619,143 @@ fn flipped_bits_in_a_cached_file_are_an_error_naming_it() {
     std::fs::remove_file(stored.join(cache::CONTENT_FILE)).unwrap();
     assert!(!cache::verify_content(&stored).unwrap());
 }
+
+/// Issue 58: a Box-action dataset written by real Python minari (`make_minari_fixture.py box`)
+/// is refused by the discrete reader with a message naming the space, read by
+/// [`minari::read_box`], and imported into the continuous format with its SHA-256 sidecar and
+/// the same numbers Python read.
+#[test]
+fn a_box_action_minari_dataset_imports_into_the_continuous_format() {
+    use fedrl_rl::offline::continuous::{self, ContinuousDataset};
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minari");
+    let dir = fixtures.join("pyfix/pendulum-random-v0");
+    let e = minari::read(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("Discrete(n)") && e.contains("\"type\": \"Box\""),
+        "{e}"
+    );
+    let h = minari::header(&dir).unwrap();
+    assert_eq!(h.action, minari::ActionSpace::Box(1));
+    assert_eq!(h.env_id, "Pendulum-v1");
+
+    let root = tempfile::tempdir().unwrap();
+    let imported = continuous::import_minari(&dir, "myorg/pendulum-v0", root.path()).unwrap();
+    assert_eq!(
+        imported.path,
+        root.path().join("continuous/myorg-pendulum-v0.safetensors")
+    );
+    // Units 11 and 12 stored by Python, the third episode gets the next one.
+    assert_eq!(imported.units_assigned, 1);
+    assert!(continuous::verify_content(&imported.path).unwrap());
+    let back = ContinuousDataset::load(&imported.path).unwrap();
+    assert_eq!(back, imported.dataset);
+    assert_eq!(
+        back.episodes.iter().map(|e| e.unit).collect::<Vec<_>>(),
+        [11, 12, 13]
+    );
+    assert_eq!((back.meta.obs_dim, back.meta.act_dim), (3, 1));
+    let expected: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("expected-box.json")).unwrap())
+            .unwrap();
+    assert_eq!(back.episodes.len(), expected.len());
+    for (e, x) in back.episodes.iter().zip(&expected) {
+        assert_eq!(e.len() as u64, x["steps"].as_u64().unwrap());
+        assert!((e.total_return() - x["return"].as_f64().unwrap()).abs() < 1e-4);
+        assert_eq!(e.terminated, x["terminated"].as_bool().unwrap());
+        let f32s = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        };
+        assert_eq!(e.observations[..3], f32s(&x["first_obs"])[..]);
+        assert_eq!(
+            e.observations[e.observations.len() - 3..],
+            f32s(&x["last_obs"])[..]
+        );
+        assert_eq!(e.actions[..1], f32s(&x["first_action"])[..]);
+    }
+    // Listed with the other datasets; a second import of the same name is refused.
+    let listed = cache::list(root.path()).unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|l| l.id == "continuous/myorg-pendulum-v0" && l.total_steps == 15),
+        "{listed:?}"
+    );
+    let again = continuous::import_minari(&dir, "myorg/pendulum-v0", root.path()).unwrap_err();
+    assert!(again.to_string().contains("exists already"), "{again}");
+}
+
+/// Issue 58: a stored dataset's episodes map to units by episode, by the stored unit, or by an
+/// episode metadata key; the numbering is the order of first appearance, the same whichever
+/// units a reader keeps, and a unit is never split.
+#[test]
+fn stored_datasets_map_episodes_to_units_deterministically() {
+    use fedrl_common::offline::UnitMap;
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minari");
+    let src = fixtures.join("pyfix/cartpole-random-v0");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pyfix/cartpole-random-v0");
+    for rel in ["0", "1", "2"] {
+        std::fs::create_dir_all(dir.join("data").join(rel)).unwrap();
+        for f in ["metadata.json", "part-0.parquet"] {
+            std::fs::copy(
+                src.join("data").join(rel).join(f),
+                dir.join("data").join(rel).join(f),
+            )
+            .unwrap();
+        }
+    }
+    std::fs::copy(
+        src.join("data/metadata.json"),
+        dir.join("data/metadata.json"),
+    )
+    .unwrap();
+    // Owners: episodes 0 and 2 are one person's (one as a number, one as the string spelling
+    // it: still one owner), episode 1 another's.
+    let set = |i: u64, owner: serde_json::Value| {
+        let p = dir.join("data").join(i.to_string()).join("metadata.json");
+        let mut m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        m["owner"] = owner;
+        std::fs::write(&p, m.to_string()).unwrap();
+    };
+    set(0, 7.into());
+    set(1, "zed".into());
+    set(2, "7".into());
+    let units = |map: &UnitMap, keep: &dyn Fn(u64) -> bool| {
+        let m = minari::read_mapped(&dir, map, keep).unwrap();
+        (
+            m.units,
+            m.dataset
+                .episodes
+                .iter()
+                .map(|e| (e.id, e.unit))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let all = |_: u64| true;
+    assert_eq!(
+        units(&UnitMap::Episode, &all),
+        (3, vec![(0, 0), (1, 1), (2, 2)])
+    );
+    // Stored units 11 and 12, the third has none: a unit of its own.
+    assert_eq!(
+        units(&UnitMap::Stored, &all),
+        (3, vec![(0, 0), (1, 1), (2, 2)])
+    );
+    let owner = UnitMap::MetadataKey("owner".into());
+    assert_eq!(units(&owner, &all), (2, vec![(0, 0), (1, 1), (2, 0)]));
+    // A reader keeping one unit sees the same numbers and all of that unit's episodes.
+    assert_eq!(units(&owner, &|u| u == 0), (2, vec![(0, 0), (2, 0)]));
+    assert_eq!(units(&owner, &|u| u == 1), (2, vec![(1, 1)]));
+    // A key missing on one episode is refused, naming the episode's file and the key.
+    let e = minari::read_mapped(&dir, &UnitMap::MetadataKey("team".into()), &all).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("\"team\"") && msg.contains("0/metadata.json"),
+        "{msg}"
+    );
+}

@@ -144,6 +144,95 @@ fn import_of_a_python_minari_dataset_assigns_missing_units() {
     assert_eq!(out["summary"]["units"], 3);
 }
 
+/// Issue 58: a Minari dataset with Box actions imports into the continuous format (PriMORL's),
+/// listed and summarised as `continuous/<id with / as ->`; the discrete path is unchanged.
+#[test]
+fn import_of_a_box_action_dataset_goes_to_the_continuous_format() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rl/tests/fixtures/minari/pyfix/pendulum-random-v0");
+    let root = tempfile::tempdir().unwrap();
+    let out = json_of(&fedrl(
+        root.path(),
+        &["data", "import", fixture.to_str().unwrap(), "--json"],
+    ));
+    assert_eq!(out["id"], "continuous/pyfix-pendulum-random-v0");
+    assert_eq!(out["units_assigned"], 1);
+    assert_eq!(out["summary"]["act_dim"], 1);
+    assert_eq!(out["summary"]["steps"], 15);
+    assert!(
+        root.path()
+            .join("continuous/pyfix-pendulum-random-v0.safetensors.sha256")
+            .is_file()
+    );
+    let list = json_of(&fedrl(root.path(), &["data", "list", "--json"]));
+    let ids: Vec<&str> = list["datasets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["continuous/pyfix-pendulum-random-v0"]);
+    let s = json_of(&fedrl(
+        root.path(),
+        &[
+            "data",
+            "summary",
+            "continuous/pyfix-pendulum-random-v0",
+            "--json",
+        ],
+    ));
+    assert_eq!(s["summary"]["env_id"], "Pendulum-v1");
+    assert_eq!(s["summary"]["episodes"], 3);
+}
+
+/// Issue 58: episode metadata keys a data holder recorded survive the import (a scenario maps
+/// units by them), beside the unit fedrl stores.
+#[test]
+fn import_keeps_the_episodes_own_metadata() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rl/tests/fixtures/minari/pyfix/cartpole-random-v0");
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    copy_dir(&fixture, &src);
+    let p = src.join("data/1/metadata.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    m["owner"] = "ann".into();
+    std::fs::write(&p, m.to_string()).unwrap();
+    let root = tmp.path().join("root");
+    json_of(&fedrl(
+        &root,
+        &[
+            "data",
+            "import",
+            src.to_str().unwrap(),
+            "--id",
+            "myorg/c-v0",
+            "--json",
+        ],
+    ));
+    let stored: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("myorg/c-v0/data/1/metadata.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stored["owner"], "ann");
+    assert_eq!(stored["unit"], 12);
+    // The SHA-256 sums cover the merged metadata.
+    assert!(fedrl_rl::offline::cache::verify_content(&root.join("myorg/c-v0")).unwrap());
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
 /// Issue 58: a Minari dataset is imported by its id from Minari's root
 /// (`$MINARI_DATASETS_PATH`), in Minari's arrow backend too; without `--data-dir` or
 /// `$FEDRL_DATA_DIR`, fedrl stores into that same root.

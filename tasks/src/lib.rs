@@ -17,6 +17,7 @@ pub mod central;
 pub mod client;
 pub mod registry;
 pub mod server;
+pub mod stored;
 
 pub mod dppg;
 pub mod loglinear;

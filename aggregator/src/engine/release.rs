@@ -141,7 +141,8 @@ impl ReleaseSpec {
         let (obs_dim, n_actions) = transitions.ok_or_else(|| {
             bad("the caller gave no transition shape for the task's DataRelease".into())
         })?;
-        let episodes_per_unit = task.dataset.episodes_per_unit;
+        // expert_p_min above found a generated experts dataset.
+        let episodes_per_unit = task.dataset.generated().map_or(1, |d| d.episodes_per_unit);
         if cfg.trajectories > scenario.users.saturating_mul(episodes_per_unit) {
             return Err(bad(format!(
                 "trajectories ({}) exceeds the {} demonstrations of the dataset",

@@ -78,7 +78,11 @@ pub(super) fn publish(
         });
     }
     let env = match &scenario.task {
-        fedrl_common::scenario::Task::OfflineCql(t) => t.dataset.env.clone(),
+        // A DataRelease needs a generated experts dataset.
+        fedrl_common::scenario::Task::OfflineCql(t) => t
+            .dataset
+            .generated()
+            .map_or_else(String::new, |d| d.env.clone()),
         _ => String::new(),
     };
     let name: String = env

@@ -18,12 +18,17 @@
 //! checks it once ([`verify_content`]), so bits flipped on disk are an error naming the file,
 //! never silently trained on. Folders stored before this file existed load unchecked.
 //!
+//! A scenario can also name a stored dataset instead of a spec ([`DatasetSource::Stored`]):
+//! [`load_stored_units`] finds it ([`stored_dir`]: a missing one is an error saying how to list
+//! and import), checks its recorded sums, and maps its episodes to units as the scenario states
+//! ([`minari::read_mapped`]); [`load_source_units`] takes either source.
+//!
 //! [`list`] never fails for one bad dataset: it lists the others and marks that one with its
 //! problem ([`Listed::problem`]).
 
 use std::path::{Path, PathBuf};
 
-use fedrl_common::offline::{Behaviour, DatasetSpec};
+use fedrl_common::offline::{Behaviour, DatasetSource, DatasetSpec, StoredDataset};
 use thiserror::Error;
 
 use super::continuous::ContinuousDataset;
@@ -76,6 +81,20 @@ pub enum CacheError {
         path: PathBuf,
         dir: PathBuf,
         problem: String,
+    },
+    #[error(
+        "task.dataset.name: no dataset {name:?} under the data root {root} (see `fedrl data list`; bring one with `fedrl data import PATH --id {name}`)"
+    )]
+    NotStored { name: String, root: PathBuf },
+    #[error(
+        "task.dataset: dataset {name:?} holds Box (continuous) actions, in fedrl's continuous format; this task needs a discrete-action Minari dataset (PriMORL's continuous datasets cannot be named by a scenario yet)"
+    )]
+    Continuous { name: String },
+    #[error("task.dataset: dataset {name:?}: {source}")]
+    Stored {
+        name: String,
+        #[source]
+        source: MinariError,
     },
     #[error(
         "no dataset root: pass --data-dir, set {DATA_DIR_ENV} or {MINARI_ENV}, or set HOME (for ~/.fedrl/datasets)"
@@ -165,6 +184,61 @@ pub fn load_or_generate_units(
             verify_content(&dir)?;
             Ok((minari::read_units(&dir, keep)?.dataset, Source::Cache))
         }
+    }
+}
+
+/// The folder of the stored dataset `name` under `root`; [`CacheError::NotStored`] when there
+/// is none (an invalid id is one).
+pub fn stored_dir(root: &Path, name: &str) -> Result<PathBuf, CacheError> {
+    let missing = || CacheError::NotStored {
+        name: name.to_string(),
+        root: root.to_path_buf(),
+    };
+    if let Some(file) = name.strip_prefix("continuous/")
+        && !file.contains(['/', '\\'])
+        && root
+            .join("continuous")
+            .join(format!("{file}.safetensors"))
+            .is_file()
+    {
+        return Err(CacheError::Continuous {
+            name: name.to_string(),
+        });
+    }
+    let dir = minari::dataset_dir(root, name).map_err(|_| missing())?;
+    if !dir.join("data").join("metadata.json").is_file() {
+        return Err(missing());
+    }
+    Ok(dir)
+}
+
+/// Reads the stored dataset `stored` under `root` with its episodes mapped to units
+/// ([`minari::read_mapped`]), keeping the units `keep` accepts; the folder's recorded SHA-256
+/// sums are checked first ([`verify_content`]; `fedrl data import` and generation record them).
+pub fn load_stored_units(
+    stored: &StoredDataset,
+    root: &Path,
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<minari::MappedDataset, CacheError> {
+    let dir = stored_dir(root, &stored.name)?;
+    verify_content(&dir)?;
+    minari::read_mapped(&dir, &stored.units, keep).map_err(|source| CacheError::Stored {
+        name: stored.name.clone(),
+        source,
+    })
+}
+
+/// [`load_or_generate_units`] for either source: a generation spec's dataset (generated if
+/// missing), or a stored dataset read with its unit mapping ([`load_stored_units`]).
+pub fn load_source_units(
+    source: &DatasetSource,
+    root: &Path,
+    progress: &mut dyn FnMut(Progress),
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<(Dataset, Source), CacheError> {
+    match source {
+        DatasetSource::Generated(spec) => load_or_generate_units(spec, root, progress, keep),
+        DatasetSource::Stored(s) => Ok((load_stored_units(s, root, keep)?.dataset, Source::Cache)),
     }
 }
 

@@ -7,8 +7,9 @@
 //! episode's `len + 1` observations in turn), `actions` (`[steps, act_dim]`), `rewards`
 //! (`[steps]`), and per episode `units`, `lengths` (I64) and `terminated` (U8); the environment
 //! id, the dimensions and the generating procedure are JSON metadata. The discrete datasets of
-//! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own (Minari's
-//! Box-action layout is HDF5-based and nothing here reads it).
+//! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own. A Minari
+//! dataset with a 1-D float32 Box action space (parquet or arrow) is imported into it by
+//! [`import_minari`] (`fedrl data import`), its SHA-256 sidecar written as for a generated one.
 
 use std::path::Path;
 
@@ -1054,4 +1055,84 @@ fn generate_and_save(
     }
     ds.save(path)?;
     Ok(ds)
+}
+
+/// A Box-action Minari dataset imported into this format ([`import_minari`]).
+#[derive(Clone, Debug)]
+pub struct Imported {
+    /// The stored file, `root/continuous/<name>.safetensors` (listed as `continuous/<name>`).
+    pub path: std::path::PathBuf,
+    pub dataset: ContinuousDataset,
+    /// Episodes whose metadata named no unit: each became a unit of its own, numbered after
+    /// the largest unit present, in episode order.
+    pub units_assigned: usize,
+}
+
+/// The name a Minari dataset `id` is stored under in `root/continuous/`: the id with each `/`
+/// replaced by `-` (a file name; `fedrl data list` shows `continuous/<name>`).
+pub fn imported_name(id: &str) -> String {
+    id.replace('/', "-")
+}
+
+/// Imports the Minari dataset folder `dir` (a 1-D float32 Box action space, parquet or arrow)
+/// as a continuous dataset stored under `root/continuous/` by [`imported_name`] of `id`, with
+/// its SHA-256 sidecar ([`ContinuousDataset::save`]). The environment is the one the dataset
+/// records; the procedure says where it came from. An existing file of that name is an error,
+/// never overwritten.
+pub fn import_minari(dir: &Path, id: &str, root: &Path) -> Result<Imported> {
+    super::minari::check_id(id).map_err(|e| invalid(e.to_string()))?;
+    let (h, eps) = super::minari::read_box(dir).map_err(|e| invalid(e.to_string()))?;
+    let act_dim = match h.action {
+        super::minari::ActionSpace::Box(d) => d,
+        ref other => return Err(invalid(format!("not a Box action space: {other}"))),
+    };
+    let mut next = eps.iter().filter_map(|e| e.unit).max().map_or(0, |u| u + 1);
+    let mut units_assigned = 0;
+    let episodes = eps
+        .into_iter()
+        .map(|e| {
+            let unit = e.unit.unwrap_or_else(|| {
+                units_assigned += 1;
+                next += 1;
+                next - 1
+            });
+            ContinuousEpisode {
+                unit,
+                observations: e.observations,
+                actions: e.actions,
+                rewards: e.rewards,
+                terminated: e.terminated,
+            }
+        })
+        .collect();
+    let dataset = ContinuousDataset {
+        meta: ContinuousMeta {
+            env_id: h.env_id.clone(),
+            obs_dim: h.obs_dim,
+            act_dim,
+            procedure: serde_json::json!({
+                "imported_from": h.id,
+                "minari_version": h.minari_version,
+            }),
+        },
+        episodes,
+    };
+    let path = root
+        .join("continuous")
+        .join(format!("{}.safetensors", imported_name(id)));
+    if path.exists() {
+        return Err(invalid(format!(
+            "{}: a continuous dataset with this name exists already",
+            path.display()
+        )));
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    dataset.save(&path)?;
+    Ok(Imported {
+        path,
+        dataset,
+        units_assigned,
+    })
 }

@@ -22,6 +22,16 @@
 //! `metadata.json` (`update_episode_metadata` merges keys into it), so the privacy unit owning an
 //! episode rides along as the key `"unit"` there; Python reads it with
 //! `dataset.storage.get_episode_metadata([i])`.
+//!
+//! **Stored datasets as a scenario's data.** [`read_mapped`] reads a dataset with its episodes
+//! mapped to privacy units as the scenario states ([`UnitMap`]: one per episode, the stored
+//! `unit`, or equal values of an episode metadata key such as an owner). Units are numbered by
+//! the first appearance of their key in episode-id order, so every reader derives the same
+//! numbers from the same files, and episodes with one key are always one unit (never split).
+//!
+//! **Box actions.** [`header`] reports the action space; [`read_box`] reads a 1-D float32 Box
+//! dataset (Minari stores those actions as fixed-size lists of float32, padded like the rest),
+//! which `fedrl data import` stores in fedrl's continuous format ([`super::continuous`]).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -38,6 +48,8 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
+
+use fedrl_common::offline::UnitMap;
 
 use super::dataset::{Dataset, Episode};
 
@@ -484,16 +496,61 @@ pub(super) fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), M
             )
         })
     };
+    match parse_spaces(meta, path)? {
+        (obs_dim, ActionSpace::Discrete(n)) => Ok((obs_dim, n)),
+        _ => Err(layout(
+            path,
+            format!(
+                "action_space must be Discrete(n) starting at 0, got {}",
+                get("action_space")?
+            ),
+        )),
+    }
+}
+
+/// An action space as a dataset's metadata declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActionSpace {
+    /// `Discrete(n)` starting at 0.
+    Discrete(usize),
+    /// A 1-D float32 `Box` of this many dimensions.
+    Box(usize),
+    /// Anything else, as Minari serialised it.
+    Other(String),
+}
+
+impl std::fmt::Display for ActionSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ActionSpace::Discrete(n) => write!(f, "Discrete({n})"),
+            ActionSpace::Box(d) => write!(f, "a float32 Box of {d} dimensions"),
+            ActionSpace::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// The observation size (a flat float32 Box, required) and the action space of `meta`.
+fn parse_spaces(meta: &Value, path: &Path) -> Result<(usize, ActionSpace), MinariError> {
+    let get = |k: &str| {
+        meta.get(k).and_then(Value::as_str).ok_or_else(|| {
+            layout(
+                path,
+                format!("{k} is missing (fedrl needs the spaces stored in the metadata)"),
+            )
+        })
+    };
     let obs = parse_space(get("observation_space")?, path, "observation_space")?;
     let act = parse_space(get("action_space")?, path, "action_space")?;
-    let shape: Option<Vec<u64>> = obs.get("shape").and_then(|s| {
-        s.as_array()
-            .map(|a| a.iter().filter_map(Value::as_u64).collect())
-    });
+    let shape_of = |v: &Value| -> Option<Vec<u64>> {
+        v.get("shape").and_then(|s| {
+            s.as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        })
+    };
     let obs_dim = match (
         obs.get("type").and_then(Value::as_str),
         obs.get("dtype").and_then(Value::as_str),
-        shape.as_deref(),
+        shape_of(&obs).as_deref(),
     ) {
         (Some("Box"), Some("float32"), Some([n])) if *n > 0 => *n as usize,
         _ => {
@@ -506,23 +563,22 @@ pub(super) fn read_spaces(meta: &Value, path: &Path) -> Result<(usize, usize), M
             ));
         }
     };
-    let n_actions = match (
+    let action = match (
         act.get("type").and_then(Value::as_str),
         act.get("start").and_then(Value::as_i64),
         act.get("n").and_then(Value::as_u64),
     ) {
-        (Some("Discrete"), Some(0), Some(n)) if n > 0 => n as usize,
-        _ => {
-            return Err(layout(
-                path,
-                format!(
-                    "action_space must be Discrete(n) starting at 0, got {}",
-                    get("action_space")?
-                ),
-            ));
-        }
+        (Some("Discrete"), Some(0), Some(n)) if n > 0 => ActionSpace::Discrete(n as usize),
+        _ => match (
+            act.get("type").and_then(Value::as_str),
+            act.get("dtype").and_then(Value::as_str),
+            shape_of(&act).as_deref(),
+        ) {
+            (Some("Box"), Some("float32"), Some([n])) if *n > 0 => ActionSpace::Box(*n as usize),
+            _ => ActionSpace::Other(get("action_space")?.to_string()),
+        },
     };
-    Ok((obs_dim, n_actions))
+    Ok((obs_dim, action))
 }
 
 /// The episode's data files: every file of its folder that pyarrow's dataset reader would
@@ -563,7 +619,12 @@ fn no_nulls(a: &dyn Array, name: &str, path: &Path) -> Result<(), MinariError> {
 #[derive(Default)]
 struct Columns {
     obs: Vec<f32>,
+    /// Discrete actions; for a Box action space, one 0 per row (so its length counts rows).
     actions: Vec<i64>,
+    /// Box actions, `act_dim` values per row (empty for a discrete space).
+    box_actions: Vec<f32>,
+    /// Size of a Box action; 0 for a discrete space.
+    act_dim: usize,
     rewards: Vec<f64>,
     terminations: Vec<bool>,
     truncations: Vec<bool>,
@@ -618,7 +679,35 @@ fn append_batch(
 
     let actions = column(b, "actions", path)?;
     no_nulls(actions.as_ref(), "actions", path)?;
-    if let Some(a) = actions.as_any().downcast_ref::<Int64Array>() {
+    if out.act_dim > 0 {
+        // Minari's encoding of a 1-D Box: a fixed-size list of float32 per row.
+        let list = actions
+            .as_any()
+            .downcast_ref::<FixedSizeListArray>()
+            .filter(|l| l.value_length() as usize == out.act_dim)
+            .ok_or_else(|| {
+                layout(
+                    path,
+                    format!(
+                        "actions are {}, expected lists of {} float32 (the Box action space)",
+                        actions.data_type(),
+                        out.act_dim
+                    ),
+                )
+            })?;
+        let vals = list
+            .values()
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .ok_or_else(|| layout(path, "Box actions do not hold float32"))?;
+        no_nulls(vals, "actions", path)?;
+        let len = list.len() * out.act_dim;
+        if vals.len() < len {
+            return Err(layout(path, "action values shorter than their lists"));
+        }
+        out.box_actions.extend_from_slice(&vals.values()[..len]);
+        out.actions.extend(std::iter::repeat_n(0, list.len()));
+    } else if let Some(a) = actions.as_any().downcast_ref::<Int64Array>() {
         out.actions.extend_from_slice(a.values());
     } else if let Some(a) = actions.as_any().downcast_ref::<Int32Array>() {
         out.actions.extend(a.values().iter().map(|&x| i64::from(x)));
@@ -679,18 +768,22 @@ fn episode_meta(data: &Path, id: u64) -> Result<(Option<u64>, Option<u64>), Mina
     Ok((unit, total_steps))
 }
 
-/// Decodes episode `id` (its unit left at 0), checking it against its metadata's
-/// `total_steps` when given.
-fn read_episode(
+/// The columns of episode `id` (`act_dim` 0: discrete actions, else a Box of that size), with
+/// their row counts checked against each other and against `total_steps` when given. Returns
+/// the columns and the number of steps (rows less Minari's padding row).
+fn read_columns(
     data: &Path,
     format: StorageFormat,
     id: u64,
     obs_dim: usize,
-    n_actions: usize,
+    act_dim: usize,
     total_steps: Option<u64>,
-) -> Result<Episode, MinariError> {
+) -> Result<(Columns, usize), MinariError> {
     let ep_dir = data.join(id.to_string());
-    let mut cols = Columns::default();
+    let mut cols = Columns {
+        act_dim,
+        ..Columns::default()
+    };
     for part in part_files(&ep_dir)? {
         let file = File::open(&part).map_err(io_err(&part))?;
         let arrow = |source| MinariError::Arrow {
@@ -726,6 +819,7 @@ fn read_episode(
         return Err(layout(&ep_dir, "the episode has no rows"));
     }
     if cols.obs.len() != rows * obs_dim
+        || cols.box_actions.len() != rows * act_dim
         || cols.rewards.len() != rows
         || cols.terminations.len() != rows
         || cols.truncations.len() != rows
@@ -744,6 +838,33 @@ fn read_episode(
             format!("total_steps is {t} but the episode file has {steps} steps"),
         ));
     }
+    if let Some(r) = cols.rewards[..steps].iter().find(|r| !r.is_finite()) {
+        return Err(layout(&ep_dir, format!("non-finite reward {r}")));
+    }
+    if let Some(x) = cols.obs.iter().find(|x| !x.is_finite()) {
+        return Err(layout(&ep_dir, format!("non-finite observation value {x}")));
+    }
+    if let Some(x) = cols.box_actions[..steps * act_dim]
+        .iter()
+        .find(|x| !x.is_finite())
+    {
+        return Err(layout(&ep_dir, format!("non-finite action value {x}")));
+    }
+    Ok((cols, steps))
+}
+
+/// Decodes episode `id` (its unit left at 0), checking it against its metadata's
+/// `total_steps` when given.
+fn read_episode(
+    data: &Path,
+    format: StorageFormat,
+    id: u64,
+    obs_dim: usize,
+    n_actions: usize,
+    total_steps: Option<u64>,
+) -> Result<Episode, MinariError> {
+    let ep_dir = data.join(id.to_string());
+    let (mut cols, steps) = read_columns(data, format, id, obs_dim, 0, total_steps)?;
     let mut actions = Vec::with_capacity(steps);
     for &a in &cols.actions[..steps] {
         if a < 0 || a as u64 >= n_actions as u64 {
@@ -797,6 +918,116 @@ pub fn totals(dir: &Path) -> Result<(u64, u64), MinariError> {
 /// against the metadata, actions in range, finite values.
 pub fn read(dir: &Path) -> Result<ReadDataset, MinariError> {
     read_units(dir, &|_| true)
+}
+
+/// What a dataset's `data/metadata.json` declares, read without any episode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    /// `dataset_id`.
+    pub id: String,
+    /// Size of the flat float32 observation.
+    pub obs_dim: usize,
+    pub action: ActionSpace,
+    pub total_episodes: u64,
+    pub total_steps: u64,
+    /// The environment the dataset records: fedrl's `fedrl_env_id`, else the id of Gymnasium's
+    /// `env_spec`; empty when neither is stored.
+    pub env_id: String,
+    /// The `minari_version` that wrote the file (empty when absent).
+    pub minari_version: String,
+    /// The columnar backend; `None` for HDF5.
+    format: Option<StorageFormat>,
+}
+
+impl Header {
+    /// The columnar backend the episode readers here need; HDF5 is an error saying what to do
+    /// (`what` says which reader).
+    fn columnar(
+        &self,
+        meta_path: &Path,
+        what: &str,
+        fix: &str,
+    ) -> Result<StorageFormat, MinariError> {
+        self.format.ok_or_else(|| {
+            layout(
+                meta_path,
+                format!(
+                    "data_format is \"hdf5\": {what} reads Minari's \"parquet\" and \"arrow\" \
+                     backends; {fix}"
+                ),
+            )
+        })
+    }
+}
+
+/// Reads `dir/data/metadata.json` (`dir` = `root/<id>`): the storage format (parquet, arrow
+/// or HDF5), the spaces (a 1-D float32 Box observation; any action
+/// space, reported in [`Header::action`]), the counts and the recorded environment.
+pub fn header(dir: &Path) -> Result<Header, MinariError> {
+    let data = dir.join("data");
+    if !data.is_dir() {
+        return Err(layout(
+            dir,
+            "not a Minari dataset folder: it has no data/ subfolder",
+        ));
+    }
+    let meta_path = data.join("metadata.json");
+    let meta = read_json(&meta_path)?;
+    // HDF5 is named here, not refused: only the episode readers need the columnar backends
+    // (`read` handles HDF5 its own way).
+    let format = match meta.get("data_format").and_then(Value::as_str) {
+        Some("parquet") => Some(StorageFormat::Parquet),
+        Some("arrow") => Some(StorageFormat::Arrow),
+        Some("hdf5") => None,
+        other => {
+            return Err(layout(
+                &meta_path,
+                format!(
+                    "data_format is {}; fedrl reads Minari's \"parquet\", \"arrow\" and \"hdf5\" backends",
+                    other.map_or_else(|| "missing".to_string(), |f| format!("{f:?}"))
+                ),
+            ));
+        }
+    };
+    let (obs_dim, action) = parse_spaces(&meta, &meta_path)?;
+    let id = meta
+        .get("dataset_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| layout(&meta_path, "dataset_id is missing"))?
+        .to_string();
+    let minari_version = meta
+        .get("minari_version")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let total_episodes = meta
+        .get("total_episodes")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| layout(&meta_path, "total_episodes is missing"))?;
+    let total_steps = meta
+        .get("total_steps")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| layout(&meta_path, "total_steps is missing"))?;
+    let env_id = match meta.get("fedrl_env_id").and_then(Value::as_str) {
+        Some(e) => e.to_string(),
+        None => match meta.get("env_spec").and_then(Value::as_str) {
+            Some(spec) => serde_json::from_str::<Value>(spec)
+                .ok()
+                .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string))
+                .ok_or_else(|| layout(&meta_path, "env_spec has no id"))?,
+            None => String::new(),
+        },
+    };
+    Ok(Header {
+        id,
+        obs_dim,
+        action,
+        total_episodes,
+        total_steps,
+        env_id,
+        minari_version,
+        format,
+    })
 }
 
 /// [`read`], keeping only the episodes of the units `keep` accepts (a client agent hosting a
@@ -913,4 +1144,235 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
         units_assigned,
         minari_version,
     })
+}
+
+/// A stored dataset read with its episodes mapped to privacy units ([`read_mapped`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappedDataset {
+    /// The kept episodes, each with its unit (0-based, dense).
+    pub dataset: Dataset,
+    /// Units in the whole dataset (kept or not). Operator-only: an exact count.
+    pub units: u64,
+}
+
+/// The key under which [`UnitMap`] groups an episode: equal keys, one unit. `None` for an
+/// episode that is a unit of its own.
+fn unit_key(map: &UnitMap, meta: &Value, meta_path: &Path) -> Result<Option<String>, MinariError> {
+    match map {
+        // Transition-level units are numbered by the task (PrivORL-n); episodes stay apart.
+        UnitMap::Episode | UnitMap::Transition => Ok(None),
+        UnitMap::Stored => match meta.get(UNIT_KEY) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(|u| Some(u.to_string())).ok_or_else(|| {
+                layout(
+                    meta_path,
+                    format!("{UNIT_KEY} is {v}, expected an unsigned integer"),
+                )
+            }),
+        },
+        UnitMap::MetadataKey(key) => match meta.get(key) {
+            None | Some(Value::Null) => Err(layout(
+                meta_path,
+                format!(
+                    "the episode has no {key:?} in its metadata, and units = {{ metadata_key = \
+                     {key:?} }} needs it on every episode (an episode without an owner cannot \
+                     be put in the right unit)"
+                ),
+            )),
+            // A string and the number it spells are one owner: merging two spellings makes
+            // a larger unit (more protection), splitting them would make an owner two units.
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Ok(Some(v.to_string())),
+        },
+    }
+}
+
+/// Reads the dataset in `dir` as [`read_units`] does, with episodes mapped to privacy units by
+/// `map`: units are numbered 0, 1, ... in the order of their first episode (episodes in id
+/// order), so the numbering is a function of the files alone and every reader (the aggregator,
+/// each client agent) gets the same. `keep` sees those numbers. Episodes with equal keys are one
+/// unit, never split; with [`UnitMap::Stored`] an episode without a stored unit is a unit of
+/// its own.
+pub fn read_mapped(
+    dir: &Path,
+    map: &UnitMap,
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<MappedDataset, MinariError> {
+    let h = header(dir)?;
+    let data = dir.join("data");
+    let meta_path = data.join("metadata.json");
+    let format = h.columnar(
+        &meta_path,
+        "a scenario's stored dataset",
+        "copy it into the data root with `fedrl data import PATH --id NEW_ID` (stored as \
+         parquet) and name NEW_ID",
+    )?;
+    let n_actions = match &h.action {
+        ActionSpace::Discrete(n) => *n,
+        other => {
+            return Err(layout(
+                &meta_path,
+                format!("action_space must be Discrete(n) starting at 0, got {other}"),
+            ));
+        }
+    };
+    let mut ids = std::collections::HashMap::<String, u64>::new();
+    let mut units = 0u64;
+    let mut episodes = Vec::new();
+    let mut steps = 0u64;
+    for i in 0..h.total_episodes {
+        let ep_meta_path = data.join(i.to_string()).join("metadata.json");
+        let meta = read_json(&ep_meta_path)?;
+        let total = match meta.get("total_steps") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                layout(
+                    &ep_meta_path,
+                    format!("total_steps is {v}, expected an unsigned integer"),
+                )
+            })?),
+        };
+        let unit = match unit_key(map, &meta, &ep_meta_path)? {
+            Some(k) => *ids.entry(k).or_insert_with(|| {
+                units += 1;
+                units - 1
+            }),
+            None => {
+                units += 1;
+                units - 1
+            }
+        };
+        match (keep(unit), total) {
+            (false, Some(t)) => steps = steps.saturating_add(t),
+            (kept, _) => {
+                let mut e = read_episode(&data, format, i, h.obs_dim, n_actions, total)?;
+                steps = steps.saturating_add(e.len() as u64);
+                if kept {
+                    e.unit = unit;
+                    episodes.push(e);
+                }
+            }
+        }
+    }
+    if steps != h.total_steps {
+        return Err(layout(
+            &meta_path,
+            format!(
+                "total_steps is {} but the episodes hold {steps} steps",
+                h.total_steps
+            ),
+        ));
+    }
+    Ok(MappedDataset {
+        dataset: Dataset {
+            id: h.id,
+            env_id: h.env_id,
+            obs_dim: h.obs_dim,
+            n_actions,
+            episodes,
+        },
+        units,
+    })
+}
+
+/// Episode `id`'s metadata keys other than the ones fedrl writes itself (`id`, `total_steps`,
+/// `unit`): e.g. an `owner` a data holder recorded, kept through `fedrl data import` so that a
+/// scenario can map units by it.
+pub fn extra_episode_metadata(dir: &Path, id: u64) -> Result<Map<String, Value>, MinariError> {
+    let path = dir.join("data").join(id.to_string()).join("metadata.json");
+    let mut m = match read_json(&path)? {
+        Value::Object(m) => m,
+        other => return Err(layout(&path, format!("not a JSON object: {other}"))),
+    };
+    for k in ["id", "total_steps", UNIT_KEY] {
+        m.remove(k);
+    }
+    Ok(m)
+}
+
+/// Adds `extra` to episode `id`'s metadata in the dataset folder `dir` (keys already there are
+/// kept: fedrl's own win).
+pub fn add_episode_metadata(
+    dir: &Path,
+    id: u64,
+    extra: &Map<String, Value>,
+) -> Result<(), MinariError> {
+    if extra.is_empty() {
+        return Ok(());
+    }
+    let path = dir.join("data").join(id.to_string()).join("metadata.json");
+    let mut m = match read_json(&path)? {
+        Value::Object(m) => m,
+        other => return Err(layout(&path, format!("not a JSON object: {other}"))),
+    };
+    for (k, v) in extra {
+        m.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    write_json(&path, &Value::Object(m))
+}
+
+/// One episode of a Box-action dataset as Minari stores it ([`read_box`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BoxEpisode {
+    /// Episode id (its folder).
+    pub id: u64,
+    /// The unit stored with it (episode metadata `unit`), if any.
+    pub unit: Option<u64>,
+    /// `len + 1` rows of `obs_dim`.
+    pub observations: Vec<f32>,
+    /// `len` rows of `act_dim`.
+    pub actions: Vec<f32>,
+    pub rewards: Vec<f32>,
+    /// Whether the last step terminated the episode (else a time limit cut it).
+    pub terminated: bool,
+}
+
+/// Reads every episode of a dataset whose action space is a 1-D float32 Box, with the same
+/// checks as [`read`] (episode count, lengths against the metadata, finite values). Returns
+/// the header and the episodes in id order.
+pub fn read_box(dir: &Path) -> Result<(Header, Vec<BoxEpisode>), MinariError> {
+    let h = header(dir)?;
+    let data = dir.join("data");
+    let meta_path = data.join("metadata.json");
+    let format = h.columnar(
+        &meta_path,
+        "the Box-action import",
+        "re-record the dataset with minari.DataCollector(env, data_format=\"parquet\"), or \
+         copy its episodes into one with minari.create_dataset_from_buffers(..., \
+         data_format=\"parquet\")",
+    )?;
+    let act_dim = match h.action {
+        ActionSpace::Box(d) => d,
+        ref other => {
+            return Err(layout(
+                &meta_path,
+                format!("action_space must be a 1-D float32 Box, got {other}"),
+            ));
+        }
+    };
+    let mut episodes = Vec::with_capacity(h.total_episodes as usize);
+    let mut steps_sum = 0u64;
+    for i in 0..h.total_episodes {
+        let (unit, total) = episode_meta(&data, i)?;
+        let (cols, steps) = read_columns(&data, format, i, h.obs_dim, act_dim, total)?;
+        steps_sum = steps_sum.saturating_add(steps as u64);
+        episodes.push(BoxEpisode {
+            id: i,
+            unit,
+            observations: cols.obs,
+            actions: cols.box_actions[..steps * act_dim].to_vec(),
+            rewards: cols.rewards[..steps].iter().map(|&r| r as f32).collect(),
+            terminated: steps > 0 && cols.terminations[steps - 1],
+        });
+    }
+    if steps_sum != h.total_steps {
+        return Err(layout(
+            &meta_path,
+            format!(
+                "total_steps is {} but the episodes hold {steps_sum} steps",
+                h.total_steps
+            ),
+        ));
+    }
+    Ok((h, episodes))
 }

@@ -12,6 +12,9 @@
 //!   [`train`]: the non-private CQL trainer and the greedy evaluation; [`dpsgd`]: one DP-SGD
 //!   step's per-unit work, shared by the federated agent and the central aggregator;
 //!   [`td3bc`]: TD3+BC for continuous-action datasets (PrivORL's downstream learner).
+//! - stored datasets a scenario names (`[task.dataset] name = ...`): [`cache::load_source_units`]
+//!   (found, checked, episodes mapped to units by [`minari::read_mapped`]); Box-action Minari
+//!   datasets are read by [`minari::read_box`] and imported by [`continuous::import_minari`].
 
 pub mod adam;
 pub mod batch;
@@ -32,7 +35,7 @@ pub mod train;
 
 pub use adam::Adam;
 pub use batch::TransitionBatch;
-pub use cache::{data_root, load_or_generate, load_or_generate_units};
+pub use cache::{data_root, load_or_generate, load_or_generate_units, load_source_units};
 pub use cql::loss_and_grad;
 pub use dataset::{Dataset, DatasetSummary, Episode};
 pub use experts::{ExpertReturns, ExpertSet};

@@ -6,7 +6,9 @@
 //! - `summary ID_OR_PATH [--json]`: episodes, steps, units, return quantiles (and, for an
 //!   experts dataset, the spread of the experts' mean returns).
 //! - `import PATH [--id NEW_ID]`: copies a Minari dataset folder (e.g. written by Python
-//!   minari) into the root, validated; episodes without a unit id become one unit each.
+//!   minari) into the root, validated; episodes without a unit id become one unit each, and
+//!   every other episode metadata key (an `owner`, ...) is kept, so that a scenario can name the
+//!   dataset (`[task.dataset] name = ...`) and map units by it.
 //!
 //! The root is `--data-dir`, else `$FEDRL_DATA_DIR`, else `$MINARI_DATASETS_PATH`, else
 //! `~/.fedrl/datasets`; it is a Minari
@@ -41,7 +43,8 @@ enum DataCommand {
     List(ListArgs),
     /// Summarise a dataset: episodes, steps, units, return quantiles.
     Summary(SummaryArgs),
-    /// Import a Minari dataset folder from disk into the root.
+    /// Import a Minari dataset folder from disk into the root (Box actions: into the continuous
+    /// format, listed as `continuous/<id with / as ->`).
     Import(ImportArgs),
 }
 
@@ -621,13 +624,28 @@ fn summary(a: SummaryArgs) -> anyhow::Result<ExitCode> {
 fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
     let root = root(&a.root)?;
     let path = import_source(&a.path)?;
+    let header = minari::header(&path).with_context(|| format!("importing {}", path.display()))?;
+    if let minari::ActionSpace::Box(_) = header.action {
+        return import_box(&a, &path, &header, &root);
+    }
     let read = minari::read(&path).with_context(|| format!("importing {}", path.display()))?;
     let mut dataset = read.dataset;
     if let Some(id) = a.id {
         minari::check_id(&id).map_err(|e| UsageError(e.to_string()))?;
         dataset.id = id;
     }
-    let dir = cache::store(&dataset, &root, None)?;
+    // Episode metadata beyond fedrl's own keys (e.g. an `owner` a scenario maps units by) is
+    // copied into the stored episodes before the SHA-256 sums are written.
+    let mut extras = Vec::with_capacity(dataset.episodes.len());
+    for e in &dataset.episodes {
+        extras.push((e.id, minari::extra_episode_metadata(&path, e.id)?));
+    }
+    let dir = cache::store_with(&dataset, &root, None, &|tmp| {
+        for (id, extra) in &extras {
+            minari::add_episode_metadata(tmp, *id, extra)?;
+        }
+        Ok(())
+    })?;
     let s = dataset.summary();
     if a.json {
         println!(
@@ -649,6 +667,50 @@ fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
             );
         }
         print_summary(&s);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A Box-action Minari dataset goes into the continuous format PriMORL reads
+/// (`root/continuous/<id with / as ->.safetensors`, SHA-256 sidecar beside it).
+fn import_box(
+    a: &ImportArgs,
+    path: &Path,
+    header: &minari::Header,
+    root: &Path,
+) -> anyhow::Result<ExitCode> {
+    let id = a.id.clone().unwrap_or_else(|| header.id.clone());
+    minari::check_id(&id).map_err(|e| UsageError(e.to_string()))?;
+    let imported = fedrl_rl::offline::continuous::import_minari(path, &id, root)
+        .with_context(|| format!("importing {}", path.display()))?;
+    let listed = format!(
+        "continuous/{}",
+        fedrl_rl::offline::continuous::imported_name(&id)
+    );
+    let s = imported.dataset.summary();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "id": listed,
+                "path": imported.path,
+                "units_assigned": imported.units_assigned,
+                "summary": s,
+            })
+        );
+    } else {
+        println!("imported: {listed} (Box actions: the continuous format)");
+        println!("path: {}", imported.path.display());
+        if imported.units_assigned > 0 {
+            println!(
+                "{} episodes named no unit: each became a unit of its own",
+                imported.units_assigned
+            );
+        }
+        println!(
+            "env: {}  obs_dim {}  act_dim {}  episodes {}  steps {}",
+            s.env_id, s.obs_dim, s.act_dim, s.episodes, s.steps
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

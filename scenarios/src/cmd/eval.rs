@@ -177,11 +177,13 @@ fn run_target(dir: &Path, policy: Option<&Path>) -> anyhow::Result<Target> {
             Population::new(&t.population, t.population_seed)
                 .map_err(|e| UsageError(e.to_string()))?,
         ),
-        Task::OfflineCql(t) => (
-            t.dataset.env.clone(),
-            Population::new(&t.dataset.env, t.dataset.population_seed)
-                .map_err(|e| UsageError(e.to_string()))?,
-        ),
+        Task::OfflineCql(t) => {
+            // A stored dataset's environment: the scenario's, else the one it records.
+            let (env, seed) = fedrl_tasks::stored::source_env(&t.dataset)
+                .map_err(|e| UsageError(e.to_string()))?;
+            let population = Population::new(&env, seed).map_err(|e| UsageError(e.to_string()))?;
+            (env, population)
+        }
         other => {
             return Err(UsageError(format!(
                 "a `{}` run exports no policy fedrl eval plays (its report holds its \

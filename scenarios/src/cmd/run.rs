@@ -854,15 +854,21 @@ fn interrupted(e: anyhow::Error) -> anyhow::Result<ExitCode> {
 fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Result<()> {
     if let fedrl_common::scenario::Task::OfflineCql(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
+        let spec = match &t.dataset {
+            fedrl_common::offline::DatasetSource::Generated(spec) => spec,
+            fedrl_common::offline::DatasetSource::Stored(s) => {
+                return prepare_stored(scenario, s);
+            }
+        };
         let bar = crate::cmd::data::generation_bar()?;
         // Checked against its spec (or generated), but no episode read: the agents read
         // their own units' episodes.
-        fedrl_rl::offline::cache::prepare(&t.dataset, &root, &mut |p| {
+        fedrl_rl::offline::cache::prepare(spec, &root, &mut |p| {
             crate::cmd::data::show_generation(&bar, &p)
         })
         .with_context(|| format!("preparing the dataset under {}", root.display()))?;
         bar.finish_and_clear();
-        let id = t.dataset.minari_id();
+        let id = spec.minari_id();
         let (episodes, steps) = fedrl_rl::offline::minari::totals(
             &fedrl_rl::offline::minari::dataset_dir(&root, &id)?,
         )?;
@@ -870,7 +876,7 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
         eprintln!(
             "operator-only (exact counts, do not publish): dataset {id}: {episodes} episodes \
              ({steps} steps) of {} units",
-            t.dataset.units
+            spec.units
         );
     }
     if let fedrl_common::scenario::Task::Privorl(t) = &scenario.task {
@@ -895,6 +901,34 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
     Ok(())
 }
 
+/// A stored dataset named by the scenario (`[task.dataset] name = ...`), checked once before
+/// any process starts: it exists under the data root, its recorded SHA-256 sums match, every
+/// episode maps to a unit (a metadata key present on each), and the scenario's `users` equals
+/// its unit count. The agents then read their own units' episodes with the same mapping.
+fn prepare_stored(
+    scenario: &fedrl_common::scenario::Scenario,
+    s: &fedrl_common::offline::StoredDataset,
+) -> anyhow::Result<()> {
+    let root = fedrl_rl::offline::data_root(None)?;
+    let dir = fedrl_rl::offline::cache::stored_dir(&root, &s.name)?;
+    if !fedrl_rl::offline::cache::verify_content(&dir)? {
+        eprintln!(
+            "warning: dataset {} records no SHA-256 sums (stored by hand, not by `fedrl data \
+             import`): it is read unchecked",
+            s.name
+        );
+    }
+    let units = fedrl_tasks::stored::check_units(s, scenario.users)?;
+    let (episodes, steps) = fedrl_rl::offline::minari::totals(&dir)?;
+    eprintln!(
+        "operator-only (exact counts, do not publish): dataset {}: {episodes} episodes \
+         ({steps} steps) in {units} units under {}",
+        s.name,
+        fedrl_tasks::stored::describe(&s.units)
+    );
+    Ok(())
+}
+
 /// PrivORL: both datasets (sensitive and public) are generated or found in the cache, and the
 /// synthesizer is pre-trained on the public data here, with its progress in the terminal, and
 /// cached beside the datasets (the aggregator then reads it instead of pre-training before it
@@ -904,7 +938,18 @@ fn prepare_privorl(
     t: &fedrl_common::task::privorl::PrivorlTask,
 ) -> anyhow::Result<()> {
     let root = fedrl_rl::offline::data_root(None)?;
-    for (what, spec) in [("sensitive", &t.dataset), ("public", &t.public)] {
+    let mut specs = vec![("public", &t.public)];
+    match &t.dataset {
+        fedrl_common::offline::DatasetSource::Generated(d) => specs.insert(0, ("sensitive", d)),
+        // A stored sensitive dataset: found, its SHA-256 sums checked, nothing generated (its
+        // transition count is checked against task.transitions where the units are split).
+        fedrl_common::offline::DatasetSource::Stored(s) => {
+            let dir = fedrl_rl::offline::cache::stored_dir(&root, &s.name)?;
+            fedrl_rl::offline::cache::verify_content(&dir)?;
+            eprintln!("privorl: sensitive dataset {} (stored) checked", s.name);
+        }
+    }
+    for (what, spec) in specs {
         let t0 = std::time::Instant::now();
         let bar = crate::cmd::data::generation_bar()?;
         fedrl_rl::offline::cache::prepare(spec, &root, &mut |p| {

@@ -50,13 +50,11 @@ impl CqlTrainer {
         let t0 = std::time::Instant::now();
         // Only the hosted units' episodes are read (an agent hosts a share of the units).
         let is_hosted = |u: UnitId| hosted.iter().any(|r| r.contains(u));
-        let (dataset, _) = fedrl_rl::offline::load_or_generate_units(
-            &task.dataset,
-            &root,
-            &mut |_| {},
-            &is_hosted,
-        )
-        .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        // A stored dataset: its SHA-256 sums are checked and its episodes mapped to units as
+        // the scenario states, the same way on every agent.
+        let (dataset, _) =
+            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &is_hosted)
+                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         if dataset.obs_dim != spec.obs_dim || dataset.n_actions != spec.n_actions {
             anyhow::bail!(
                 "dataset {} has observations of {} values and {} actions; the task's Q-network \
@@ -89,12 +87,14 @@ impl CqlTrainer {
         // The dataset is in the cache now (just loaded): its experts file sits beside it.
         let experts = match task.selective.as_ref().and_then(|s| s.release.as_ref()) {
             Some(_) => {
-                let dir = fedrl_rl::offline::minari::dataset_dir(&root, &task.dataset.minari_id())?;
+                let spec = task.dataset.generated().context(
+                    "a DataRelease queries expert policies, which only a generated experts dataset has",
+                )?;
+                let dir = fedrl_rl::offline::minari::dataset_dir(&root, &spec.minari_id())?;
                 Some(
-                    fedrl_rl::offline::experts::ExpertSet::read_for(&task.dataset, &dir)
-                        .with_context(|| {
-                            format!("loading the expert policies of {}", dataset.id)
-                        })?,
+                    fedrl_rl::offline::experts::ExpertSet::read_for(spec, &dir).with_context(
+                        || format!("loading the expert policies of {}", dataset.id),
+                    )?,
                 )
             }
             None => None,

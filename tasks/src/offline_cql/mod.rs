@@ -15,6 +15,7 @@ pub mod server;
 pub use client::CqlTrainer;
 pub use server::{CqlModel, QNET_FILE};
 
+use fedrl_common::offline::DatasetSource;
 use fedrl_common::protocol::{UnitId, UnitRange};
 use fedrl_common::scenario::Scenario;
 use fedrl_common::task::{OfflineCqlTask, TaskError};
@@ -154,15 +155,22 @@ pub const FALLBACK_EPISODE_STEPS: u64 = 100_000;
 
 impl OfflineCqlTaskExt for OfflineCqlTask {
     fn qnet_spec(&self) -> Result<QNetSpec, TaskError> {
-        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
+        let resolved = match &self.dataset {
+            DatasetSource::Stored(s) => crate::stored::resolve_if_present(s)?,
+            DatasetSource::Generated(_) => None,
+        };
+        let (env_id, population_seed) = match &resolved {
+            Some(r) => (r.env.clone(), 0),
+            None => crate::stored::source_env(&self.dataset)?,
+        };
+        let env = Population::new(&env_id, population_seed)
             .and_then(|p| p.user_env(0))
             .map_err(|e| model_error("task.dataset.env", e))?;
         let obs_dim = match env.observation_space() {
             fedrl_sim::Space::Box { low, .. } => low.len(),
             other => {
                 return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: offline CQL needs a box observation space, `{}` has {other:?}",
-                    self.dataset.env
+                    "task.dataset.env: offline CQL needs a box observation space, `{env_id}` has {other:?}"
                 )));
             }
         };
@@ -170,11 +178,13 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
             fedrl_sim::Space::Discrete { n } => *n,
             other => {
                 return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: discrete CQL needs discrete actions, `{}` has {other:?}",
-                    self.dataset.env
+                    "task.dataset.env: discrete CQL needs discrete actions, `{env_id}` has {other:?}"
                 )));
             }
         };
+        if let (Some(r), DatasetSource::Stored(s)) = (&resolved, &self.dataset) {
+            crate::stored::check_discrete(r, &s.name, "offline_cql", obs_dim, n_actions)?;
+        }
         Ok(QNetSpec {
             obs_dim,
             hidden: self.cql.hidden.clone(),
@@ -183,7 +193,15 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
     }
 
     fn max_unit_rows(&self) -> Result<u64, TaskError> {
-        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
+        let d = match &self.dataset {
+            DatasetSource::Generated(d) => d,
+            // A unit of a stored dataset holds at most the whole dataset: its recorded step
+            // count bounds every upload (the header's, checked against the episodes on read).
+            // The central mode's aggregator receives the data anyway, so it must hold the
+            // dataset to know the bound (an absent one is refused, naming it).
+            DatasetSource::Stored(s) => return Ok(crate::stored::resolve(s)?.header.total_steps),
+        };
+        let env = Population::new(&d.env, d.population_seed)
             .and_then(|p| p.user_env(0))
             .map_err(|e| model_error("task.dataset.env", e))?;
         let id = env.id();
@@ -191,11 +209,11 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
             .into_iter()
             .find(|e| e.id == id)
             .map_or(FALLBACK_EPISODE_STEPS, |e| u64::from(e.max_episode_steps));
-        if let fedrl_common::offline::Behaviour::Experts { max_steps, .. } = &self.dataset.behaviour
+        if let fedrl_common::offline::Behaviour::Experts { max_steps, .. } = &d.behaviour
             && *max_steps > 0
         {
             steps = steps.min(*max_steps);
         }
-        Ok(self.dataset.episodes_per_unit.saturating_mul(steps))
+        Ok(d.episodes_per_unit.saturating_mul(steps))
     }
 }

@@ -35,6 +35,9 @@ pub const QNET_FILE: &str = "q_network.safetensors";
 
 pub struct CqlModel {
     task: OfflineCqlTask,
+    /// The environment the greedy policy is evaluated in: the generation spec's, or the stored
+    /// dataset's (`task.dataset.env`, else the one it records).
+    env: String,
     spec: QNetSpec,
     /// Online and target networks, Adam, the target schedule: the same learner the non-private
     /// trainer uses.
@@ -61,8 +64,10 @@ impl CqlModel {
     pub fn new(task: &OfflineCqlTask) -> anyhow::Result<Self> {
         let spec = task.qnet_spec()?;
         let learner = CqlTrainer::new(&spec, &task.cql);
+        let (env, _) = crate::stored::source_env(&task.dataset)?;
         let mut m = CqlModel {
             task: task.clone(),
+            env,
             spec,
             learner,
             offer: Vec::new(),
@@ -194,7 +199,7 @@ impl CqlModel {
         let r = evaluate_greedy_for(
             &self.spec,
             self.online(),
-            &self.task.dataset.env,
+            &self.env,
             episodes,
             seed,
             self.task.eval_max_steps,
@@ -320,11 +325,11 @@ impl ServerModel for CqlModel {
             let horizon = match self.task.eval_max_steps {
                 0 => fedrl_sim::list()
                     .into_iter()
-                    .find(|e| e.id == self.task.dataset.env)
+                    .find(|e| e.id == self.env)
                     .map_or(0, |e| u64::from(e.max_episode_steps)),
                 h => h,
             };
-            if let Some((score, how)) = normalized_score(&self.task.dataset.env, mean, horizon) {
+            if let Some((score, how)) = normalized_score(&self.env, mean, horizon) {
                 out["final_normalized_score"] = score.into();
                 out["normalization"] = how.into();
             }

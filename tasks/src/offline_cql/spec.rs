@@ -26,9 +26,11 @@ use crate::task::Task;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OfflineCqlTask {
-    /// The dataset, generated (or loaded from the cache) by every client agent for its units.
+    /// The dataset: a generation spec (generated, or loaded from the cache, by every client
+    /// agent for its units), or a stored dataset named by its id with its episodes' mapping to
+    /// privacy units ([`crate::offline::StoredDataset`]).
     #[serde(default)]
-    pub dataset: crate::offline::DatasetSpec,
+    pub dataset: crate::offline::DatasetSource,
     /// Q-network and loss. `batch_size` is unused here (the batch is the sample of units).
     #[serde(default)]
     pub cql: crate::offline::CqlConfig,
@@ -73,11 +75,15 @@ impl TaskSpec for OfflineCqlTask {
     const CONFIG_VERSION: u32 = 1;
     /// A unit owns its episodes: one episode makes it a trajectory, several (an expert's
     /// demonstrations) an expert.
+    /// A stored dataset: one episode per unit is a trajectory; units grouping episodes by a
+    /// stored id or a metadata key (an owner) are users.
     fn unit_kind(&self) -> UnitKind {
-        if self.dataset.episodes_per_unit == 1 {
-            UnitKind::Trajectory
-        } else {
-            UnitKind::Expert
+        use crate::offline::{DatasetSource, UnitMap};
+        match &self.dataset {
+            DatasetSource::Generated(d) if d.episodes_per_unit == 1 => UnitKind::Trajectory,
+            DatasetSource::Generated(_) => UnitKind::Expert,
+            DatasetSource::Stored(s) if s.units == UnitMap::Episode => UnitKind::Trajectory,
+            DatasetSource::Stored(_) => UnitKind::User,
         }
     }
     /// The offer also carries the target network (a copy of an earlier released model, so
@@ -98,7 +104,19 @@ impl TaskSpec for OfflineCqlTask {
 impl OfflineCqlTask {
     fn validate(&self) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Invalid(m));
-        let d = &self.dataset;
+        let d = match &self.dataset {
+            crate::offline::DatasetSource::Generated(d) => d,
+            crate::offline::DatasetSource::Stored(s) => {
+                s.check()?;
+                if s.units == crate::offline::UnitMap::Transition {
+                    return bad(
+                        "task.dataset.units = \"transition\" is PrivORL-n's unit; offline_cql clips one unit's episodes together: use \"episode\", \"stored\" or { metadata_key = ... }"
+                            .into(),
+                    );
+                }
+                &crate::offline::DatasetSpec::default()
+            }
+        };
         if d.units == 0 || d.episodes_per_unit == 0 {
             return bad(
                 "task.dataset.units and task.dataset.episodes_per_unit must be >= 1".into(),

@@ -34,7 +34,7 @@ impl PrivorlTrainer {
     pub fn new(task: &PrivorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(None)?;
         let (dataset, _) =
-            fedrl_rl::offline::load_or_generate_units(&task.dataset, &root, &mut |_| {}, &|_| true)
+            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)
                 .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
         let (all, _) = split_sensitive(task, &dataset)?;
         let mut units = BTreeMap::new();

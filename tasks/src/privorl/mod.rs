@@ -107,15 +107,24 @@ pub trait PrivorlTaskExt {
 
 impl PrivorlTaskExt for PrivorlTask {
     fn row_spec(&self) -> Result<QNetSpec, TaskError> {
-        let env = Population::new(&self.dataset.env, self.dataset.population_seed)
+        let resolved = match &self.dataset {
+            fedrl_common::offline::DatasetSource::Stored(s) => {
+                crate::stored::resolve_if_present(s)?
+            }
+            fedrl_common::offline::DatasetSource::Generated(_) => None,
+        };
+        let (env_id, population_seed) = match &resolved {
+            Some(r) => (r.env.clone(), 0),
+            None => crate::stored::source_env(&self.dataset)?,
+        };
+        let env = Population::new(&env_id, population_seed)
             .and_then(|p| p.user_env(0))
             .map_err(|e| model_error("task.dataset.env", e))?;
         let obs_dim = match env.observation_space() {
             fedrl_sim::Space::Box { low, .. } => low.len(),
             other => {
                 return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: PrivORL-n needs a box observation space, `{}` has {other:?}",
-                    self.dataset.env
+                    "task.dataset.env: PrivORL-n needs a box observation space, `{env_id}` has {other:?}"
                 )));
             }
         };
@@ -123,11 +132,15 @@ impl PrivorlTaskExt for PrivorlTask {
             fedrl_sim::Space::Discrete { n } => *n,
             other => {
                 return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: this PrivORL-n kind writes discrete-action datasets, `{}` has {other:?}",
-                    self.dataset.env
+                    "task.dataset.env: this PrivORL-n kind writes discrete-action datasets, `{env_id}` has {other:?}"
                 )));
             }
         };
+        if let (Some(r), fedrl_common::offline::DatasetSource::Stored(s)) =
+            (&resolved, &self.dataset)
+        {
+            crate::stored::check_discrete(r, &s.name, "privorl", obs_dim, n_actions)?;
+        }
         Ok(QNetSpec {
             obs_dim,
             hidden: self.utility.cql.hidden.clone(),

@@ -98,9 +98,7 @@ impl PrivorlModel {
             &device,
         )?;
         let (dataset, _) =
-            fedrl_rl::offline::load_or_generate_units(&task.dataset, &root, &mut |_| {}, &|_| {
-                true
-            })?;
+            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)?;
         let (_, holdout) = split_sensitive(task, &dataset)?;
         drop(dataset);
         if holdout.is_empty() {
@@ -202,8 +200,8 @@ impl PrivorlModel {
             });
         }
         let d = Dataset {
-            id: synthetic_id(&self.task.dataset.env),
-            env_id: self.task.dataset.env.clone(),
+            id: synthetic_id(&crate::stored::source_env(&self.task.dataset)?.0),
+            env_id: crate::stored::source_env(&self.task.dataset)?.0,
             obs_dim,
             n_actions: q.n_actions,
             episodes,
@@ -241,7 +239,7 @@ impl PrivorlModel {
             let r = evaluate_greedy_for(
                 &spec,
                 &params,
-                &self.task.dataset.env,
+                &crate::stored::source_env(&self.task.dataset)?.0,
                 u.eval_episodes,
                 u.eval_seed,
                 u.eval_max_steps,

@@ -30,11 +30,13 @@ use crate::task::Task;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrivorlTask {
-    /// The sensitive dataset (generated or loaded from the cache by every client agent). Its
-    /// first `transitions` transitions, in episode order, are the privacy units; transitions
-    /// of the episodes after the one holding the last unit are the held-out real data.
+    /// The sensitive dataset: a generation spec (generated or loaded from the cache by every
+    /// client agent), or a stored dataset by name with `units = "transition"` (the only
+    /// mapping PrivORL-n's single-transition contributions honour). Its first `transitions`
+    /// transitions, in episode order, are the privacy units; transitions of the episodes after
+    /// the one holding the last unit are the held-out real data.
     #[serde(default)]
-    pub dataset: crate::offline::DatasetSpec,
+    pub dataset: crate::offline::DatasetSource,
     /// Privacy units: the first `transitions` transitions of `dataset` (the scenario's `users`
     /// must equal it). Default 10,000.
     #[serde(default = "d_transitions")]
@@ -216,17 +218,36 @@ impl TaskSpec for PrivorlTask {
         if self.transitions == 0 {
             return bad("task.transitions must be >= 1".into());
         }
-        for (name, d) in [
-            ("task.dataset", &self.dataset),
-            ("task.public", &self.public),
-        ] {
+        let mut specs = vec![("task.public", &self.public)];
+        match &self.dataset {
+            crate::offline::DatasetSource::Generated(d) => specs.push(("task.dataset", d)),
+            crate::offline::DatasetSource::Stored(s) => {
+                s.check()?;
+                // One contribution is one transition: any grouping the scenario states (an
+                // episode, an owner) would be split across many units, which PrivORL-n cannot
+                // account for.
+                if s.units != crate::offline::UnitMap::Transition {
+                    return bad(format!(
+                        "task.dataset.units: PrivORL-n's privacy unit is one transition, so a stored dataset's units must be \"transition\" (each transition a different person's); {:?} would put one unit's data into many contributions",
+                        s.units
+                    ));
+                }
+                if s.name == self.public.minari_id() {
+                    return bad(
+                        "task.public is the sensitive dataset itself: pre-training must use other, public data"
+                            .into(),
+                    );
+                }
+            }
+        }
+        for (name, d) in specs {
             if d.units == 0 || d.episodes_per_unit != 1 {
                 return bad(format!(
                     "{name}: units must be >= 1 and episodes_per_unit = 1 (PrivORL-n reads transitions)"
                 ));
             }
         }
-        if self.public == self.dataset {
+        if self.dataset.generated() == Some(&self.public) {
             return bad(
                 "task.public is the sensitive dataset itself: pre-training must use other, public data"
                     .into(),
