@@ -13,7 +13,7 @@
 //! | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
 //! | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) and `operator_diagnostics` (the accepted updates' norms before clipping, the clipped fraction, the central mode's training loss on the units' data) |
-//! | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
+//! | `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers), the ledger head and the model's audits that read units' data (`model_audit`, e.g. PrivORL's membership inference) |
 //! | `privacy.ledger` | operator | the privacy ledger (`fedrl_common::privacy::ledger`): unit ids of every round |
 //! | `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |
 //! | `cert.der`, `key.der` | operator (secret key) | the self-signed TLS identity (created on first start) |
@@ -59,7 +59,7 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 | model export (e.g. `policy.safetensors`) | public | the released model |
 | `operator/metrics.jsonl` | operator | the same lines plus exact counts (offered, accepted, clipped, rejected) and `operator_diagnostics` (the accepted updates' norms before clipping, the clipped fraction, the central mode's training loss on the units' data) |
-| `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers) and the ledger head |
+| `operator/report.json` | operator | the report plus exact counts (units, updates, bytes, buffers), the ledger head and the model's audits that read units' data (`model_audit`, e.g. PrivORL's membership inference) |
 | `privacy.ledger` | operator | the privacy ledger: every released round and its unit ids |
 | `checkpoint` | operator | model, optimizer state, round counters, ledger position and head (entry count, last hash) |
 | `cert.der`, `key.der` | operator (secret key) | the aggregator's TLS identity |

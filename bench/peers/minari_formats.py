@@ -16,8 +16,10 @@ requirements-minari_formats.txt in .venv-offline). Driven by bench/run_minari_fo
    `--json`; the import's summary (episodes, steps, units, return mean) is compared with what
    Python wrote. An import that fails is reported with its message (the HDF5 one without the
    `hdf5` feature).
-3. A short non-private `fedrl cql` on the imported parquet dataset (a private scenario cannot
-   name an imported dataset in this fedrl: `[task.dataset]` takes a generation spec).
+3. A short non-private `fedrl cql` on the imported parquet dataset, and a short private DP-SGD
+   CQL run (`fedrl run scenarios/cartpole-cql-dpsgd.toml` with `[task.dataset]` naming the
+   imported dataset, units = "stored": Minari's "unit" episode metadata) on each format that
+   imported.
 4. `fedrl data generate` a small CartPole dataset, then builds d3rlpy's `MDPDataset` from it
    with Minari's own flags unchanged (terminals = terminations, timeouts = truncations), no
    workaround: counts the steps with both flags and the episodes that end on neither (the two
@@ -134,6 +136,33 @@ def cql(fedrl: str, root: Path, dataset_id: str, steps: int) -> dict:
     return {"rc": 0, **json.loads(stdout.strip().splitlines()[-1])}
 
 
+def private_cql(fedrl: str, root: Path, dataset_id: str, units: int, rounds: int) -> dict:
+    """A short private DP-SGD CQL run on an imported dataset by name: its report's epsilon and
+    final return."""
+    out = root / "runs" / dataset_id.replace("/", "-")
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "cartpole-cql-dpsgd.toml"
+    sets = {
+        "task.dataset": f'{{ name = "{dataset_id}", units = "stored" }}',
+        "unit_kind": "user",
+        "users": units,
+        "client_agents": 1,
+        "rounds": rounds,
+        "participation": '{ kind = "sampled", rate = 0.25 }',
+        "task.eval_every": max(1, rounds // 2),
+    }
+    cmd = [fedrl, "run", scenario, "--out", out]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    env = dict(os.environ, FEDRL_DATA_DIR=str(root))
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        return {"rc": p.returncode, "error": p.stderr.strip()[-2000:]}
+    report = json.loads((out / "report.json").read_text())
+    return {"rc": 0, "dataset": dataset_id, "rounds": report.get("rounds"),
+            "epsilon": report.get("epsilon"), "delta": report.get("delta"),
+            "final_eval_return": report["final_evaluation"].get("final_eval_return")}
+
+
 def d3rlpy_as_is(fedrl: str, root: Path, units: int) -> dict:
     import d3rlpy
     import minari
@@ -187,6 +216,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cql-steps", type=int, default=2000)
     ap.add_argument("--d3rlpy-units", type=int, default=500)
+    ap.add_argument("--private-rounds", type=int, default=100)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     root = args.root.resolve()
@@ -205,8 +235,13 @@ def main() -> None:
     imported = import_all(args.fedrl, root, written)
     cql_row = cql(args.fedrl, root, "peer/imported-parquet-v0", args.cql_steps) \
         if imported["parquet"]["rc"] == 0 else {"skipped": "parquet import failed"}
-    cql_row["note"] = ("non-private `fedrl cql`: no private scenario can name an imported "
-                       "dataset in this fedrl ([task.dataset] takes a generation spec)")
+    cql_row["note"] = "non-private `fedrl cql` (d3rlpy's defaults)"
+    private = {}
+    for fmt, row in imported.items():
+        if not isinstance(row, dict) or row.get("rc") != 0:
+            continue
+        private[fmt] = private_cql(args.fedrl, root, f"peer/imported-{fmt}-v0",
+                                   written[fmt]["units"], args.private_rounds)
     d3 = d3rlpy_as_is(args.fedrl, root, args.d3rlpy_units)
     sys.stdout = real_stdout
     result = {
@@ -215,6 +250,7 @@ def main() -> None:
         "written": written,
         "imported": imported,
         "cql_on_imported_parquet": cql_row,
+        "private_cql_on_imported": private,
         "d3rlpy_on_fedrl_dataset": d3,
     }
     text = json.dumps(result, indent=1)

@@ -161,6 +161,20 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
     .unwrap();
     assert_eq!(meta["fedrl_privacy"]["epsilon"].as_f64(), Some(eps));
     assert_eq!(meta["fedrl_privacy"]["delta"], r["delta"]);
+
+    // The membership audit (on by default in the central mode) scores the units' own
+    // transitions: in the operator's report only.
+    assert!(r.get("model_audit").is_none(), "{r}");
+    let op: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("operator").join("report.json")).unwrap())
+            .unwrap();
+    let mia = &op["model_audit"]["membership"];
+    assert!(mia["members"].as_u64().unwrap() > 0, "{op}");
+    assert_eq!(mia["members"], mia["non_members"]);
+    for k in ["tpr_at_10pct_fpr", "tpr_at_1pct_fpr", "auc"] {
+        let v = mia[k].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&v), "{k} {v}");
+    }
 }
 
 /// The federated mode: the agents compute the sampled units' clipped gradients themselves (the
@@ -182,4 +196,9 @@ fn the_federated_mode_fine_tunes_on_the_agents() {
     let ledger = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
     assert_eq!(ledger.records().len(), 64);
     assert_eq!(r["synthetic_dataset"]["privacy"]["unit"], "transition");
+    // Off by default here: the units' transitions live on the agents.
+    let op: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("operator").join("report.json")).unwrap())
+            .unwrap();
+    assert!(op.get("model_audit").is_none(), "{op}");
 }

@@ -83,6 +83,14 @@ pub trait ServerModel: Send {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         None
     }
+    /// Operator-only findings at the end of the run, after [`Self::final_evaluation`]: what
+    /// reads the units' own data beyond their released contributions (e.g. an empirical privacy
+    /// audit, which needs the members of the training set). It goes into
+    /// `operator/report.json` (`model_audit`) only, never into the public report. `None` (the
+    /// default): nothing.
+    fn operator_evaluation(&mut self) -> Option<serde_json::Value> {
+        None
+    }
     /// Expert-level runs' capability: a model that also trains on D_stable (the prefixes
     /// DataRelease published). `None` (the default): this task trains on no released data.
     fn stable_data(&mut self) -> Option<&mut dyn TrainsOnStableData> {

@@ -99,6 +99,8 @@ pub(super) struct EngineThread {
     pub(super) last_eval: Option<serde_json::Value>,
     /// The model's end-of-run evaluation (e.g. held-out users' mean return).
     pub(super) final_eval: Option<serde_json::Value>,
+    /// The model's operator-only end-of-run findings (`ServerModel::operator_evaluation`).
+    pub(super) model_audit: Option<serde_json::Value>,
     /// Contributions in released rounds so far (users, for fresh participation).
     pub(super) users_released: u64,
     pub(super) shared: Arc<Shared>,
@@ -319,6 +321,7 @@ impl EngineThread {
         // An interrupted run is not over: its end-of-run evaluation comes when it is.
         if outcome == Outcome::Finished {
             self.final_eval = self.model.final_evaluation();
+            self.model_audit = self.model.operator_evaluation();
         }
         self.model
             .export(&self.dir)
@@ -1362,6 +1365,7 @@ impl EngineThread {
                 timings: self.timings.clone(),
                 connections: self.shared.stats.snapshot(),
                 ledger_head: Some(self.ledger.head()),
+                model_audit: self.model_audit.clone(),
             },
         })
     }

@@ -149,6 +149,10 @@ pub struct OperatorCounts {
     /// the ledger is. `None` in reports written before ledgers were chained.
     #[serde(default)]
     pub ledger_head: Option<fedrl_common::privacy::ledger::LedgerHead>,
+    /// The model's operator-only end-of-run findings (`ServerModel::operator_evaluation`; e.g.
+    /// PrivORL's membership-inference audit, which scores the units' own transitions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_audit: Option<serde_json::Value>,
 }
 
 /// Seconds the engine thread spent in each kind of work over the run; the rest of the wall
@@ -246,6 +250,7 @@ mod tests {
                 timings: Timings::default(),
                 connections: Default::default(),
                 ledger_head: None,
+                model_audit: Some(serde_json::json!({ "membership": { "auc": 0.5 } })),
             },
         };
         report.write(dir.path()).unwrap();
@@ -258,6 +263,7 @@ mod tests {
             "updates_rejected",
             "bytes_ingested",
             "update_buffers_allocated",
+            "model_audit",
         ] {
             assert!(public.get(key).is_none(), "{key} in {public}");
         }
@@ -273,6 +279,7 @@ mod tests {
         .unwrap();
         assert_eq!(operator["units"], 31);
         assert_eq!(operator["update_buffers_allocated"], 3);
+        assert_eq!(operator["model_audit"]["membership"]["auc"], 0.5);
         assert_eq!(operator["epsilon"], 0.9);
         // Flat, so readers of the old single file find every field where it was.
         let back: RunReport = serde_json::from_value(operator).unwrap();

@@ -207,6 +207,7 @@ pub async fn run(
         rejected: 0,
         last_eval: None,
         final_eval: None,
+        model_audit: None,
         users_released,
         shared: engine_shared,
         last_round,

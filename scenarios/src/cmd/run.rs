@@ -1322,6 +1322,22 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
         "operator-only (exact counts, do not publish): {} contributions in released rounds, {} updates accepted, {} rejected",
         op["users"], op["updates_accepted"], op["updates_rejected"]
     );
+    let mia = &op["model_audit"]["membership"];
+    if let (Some(t10), Some(t1), Some(auc)) = (
+        mia["tpr_at_10pct_fpr"].as_f64(),
+        mia["tpr_at_1pct_fpr"].as_f64(),
+        mia["auc"].as_f64(),
+    ) {
+        println!(
+            "operator-only (an audit that reads the units' data, do not publish): membership \
+             inference on {} members against {} held-out: TPR {:.1}% at 10% FPR (chance 10%), \
+             {:.1}% at 1% FPR, AUC {auc:.3} (operator/report.json, model_audit)",
+            mia["members"],
+            mia["non_members"],
+            100.0 * t10,
+            100.0 * t1
+        );
+    }
     println!(
         "results in {} (public; operator-only files in {}; see FILES.md)",
         run.out_dir.display(),

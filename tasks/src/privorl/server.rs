@@ -16,6 +16,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use fedrl_common::task::privorl::PrivorlTask;
+use fedrl_rl::audit::{AttackConfig, MembershipReport, denoising_loss_scores};
 use fedrl_rl::candle_core::{Device, Tensor};
 use fedrl_rl::diffusion::edm::{normal_tensor, per_example_loss};
 use fedrl_rl::diffusion::{Actions, DiffusionModel, TransitionSynthesizer, Transitions};
@@ -56,6 +57,9 @@ pub struct PrivorlModel {
     pretrain: serde_json::Value,
     /// The sampled synthetic dataset, once the run is over.
     released: Option<Dataset>,
+    /// The membership audit's normalised rows: units' transitions (members) and held-out ones
+    /// (non-members); empty when the audit is off. Operator-only.
+    audit_rows: (Vec<f32>, Vec<f32>),
     device: Device,
 }
 
@@ -99,13 +103,30 @@ impl PrivorlModel {
         )?;
         let (dataset, _) =
             fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)?;
-        let (_, holdout) = split_sensitive(task, &dataset)?;
+        let (units, holdout) = split_sensitive(task, &dataset)?;
         drop(dataset);
         if holdout.is_empty() {
             anyhow::bail!(
                 "the sensitive dataset has no episode after the units' transitions: raise task.dataset.units for held-out data"
             );
         }
+        // The membership audit's rows (operator-only, see `PrivorlAudit`): a seeded sample of
+        // the units' transitions and as many held-out ones, normalised as the model sees them.
+        let k = (task.membership_rows() as usize)
+            .min(units.len())
+            .min(holdout.len());
+        let mut pick = Xoshiro256PlusPlus::seed_from_u64(task.model_seed ^ 0x6d69_615f_726f_7773);
+        let members = synth.encode(&Transitions::from(&units.select(&sample_rows(
+            units.len(),
+            k,
+            &mut pick,
+        ))))?;
+        let non_members = synth.encode(&Transitions::from(&holdout.select(&sample_rows(
+            holdout.len(),
+            k,
+            &mut pick,
+        ))))?;
+        drop(units);
         let n = holdout.len().min(CURVE_ROWS);
         let rows: Vec<usize> = (0..n).collect();
         let x = synth.encode(&Transitions::from(&holdout.select(&rows)))?;
@@ -115,6 +136,7 @@ impl PrivorlModel {
         let noise = normal_tensor(n, dim, &mut rng, &device)?;
         let x = Tensor::from_vec(x, (n, dim), &device)?;
         let mut m = PrivorlModel {
+            audit_rows: (members, non_members),
             task: task.clone(),
             offer: Vec::new(),
             synth,
@@ -473,6 +495,55 @@ impl ServerModel for PrivorlModel {
         )
     }
 
+    /// The membership-inference audit (seed 003 IX-D) of the EMA weights the release was
+    /// sampled from: operator-only, since it scores the units' own transitions.
+    fn operator_evaluation(&mut self) -> Option<serde_json::Value> {
+        let (members, non_members) = &self.audit_rows;
+        if members.is_empty() {
+            return None;
+        }
+        let t0 = Instant::now();
+        let model = self.synth.model();
+        let cfg = AttackConfig::default();
+        let score = |rows: &[f32]| {
+            denoising_loss_scores(
+                &model.config().edm,
+                model.denoiser(),
+                model.ema_params(),
+                rows,
+                &cfg,
+            )
+        };
+        let audit = score(members)
+            .and_then(|m| Ok((m, score(non_members)?)))
+            .and_then(|(m, n)| MembershipReport::new(&m, &n));
+        Some(match audit {
+            Ok(r) => {
+                eprintln!(
+                    "operator-only (an audit reading the units' data, do not publish): membership \
+                     inference TPR {:.1}% at 10% FPR, {:.1}% at 1% FPR, AUC {:.3} ({} members, {} \
+                     non-members)",
+                    100.0 * r.tpr_at_10pct_fpr,
+                    100.0 * r.tpr_at_1pct_fpr,
+                    r.auc,
+                    r.members,
+                    r.non_members
+                );
+                serde_json::json!({ "membership": {
+                    "attack": "white-box denoising loss (seed 003 section IX-D), EMA weights",
+                    "members": r.members,
+                    "non_members": r.non_members,
+                    "tpr_at_10pct_fpr": r.tpr_at_10pct_fpr,
+                    "tpr_at_1pct_fpr": r.tpr_at_1pct_fpr,
+                    "auc": r.auc,
+                    "chance": { "tpr_at_10pct_fpr": 0.1, "tpr_at_1pct_fpr": 0.01, "auc": 0.5 },
+                    "seconds": t0.elapsed().as_secs_f64(),
+                } })
+            }
+            Err(e) => serde_json::json!({ "membership": { "error": e.to_string() } }),
+        })
+    }
+
     /// Writes the synthetic dataset into `dir/synthetic/<id>` (Minari's layout).
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
         let Some(d) = &self.released else {
@@ -497,4 +568,12 @@ impl ServerModel for PrivorlModel {
         )?;
         Ok(())
     }
+}
+
+/// `k` distinct row indices of `0..n` drawn with `rng` (all of them, in order, when `k >= n`).
+fn sample_rows(n: usize, k: usize, rng: &mut Xoshiro256PlusPlus) -> Vec<usize> {
+    if k >= n {
+        return (0..n).collect();
+    }
+    rand::seq::index::sample(rng, n, k).into_vec()
 }

@@ -90,6 +90,26 @@ pub struct PrivorlTask {
     /// The downstream learner.
     #[serde(default)]
     pub utility: PrivorlUtility,
+    /// The operator-only empirical privacy audit at the end of the run.
+    #[serde(default)]
+    pub audit: PrivorlAudit,
+}
+
+/// Seed 003 section IX-D's membership-inference audit of the fine-tuned synthesizer
+/// (`fedrl_rl::audit::membership`): the white-box denoising-loss attack on the EMA weights (the
+/// released samples' model), `rows` fine-tuning units' transitions (members) against as many
+/// held-out real transitions (non-members). It reads the units' own transitions, so its result
+/// is operator-only (`operator/report.json`, `model_audit.membership`): an audit of the
+/// guarantee, not a release.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivorlAudit {
+    /// Members and non-members scored (each); 0 turns the audit off. Default (unset): 1,000 in
+    /// the central mode, where the aggregator holds the units' data anyway, and off in the
+    /// federated mode, where the units' transitions live on the client agents and the audit
+    /// would read them from the dataset file on the aggregator's machine (an emulation-only
+    /// check: set it explicitly).
+    pub membership_rows: Option<u64>,
 }
 
 /// The denoiser and its optimiser (defaults: the CPU size; the paper's is width 1024, 6
@@ -324,6 +344,14 @@ impl PrivorlTask {
         } else {
             self.holdout_transitions
         }
+    }
+
+    /// Members (and non-members) the membership audit scores; 0: no audit.
+    pub fn membership_rows(&self) -> u64 {
+        self.audit.membership_rows.unwrap_or(match self.mode {
+            crate::offline::UpdateMode::Central => 1000,
+            crate::offline::UpdateMode::Federated => 0,
+        })
     }
 
     /// Synthetic transitions released.
