@@ -40,7 +40,7 @@ relies on it. Do not publish them.
 | file | who | what |
 | --- | --- | --- |
 | `report.json` | public | epsilon/delta (epsilon null for a non-private twin), accountant, noise source, the final evaluation of the released model (`final_evaluation.final_eval_return`); fields described by `scenarios/report.schema.json` in the fedrl repository (the configuration is `scenario.toml`) |
-| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model, time |
+| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model (`gymnasium:` populations: computed by `fedrl run` after the aggregator ended, marked `deferred`), time |
 | `metrics.csv` | public | the same rows and columns as CSV |
 | `policy.safetensors` (or the task's model export) | public | the released model |
 | `learning_curve.png` | public | evaluation return of released models per round (offline CQL: per training step, DP-SGD and free steps together) |

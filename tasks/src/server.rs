@@ -44,6 +44,12 @@ pub trait ServerModel: Send {
     fn state(&self) -> ModelState;
     /// Restores a snapshot produced by [`ServerModel::state`].
     fn restore(&mut self, state: ModelState) -> Result<(), ModelError>;
+    /// Called once by the aggregator before its first round with its state directory: where a
+    /// model may keep files that must outlive the process (they survive a crash and a resume).
+    fn set_state_dir(&mut self, dir: &std::path::Path) -> anyhow::Result<()> {
+        let _ = dir;
+        Ok(())
+    }
     /// Optional evaluation after the release of `round` (written to `metrics.jsonl`).
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
         let _ = round;

@@ -8,9 +8,11 @@
 pub use fedrl_common::task::dppg as spec;
 
 pub mod client;
+pub mod held_out;
 pub mod server;
 
 pub use client::{DppgTrainer, episode_seed};
+pub use held_out::{Evaluation, GymEvaluator};
 pub use server::{DppgModel, PID_TUNING_USERS, POLICY_FILE};
 
 use anyhow::Context;
