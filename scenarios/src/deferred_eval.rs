@@ -42,6 +42,14 @@ fn is_deferred(eval: &Value) -> bool {
     eval["deferred"] == true
 }
 
+/// Whether `report` (a run's `report.json`) still waits for its deferred final evaluation: the
+/// aggregator ended but `fedrl run` was stopped before it evaluated (such a run is resumed, not
+/// read back as finished).
+pub fn pending(report: &Value) -> bool {
+    let fe = &report["final_evaluation"];
+    is_deferred(fe) && fe.get("final_eval_return").is_none() && fe.get("final_eval_error").is_none()
+}
+
 /// Completes the evaluations of a finished `gymnasium:<id>` DPPG run in `run.out_dir` (see
 /// the module doc); nothing for any other run. Returns whether it did anything.
 pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> {
@@ -90,6 +98,16 @@ pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> 
     let mut best: BestModel = None;
     let users = held_out::periodic_users(task, training_users);
     for (k, &i) in pending.iter().enumerate() {
+        // Ctrl-C or SIGTERM: stop between evaluations; the report keeps its deferred final
+        // evaluation, so `--resume` does them again.
+        if let Some(signal) = crate::deploy::stop_requested() {
+            return Err(crate::deploy::Interrupted {
+                signal,
+                released: result.report["rounds_completed"].as_u64().unwrap_or(0),
+                out_dir: out.clone(),
+            }
+            .into());
+        }
         let Row::Json(row) = &mut rows[i] else {
             continue;
         };

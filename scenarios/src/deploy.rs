@@ -342,6 +342,12 @@ fn stop_flag() -> anyhow::Result<&'static AtomicI32> {
     Ok(flag)
 }
 
+/// The signal `fedrl run` caught since its first [`run_local`], if any (work done after the
+/// processes ended, such as deferred evaluations, checks it to stop early).
+pub fn stop_requested() -> Option<StopSignal> {
+    caught_signal(stop_flag().ok()?)
+}
+
 fn caught_signal(flag: &AtomicI32) -> Option<StopSignal> {
     match flag.load(Ordering::SeqCst) {
         libc::SIGINT => Some(StopSignal::Interrupt),

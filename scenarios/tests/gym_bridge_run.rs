@@ -40,7 +40,7 @@ fn scenario(population: &str, gymnasium: bool, rounds: u64) -> String {
 name = "gym-run"
 seed = 7
 rounds = {rounds}
-users = 24
+users = 60
 client_agents = 1
 participation = {{ kind = "fresh" }}
 cohort_size = 6
@@ -48,7 +48,7 @@ quorum = 6
 round_deadline_s = 120.0
 start_timeout_s = 120.0
 clip_norm = 1.0
-noise_multiplier = 0.5
+noise_multiplier = 2.0
 target_epsilon = 1000.0
 
 [task]
@@ -56,7 +56,7 @@ kind = "dppg"
 population = "{population}"
 episode_seed = 11
 model_seed = 5
-server_lr = 1.0
+server_lr = 20.0
 eval_every = 1
 eval_users = 4
 final_eval_users = 6
@@ -167,7 +167,7 @@ fn a_gymnasium_run_is_evaluated_as_fedrls_own_population_is() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let rounds = 4;
+    let rounds = 6;
     let own_file = write(
         dir.path(),
         "own.toml",
@@ -183,12 +183,33 @@ fn a_gymnasium_run_is_evaluated_as_fedrls_own_population_is() {
     let stderr = fedrl_run(&[gym_file.to_str().unwrap(), "--out", gym.to_str().unwrap()]);
     // Progress lines while it evaluates.
     assert!(
-        stderr.contains("through the Gymnasium bridge") && stderr.contains("round 4 (4/4)"),
+        stderr.contains("through the Gymnasium bridge") && stderr.contains("round 6 (6/6)"),
         "{stderr}"
     );
-    assert!(stderr.contains("final evaluation on users 28..34"), "{stderr}");
+    assert!(stderr.contains("final evaluation on users 64..70"), "{stderr}");
     same_evaluations(&gym, &own);
+    // The comparison has teeth: the evaluations differ between rounds, and the exported model
+    // is the best-evaluated one, not the last.
+    let evals: Vec<f64> = released(&gym.join("metrics.jsonl"))
+        .iter()
+        .map(|r| r["eval"]["eval_return"].as_f64().unwrap())
+        .collect();
+    let best = evals.iter().cloned().fold(f64::MIN, f64::max);
+    assert!(evals.iter().any(|e| *e != best), "{evals:?}");
+    assert!(evals[evals.len() - 1] < best, "{evals:?}");
     let report = read_json(&gym.join("report.json"));
+    close(
+        &report["final_evaluation"]["selected_model_eval_return"],
+        &serde_json::json!(best),
+        "selected",
+    );
+    let last = fedrl_rl::io::load(
+        &gym.join("state/eval-snapshots")
+            .join(format!("round-{rounds:08}.safetensors")),
+    )
+    .unwrap()
+    .1;
+    assert_ne!(policy(&gym), last, "the last model was exported");
     check_report_schema(&report);
     // Every model released at an evaluation round was kept in the state directory.
     for r in 1..=rounds {

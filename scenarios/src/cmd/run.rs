@@ -186,7 +186,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(r) => r,
         Err(e) => return interrupted(e),
     };
-    crate::deferred_eval::complete(&run, &mut result)?;
+    if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
+        return interrupted(e);
+    }
     // Offline CQL evaluates by training step (a Selective run's free steps have no round):
     // its curves are drawn against steps, the others' against rounds.
     let by_step = !step_points(&result.report).is_empty();
@@ -219,7 +221,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(r) => r,
             Err(e) => return interrupted(e),
         };
-        crate::deferred_eval::complete(t, &mut tr)?;
+        if let Err(e) = crate::deferred_eval::complete(t, &mut tr) {
+            return interrupted(e);
+        }
         finish(t, &mut tr)?;
         let label = twin_label(&t.scenario, &tr.report);
         curves.push(series(t, &tr.report, &label)?);
@@ -320,8 +324,11 @@ fn replicate_arm(
                 .with_context(|| format!("reading {}", report_path.display()))?,
         )
         .with_context(|| format!("reading {}", report_path.display()))?;
-        eprintln!("{title}: finished before, read from {}", dir.display());
-        return Ok(Ok(arm(report)?));
+        // A Gymnasium run stopped during its deferred evaluations is resumed (they run again).
+        if !crate::deferred_eval::pending(&report) {
+            eprintln!("{title}: finished before, read from {}", dir.display());
+            return Ok(Ok(arm(report)?));
+        }
     }
     let started = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
     let run = LocalRun::prepare(
@@ -347,7 +354,9 @@ fn replicate_arm(
         Ok(r) => r,
         Err(e) => return interrupted(e).map(Err),
     };
-    crate::deferred_eval::complete(&run, &mut result)?;
+    if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
+        return interrupted(e).map(Err);
+    }
     finish(&run, &mut result)?;
     let out = arm(result.report.clone())?;
     if !out.points.is_empty() {
