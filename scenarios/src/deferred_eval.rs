@@ -146,7 +146,10 @@ pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> 
         row["eval"] = eval;
     }
     write_rows(&public_path, &rows)?;
-    fill_operator_rows(&out.join(state::OPERATOR_DIR).join(state::METRICS_FILE), &rows)?;
+    fill_operator_rows(
+        &out.join(state::OPERATOR_DIR).join(state::METRICS_FILE),
+        &rows,
+    )?;
 
     // The exported policy: the best evaluated snapshot, else the aggregator's export (the last
     // released model), as the aggregator's `keep_best` selection would have it.

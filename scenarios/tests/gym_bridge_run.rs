@@ -103,11 +103,16 @@ fn close(a: &Value, b: &Value, what: &str) {
     let (Some(x), Some(y)) = (x, y) else {
         panic!("{what}: {a} vs {b}");
     };
-    assert!((x - y).abs() <= 1e-6 * (1.0 + x.abs()), "{what}: {x} vs {y}");
+    assert!(
+        (x - y).abs() <= 1e-6 * (1.0 + x.abs()),
+        "{what}: {x} vs {y}"
+    );
 }
 
 fn policy(out: &Path) -> Vec<f32> {
-    fedrl_rl::io::load(&out.join("policy.safetensors")).unwrap().1
+    fedrl_rl::io::load(&out.join("policy.safetensors"))
+        .unwrap()
+        .1
 }
 
 /// The evaluation fields of a run (rows, final evaluation, policy) equal the reference run's.
@@ -186,7 +191,10 @@ fn a_gymnasium_run_is_evaluated_as_fedrls_own_population_is() {
         stderr.contains("through the Gymnasium bridge") && stderr.contains("round 6 (6/6)"),
         "{stderr}"
     );
-    assert!(stderr.contains("final evaluation on users 64..70"), "{stderr}");
+    assert!(
+        stderr.contains("final evaluation on users 64..70"),
+        "{stderr}"
+    );
     same_evaluations(&gym, &own);
     // The comparison has teeth: the evaluations differ between rounds, and the exported model
     // is the best-evaluated one, not the last.
@@ -220,17 +228,27 @@ fn a_gymnasium_run_is_evaluated_as_fedrls_own_population_is() {
     }
     // The aggregator's own lines stay as it wrote them; the operator's copy is filled too.
     for row in released(&gym.join("state/metrics.jsonl")) {
-        assert_eq!(row["eval"], serde_json::json!({ "deferred": true }), "{row}");
+        assert_eq!(
+            row["eval"],
+            serde_json::json!({ "deferred": true }),
+            "{row}"
+        );
     }
     for (a, b) in released(&gym.join("operator/metrics.jsonl"))
         .iter()
         .zip(released(&gym.join("metrics.jsonl")))
     {
         assert_eq!(a["eval"], b["eval"]);
-        assert!(a.get("accepted").is_some(), "operator rows keep their counts");
+        assert!(
+            a.get("accepted").is_some(),
+            "operator rows keep their counts"
+        );
     }
     let csv = std::fs::read_to_string(gym.join("metrics.csv")).unwrap();
-    assert!(csv.lines().next().unwrap().contains("eval.eval_return"), "{csv}");
+    assert!(
+        csv.lines().next().unwrap().contains("eval.eval_return"),
+        "{csv}"
+    );
     // The learning curve (with its band) is drawn.
     let png = std::fs::read(gym.join("learning_curve.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
@@ -270,7 +288,10 @@ fn gymnasium_replicates_each_have_their_evaluations() {
         );
         let rows = released(&d.join("metrics.jsonl"));
         assert_eq!(rows.len(), 2);
-        assert!(rows.iter().all(|r| r["eval"]["eval_return"].is_f64()), "{rows:?}");
+        assert!(
+            rows.iter().all(|r| r["eval"]["eval_return"].is_f64()),
+            "{rows:?}"
+        );
         assert!(d.join("learning_curve.png").is_file());
     }
     let summary = read_json(&out.join("report.json"));

@@ -162,10 +162,12 @@ fn a_deferred_evaluation_keeps_a_snapshot_that_evaluates_as_the_rust_one() {
     let dir = tempfile::tempdir().unwrap();
     let mut m = DppgModel::new(&bridged, 50, 10, Device::Cpu).unwrap();
     // Without a state directory the mark says why there is nothing to evaluate.
-    assert!(m.evaluate(0).unwrap()["eval_error"].is_string());
+    // (eval_every is 5: rounds 4, 9, ... are evaluated.)
+    assert!(m.evaluate(3).is_none());
+    assert!(m.evaluate(4).unwrap()["eval_error"].is_string());
     m.set_state_dir(dir.path()).unwrap();
     assert!(
-        m.evaluation_job(0).is_none(),
+        m.evaluation_job(4).is_none(),
         "no job: nothing runs off the engine thread"
     );
     // Move the model away from its initialisation, so that the snapshot is a trained model.
@@ -173,15 +175,20 @@ fn a_deferred_evaluation_keeps_a_snapshot_that_evaluates_as_the_rust_one() {
         .map(|i| ((i % 7) as f32 - 3.0) * 0.2)
         .collect();
     m.apply(&step).unwrap();
-    assert_eq!(m.evaluate(3).unwrap(), json!({ "deferred": true }));
+    assert_eq!(m.evaluate(9).unwrap(), json!({ "deferred": true }));
     assert_eq!(m.final_evaluation().unwrap(), json!({ "deferred": true }));
-    let snap = read_snapshot(dir.path(), 3).unwrap();
+    let snap = read_snapshot(dir.path(), 9).unwrap();
     assert_eq!(snap, m.params());
-    assert!(read_snapshot(dir.path(), 2).is_err());
+    assert!(read_snapshot(dir.path(), 4).is_err());
     // A deferred run cannot stop at a target: refused by name.
     let mut stop = bridged.clone();
     stop.stop_at_return = Some(100.0);
-    assert!(stop.check().unwrap_err().to_string().contains("stop_at_return"));
+    assert!(
+        stop.check()
+            .unwrap_err()
+            .to_string()
+            .contains("stop_at_return")
+    );
     if !venv() {
         return;
     }

@@ -128,8 +128,8 @@ pub fn write_snapshot(
     let tmp = path.with_extension("safetensors.tmp");
     {
         use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(&bytes)
             .and_then(|()| f.sync_all())
             .with_context(|| format!("writing {}", tmp.display()))?;
