@@ -5,8 +5,9 @@
 //! (best-evaluated) policy and the same final evaluation, to float tolerance, as the same
 //! scenario on fedrl's own CartPole-v1 (whose traces match Gymnasium's), whose aggregator
 //! evaluates in Rust. The scenario's task is the in-process equality test's
-//! (tasks/tests/gym_bridge_dppg.rs). Then `--resume` of the finished run ends as it did, and
-//! `--replicates 2` gives each replicate its final evaluation and learning curve.
+//! (tasks/tests/gym_bridge_dppg.rs). Then `--resume` of the finished run ends as it did;
+//! `--replicates 2` gives each replicate its final evaluation and learning curve; a run stopped
+//! by SIGTERM mid-training resumes with every released round evaluated.
 //!
 //! Needs `.venv-bridge` (`scripts/install-python-bridge.sh`; `.ci/run` runs it first); without
 //! it the test says so and passes without checking anything.
@@ -302,5 +303,86 @@ fn gymnasium_replicates_each_have_their_evaluations() {
         "{summary}"
     );
     assert!(summary["final_return"]["mean"].is_f64(), "{summary}");
+    assert!(out.join("learning_curve.png").is_file());
+}
+
+/// A `gymnasium:` run stopped by SIGTERM mid-training resumes with `--resume`: the snapshots
+/// kept before the signal survive, every released round of both processes is evaluated, and the
+/// exported model is the best of them all.
+#[test]
+fn a_gymnasium_run_stopped_by_sigterm_resumes_with_its_evaluations() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    if !venv() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rounds = 10u64;
+    // 0.5 s of added latency per round leaves time for the signal to land mid-run.
+    let text = scenario("gymnasium:CartPole-v1", true, rounds)
+        .replace("users = 60", "users = 120")
+        .replace(
+            "target_epsilon = 1000.0",
+            "target_epsilon = 1000.0\ncheckpoint_every = 1",
+        )
+        + "\n[churn]\nadded_latency_s = 0.5\n";
+    let file = write(dir.path(), "gym.toml", &text);
+    let out = dir.path().join("out");
+    let err_log = dir.path().join("run.err");
+    let mut p = Proc {
+        name: "fedrl run".into(),
+        child: Command::new(exe())
+            .arg("run")
+            .arg(&file)
+            .arg("--out")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&err_log).unwrap()))
+            .spawn()
+            .unwrap(),
+        log: err_log,
+    };
+    let released_in_state = || {
+        metrics(&out.join("state"))
+            .iter()
+            .filter(|m| m["status"] == "released")
+            .count()
+    };
+    let t0 = Instant::now();
+    while released_in_state() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "{}", p.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(p.child.id() as i32, libc::SIGTERM) }, 0);
+    let status = p.wait(Duration::from_secs(120));
+    assert_eq!(status.code(), Some(143), "{status}:\n{}", p.log_text());
+    let before = released_in_state();
+    assert!(before < rounds as usize, "the signal landed after the run");
+
+    fedrl_run(&["--out", out.to_str().unwrap(), "--resume"]);
+    let report = read_json(&out.join("report.json"));
+    check_report_schema(&report);
+    assert_eq!(report["outcome"], "finished", "{report}");
+    let rows = released(&out.join("metrics.jsonl"));
+    assert!(rows.len() > before, "{rows:?}");
+    let mut best = f64::MIN;
+    for r in &rows {
+        let e = r["eval"]["eval_return"].as_f64();
+        assert!(e.is_some(), "{r}");
+        best = best.max(e.unwrap_or(f64::MIN));
+        let snap = out.join("state/eval-snapshots").join(format!(
+            "round-{:08}.safetensors",
+            r["round"].as_u64().unwrap()
+        ));
+        assert!(snap.is_file(), "{}", snap.display());
+    }
+    let fe = &report["final_evaluation"];
+    close(
+        &fe["selected_model_eval_return"],
+        &serde_json::json!(best),
+        "selected",
+    );
+    assert!(fe["final_eval_return"].is_f64(), "{fe}");
     assert!(out.join("learning_curve.png").is_file());
 }
