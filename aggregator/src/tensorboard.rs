@@ -30,6 +30,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use serde_json::Value;
+
 /// The `file_version` of the first event, which TensorBoard reads as "events of format 2".
 pub const FILE_VERSION: &str = "brain.Event:2";
 /// Prefix of event file names (TensorBoard loads files whose name contains `tfevents`).
@@ -119,9 +121,18 @@ fn host() -> String {
 impl EventWriter {
     /// Creates `dir` if needed and a new event file in it, and writes the version event.
     pub fn create(dir: &Path) -> io::Result<Self> {
+        Self::create_tagged(dir, None)
+    }
+
+    /// [`Self::create`] with `.{tag}` after the host in the file name (TensorBoard reads every
+    /// file whose name holds `tfevents`), so that a writer can find and replace its own files.
+    pub fn create_tagged(dir: &Path, tag: Option<&str>) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let wall = now();
-        let base = format!("{FILE_PREFIX}{}.{}", wall as u64, host());
+        let mut base = format!("{FILE_PREFIX}{}.{}", wall as u64, host());
+        if let Some(t) = tag {
+            base = format!("{base}.{t}");
+        }
         // Two processes started in the same second (a quick resume): the later gets a suffix
         // and still sorts after the first.
         let mut n = 0u32;
@@ -170,6 +181,36 @@ impl EventWriter {
         self.file.write_all(&buf)?;
         self.file.flush()
     }
+}
+
+/// The TensorBoard scalars of a public line: every number in it but the round (the step) and
+/// `t_s` (a timing, not DP: see the event file's wall time above), tagged
+/// by its path (`eval/eval_return`); booleans, strings, arrays and nulls are left out.
+pub fn scalars(line: &Value) -> Vec<(String, f32)> {
+    fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, f32)>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    let tag = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}/{k}")
+                    };
+                    walk(&tag, x, out);
+                }
+            }
+            Value::Number(n) => {
+                if let Some(x) = n.as_f64() {
+                    out.push((prefix.to_string(), x as f32));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk("", line, &mut out);
+    out.retain(|(tag, _)| tag != "round" && tag != "t_s");
+    out
 }
 
 /// A reader of event files for checks (the tests, `fedrl`'s end-to-end tests), written from

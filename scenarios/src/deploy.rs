@@ -42,7 +42,7 @@ relies on it. Do not publish them.
 | file | who | what |
 | --- | --- | --- |
 | `report.json` | public | epsilon/delta (epsilon null for a non-private twin), accountant, noise source, the final evaluation of the released model (`final_evaluation.final_eval_return`); fields described by `scenarios/report.schema.json` in the fedrl repository (the configuration is `scenario.toml`) |
-| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model (`eval`; DPPG adds the policy's entropy and the value network's error on the evaluation episodes), public training diagnostics of the release (`diagnostics`: `update_norm` of the released noisy update, `step_norm` and `param_norm` of the offered parameters, the server's step size `server_lr`), time |
+| `metrics.jsonl` | public | per round: round, status, epsilon (on every released row: `epsilon_exact` false where it is the next accounted round's, an upper bound), delta, evaluation of the released model (`eval`; `gymnasium:` populations: computed by `fedrl run` after the aggregator ended, marked `deferred`; DPPG adds the policy's entropy and the value network's error on the evaluation episodes), public training diagnostics of the release (`diagnostics`: `update_norm` of the released noisy update, `step_norm` and `param_norm` of the offered parameters, the server's step size `server_lr`), time |
 | `metrics.csv` | public | the same rows and columns as CSV |
 | `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released rows as TensorBoard scalars (`tensorboard --logdir tensorboard`), step = round, one tag per field (`eval/eval_return`, `diagnostics/update_norm`, ...); one file per aggregator process (a resume adds one); `epsilon` only on the rows the aggregator accounted (`epsilon_exact` true); no `t_s`, and every event of a file carries the file's start time, so it reveals no per-round timing |
 | `policy.safetensors` (or the task's model export) | public | the released model |
@@ -343,6 +343,12 @@ fn stop_flag() -> anyhow::Result<&'static AtomicI32> {
         let _ = WATCHING.set(());
     }
     Ok(flag)
+}
+
+/// The signal `fedrl run` caught since its first [`run_local`], if any (work done after the
+/// processes ended, such as deferred evaluations, checks it to stop early).
+pub fn stop_requested() -> Option<StopSignal> {
+    caught_signal(stop_flag().ok()?)
 }
 
 fn caught_signal(flag: &AtomicI32) -> Option<StopSignal> {

@@ -1,6 +1,7 @@
 //! `fedrl`: the one command-line program of fedrl (DESIGN §5).
 
 mod cmd;
+mod deferred_eval;
 mod deploy;
 mod metrics_files;
 mod overrides;

@@ -56,6 +56,12 @@ pub trait ServerModel: Send {
     fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
         serde_json::Map::new()
     }
+    /// Called once by the aggregator before its first round with its state directory: where a
+    /// model may keep files that must outlive the process (they survive a crash and a resume).
+    fn set_state_dir(&mut self, dir: &std::path::Path) -> anyhow::Result<()> {
+        let _ = dir;
+        Ok(())
+    }
     /// Optional evaluation after the release of `round` (written to `metrics.jsonl`).
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
         let _ = round;

@@ -143,6 +143,71 @@ fn gymnasium_cartpole_releases_the_same_models_as_fedrls_cartpole() {
     assert_ne!(init.params(), a[2].as_slice());
 }
 
+/// The aggregator's model of a Gymnasium population evaluates nothing itself (no Python): at
+/// an evaluation round it keeps the released model as a snapshot in its state directory and
+/// marks the metrics line deferred; `fedrl run` evaluates the snapshot through the bridge on the
+/// held-out users and seeds of the Rust evaluation, which gives what fedrl's own CartPole gives.
+#[test]
+fn a_deferred_evaluation_keeps_a_snapshot_that_evaluates_as_the_rust_one() {
+    use fedrl_tasks::dppg::GymEvaluator;
+    use fedrl_tasks::dppg::held_out::{final_users, periodic_users, read_snapshot};
+    let bridged = task(json!({
+        "population": "gymnasium:CartPole-v1",
+        "eval_users": 3,
+        "final_eval_users": 4,
+        "eval_episodes": 2,
+        "gymnasium": { "obs_dim": 4, "actions": 2, "workers": 2 }
+    }));
+    let own = task(json!({ "eval_users": 3, "final_eval_users": 4, "eval_episodes": 2 }));
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = DppgModel::new(&bridged, 50, 10, Device::Cpu).unwrap();
+    // Without a state directory the mark says why there is nothing to evaluate.
+    // (eval_every is 5: rounds 4, 9, ... are evaluated.)
+    assert!(m.evaluate(3).is_none());
+    assert!(m.evaluate(4).unwrap()["eval_error"].is_string());
+    m.set_state_dir(dir.path()).unwrap();
+    assert!(
+        m.evaluation_job(4).is_none(),
+        "no job: nothing runs off the engine thread"
+    );
+    // Move the model away from its initialisation, so that the snapshot is a trained model.
+    let step: Vec<f32> = (0..m.params().len())
+        .map(|i| ((i % 7) as f32 - 3.0) * 0.2)
+        .collect();
+    m.apply(&step).unwrap();
+    assert_eq!(m.evaluate(9).unwrap(), json!({ "deferred": true }));
+    assert_eq!(m.final_evaluation().unwrap(), json!({ "deferred": true }));
+    let snap = read_snapshot(dir.path(), 9).unwrap();
+    assert_eq!(snap, m.params());
+    assert!(read_snapshot(dir.path(), 4).is_err());
+    // A deferred run cannot stop at a target: refused by name.
+    let mut stop = bridged.clone();
+    stop.stop_at_return = Some(100.0);
+    assert!(
+        stop.check()
+            .unwrap_err()
+            .to_string()
+            .contains("stop_at_return")
+    );
+    if !venv() {
+        return;
+    }
+    let rust = DppgModel::new(&own, 50, 10, Device::Cpu).unwrap();
+    let mut ev = GymEvaluator::start(&bridged, Device::Cpu).unwrap();
+    for users in [periodic_users(&bridged, 50), final_users(&bridged, 50)] {
+        let want = rust
+            .evaluate_on(&snap, users.start, users.end - users.start)
+            .unwrap();
+        let got = ev.evaluate(&snap, users.clone()).unwrap();
+        assert_eq!(got.episodes, want.episodes, "{users:?}");
+        assert_eq!(got.episodes as u64, 2 * (users.end - users.start));
+        assert!((got.mean - want.mean).abs() < 1e-9, "{got:?} vs {want:?}");
+        assert!((got.std - want.std).abs() < 1e-9, "{got:?} vs {want:?}");
+    }
+    assert_eq!(periodic_users(&bridged, 50), 50..53);
+    assert_eq!(final_users(&bridged, 50), 53..57);
+}
+
 #[test]
 fn a_faulting_worker_drops_only_its_users_and_comes_back() {
     if !venv() {

@@ -189,7 +189,7 @@ impl RoundMetrics {
         write_line(&mut self.operator, &operator).context("writing operator/metrics.jsonl")?;
         // From the public line itself, so the event file can hold nothing else.
         self.tensorboard
-            .scalars(r.round as i64, &scalars(&public))
+            .scalars(r.round as i64, &crate::tensorboard::scalars(&public))
             .context("writing the TensorBoard event file")?;
         Ok(())
     }
@@ -213,36 +213,6 @@ impl RoundMetrics {
         write_line(&mut self.operator, &operator).context("writing operator/metrics.jsonl")?;
         Ok(())
     }
-}
-
-/// The TensorBoard scalars of a public line: every number in it but the round (the step) and
-/// `t_s` (a timing, not DP: see the event file's wall time in [`crate::tensorboard`]), tagged
-/// by its path (`eval/eval_return`); booleans, strings, arrays and nulls are left out.
-pub(crate) fn scalars(line: &Value) -> Vec<(String, f32)> {
-    fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, f32)>) {
-        match v {
-            Value::Object(m) => {
-                for (k, x) in m {
-                    let tag = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}/{k}")
-                    };
-                    walk(&tag, x, out);
-                }
-            }
-            Value::Number(n) => {
-                if let Some(x) = n.as_f64() {
-                    out.push((prefix.to_string(), x as f32));
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    walk("", line, &mut out);
-    out.retain(|(tag, _)| tag != "round" && tag != "t_s");
-    out
 }
 
 #[cfg(test)]

@@ -74,6 +74,9 @@ pub async fn run(
         );
     }
     let mut model = model;
+    model
+        .set_state_dir(&dir)
+        .context("handing the state directory to the model")?;
     let ckpt = checkpoint::load(&dir)?;
     let ckpt_meta = ckpt.as_ref().map(|(m, _)| m);
     let previous = resume::previous_report(&dir)?;

@@ -1,7 +1,9 @@
 //! `fedrl run`: a whole deployment on this machine (aggregator + client agents over QUIC on
 //! loopback, as separate processes). The orchestration lives in [`crate::deploy`]; this module
 //! adds what a user reads afterwards: the report fields, the exported policy and the learning
-//! curve (with the non-private twin's curve when `--twin` ran it too); for glucose simulators
+//! curve (with the non-private twin's curve when `--twin` ran it too), and for `gymnasium:<id>`
+//! populations the held-out evaluations the aggregator leaves to it ([`crate::deferred_eval`]);
+//! for glucose simulators
 //! also the control variability grid of the held-out patient-days (`cvga.png`) and the pooled
 //! time in range in the summary.
 
@@ -184,6 +186,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(r) => r,
         Err(e) => return interrupted(e),
     };
+    if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
+        return interrupted(e);
+    }
     // Offline CQL evaluates by training step (a Selective run's free steps have no round):
     // its curves are drawn against steps, the others' against rounds.
     let by_step = !step_points(&result.report).is_empty();
@@ -216,6 +221,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(r) => r,
             Err(e) => return interrupted(e),
         };
+        if let Err(e) = crate::deferred_eval::complete(t, &mut tr) {
+            return interrupted(e);
+        }
         finish(t, &mut tr)?;
         let label = twin_label(&t.scenario, &tr.report);
         curves.push(series(t, &tr.report, &label)?);
@@ -316,8 +324,11 @@ fn replicate_arm(
                 .with_context(|| format!("reading {}", report_path.display()))?,
         )
         .with_context(|| format!("reading {}", report_path.display()))?;
-        eprintln!("{title}: finished before, read from {}", dir.display());
-        return Ok(Ok(arm(report)?));
+        // A Gymnasium run stopped during its deferred evaluations is resumed (they run again).
+        if !crate::deferred_eval::pending(&report) {
+            eprintln!("{title}: finished before, read from {}", dir.display());
+            return Ok(Ok(arm(report)?));
+        }
     }
     let started = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
     let run = LocalRun::prepare(
@@ -343,6 +354,9 @@ fn replicate_arm(
         Ok(r) => r,
         Err(e) => return interrupted(e).map(Err),
     };
+    if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
+        return interrupted(e).map(Err);
+    }
     finish(&run, &mut result)?;
     let out = arm(result.report.clone())?;
     if !out.points.is_empty() {

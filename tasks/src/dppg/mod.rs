@@ -1,16 +1,21 @@
 //! User-level DP policy gradient (seed 004): users play episodes in their own simulators and
 //! send clipped local PPO updates ([`client`]); the aggregator applies the released noisy mean
 //! update with its server optimizer, evaluates on held-out users and exports the policy
-//! ([`server`]). The shapes: [`DppgTaskExt`] builds the population and the policy/value model.
+//! ([`server`]). Which held-out users and reset seeds, and the evaluation of `gymnasium:<id>`
+//! populations that `fedrl run` does after the aggregator ended (the aggregator runs no
+//! Python): [`held_out`]. The shapes: [`DppgTaskExt`] builds the population and the
+//! policy/value model.
 
 /// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
 /// `fedrl_common::task::dppg` (its doc says why).
 pub use fedrl_common::task::dppg as spec;
 
 pub mod client;
+pub mod held_out;
 pub mod server;
 
 pub use client::{DppgTrainer, episode_seed};
+pub use held_out::{Evaluation, GymEvaluator};
 pub use server::{DppgModel, PID_TUNING_USERS, POLICY_FILE};
 
 use anyhow::Context;

@@ -5,7 +5,15 @@
 //! `users..users + eval_users`, the final evaluation the next `final_eval_users` ids, so the
 //! reported return is measured on users that played no part in choosing the model. Evaluation
 //! and model selection only touch released models and simulated users: post-processing, no
-//! privacy cost.
+//! privacy cost. Which users and which reset seeds: [`super::held_out`].
+//!
+//! A `gymnasium:<id>` population's environments live in Python workers, which the aggregator
+//! never starts: its model evaluates nothing itself. At each evaluation round it keeps the
+//! released model as a snapshot in the state directory and marks the metrics line
+//! `"eval": {"deferred": true}`; its final evaluation is `{"deferred": true}` and it exports the
+//! last model. `fedrl run` then evaluates every snapshot through the bridge on the same users
+//! and seeds, fills the lines, exports the best-evaluated snapshot and runs the final
+//! evaluation (`scenarios/src/deferred_eval.rs`). `stop_at_return` is refused for them.
 //!
 //! For glucose simulators (UVA/Padova, Dosing) the final evaluation also reports the clinical
 //! metrics of every held-out patient-day (time in range, hypo- and hyperglycaemia, LBGI/HBGI,
@@ -17,15 +25,17 @@
 //! after the held-out ones, never on training users (whose data only reaches the model through
 //! the DP mechanism) nor on the users it is evaluated on.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::DppgTaskExt;
+pub use super::held_out::Evaluation;
+use super::held_out::{eval_seed, eval_setup, evaluate_envs, write_snapshot};
 use fedrl_common::scenario::DppgTask;
 use fedrl_common::task::ServerOptimizerKind;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::evaluate::ValueTarget;
 use fedrl_rl::evaluate::evaluate_logged;
-use fedrl_rl::{EvalConfig, ModelSpec, evaluate, io};
+use fedrl_rl::{EvalConfig, ModelSpec, io};
 use fedrl_sim::Env;
 use fedrl_sim::clinical::{ClinicalReport, patient_label, summarize_episode};
 use fedrl_sim::population::Population;
@@ -59,11 +69,6 @@ fn server_rule(task: &DppgTask) -> ServerRule {
 /// Environments, reset seeds and settings of one evaluation.
 type EvalSetup = (Vec<Box<dyn Env>>, Vec<u64>, EvalConfig);
 
-/// The seed of held-out user `user`'s evaluation episodes.
-fn eval_seed(user: u64) -> u64 {
-    0xE7A1_0000_0000 ^ user
-}
-
 pub struct DppgModel {
     task: DppgTask,
     sgd: ServerOptimizer,
@@ -74,6 +79,11 @@ pub struct DppgModel {
     /// The best periodically evaluated parameters and their return.
     best: BestModel,
     reached_target: bool,
+    /// A `gymnasium:<id>` population: evaluations are deferred to `fedrl run` (no Python here),
+    /// which evaluates the snapshots kept in the state directory.
+    deferred: bool,
+    /// The aggregator's state directory (where deferred evaluations' snapshots are kept).
+    state_dir: Option<PathBuf>,
 }
 
 /// What an evaluation on held-out users needs. Cheap to clone: a pipelined evaluation takes a
@@ -90,65 +100,36 @@ struct HeldOut {
 }
 
 impl HeldOut {
-    /// Environments, reset seeds and settings of an evaluation on users `first..first + n`.
-    fn setup(&self, first: u64, n: u64) -> anyhow::Result<EvalSetup> {
-        let envs: Vec<Box<dyn Env>> = (0..n)
+    /// The environments of users `first..first + n`.
+    fn envs(&self, first: u64, n: u64) -> anyhow::Result<Vec<Box<dyn Env>>> {
+        Ok((0..n)
             .map(|j| self.population.user_env(first + j))
-            .collect::<Result<_, _>>()?;
-        // Resets of evaluation episodes are seeded by the user id: the same users, the same
-        // episodes, whichever model is evaluated.
-        let seeds: Vec<u64> = (0..n).map(|j| eval_seed(first + j)).collect();
-        let cfg = EvalConfig {
-            episodes_per_env: self.episodes_per_env,
-            diagnostics: Some(self.value_target),
-            ..EvalConfig::default()
-        };
-        Ok((envs, seeds, cfg))
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// Environments, reset seeds and settings of an evaluation on users `first..first + n`
+    /// (the seeds and settings are [`eval_setup`]'s, as every DPPG evaluation's).
+    fn setup(&self, first: u64, n: u64) -> anyhow::Result<EvalSetup> {
+        let (seeds, cfg) = eval_setup(
+            first..first + n,
+            self.episodes_per_env,
+            Some(self.value_target),
+        );
+        Ok((self.envs(first, n)?, seeds, cfg))
     }
 
     /// Mean return of `params` over held-out users `first..first + n`, one batched rollout.
     fn evaluate_on(&self, params: &[f32], first: u64, n: u64) -> anyhow::Result<Evaluation> {
-        let (mut envs, seeds, cfg) = self.setup(first, n)?;
-        let r = evaluate(&self.spec, params, &mut envs, &seeds, &cfg, &self.device)?;
-        Ok(Evaluation {
-            mean: r.mean,
-            std: r.std,
-            episodes: r.returns.len(),
-            policy_entropy: r.policy_entropy,
-            value_rmse: r.value_rmse,
-        })
-    }
-}
-
-/// What an evaluation measured: functions of the released parameters and of episodes the
-/// server plays on held-out users, so all of it is public (DESIGN §3).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Evaluation {
-    pub mean: f64,
-    pub std: f64,
-    pub episodes: usize,
-    /// Mean policy entropy (nats) on the states the evaluation episodes visited.
-    pub policy_entropy: Option<f64>,
-    /// RMS error of the value network against the episodes' discounted returns (scaled
-    /// reward units, `local.reward_scale`).
-    pub value_rmse: Option<f64>,
-}
-
-impl Evaluation {
-    /// The metrics fields (`eval_*`; the entropy and value error only where measured).
-    pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "eval_return": self.mean,
-            "eval_return_std": self.std,
-            "eval_episodes": self.episodes,
-        });
-        if let Some(h) = self.policy_entropy {
-            v["eval_policy_entropy"] = h.into();
-        }
-        if let Some(e) = self.value_rmse {
-            v["eval_value_rmse"] = e.into();
-        }
-        v
+        let mut envs = self.envs(first, n)?;
+        evaluate_envs(
+            &self.spec,
+            params,
+            &mut envs,
+            first..first + n,
+            self.episodes_per_env,
+            Some(self.value_target),
+            &self.device,
+        )
     }
 }
 
@@ -176,15 +157,14 @@ impl DppgModel {
                 spec,
                 population: task.population()?,
                 episodes_per_env: task.eval_episodes.max(1),
-                value_target: ValueTarget {
-                    gamma: task.local.gamma,
-                    reward_scale: task.local.reward_scale,
-                },
+                value_target: super::held_out::value_target(task),
                 device,
             },
             first_eval_user: training_users,
             best: None,
             reached_target: false,
+            deferred: super::gymnasium_of(task).is_some(),
+            state_dir: None,
         })
     }
 
@@ -291,6 +271,30 @@ impl DppgModel {
     fn chosen(&self) -> &[f32] {
         self.best.as_ref().map_or(&self.sgd.params, |(_, p)| p)
     }
+
+    /// Whether the model released in `round` is evaluated.
+    fn evaluates_after(&self, round: u64) -> bool {
+        (round + 1).is_multiple_of(self.task.eval_every.max(1))
+    }
+
+    /// A deferred evaluation (Gymnasium population): keeps the model released in `round` as
+    /// its snapshot and returns the metrics line's mark, `{"deferred": true}` (with
+    /// `eval_error` when the snapshot could not be kept).
+    fn keep_snapshot(&self, round: u64) -> serde_json::Value {
+        let kept = match &self.state_dir {
+            Some(dir) => write_snapshot(dir, round, &self.held.spec, &self.sgd.params)
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}")),
+            None => Err("no state directory to keep the snapshot in".to_string()),
+        };
+        match kept {
+            Ok(()) => serde_json::json!({ "deferred": true }),
+            Err(e) => serde_json::json!({
+                "deferred": true,
+                "eval_error": format!("the released model could not be kept for its evaluation: {e}"),
+            }),
+        }
+    }
 }
 
 impl ServerModel for DppgModel {
@@ -325,13 +329,24 @@ impl ServerModel for DppgModel {
         Ok(())
     }
 
+    fn set_state_dir(&mut self, dir: &Path) -> anyhow::Result<()> {
+        self.state_dir = Some(dir.to_path_buf());
+        Ok(())
+    }
+
     fn evaluate(&mut self, round: u64) -> Option<serde_json::Value> {
+        if self.deferred {
+            return self
+                .evaluates_after(round)
+                .then(|| self.keep_snapshot(round));
+        }
         let job = self.evaluation_job(round)?;
         Some(self.evaluated(job.run()))
     }
 
     fn evaluation_job(&self, round: u64) -> Option<EvaluationJob> {
-        if !(round + 1).is_multiple_of(self.task.eval_every.max(1)) {
+        // A deferred evaluation is a snapshot kept at once ([`Self::evaluate`]), no job.
+        if self.deferred || !self.evaluates_after(round) {
             return None;
         }
         let (held, first) = (self.held.clone(), self.first_eval_user);
@@ -361,6 +376,10 @@ impl ServerModel for DppgModel {
     }
 
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
+        if self.deferred {
+            // `fedrl run` evaluates the exported model (the best snapshot) on the final users.
+            return Some(serde_json::json!({ "deferred": true }));
+        }
         let first = self.first_eval_user + self.task.eval_users.max(1);
         let n = self.task.final_eval_users.max(1);
         let (eval, clinical) = match self.evaluate_clinical(self.chosen(), first, n) {

@@ -105,7 +105,8 @@ pub struct DppgTask {
     pub eval_episodes: usize,
     /// Stop training once a periodic evaluation on held-out users reaches this mean return (a
     /// non-private diagnostic on simulated users: post-processing, no privacy cost). Default:
-    /// never; train for `rounds`.
+    /// never; train for `rounds`. Refused for `gymnasium:<id>` populations, whose evaluations
+    /// run after the aggregator ended.
     #[serde(default)]
     pub stop_at_return: Option<f64>,
     /// The local PPO update (episodes per user, epochs, learning rate, hidden sizes, ...); its
@@ -272,7 +273,19 @@ impl DppgTask {
             );
         }
         match (self.population.starts_with("gymnasium:"), &self.gymnasium) {
-            (true, Some(g)) => g.validate()?,
+            (true, Some(g)) => {
+                g.validate()?;
+                // The aggregator has no Python: its evaluations of a Gymnasium population run
+                // in `fedrl run` after it ended, too late to stop training.
+                if self.stop_at_return.is_some() {
+                    return bad(
+                        "task.stop_at_return needs evaluations during training, which a \
+                         gymnasium:<id> population only gets after the run (the aggregator runs \
+                         no Python); leave it out"
+                            .into(),
+                    );
+                }
+            }
             (true, None) => {
                 return bad(format!(
                     "task.population = {:?} needs a [task.gymnasium] table (obs_dim, actions or \
