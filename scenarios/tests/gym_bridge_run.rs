@@ -271,7 +271,7 @@ fn a_gymnasium_run_is_evaluated_as_fedrls_own_population_is() {
                 }
             }
         }
-        got.sort_by(|a, b| a.0.cmp(&b.0));
+        got.sort_by_key(|a| a.0);
         got
     };
     let want: Vec<(u64, f32)> = released(&gym.join("metrics.jsonl"))
