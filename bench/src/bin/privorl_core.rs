@@ -12,8 +12,9 @@
 //! One thread unless `RAYON_NUM_THREADS` says otherwise (as `fedrl` runs). Prints and appends
 //! one JSON line to `bench/results/privorl_core.jsonl`: steps/s and transitions/s (wall), the
 //! process CPU seconds of each phase (meaningful when other jobs share the machine), and the
-//! settings. No PyTorch peer yet (SynthER's network and sampler under torch: a later session's
-//! `bench/peers/` script).
+//! settings and the 1-minute load average at the start. `--samples 0` times training only.
+//! The PyTorch peer of the same network and sampler is `bench/peers/synther_peer.py`;
+//! `bench/run_privorl_peer.sh` runs both, interleaved.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,7 +32,7 @@ struct Args {
     /// Timed training steps (after 5 warm-up steps).
     #[arg(long, default_value_t = 200)]
     steps: usize,
-    /// Timed samples (after a warm-up of 100).
+    /// Timed samples (after a warm-up of 100); 0: no sampling.
     #[arg(long, default_value_t = 2000)]
     samples: usize,
     /// Rows per sampler call.
@@ -91,6 +92,9 @@ fn transitions(n: usize) -> Transitions {
 fn main() -> anyhow::Result<()> {
     fedrl_bench::train_like_fedrl();
     let args = Args::parse();
+    let load_avg: Option<f64> = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split(' ').next()?.parse().ok());
     let spec: fedrl_common::device::DeviceSpec = args.device.parse()?;
     let device = fedrl_rl::device::open(spec)?;
     let layout = TransitionLayout {
@@ -130,12 +134,15 @@ fn main() -> anyhow::Result<()> {
     }
     let train_wall = t0.elapsed().as_secs_f64();
     let train_cpu = cpu_seconds().zip(c0).map(|(a, b)| a - b);
-    synth.model_mut().sample_normalized(100, Weights::Ema)?;
-    let (t1, c1) = (Instant::now(), cpu_seconds());
-    let out = synth.sample(args.samples)?;
-    let sample_wall = t1.elapsed().as_secs_f64();
-    let sample_cpu = cpu_seconds().zip(c1).map(|(a, b)| a - b);
-    anyhow::ensure!(out.len() == args.samples, "sampled {} rows", out.len());
+    let (mut sample_wall, mut sample_cpu) = (f64::NAN, None);
+    if args.samples > 0 {
+        synth.model_mut().sample_normalized(100, Weights::Ema)?;
+        let (t1, c1) = (Instant::now(), cpu_seconds());
+        let out = synth.sample(args.samples)?;
+        sample_wall = t1.elapsed().as_secs_f64();
+        sample_cpu = cpu_seconds().zip(c1).map(|(a, b)| a - b);
+        anyhow::ensure!(out.len() == args.samples, "sampled {} rows", out.len());
+    }
     let line = serde_json::json!({
         "bench": "privorl_core",
         "device": args.device,
@@ -152,8 +159,9 @@ fn main() -> anyhow::Result<()> {
         "sample_steps": synth.model().config().edm.sample_steps,
         "samples": args.samples,
         "sample_chunk": args.sample_chunk,
-        "sampled_transitions_per_s": args.samples as f64 / sample_wall,
+        "sampled_transitions_per_s": (args.samples > 0).then(|| args.samples as f64 / sample_wall),
         "sample_cpu_s": sample_cpu,
+        "load_avg_1m": load_avg,
         "peer": serde_json::Value::Null,
     });
     println!("{line}");
