@@ -9,7 +9,9 @@
 #   cargo build --release -p fedrl-bench --bin privorl_core --bin privorl_dp_step
 #   bench/run_privorl_peer.sh [REPEATS]          # default 3; PRIVORL_PEER_THREADS="1 2"
 #
-# Measures denoiser training steps/s at batch 128 and 256 (200 steps after 5 warm-up steps),
+# First checks the peer computes fedrl's function (`privorl_core --dump`, `synther_peer.py
+# --check`: network output, denoiser and losses under fedrl's initial weights). Then measures
+# denoiser training steps/s at batch 128 and 256 (200 steps after 5 warm-up steps),
 # sampled transitions/s (2,000 samples in one chunk of 2,000, after a warm-up call; 128 Heun
 # steps, 255 network calls), and the DP fine-tuning step (256 units: exact per-example norms,
 # clip, f64 sum, exact discrete Gaussian noise, AdamW + EMA) against the non-private step at the
@@ -42,9 +44,13 @@ fedrl_side() {
 torch_side() {
   local t=$1
   OMP_NUM_THREADS=$t "$py" bench/peers/synther_peer.py --threads "$t" --repeats 1 \
-    --batches 128,256 --steps 200 --samples 2000 --sample-chunk 2000 --dp \
+    --batches 128,256 --steps 200 --samples 2000 --sample-chunk 2000 --dp --dp-steps 5 \
     --results "$tmp/torch.jsonl" > /dev/null
 }
+
+# Same network: fedrl's initial weights in the peer give fedrl's outputs.
+"$bin/privorl_core" --dump "$tmp/reference.json"
+"$py" bench/peers/synther_peer.py --check "$tmp/reference.json" 2>/dev/null | tee -a "$results"
 
 for r in $(seq 1 "$reps"); do
   for t in $threads_list; do

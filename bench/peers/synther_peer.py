@@ -30,6 +30,11 @@ timed; each measurement is the best of `--repeats`. Prints one JSON line (also a
 
     python synther_peer.py --threads 1 [--batches 128,256] [--steps 200] [--samples 2000]
         [--sample-chunk 2000] [--repeats 3] [--dp] [--results bench/results/privorl_core.jsonl]
+    python synther_peer.py --check REF.json   # REF from `privorl_core --dump REF.json`
+
+`--check` loads fedrl's initial weights and Fourier frequencies into this network and compares
+the network output, the preconditioned denoiser and the per-row EDM losses with fedrl's on the
+same rows, noise levels and noise (exit status 1 above a relative 1e-4).
 """
 
 import argparse
@@ -235,6 +240,46 @@ class Model:
         self.step_with_grads()
 
 
+def check(path):
+    """Loads fedrl's weights from `privorl_core --dump PATH` into this network and recomputes
+    `F(x, c_noise)`, `D(x, sigma)` and the per-row EDM losses; returns the largest relative
+    differences (the same network computes the same function up to f32 rounding)."""
+    with open(path) as f:
+        ref = json.load(f)
+    d = ref["data_dim"]
+    shapes = ref["params"]
+    blocks = sum(1 for p in shapes if p["name"].endswith(".linear.weight"))
+    width = [p for p in shapes if p["name"] == "residual_mlp.final_linear.weight"][0]["shape"][1]
+    net = ResidualMLPDenoiser(d, width=width, blocks=blocks)
+    state = net.state_dict()
+    flat = torch.tensor(ref["flat"], dtype=torch.float32)
+    at = 0
+    for p in shapes:
+        n = math.prod(p["shape"])
+        assert list(state[p["name"]].shape) == p["shape"], p
+        state[p["name"]] = flat[at:at + n].reshape(p["shape"])
+        at += n
+    assert at == flat.numel() == sum(q.numel() for q in net.parameters() if q.requires_grad)
+    state["time_mlp.0.weights"] = torch.tensor(ref["freqs"], dtype=torch.float32)
+    net.load_state_dict(state)
+    x = torch.tensor(ref["rows"], dtype=torch.float32).reshape(-1, d)
+    sigma = torch.tensor(ref["sigmas"], dtype=torch.float32)
+    noise = torch.tensor(ref["noise"], dtype=torch.float32).reshape(-1, d)
+
+    def rel(a, b):
+        b = torch.tensor(b, dtype=torch.float32).reshape(a.shape)
+        return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
+
+    with torch.no_grad():
+        out = {
+            "params": at,
+            "net_out": rel(net(x, torch.tensor(ref["c_noise"])), ref["net_out"]),
+            "denoised": rel(denoised(net, x, sigma), ref["denoised"]),
+            "losses": rel(per_row_loss(net, x, sigma, noise), ref["losses"]),
+        }
+    return out
+
+
 def cpu_seconds():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -268,7 +313,13 @@ def main():
     ap.add_argument("--dp-steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default="bench/results/privorl_core.jsonl")
+    ap.add_argument("--check", help="a `privorl_core --dump` file: compare, print, exit")
     a = ap.parse_args()
+    if a.check:
+        r = check(a.check)
+        print(json.dumps({"bench": "synther_peer_check", **r}))
+        worst = max(v for k, v in r.items() if k != "params")
+        raise SystemExit(0 if worst < 1e-4 else f"fedrl and the peer differ: {r}")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     rows = transitions(10_000)

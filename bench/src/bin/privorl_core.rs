@@ -49,6 +49,54 @@ struct Args {
     device: String,
     #[arg(long, default_value = "bench/results/privorl_core.jsonl")]
     results: PathBuf,
+    /// Instead of timing: write the initial flat weights (PyTorch layout and names), the
+    /// Fourier frequencies, a few rows with their noise levels and noise, and fedrl's EDM
+    /// outputs for them (`F(x, c_noise)`, `D(x, sigma)`, the per-row losses) as JSON, for
+    /// `synther_peer.py --check` to recompute in PyTorch.
+    #[arg(long)]
+    dump: Option<PathBuf>,
+}
+
+/// The `--dump` reference: fedrl's outputs on `rows` (normalised, `[b, d]`) under the initial
+/// weights of a denoiser for `d` values.
+fn dump_reference(
+    path: &std::path::Path,
+    model: &fedrl_rl::diffusion::DiffusionModel,
+    rows: &[f32],
+    d: usize,
+) -> anyhow::Result<()> {
+    use fedrl_rl::candle_core::Tensor;
+    use fedrl_rl::diffusion::edm;
+    let b = rows.len() / d;
+    let net = model.denoiser();
+    let cfg = &model.config().edm;
+    let dev = net.device();
+    let params = model.online_params();
+    let sigmas: Vec<f64> = (0..b).map(|i| 0.002 * 3f64.powi(i as i32)).collect();
+    let noise: Vec<f32> = (0..b * d).map(|k| ((k as f32) * 0.618).sin()).collect();
+    let x = Tensor::from_slice(rows, (b, d), dev)?;
+    let t: Vec<f32> = sigmas.iter().map(|&s| cfg.precond(s).c_noise as f32).collect();
+    let f = net.forward(&params, &x, &Tensor::from_slice(&t, b, dev)?)?;
+    let den = edm::denoise(cfg, net, &params, &x, &sigmas)?;
+    let n = Tensor::from_slice(&noise, (b, d), dev)?;
+    let loss = edm::per_example_loss(cfg, net, &params, &x, &sigmas, &n)?;
+    let names: Vec<_> = net
+        .spec()
+        .param_shapes()
+        .into_iter()
+        .map(|p| serde_json::json!({"name": p.name, "shape": p.shape}))
+        .collect();
+    let j = serde_json::json!({
+        "params": names,
+        "flat": model.online_flat()?,
+        "freqs": net.freqs()?,
+        "rows": rows, "data_dim": d, "sigmas": sigmas, "noise": noise, "c_noise": t,
+        "net_out": f.flatten_all()?.to_vec1::<f32>()?,
+        "denoised": den.flatten_all()?.to_vec1::<f32>()?,
+        "losses": loss.to_vec1::<f32>()?,
+    });
+    std::fs::write(path, j.to_string()).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// This process's user + system CPU time in seconds (Linux `/proc/self/stat`); `None` elsewhere.
@@ -119,6 +167,9 @@ fn main() -> anyhow::Result<()> {
     let d = layout.dim();
     let n = rows.len() / d;
     let b = args.batch.min(n);
+    if let Some(path) = &args.dump {
+        return dump_reference(path, synth.model(), &rows[..8 * d], d);
+    }
     let model = synth.model_mut();
     let mut step = |k: usize| -> anyhow::Result<f32> {
         let at = (k * b) % (n - b + 1);
