@@ -130,7 +130,10 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
         total += s;
     }
     let wall = r["wall_seconds"].as_f64().unwrap();
-    assert!(total <= wall + 1.0, "phases {total} s, run {wall} s: {phases}");
+    assert!(
+        total <= wall + 1.0,
+        "phases {total} s, run {wall} s: {phases}"
+    );
     // Every round went through the summed path, accounted at transition level.
     let ledger = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
     assert_eq!(ledger.records().len(), 64);

@@ -75,7 +75,10 @@ fn dump_reference(
     let sigmas: Vec<f64> = (0..b).map(|i| 0.002 * 3f64.powi(i as i32)).collect();
     let noise: Vec<f32> = (0..b * d).map(|k| ((k as f32) * 0.618).sin()).collect();
     let x = Tensor::from_slice(rows, (b, d), dev)?;
-    let t: Vec<f32> = sigmas.iter().map(|&s| cfg.precond(s).c_noise as f32).collect();
+    let t: Vec<f32> = sigmas
+        .iter()
+        .map(|&s| cfg.precond(s).c_noise as f32)
+        .collect();
     let f = net.forward(&params, &x, &Tensor::from_slice(&t, b, dev)?)?;
     let den = edm::denoise(cfg, net, &params, &x, &sigmas)?;
     let n = Tensor::from_slice(&noise, (b, d), dev)?;

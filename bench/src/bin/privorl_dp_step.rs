@@ -140,8 +140,7 @@ fn main() -> anyhow::Result<()> {
                     let net = private.denoiser();
                     let edm = &private.config().edm;
                     round += 1;
-                    let s =
-                        summed_unit_gradients(net, edm, &offer, &unit_rows, round, 0, 1, clip)?;
+                    let s = summed_unit_gradients(net, edm, &offer, &unit_rows, round, 0, 1, clip)?;
                     grid.quantize_sum(&s.sum, units as u64, &mut q)?;
                     let mut acc = FixedPointSum::new(grid, p);
                     acc.add_quantized(&q, units as u64)?;
