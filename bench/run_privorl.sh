@@ -53,6 +53,8 @@ row = {
     "pretrain_cached": pre is None,
     "run_s": r["wall_seconds"],
     "finetune_apply_s": fe["finetune"]["seconds_applying"],
+    "pretraining_phase_s": fe["phase_seconds"].get("pretraining"),
+    "finetuning_phase_s": fe["phase_seconds"].get("finetuning"),
     "sampling_s": fe["phase_seconds"]["sampling"],
     "downstream_s": fe["phase_seconds"]["downstream"],
     "out": out,

@@ -2,8 +2,8 @@
 # Installs the Python peers into local virtual environments beside this script:
 # - .venv         from every requirements-*.txt except requirements-offline.txt,
 #                 requirements-minari_formats.txt and requirements-simglucose.txt (dp_accounting,
-#                 Gymnasium 1.4, PyTorch PPO, the policy-export peer torch_policy.py,
-#                 TensorBoard's event reader, ...);
+#                 Gymnasium 1.4, PyTorch PPO, the policy-export peer torch_policy.py, the
+#                 PrivORL-n synthesizer peer synther_peer.py, TensorBoard's event reader, ...);
 # - .venv-offline from requirements-offline.txt and requirements-minari_formats.txt (d3rlpy
 #                 2.8.1 pins gymnasium 1.0.0, which conflicts with the other peers; minari with
 #                 its hdf5 and create (jax) extras, opacus);

@@ -121,6 +121,19 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
         fe["finetune"]["steps"], 64,
         "every released round is applied"
     );
+    // Every phase has its wall clock, and together they fit in the run's.
+    let phases = &fe["phase_seconds"];
+    let mut total = 0.0;
+    for phase in ["pretraining", "finetuning", "sampling", "downstream"] {
+        let s = phases[phase].as_f64().unwrap_or(-1.0);
+        assert!(s > 0.0, "phase {phase}: {phases}");
+        total += s;
+    }
+    let wall = r["wall_seconds"].as_f64().unwrap();
+    assert!(
+        total <= wall + 1.0,
+        "phases {total} s, run {wall} s: {phases}"
+    );
     // Every round went through the summed path, accounted at transition level.
     let ledger = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
     assert_eq!(ledger.records().len(), 64);

@@ -55,6 +55,11 @@ pub struct PrivorlModel {
     rounds: u64,
     finetune_s: f64,
     pretrain: serde_json::Value,
+    /// Wall-clock seconds of building (or reading from the cache) the pre-trained synthesizer.
+    pretrain_s: f64,
+    /// When the model was ready for fine-tuning (the end of [`PrivorlModel::new`]): the
+    /// fine-tuning phase's wall clock runs from here to the start of the final evaluation.
+    ready_at: Instant,
     /// The sampled synthetic dataset, once the run is over.
     released: Option<Dataset>,
     /// The membership audit's normalised rows: units' transitions (members) and held-out ones
@@ -78,12 +83,13 @@ impl PrivorlModel {
                 r.seconds
             );
         })?;
+        let pretrain_s = t0.elapsed().as_secs_f64();
         let pretrain = serde_json::json!({
             "enabled": task.pretrain.enabled,
             "curiosity": task.pretrain.enabled && task.pretrain.curiosity,
             "epochs": if task.pretrain.enabled { task.pretrain.epochs } else { 0 },
             "cached": task.pretrain.enabled && reports.is_none(),
-            "seconds_here": t0.elapsed().as_secs_f64(),
+            "seconds_here": pretrain_s,
             "epoch_losses": reports
                 .map(|r| r.iter().map(|e| e.mean_loss).collect::<Vec<_>>()),
         });
@@ -147,11 +153,14 @@ impl PrivorlModel {
             rounds: 0,
             finetune_s: 0.0,
             pretrain,
+            pretrain_s,
+            ready_at: Instant::now(),
             released: None,
             device,
         };
         m.offer = m.synth.model().online_flat()?;
         m.record_curve()?;
+        m.ready_at = Instant::now();
         Ok(m)
     }
 
@@ -290,6 +299,7 @@ impl PrivorlModel {
     }
 
     fn evaluate_release(&mut self) -> anyhow::Result<serde_json::Value> {
+        let finetuning_s = self.ready_at.elapsed().as_secs_f64();
         let t0 = Instant::now();
         let (dataset, synthetic) = self.sample()?;
         let sampling_s = t0.elapsed().as_secs_f64();
@@ -350,7 +360,14 @@ impl PrivorlModel {
                 "steps": self.synth.model().steps(),
                 "seconds_applying": self.finetune_s,
             },
+            // Wall clock of every phase in this process: pre-training (or reading it from
+            // the cache, with the datasets), fine-tuning (from the model's construction to
+            // the end of the last round: the engine's start, every round's DP gradient, noise
+            // and step, the curve's evaluations), sampling the release, and the downstream CQL
+            // trainings with their evaluations (on the synthetic and the real reference data).
             "phase_seconds": {
+                "pretraining": self.pretrain_s,
+                "finetuning": finetuning_s,
                 "sampling": sampling_s,
                 "downstream": downstream_s,
             },
