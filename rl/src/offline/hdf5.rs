@@ -24,7 +24,9 @@ use hdf5_metno as h5;
 use serde_json::Value;
 
 use super::dataset::{Dataset, Episode};
-use super::minari::{MinariError, ReadDataset, UNIT_KEY, layout, read_spaces};
+use super::minari::{
+    Fields, MinariError, ReadDataset, UNIT_KEY, fields, kept_episodes, layout, read_spaces,
+};
 
 /// The file holding every episode (Minari's `_MAIN_FILE_NAME`).
 pub const MAIN_FILE: &str = "main_data.hdf5";
@@ -43,62 +45,23 @@ pub(super) fn read_units(
     keep: &dyn Fn(u64) -> bool,
 ) -> Result<ReadDataset, MinariError> {
     let (obs_dim, n_actions) = read_spaces(meta, meta_path)?;
-    let text = |k: &str| meta.get(k).and_then(Value::as_str);
-    let id = text("dataset_id")
-        .ok_or_else(|| layout(meta_path, "dataset_id is missing"))?
-        .to_string();
-    let minari_version = text("minari_version").unwrap_or("").to_string();
-    let count = |k: &str| {
-        meta.get(k)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| layout(meta_path, format!("{k} is missing")))
-    };
-    let (total_episodes, total_steps) = (count("total_episodes")?, count("total_steps")?);
-    // Minari stores the environment as Gymnasium's EnvSpec JSON (a string); fedrl's own files
-    // name it directly.
-    let env_id = match (text("fedrl_env_id"), text("env_spec")) {
-        (Some(e), _) => e.to_string(),
-        (None, Some(spec)) => serde_json::from_str::<Value>(spec)
-            .ok()
-            .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string))
-            .ok_or_else(|| layout(meta_path, "env_spec has no id"))?,
-        (None, None) => String::new(),
-    };
+    let Fields {
+        id,
+        minari_version,
+        total_episodes,
+        total_steps,
+        env_id,
+    } = fields(meta, meta_path)?;
 
     let file = Hdf5File::open(&dir.join("data"))?;
     let mut metas = Vec::with_capacity(total_episodes as usize);
     for i in 0..total_episodes {
         metas.push(file.episode_meta(i)?);
     }
-    let mut next = metas.iter().filter_map(|m| m.0).max().map_or(0, |m| m + 1);
-    let mut units_assigned = 0;
-    let mut episodes = Vec::new();
-    let mut steps = 0u64;
-    for (i, (unit, total)) in (0..total_episodes).zip(metas) {
-        let unit = unit.unwrap_or_else(|| {
-            units_assigned += 1;
-            next += 1;
-            next - 1
-        });
-        match (keep(unit), total) {
-            // Saturating: a corrupt count then fails the total check instead of wrapping.
-            (false, Some(t)) => steps = steps.saturating_add(t),
-            (kept, _) => {
-                let mut e = file.read_episode(i, obs_dim, n_actions, total)?;
-                steps = steps.saturating_add(e.len() as u64);
-                if kept {
-                    e.unit = unit;
-                    episodes.push(e);
-                }
-            }
-        }
-    }
-    if steps != total_steps {
-        return Err(layout(
-            meta_path,
-            format!("total_steps is {total_steps} but the episodes hold {steps} steps"),
-        ));
-    }
+    let (episodes, units_assigned) =
+        kept_episodes(metas, total_steps, meta_path, keep, |i, total| {
+            file.read_episode(i, obs_dim, n_actions, total)
+        })?;
     Ok(ReadDataset {
         dataset: Dataset {
             id,

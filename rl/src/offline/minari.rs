@@ -960,6 +960,88 @@ impl Header {
     }
 }
 
+/// The counts, id, writer and environment of a dataset's `metadata.json` (`meta`, read from
+/// `meta_path`), which every reader checks the same way.
+pub(super) struct Fields {
+    pub id: String,
+    pub minari_version: String,
+    pub total_episodes: u64,
+    pub total_steps: u64,
+    /// fedrl's `fedrl_env_id`, else the id of Gymnasium's `env_spec` (Minari stores the
+    /// EnvSpec as a JSON string); empty when neither is stored.
+    pub env_id: String,
+}
+
+pub(super) fn fields(meta: &Value, meta_path: &Path) -> Result<Fields, MinariError> {
+    let text = |k: &str| meta.get(k).and_then(Value::as_str);
+    let count = |k: &str| {
+        meta.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| layout(meta_path, format!("{k} is missing")))
+    };
+    let env_id = match (text("fedrl_env_id"), text("env_spec")) {
+        (Some(e), _) => e.to_string(),
+        (None, Some(spec)) => serde_json::from_str::<Value>(spec)
+            .ok()
+            .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string))
+            .ok_or_else(|| layout(meta_path, "env_spec has no id"))?,
+        (None, None) => String::new(),
+    };
+    Ok(Fields {
+        id: text("dataset_id")
+            .ok_or_else(|| layout(meta_path, "dataset_id is missing"))?
+            .to_string(),
+        minari_version: text("minari_version").unwrap_or("").to_string(),
+        total_episodes: count("total_episodes")?,
+        total_steps: count("total_steps")?,
+        env_id,
+    })
+}
+
+/// The episodes of the units `keep` accepts, given every episode's (unit, step count) metadata
+/// in id order, and how many units were assigned here: an episode without a unit gets the next
+/// id after the largest stored one. `read(i, total)` decodes episode `i`; an episode not kept
+/// is decoded only when its metadata gives no step count. The steps must add up to
+/// `total_steps` (a layout error at `meta_path` otherwise).
+pub(super) fn kept_episodes(
+    metas: Vec<(Option<u64>, Option<u64>)>,
+    total_steps: u64,
+    meta_path: &Path,
+    keep: &dyn Fn(u64) -> bool,
+    mut read: impl FnMut(u64, Option<u64>) -> Result<Episode, MinariError>,
+) -> Result<(Vec<Episode>, usize), MinariError> {
+    let mut next = metas.iter().filter_map(|m| m.0).max().map_or(0, |m| m + 1);
+    let mut units_assigned = 0;
+    let mut episodes = Vec::new();
+    let mut steps = 0u64;
+    for (i, (unit, total)) in (0u64..).zip(metas) {
+        let unit = unit.unwrap_or_else(|| {
+            units_assigned += 1;
+            next += 1;
+            next - 1
+        });
+        match (keep(unit), total) {
+            // Saturating: a corrupt count then fails the total check instead of wrapping.
+            (false, Some(t)) => steps = steps.saturating_add(t),
+            (kept, _) => {
+                let mut e = read(i, total)?;
+                steps = steps.saturating_add(e.len() as u64);
+                if kept {
+                    e.unit = unit;
+                    episodes.push(e);
+                }
+            }
+        }
+    }
+    if steps != total_steps {
+        return Err(layout(
+            meta_path,
+            format!("total_steps is {total_steps} but the episodes hold {steps} steps"),
+        ));
+    }
+    Ok((episodes, units_assigned))
+}
+
 /// Reads `dir/data/metadata.json` (`dir` = `root/<id>`): the storage format (parquet, arrow
 /// or HDF5), the spaces (a 1-D float32 Box observation; any action
 /// space, reported in [`Header::action`]), the counts and the recorded environment.
@@ -990,34 +1072,13 @@ pub fn header(dir: &Path) -> Result<Header, MinariError> {
         }
     };
     let (obs_dim, action) = parse_spaces(&meta, &meta_path)?;
-    let id = meta
-        .get("dataset_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| layout(&meta_path, "dataset_id is missing"))?
-        .to_string();
-    let minari_version = meta
-        .get("minari_version")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let total_episodes = meta
-        .get("total_episodes")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| layout(&meta_path, "total_episodes is missing"))?;
-    let total_steps = meta
-        .get("total_steps")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| layout(&meta_path, "total_steps is missing"))?;
-    let env_id = match meta.get("fedrl_env_id").and_then(Value::as_str) {
-        Some(e) => e.to_string(),
-        None => match meta.get("env_spec").and_then(Value::as_str) {
-            Some(spec) => serde_json::from_str::<Value>(spec)
-                .ok()
-                .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string))
-                .ok_or_else(|| layout(&meta_path, "env_spec has no id"))?,
-            None => String::new(),
-        },
-    };
+    let Fields {
+        id,
+        minari_version,
+        total_episodes,
+        total_steps,
+        env_id,
+    } = fields(&meta, &meta_path)?;
     Ok(Header {
         id,
         obs_dim,
@@ -1072,67 +1133,21 @@ pub fn read_units(dir: &Path, keep: &dyn Fn(u64) -> bool) -> Result<ReadDataset,
         }
     };
     let (obs_dim, n_actions) = read_spaces(&meta, &meta_path)?;
-    let id = meta
-        .get("dataset_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| layout(&meta_path, "dataset_id is missing"))?
-        .to_string();
-    let minari_version = meta
-        .get("minari_version")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let total_episodes = meta
-        .get("total_episodes")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| layout(&meta_path, "total_episodes is missing"))?;
-    let total_steps = meta
-        .get("total_steps")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| layout(&meta_path, "total_steps is missing"))?;
-    let env_id = match meta.get("fedrl_env_id").and_then(Value::as_str) {
-        Some(e) => e.to_string(),
-        None => match meta.get("env_spec").and_then(Value::as_str) {
-            Some(spec) => serde_json::from_str::<Value>(spec)
-                .ok()
-                .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_string))
-                .ok_or_else(|| layout(&meta_path, "env_spec has no id"))?,
-            None => String::new(),
-        },
-    };
+    let Fields {
+        id,
+        minari_version,
+        total_episodes,
+        total_steps,
+        env_id,
+    } = fields(&meta, &meta_path)?;
     let mut metas = Vec::with_capacity(total_episodes as usize);
     for i in 0..total_episodes {
         metas.push(episode_meta(&data, i)?);
     }
-    let mut next = metas.iter().filter_map(|m| m.0).max().map_or(0, |m| m + 1);
-    let mut units_assigned = 0;
-    let mut episodes = Vec::new();
-    let mut steps = 0u64;
-    for (i, (unit, total)) in (0..total_episodes).zip(metas) {
-        let unit = unit.unwrap_or_else(|| {
-            units_assigned += 1;
-            next += 1;
-            next - 1
-        });
-        match (keep(unit), total) {
-            // Saturating: a corrupt count then fails the total check instead of wrapping.
-            (false, Some(t)) => steps = steps.saturating_add(t),
-            (kept, _) => {
-                let mut e = read_episode(&data, format, i, obs_dim, n_actions, total)?;
-                steps = steps.saturating_add(e.len() as u64);
-                if kept {
-                    e.unit = unit;
-                    episodes.push(e);
-                }
-            }
-        }
-    }
-    if steps != total_steps {
-        return Err(layout(
-            &meta_path,
-            format!("total_steps is {total_steps} but the episodes hold {steps} steps"),
-        ));
-    }
+    let (episodes, units_assigned) =
+        kept_episodes(metas, total_steps, &meta_path, keep, |i, total| {
+            read_episode(&data, format, i, obs_dim, n_actions, total)
+        })?;
     Ok(ReadDataset {
         dataset: Dataset {
             id,
