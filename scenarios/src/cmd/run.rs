@@ -703,25 +703,14 @@ fn report_points(report: &serde_json::Value, curve: &str, x: &str, y: &str) -> V
 /// (SAC epoch, normalised return) of a report's policy phase (PriMORL), with the 95% band of
 /// each mean over its evaluation episodes; empty otherwise.
 fn policy_curve(report: &serde_json::Value) -> (Vec<(f64, f64)>, crate::replicates::Band) {
-    let (mut points, mut band) = (Vec::new(), Vec::new());
-    for e in report["final_evaluation"]["policy_curve"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let (Some(x), Some(m)) = (e["epoch"].as_f64(), e["normalized_return"].as_f64()) else {
-            continue;
-        };
-        points.push((x, m));
-        if let (Some(sd), Some(n)) = (
-            e["normalized_return_std"].as_f64(),
-            e["eval_episodes"].as_u64(),
-        ) && let Some((lo, hi)) = crate::replicates::mean_interval(m, sd, n)
-        {
-            band.push((x, lo, hi));
-        }
-    }
-    (points, band)
+    spread_curve(
+        report["final_evaluation"]["policy_curve"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some((e["epoch"].as_f64()?, e))),
+        "normalized_return",
+    )
 }
 
 /// Draws the policy phase's normalised return against SAC epochs for the run and each twin
@@ -1205,13 +1194,22 @@ fn eval_curve(path: &Path) -> anyhow::Result<(Vec<(f64, f64)>, crate::replicates
 fn episode_curve<'a>(
     rows: impl Iterator<Item = (f64, &'a serde_json::Value)>,
 ) -> (Vec<(f64, f64)>, crate::replicates::Band) {
+    spread_curve(rows, "eval_return")
+}
+
+/// [`episode_curve`] of the figure `key` (its spread under `{key}_std`).
+fn spread_curve<'a>(
+    rows: impl Iterator<Item = (f64, &'a serde_json::Value)>,
+    key: &str,
+) -> (Vec<(f64, f64)>, crate::replicates::Band) {
+    let sd_key = format!("{key}_std");
     let (mut points, mut band) = (Vec::new(), Vec::new());
     for (x, e) in rows {
-        let Some(m) = e["eval_return"].as_f64() else {
+        let Some(m) = e[key].as_f64() else {
             continue;
         };
         points.push((x, m));
-        if let (Some(sd), Some(n)) = (e["eval_return_std"].as_f64(), e["eval_episodes"].as_u64())
+        if let (Some(sd), Some(n)) = (e[sd_key.as_str()].as_f64(), e["eval_episodes"].as_u64())
             && let Some((lo, hi)) = crate::replicates::mean_interval(m, sd, n)
         {
             band.push((x, lo, hi));
