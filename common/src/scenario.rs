@@ -767,10 +767,14 @@ impl Scenario {
                         .into(),
                 );
             }
-            if self.users != t.dataset.units {
+            // A stored dataset's count is checked where it is read (`fedrl run` before any
+            // process starts, the aggregator and each agent as they load it).
+            if let Some(g) = t.dataset.generated()
+                && self.users != g.units
+            {
                 return bad(format!(
                     "users ({}) must equal task.dataset.units ({}): every episode of the dataset is a privacy unit",
-                    self.users, t.dataset.units
+                    self.users, g.units
                 ));
             }
             if t.policy.reads_data() && !self.non_private {

@@ -20,16 +20,24 @@ pub trait PrimorlTaskExt {
 
 impl PrimorlTaskExt for PrimorlTask {
     fn ensemble_shape(&self) -> std::result::Result<crate::ensemble::EnsembleSpec, TaskError> {
-        let env =
-            fedrl_sim::make(&self.dataset.env).map_err(|e| model_error("task.dataset.env", e))?;
+        // A stored dataset without `env` records its own: read from its header.
+        let env_id = match self.dataset.env() {
+            Some(e) => e.to_string(),
+            None => crate::offline::data_root(None)
+                .map_err(|e| model_error("task.dataset", e))
+                .and_then(|root| {
+                    crate::offline::continuous::source_env(&self.dataset, &root)
+                        .map_err(|e| model_error("task.dataset", e))
+                })?,
+        };
+        let env = fedrl_sim::make(&env_id).map_err(|e| model_error("task.dataset.env", e))?;
         let (obs_dim, act_dim) = match (env.observation_space(), env.action_space()) {
             (fedrl_sim::Space::Box { low: o, .. }, fedrl_sim::Space::Box { low: a, .. }) => {
                 (o.len(), a.len())
             }
             (o, a) => {
                 return Err(TaskError::Invalid(format!(
-                    "task.dataset.env: PriMORL needs box observations and actions, `{}` has {o:?} and {a:?}",
-                    self.dataset.env
+                    "task.dataset.env: PriMORL needs box observations and actions, `{env_id}` has {o:?} and {a:?}"
                 )));
             }
         };
@@ -55,9 +63,13 @@ fn model_error(
 }
 
 /// The task's ensemble for `dataset`, its inputs normalised by the mean and standard deviation
-/// of the public split's steps (public by the task's definition, so nothing private shapes the
-/// model before the DP rounds).
-pub fn ensemble_spec(task: &PrimorlTask, dataset: &ContinuousDataset) -> Result<EnsembleSpec> {
+/// of the public split's steps (units from `private_units` on: public by the task's definition,
+/// so nothing private shapes the model before the DP rounds).
+pub fn ensemble_spec(
+    task: &PrimorlTask,
+    dataset: &ContinuousDataset,
+    private_units: u64,
+) -> Result<EnsembleSpec> {
     let mut spec = task
         .ensemble_shape()
         .map_err(|e: TaskError| NnError::Invalid(e.to_string()))?;
@@ -71,12 +83,11 @@ pub fn ensemble_spec(task: &PrimorlTask, dataset: &ContinuousDataset) -> Result<
             spec.act_dim
         )));
     }
-    let (public, _) = dataset.split(task.dataset.units);
+    let (public, _) = dataset.split(private_units);
     if public.is_empty() {
         return Err(NnError::Invalid(format!(
-            "the dataset's public split is empty ({} episodes, {} private)",
+            "the dataset's public split is empty ({} episodes, {private_units} private)",
             dataset.episodes.len(),
-            task.dataset.units
         )));
     }
     let (mean, std) = dataset.input_stats(&public);
@@ -126,13 +137,14 @@ pub fn target_scales(episodes: &[&ContinuousEpisode], d: usize) -> Result<Vec<f3
     Ok(std.iter().map(|s| s.max(floor) as f32).collect())
 }
 
-/// The public split's rows, concatenated (the early-stopping set).
+/// The public split's rows (units from `private_units` on), concatenated (the early-stopping
+/// set).
 pub fn public_rows(
-    task: &PrimorlTask,
     dataset: &ContinuousDataset,
+    private_units: u64,
     spec: &EnsembleSpec,
 ) -> Result<ModelRows> {
-    let (public, _) = dataset.split(task.dataset.units);
+    let (public, _) = dataset.split(private_units);
     let mut rows = ModelRows::default();
     for e in public {
         let r = e.model_rows(spec)?;
@@ -140,11 +152,6 @@ pub fn public_rows(
         rows.targets.extend_from_slice(&r.targets);
     }
     Ok(rows)
-}
-
-/// Whether unit `unit` is a private trajectory of `task` (public units never train).
-pub fn is_private_unit(task: &PrimorlTask, unit: u64) -> bool {
-    !task.dataset.is_public(unit)
 }
 
 /// The local update of a trajectory under the round's clip norm C (+inf in a non-private twin,
@@ -178,15 +185,16 @@ pub fn trajectory_seed(data_seed: u64, round: u64, unit: u64) -> u64 {
     h
 }
 
-/// The training rows of every private episode among `episodes`, by unit.
+/// The training rows of every private episode among `episodes` (units below
+/// `private_units`: public units never train), by unit.
 pub fn private_rows<'a>(
-    task: &PrimorlTask,
+    private_units: u64,
     spec: &EnsembleSpec,
     episodes: impl IntoIterator<Item = &'a ContinuousEpisode>,
 ) -> Result<std::collections::BTreeMap<u64, ModelRows>> {
     let mut out = std::collections::BTreeMap::new();
     for e in episodes {
-        if is_private_unit(task, e.unit) {
+        if e.unit < private_units {
             out.insert(e.unit, e.model_rows(spec)?);
         }
     }

@@ -407,3 +407,146 @@ fn privorl_fine_tunes_on_a_stored_dataset_with_transition_units() {
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert!(report["synthetic_dataset"].is_object(), "{report}");
 }
+
+/// A PriMORL scenario over the stored continuous dataset `name` (`public` episodes public).
+fn primorl_scenario(users: u64, dataset: &str) -> String {
+    format!(
+        r#"
+name = "e2e-stored-primorl"
+seed = 5
+rounds = 4
+users = {users}
+client_agents = 2
+participation = {{ kind = "sampled", rate = 0.5 }}
+round_deadline_s = 60.0
+start_timeout_s = 120.0
+clip_norm = 0.5
+noise_multiplier = 1.0
+target_epsilon = 1000.0
+unit_kind = "trajectory"
+
+[task]
+kind = "primorl"
+eval_every = 2
+patience = 10
+
+[task.dataset]
+{dataset}
+
+[task.ensemble]
+hidden = [8]
+members = 2
+clipping = "flat"
+epochs = 1
+batch_size = 32
+
+[task.policy]
+uncertainty = "max-pairwise-diff"
+lambda = 1.0
+rollout_length = 2
+epochs = 1
+updates_per_epoch = 4
+rollout_batch = 8
+batch_size = 8
+hidden = [8]
+eval_episodes = 1
+public_start_fraction = 0.5
+"#
+    )
+}
+
+/// Issue 58: PriMORL reads a stored continuous dataset by name, its last `public` episodes the
+/// public split and every other episode one trajectory unit; a standalone check holds `users`
+/// to that count, and the mapping, the public split and the name are checked with messages
+/// naming the field.
+#[test]
+fn primorl_reads_a_stored_continuous_dataset_by_name() {
+    use fedrl_common::task::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    // 12 random Pendulum episodes (a generated file: `fedrl data list` names it
+    // `continuous/<file stem>`, as it does an imported one).
+    let spec = ContinuousDatasetSpec {
+        env: "Pendulum-v1".into(),
+        units: 12,
+        public: 0,
+        seed: 3,
+        behaviour: ContinuousBehaviour::Random,
+    };
+    fedrl_rl::offline::continuous::load_or_generate(&spec, &root, &mut |_| {}).unwrap();
+    let stem = spec
+        .file_name()
+        .trim_end_matches(".safetensors")
+        .to_string();
+    let name = format!("name = \"continuous/{stem}\"\npublic = 2");
+
+    let (ok, log, out) = run(dir.path(), &root, "primorl", &primorl_scenario(10, &name));
+    assert!(ok, "{log}");
+    let l = PrivacyLedger::read_file(out.join("operator").join("privacy.ledger")).unwrap();
+    assert_eq!(l.config.unit_kind, UnitKind::Trajectory);
+    let sampled: std::collections::BTreeSet<u64> =
+        l.records().iter().flat_map(|r| r.units.clone()).collect();
+    assert!(!sampled.is_empty());
+    assert!(sampled.iter().all(|u| *u < 10), "{sampled:?}");
+    assert!(out.join("report.json").is_file());
+    let stored = std::fs::read_to_string(out.join("scenario.toml")).unwrap();
+    assert!(stored.contains(&stem), "{stored}");
+
+    let refused = |what: &str, text: String, wants: &[&str]| {
+        let (ok, log, _) = run(dir.path(), &root, what, &text);
+        assert!(!ok, "{what} ran");
+        for w in wants {
+            assert!(log.contains(w), "{what}: no {w:?} in:\n{log}");
+        }
+    };
+    refused(
+        "primorl-users",
+        primorl_scenario(12, &name),
+        &["users (12)", "(10", "public"],
+    );
+    refused(
+        "primorl-public",
+        primorl_scenario(10, &format!("name = \"continuous/{stem}\"\npublic = 12")),
+        &["task.dataset.public = 12", "too few episodes"],
+    );
+    refused(
+        "primorl-no-public",
+        primorl_scenario(10, &format!("name = \"continuous/{stem}\"\npublic = 0")),
+        &["task.dataset.public must be >= 1"],
+    );
+    refused(
+        "primorl-stored-units",
+        primorl_scenario(10, &format!("{name}\nunits = \"stored\"")),
+        &["task.dataset.units", "trajectory"],
+    );
+    refused(
+        "primorl-minari-name",
+        primorl_scenario(10, "name = \"myorg/cartpole-v0\"\npublic = 2"),
+        &["continuous/<name>", "myorg/cartpole-v0"],
+    );
+    refused(
+        "primorl-absent",
+        primorl_scenario(10, "name = \"continuous/absent\"\npublic = 2"),
+        &["continuous/absent", "fedrl data list"],
+    );
+    refused(
+        "primorl-both",
+        primorl_scenario(10, &format!("{name}\nseed = 1")),
+        &["`name` names a stored dataset", "seed", "not both"],
+    );
+
+    // A standalone aggregator (no `fedrl run` in front) holds users to the count too.
+    let file = write(dir.path(), "standalone.toml", &primorl_scenario(11, &name));
+    let o = Command::new(exe())
+        .arg("aggregator")
+        .arg("--scenario")
+        .arg(&file)
+        .arg("--state-dir")
+        .arg(dir.path().join("standalone-state"))
+        .env("FEDRL_DATA_DIR", &root)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{log}");
+    assert!(log.contains("users (11)"), "{log}");
+}

@@ -142,8 +142,9 @@ fn primorl_scenarios_plan_within_the_papers_budgets_and_have_their_twins() {
         assert!(np.non_private && mopo.non_private, "{env}");
         assert_eq!(task(&mopo).policy.real_ratio, 0.05, "{env}");
         let base = task(&h);
-        assert_eq!(base.dataset.units + base.dataset.public, 30_000, "{env}");
-        assert_eq!(base.dataset.public, 300, "{env}: 1% public");
+        let data = base.dataset.generated().expect("a generation spec");
+        assert_eq!(data.units + data.public, 30_000, "{env}");
+        assert_eq!(data.public, 300, "{env}: 1% public");
         for s in [&l, &np, &mopo] {
             let t = task(s);
             assert_eq!(t.dataset, base.dataset, "{}: same dataset", s.name);

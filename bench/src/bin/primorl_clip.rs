@@ -87,11 +87,16 @@ fn main() -> anyhow::Result<()> {
     };
     let rate = rate.get();
     let root = fedrl_rl::offline::data_root(None)?;
-    eprintln!("loading or generating {}", task.dataset.file_name());
-    let data = fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
-    let spec = ensemble_spec(task, &data)?;
-    let public = public_rows(task, &data, &spec)?;
-    let private = private_rows(task, &spec, &data.episodes)?;
+    eprintln!("loading (or generating) the dataset");
+    let (data, private_units) = fedrl_rl::offline::continuous::load_source_units(
+        &task.dataset,
+        &root,
+        &mut |_| {},
+        &|_| true,
+    )?;
+    let spec = ensemble_spec(task, &data, private_units)?;
+    let public = public_rows(&data, private_units, &spec)?;
+    let private = private_rows(private_units, &spec, &data.episodes)?;
     drop(data);
     let units: Vec<(u64, ModelRows)> = private.into_iter().collect();
     let cfg = LocalModelConfig {

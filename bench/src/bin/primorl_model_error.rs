@@ -31,8 +31,14 @@ fn main() -> anyhow::Result<()> {
     let (task, ens) = (&run.task, &run.ensemble);
     let spec = ens.spec();
     let root = fedrl_rl::offline::data_root(None)?;
-    let data = fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
-    let (public, _) = data.split(task.dataset.units);
+    // Only the public split is read.
+    let (data, private_units) = fedrl_rl::offline::continuous::load_source_units(
+        &task.dataset,
+        &root,
+        &mut |_| {},
+        &|_| false,
+    )?;
+    let (public, _) = data.split(private_units);
     let public = &public[..args.episodes.min(public.len())];
     let (d, a) = (spec.obs_dim, spec.act_dim);
     let dout = d + 1;

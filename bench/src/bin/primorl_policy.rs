@@ -116,9 +116,13 @@ fn main() -> anyhow::Result<()> {
     // start states are needed.
     let data = if args.real || cfg.public_start_fraction > 0.0 {
         let root = fedrl_rl::offline::data_root(None)?;
-        let dataset =
-            fedrl_rl::offline::continuous::load_or_generate(&task.dataset, &root, &mut |_| {})?;
-        PolicyData::from_dataset(&cfg, &dataset, task.dataset.units, args.real)?
+        let (dataset, private_units) = fedrl_rl::offline::continuous::load_source_units(
+            &task.dataset,
+            &root,
+            &mut |_| {},
+            &|_| args.real,
+        )?;
+        PolicyData::from_dataset(&cfg, &dataset, private_units, args.real)?
     } else {
         PolicyData::default()
     };
@@ -142,12 +146,16 @@ fn main() -> anyhow::Result<()> {
     }
     cfg.uncertainty_in_learned_units |= args.learned_units;
     let device = Device::Cpu;
+    let env_id = fedrl_rl::offline::continuous::source_env(
+        &task.dataset,
+        &fedrl_rl::offline::data_root(None)?,
+    )?;
     if let Some(dir) = args.results.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let (mut agent, curve) = policy_phase(
         &run.ensemble,
-        &task.dataset.env,
+        &env_id,
         &cfg,
         data.starts(),
         &device,
@@ -159,7 +167,7 @@ fn main() -> anyhow::Result<()> {
         },
     )?;
     if args.trace_block > 0 {
-        let mut env = fedrl_sim::make(&task.dataset.env)?;
+        let mut env = fedrl_sim::make(&env_id)?;
         let mut obs = vec![0.0f32; env.observation_space().dim()];
         env.reset(cfg.seed, &mut obs);
         let (mut t, mut block) = (0usize, 0.0f64);

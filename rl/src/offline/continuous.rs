@@ -23,7 +23,7 @@ use super::dataset::spread;
 use crate::ensemble::{EnsembleSpec, ModelRows};
 use crate::tensor_io::{self, Tensor, le_f32s, le_i64s};
 use crate::{NnError, Result};
-use fedrl_common::task::primorl::{ContinuousBehaviour, ContinuousDatasetSpec};
+use fedrl_common::task::primorl::{ContinuousBehaviour, ContinuousDatasetSpec, ContinuousSource};
 
 /// Metadata key of the dataset's description (JSON of [`ContinuousMeta`]).
 pub const META_KEY: &str = "fedrl.continuous_dataset";
@@ -324,6 +324,13 @@ impl ContinuousDataset {
     /// reading only theirs from the file (a client agent hosts a share of the units, plus the
     /// public split). Lengths and offsets are checked as `load` checks them.
     pub fn load_units(path: &Path, keep: &dyn Fn(u64) -> bool) -> Result<Self> {
+        Self::load_mapped(path, &|_, u| keep(u).then_some(u))
+    }
+
+    /// [`ContinuousDataset::load_units`] with the units renumbered: `map(i, unit)` gives the
+    /// unit id episode `i` (file order) holding stored id `unit` gets, or `None` to skip it
+    /// unread.
+    pub fn load_mapped(path: &Path, map: &dyn Fn(u64, u64) -> Option<u64>) -> Result<Self> {
         let mut f = StoredFile::open(path)?;
         let units = le_i64s(&f.read_tensor("units", Dtype::I64)?);
         let lengths = le_i64s(&f.read_tensor("lengths", Dtype::I64)?);
@@ -337,7 +344,7 @@ impl ContinuousDataset {
         let rew = f.locate("rewards", Dtype::F32, 1)?;
         let (mut o, mut s) = (0u64, 0u64);
         let mut episodes = Vec::new();
-        for ((&u, &n), &t) in units.iter().zip(&lengths).zip(&term) {
+        for (i, ((&u, &n), &t)) in units.iter().zip(&lengths).zip(&term).enumerate() {
             let (Ok(u), Ok(n)) = (u64::try_from(u), u64::try_from(n)) else {
                 return Err(f.bad("negative unit id or episode length".into()));
             };
@@ -345,9 +352,9 @@ impl ContinuousDataset {
             if o2 > obs.rows || s2 > rew.rows || s2 > act.rows {
                 return Err(f.bad("episode lengths exceed the stored arrays".into()));
             }
-            if keep(u) {
+            if let Some(unit) = map(i as u64, u) {
                 episodes.push(ContinuousEpisode {
-                    unit: u,
+                    unit,
                     observations: f.read_rows(&obs, o, o2)?,
                     actions: f.read_rows(&act, s, s2)?,
                     rewards: f.read_rows(&rew, s, s2)?,
@@ -1005,6 +1012,103 @@ pub fn load_or_generate_units(
     let mut ds = generate_and_save(spec, &path, progress)?;
     ds.episodes.retain(|e| keep(e.unit));
     Ok(ds)
+}
+
+/// The file of the stored continuous dataset `name` (`continuous/<file>`, as `fedrl data list`
+/// shows it) under `root`, which must exist.
+pub fn stored_path(root: &Path, name: &str) -> Result<std::path::PathBuf> {
+    let file = name
+        .strip_prefix("continuous/")
+        .filter(|f| !f.is_empty() && !f.contains(['/', '\\']) && !f.starts_with('.'))
+        .ok_or_else(|| {
+            invalid(format!(
+                "task.dataset.name: {name:?} is not a continuous dataset's name (`continuous/<name>`, as `fedrl data list` shows it)"
+            ))
+        })?;
+    let path = root.join("continuous").join(format!("{file}.safetensors"));
+    if !path.is_file() {
+        return Err(invalid(format!(
+            "task.dataset.name: no continuous dataset {name:?} under {} (`fedrl data list` shows what is there; `fedrl data import` brings a Box-action Minari dataset in)",
+            root.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// The private units and the public split of a stored dataset of `episodes` episodes whose
+/// last `public` are public: the count of private units (the first episodes, one unit each).
+fn stored_private_units(name: &str, episodes: u64, public: u64) -> Result<u64> {
+    if public >= episodes {
+        return Err(invalid(format!(
+            "task.dataset.public = {public}: dataset {name:?} has too few episodes for a public split of that size and at least one private unit"
+        )));
+    }
+    Ok(episodes - public)
+}
+
+/// The environment `source`'s policies run in: the scenario's (a generation spec's `env`, a
+/// stored dataset's `env`), else the one the stored dataset records (read from its header).
+pub fn source_env(source: &ContinuousSource, root: &Path) -> Result<String> {
+    match (source.env(), source) {
+        (Some(e), _) => Ok(e.to_string()),
+        (None, ContinuousSource::Stored(s)) => {
+            let h = ContinuousDataset::read_header(&stored_path(root, &s.name)?)?;
+            Ok(h.meta.env_id)
+        }
+        (None, ContinuousSource::Generated(g)) => Ok(g.env.clone()),
+    }
+}
+
+/// The dataset of `source` with its private units numbered `0..private_units` and the public
+/// split from `private_units` on (as a generation spec numbers them), keeping the public split
+/// and the private units `keep` accepts; returns it with `private_units`. A generation spec's
+/// dataset is generated if missing ([`load_or_generate_units`]); a stored one is read from
+/// `root/continuous/` after its content digest is checked, its last `public` episodes being the
+/// public split
+/// ([`fedrl_common::task::primorl::StoredContinuous`]).
+pub fn load_source_units(
+    source: &ContinuousSource,
+    root: &Path,
+    progress: &mut dyn FnMut(ContinuousProgress),
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<(ContinuousDataset, u64)> {
+    match source {
+        ContinuousSource::Generated(spec) => {
+            let private = spec.units;
+            let ds = load_or_generate_units(spec, root, progress, &|u| u >= private || keep(u))?;
+            Ok((ds, private))
+        }
+        ContinuousSource::Stored(s) => {
+            let path = stored_path(root, &s.name)?;
+            check_content(&path)?;
+            let h = ContinuousDataset::read_header(&path)?;
+            let private = stored_private_units(&s.name, h.episodes, s.public)?;
+            let ds = ContinuousDataset::load_mapped(&path, &|i, _| {
+                (i >= private || keep(i)).then_some(i)
+            })?;
+            Ok((ds, private))
+        }
+    }
+}
+
+/// [`prepare`] for either source: a stored dataset is found, its digest checked and its header
+/// read (nothing generated), and its public split checked against its episode count. Returns
+/// the header and the private unit count.
+pub fn prepare_source(
+    source: &ContinuousSource,
+    root: &Path,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<(ContinuousHeader, u64)> {
+    match source {
+        ContinuousSource::Generated(spec) => Ok((prepare(spec, root, progress)?, spec.units)),
+        ContinuousSource::Stored(s) => {
+            let path = stored_path(root, &s.name)?;
+            check_content(&path)?;
+            let h = ContinuousDataset::read_header(&path)?;
+            let private = stored_private_units(&s.name, h.episodes, s.public)?;
+            Ok((h, private))
+        }
+    }
 }
 
 /// Makes sure the dataset of `spec` is stored under `root` (generating it if missing) and

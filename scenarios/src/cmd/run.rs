@@ -888,17 +888,28 @@ fn prepare_dataset(scenario: &fedrl_common::scenario::Scenario) -> anyhow::Resul
     if let fedrl_common::scenario::Task::Primorl(t) = &scenario.task {
         let root = fedrl_rl::offline::data_root(None)?;
         let bar = crate::cmd::data::generation_bar()?;
-        let h = fedrl_rl::offline::continuous::prepare(&t.dataset, &root, &mut |p| {
-            crate::cmd::data::show_continuous_generation(&bar, &p)
-        })
-        .with_context(|| format!("preparing the dataset under {}", root.display()))?;
+        let (h, private) =
+            fedrl_rl::offline::continuous::prepare_source(&t.dataset, &root, &mut |p| {
+                crate::cmd::data::show_continuous_generation(&bar, &p)
+            })
+            .with_context(|| format!("preparing the dataset under {}", root.display()))?;
         bar.finish_and_clear();
+        let name = match &t.dataset {
+            fedrl_common::task::primorl::ContinuousSource::Generated(g) => g.file_name(),
+            fedrl_common::task::primorl::ContinuousSource::Stored(s) => s.name.clone(),
+        };
+        // A stored dataset: the operator states the unit count (`users`) rather than having it
+        // derived from the data.
+        if private != scenario.users {
+            anyhow::bail!(
+                "users ({}) must equal the private trajectories of dataset {name} ({private}: its episodes less the {} public ones; an exact count, keep it out of anything you publish)",
+                scenario.users,
+                t.dataset.public()
+            );
+        }
         eprintln!(
-            "operator-only (exact counts, do not publish): dataset {} ({}): {} episodes, {} steps",
-            t.dataset.file_name(),
-            h.meta.env_id,
-            h.episodes,
-            h.steps
+            "operator-only (exact counts, do not publish): dataset {name} ({}): {} episodes, {} steps",
+            h.meta.env_id, h.episodes, h.steps
         );
     }
     Ok(())

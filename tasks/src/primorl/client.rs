@@ -33,16 +33,24 @@ impl PrimorlTrainer {
         let held = |u: u64| hosted.iter().any(|r| r.start <= u && u < r.end);
         // Only the hosted trajectories and the public split (the model's input normalisation)
         // are read from the file.
-        let dataset = fedrl_rl::offline::continuous::load_or_generate_units(
+        let (dataset, private_units) = fedrl_rl::offline::continuous::load_source_units(
             &task.dataset,
             &root,
             &mut |_| {},
-            &|u| held(u) || task.dataset.is_public(u),
+            &held,
         )
         .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
-        let spec = ensemble_spec(task, &dataset)?;
+        // A standalone agent started with more users than the dataset has trajectories would
+        // otherwise answer for units it does not hold.
+        if let Some(r) = hosted.iter().find(|r| r.end > private_units) {
+            anyhow::bail!(
+                "this agent hosts units up to {}, but the dataset has fewer private trajectories ({private_units}; an exact count, operator-only): the scenario's users must equal them",
+                r.end - 1
+            );
+        }
+        let spec = ensemble_spec(task, &dataset, private_units)?;
         let units = private_rows(
-            task,
+            private_units,
             &spec,
             dataset.episodes.iter().filter(|e| held(e.unit)),
         )?;

@@ -48,6 +48,16 @@ impl TaskKind for Primorl {
         scenario: &Scenario,
     ) -> anyhow::Result<Box<dyn ServerModel>> {
         let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
-        Ok(Box::new(PrimorlModel::new(spec, device)?))
+        let model = PrimorlModel::new(spec, device)?;
+        // The batch's public denominator is `rate x users`: a standalone aggregator must hold
+        // the operator to the dataset's count as `fedrl run` does.
+        if model.private_units() != scenario.users {
+            anyhow::bail!(
+                "users ({}) must equal the dataset's private trajectories ({}; an exact count, operator-only)",
+                scenario.users,
+                model.private_units()
+            );
+        }
+        Ok(Box::new(model))
     }
 }

@@ -26,6 +26,10 @@ pub const POLICY_FILE: &str = "sac_policy.safetensors";
 
 pub struct PrimorlModel {
     task: PrimorlTask,
+    /// The environment the policy phase runs in (the dataset's, or the scenario's `env`).
+    env: String,
+    /// Private trajectories (units `0..private_units`); an exact count, operator-only.
+    private_units: u64,
     spec: EnsembleSpec,
     params: Vec<f32>,
     /// The public split's rows (early stopping).
@@ -64,25 +68,28 @@ impl PrimorlModel {
         // The public split sets the normalisation, early stopping and public starts; only the
         // MOPO baseline (not private) reads the private trajectories too.
         let reads = task.policy.reads_data();
-        let dataset = fedrl_rl::offline::continuous::load_or_generate_units(
+        let (dataset, private_units) = fedrl_rl::offline::continuous::load_source_units(
             &task.dataset,
             &root,
             &mut |_| {},
-            &|u| reads || task.dataset.is_public(u),
+            &|_| reads,
         )
         .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
-        let spec = ensemble_spec(task, &dataset)?;
-        let public = public_rows(task, &dataset, &spec)?;
+        let env = fedrl_rl::offline::continuous::source_env(&task.dataset, &root)?;
+        let spec = ensemble_spec(task, &dataset, private_units)?;
+        let public = public_rows(&dataset, private_units, &spec)?;
         let data = PolicyData::from_dataset(
             &task.policy,
             &dataset,
-            task.dataset.units,
+            private_units,
             task.policy.reads_data(),
         )?;
         drop(dataset);
         let params = spec.init(task.model_seed);
         Ok(PrimorlModel {
             task: task.clone(),
+            env,
+            private_units,
             best: params.clone(),
             spec,
             params,
@@ -94,6 +101,11 @@ impl PrimorlModel {
             policy: None,
             data,
         })
+    }
+
+    /// Private trajectories of the dataset (an exact count: operator-only).
+    pub fn private_units(&self) -> u64 {
+        self.private_units
     }
 
     /// The ensemble selected by early stopping (the latest before any evaluation).
@@ -141,7 +153,7 @@ impl PrimorlModel {
         );
         let (agent, curve) = policy_phase(
             &ens,
-            &self.task.dataset.env,
+            &self.env,
             p,
             self.data.starts(),
             &self.device,

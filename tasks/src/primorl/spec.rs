@@ -137,6 +137,141 @@ impl ContinuousDatasetSpec {
     }
 }
 
+/// A continuous-action dataset stored under the data root (`fedrl data list` shows it as
+/// `continuous/<name>`: `fedrl data import` of a Box-action Minari dataset, or one PriMORL
+/// generated), used as PriMORL's data without generating anything.
+///
+/// Its episodes, in file order, are split by position: the last `public` form the public split
+/// (early stopping, the model's input normalisation, the policy phase's public starts), which
+/// the data owner declares public by naming it here; the others are the privacy units, one
+/// trajectory each (unit `i` is the `i`-th episode), as PriMORL's guarantee is per trajectory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredContinuous {
+    /// `continuous/<name>`, as `fedrl data list` shows it.
+    pub name: String,
+    /// How episodes map to units: only `"episode"` (the default), PriMORL's trajectory level.
+    #[serde(default)]
+    pub units: crate::offline::UnitMap,
+    /// The last `public` episodes of the file are the public split, >= 1.
+    pub public: u64,
+    /// The environment the policy phase runs and is evaluated in (`fedrl sim list`). Absent:
+    /// the one the dataset records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+}
+
+/// PriMORL's data: a generation spec, or a stored continuous dataset by name.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum ContinuousSource {
+    Generated(ContinuousDatasetSpec),
+    Stored(StoredContinuous),
+}
+
+impl<'de> Deserialize<'de> for ContinuousSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        // The shape is chosen by `name`, so a typo is reported against the right fields (an
+        // untagged enum would say only "did not match any variant").
+        let v = serde_json::Value::deserialize(d)?;
+        let Some(obj) = v.as_object() else {
+            return Err(D::Error::custom(
+                "the dataset must be a table: a generation spec (env, units, public, behaviour) or a stored dataset (name = \"continuous/<name>\", public = P)",
+            ));
+        };
+        if obj.contains_key("name") {
+            let mixed: Vec<&str> = ["behaviour", "seed"]
+                .into_iter()
+                .filter(|k| obj.contains_key(*k))
+                .chain(
+                    obj.get("units")
+                        .is_some_and(serde_json::Value::is_number)
+                        .then_some("units (a number)"),
+                )
+                .collect();
+            if !mixed.is_empty() {
+                return Err(D::Error::custom(format!(
+                    "`name` names a stored dataset, but {} belong to a generation spec: give either `name` (with `public` and optionally `env`) or a generation spec, not both",
+                    mixed.join(", ")
+                )));
+            }
+            StoredContinuous::deserialize(v)
+                .map(ContinuousSource::Stored)
+                .map_err(D::Error::custom)
+        } else {
+            ContinuousDatasetSpec::deserialize(v)
+                .map(ContinuousSource::Generated)
+                .map_err(D::Error::custom)
+        }
+    }
+}
+
+impl From<ContinuousDatasetSpec> for ContinuousSource {
+    fn from(s: ContinuousDatasetSpec) -> Self {
+        ContinuousSource::Generated(s)
+    }
+}
+
+impl ContinuousSource {
+    /// The generation spec, when the data is generated.
+    pub fn generated(&self) -> Option<&ContinuousDatasetSpec> {
+        match self {
+            ContinuousSource::Generated(s) => Some(s),
+            ContinuousSource::Stored(_) => None,
+        }
+    }
+
+    /// The environment the scenario names (a generation spec's, or a stored dataset's `env`);
+    /// `None`: the one a stored dataset records.
+    pub fn env(&self) -> Option<&str> {
+        match self {
+            ContinuousSource::Generated(s) => Some(&s.env),
+            ContinuousSource::Stored(s) => s.env.as_deref(),
+        }
+    }
+
+    /// Public-split episodes.
+    pub fn public(&self) -> u64 {
+        match self {
+            ContinuousSource::Generated(s) => s.public,
+            ContinuousSource::Stored(s) => s.public,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            ContinuousSource::Generated(s) => s.validate(),
+            ContinuousSource::Stored(s) => {
+                let Some(file) = s.name.strip_prefix("continuous/") else {
+                    return Err(format!(
+                        "task.dataset.name: PriMORL reads continuous-action datasets, named `continuous/<name>` as `fedrl data list` shows them; got {:?}",
+                        s.name
+                    ));
+                };
+                if file.is_empty() || file.contains(['/', '\\']) || file.starts_with('.') {
+                    return Err(format!(
+                        "task.dataset.name: {:?} is not a dataset name",
+                        s.name
+                    ));
+                }
+                if s.units != crate::offline::UnitMap::Episode {
+                    return Err(
+                        "task.dataset.units: PriMORL's privacy unit is a trajectory, so each episode is one unit: only units = \"episode\" (the default) is accepted".into(),
+                    );
+                }
+                if s.env.as_deref().is_some_and(str::is_empty) {
+                    return Err(
+                        "task.dataset.env must not be empty (leave it out to use the dataset's)"
+                            .into(),
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The dynamics ensemble and its per-trajectory local update (seed 001, Tables 4-5).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -272,7 +407,8 @@ impl PolicyPhaseConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrimorlTask {
-    pub dataset: ContinuousDatasetSpec,
+    /// The trajectories: a generation spec, or a stored continuous dataset by name.
+    pub dataset: ContinuousSource,
     pub ensemble: EnsembleConfig,
     /// Seed of the ensemble's initial weights. Default 0.
     #[serde(default)]
@@ -304,7 +440,7 @@ impl crate::task::TaskSpec for PrimorlTask {
 impl PrimorlTask {
     pub fn validate(&self) -> Result<(), String> {
         self.dataset.validate()?;
-        if self.dataset.public == 0 {
+        if self.dataset.public() == 0 {
             return Err(
                 "task.dataset.public must be >= 1: early stopping and the model's input normalisation use the public split (seed 001: 1% of the episodes)"
                     .into(),
