@@ -327,6 +327,26 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
         &["metadata.json", "SHA-256", "damaged"],
     );
     std::fs::write(&meta, text).unwrap();
+
+    // A standalone aggregator (no `fedrl run` in front) holds users to the unit count as well.
+    for mode in ["federated", "central"] {
+        let file = write(
+            dir.path(),
+            &format!("standalone-{mode}.toml"),
+            &scenario(6, "trajectory", mode, "name = \"myorg/cartpole-v0\""),
+        );
+        let o = Command::new(exe())
+            .args(["aggregator", "--scenario"])
+            .arg(&file)
+            .arg("--state-dir")
+            .arg(dir.path().join(format!("standalone-{mode}")))
+            .env("FEDRL_DATA_DIR", &root)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{mode}: {log}");
+        assert!(log.contains("users (6)") && log.contains("(12"), "{mode}: {log}");
+    }
 }
 
 fn privorl(units: &str) -> String {

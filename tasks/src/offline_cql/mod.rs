@@ -52,8 +52,17 @@ impl TaskKind for OfflineCql {
     // CPU; the central mode's gradients run on the scenario's device (service::central).
     fn server_model(
         spec: &OfflineCqlTask,
-        _scenario: &Scenario,
+        scenario: &Scenario,
     ) -> anyhow::Result<Box<dyn ServerModel>> {
+        // A stored dataset on this machine: `users` must be its unit count, as `fedrl run`
+        // checks before starting anything, so a standalone aggregator cannot sample from a
+        // different population than the data holds (an agent hosting a unit without data
+        // refuses to start on its side; a federated aggregator need not hold the data).
+        if let Some(s) = spec.dataset.stored()
+            && crate::stored::resolve_if_present(s)?.is_some()
+        {
+            crate::stored::check_units(s, scenario.users)?;
+        }
         Ok(Box::new(CqlModel::new(spec)?))
     }
 
