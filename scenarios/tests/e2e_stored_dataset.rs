@@ -345,7 +345,10 @@ fn stored_dataset_refusals_name_the_dataset_and_the_field() {
             .unwrap();
         let log = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{mode}: {log}");
-        assert!(log.contains("users (6)") && log.contains("(12"), "{mode}: {log}");
+        assert!(
+            log.contains("users (6)") && log.contains("(12"),
+            "{mode}: {log}"
+        );
     }
 }
 

@@ -140,14 +140,28 @@ pub(crate) fn model_error(
     }
 }
 
-/// Parses and validates scenario TOML, building the task's model ([`Models`]).
+/// Parses and validates scenario TOML, building the task's model ([`Models`]). An
+/// expert-level scenario naming a stored experts dataset runs as that dataset's generation
+/// spec ([`crate::stored::expand_expert_release`]).
 pub fn scenario_from_toml_str(text: &str) -> Result<Scenario, ScenarioError> {
-    Scenario::from_toml_str_with(text, &Models)
+    match crate::stored::expand_expert_release(text)? {
+        Some(expanded) => Scenario::from_toml_str_with(&expanded, &Models),
+        None => Scenario::from_toml_str_with(text, &Models),
+    }
 }
 
-/// Reads, parses and validates a scenario file, building the task's model ([`Models`]).
+/// Reads, parses and validates a scenario file, building the task's model ([`Models`]), as
+/// [`scenario_from_toml_str`] does.
 pub fn scenario_from_file(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
-    Scenario::from_file_with(path, &Models)
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    match crate::stored::expand_expert_release(&text)? {
+        Some(expanded) => Scenario::from_toml_str_with(&expanded, &Models),
+        None => Scenario::from_file_with(path, &Models),
+    }
 }
 
 #[cfg(test)]
