@@ -518,13 +518,19 @@ fn a_standalone_aggregators_deferred_evaluations_are_completed_by_fedrl_eval() {
         other.to_str().unwrap(),
     ]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("gym-other") && err.contains("gym-run"), "{err}");
+    assert!(
+        err.contains("gym-other") && err.contains("gym-run"),
+        "{err}"
+    );
 
     let (code, out, err) = eval_deferred(&["--json"]);
     assert_eq!(code, 0, "{err}");
     let fe: Value = serde_json::from_str(&out).unwrap();
     assert!(fe["final_eval_return"].is_f64(), "{fe}");
-    assert!(err.contains(&format!("round {rounds} ({rounds}/{rounds})")), "{err}");
+    assert!(
+        err.contains(&format!("round {rounds} ({rounds}/{rounds})")),
+        "{err}"
+    );
     // The state directory now reads as `fedrl run`'s output does, with the same figures as
     // the Rust population's run.
     same_evaluations(&state_dir, &own);

@@ -201,8 +201,8 @@ fn kept_environments_still_give_each_user_their_own_kwargs() {
             for (i, &u) in users.iter().enumerate() {
                 let scale = cfg.user_kwargs(u)["scale"].as_f64().unwrap();
                 assert_eq!(f64::from(recs[i].0[1]), scale, "user {u}");
-                // The position starts at 0 again: a fresh episode.
-                assert_eq!(recs[i].0[0], 0.0, "user {u}");
+                // The step counter starts at 0 again: a fresh episode.
+                assert_eq!(recs[i].0[2], 0.0, "user {u}");
             }
             all.push(recs);
         }

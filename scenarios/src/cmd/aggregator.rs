@@ -124,7 +124,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if defers {
         eprintln!(
             "{}",
-            deferred_hint(&args.scenario, &args.sets, &state_dir, report.public.outcome)
+            deferred_hint(
+                &args.scenario,
+                &args.sets,
+                &state_dir,
+                report.public.outcome
+            )
         );
     }
     if report.public.outcome == Outcome::Interrupted {
@@ -156,7 +161,9 @@ pub fn deferred_hint(
          report.json on a machine with the Gymnasium bridge (scripts/install-python-bridge.sh):\n  \
          fedrl eval --deferred {} --scenario {}{sets}\n(`fedrl run` does this itself when it \
          started the aggregator.)",
-        state_dir.join(fedrl_tasks::dppg::held_out::SNAPSHOT_DIR).display(),
+        state_dir
+            .join(fedrl_tasks::dppg::held_out::SNAPSHOT_DIR)
+            .display(),
         if outcome == Outcome::Finished {
             ""
         } else {
