@@ -7,7 +7,9 @@
 //! evaluates in Rust. The scenario's task is the in-process equality test's
 //! (tasks/tests/gym_bridge_dppg.rs). Then `--resume` of the finished run ends as it did;
 //! `--replicates 2` gives each replicate its final evaluation and learning curve; a run stopped
-//! by SIGTERM mid-training resumes with every released round evaluated.
+//! by SIGTERM mid-training resumes with every released round evaluated; a standalone
+//! `fedrl aggregator` says how to evaluate its run, and `fedrl eval --deferred` does it with the
+//! same figures.
 //!
 //! Needs `.venv-bridge` (`scripts/install-python-bridge.sh`; `.ci/run` runs it first); without
 //! it the test says so and passes without checking anything.
