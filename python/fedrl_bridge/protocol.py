@@ -23,8 +23,10 @@ HEADER = struct.Struct("<4sHHIIQ")
 assert HEADER.size == 24
 
 # Requests (Rust -> worker).
-INIT = 1  # JSON {"env_id", "module", "probe_kwargs"}: import, make one env, answer SPACES.
-MAKE = 2  # JSON list of kwargs dicts: replace the worker's envs with one per dict (slots 0..n).
+INIT = 1  # JSON {"env_id", "module", "probe_kwargs", "reuse_envs"}: import, make one env, answer SPACES.
+# JSON list of kwargs dicts: replace the worker's envs with one per dict (slots 0..n); with
+# INIT's "reuse_envs", environments of the previous MAKE with equal kwargs are reused (worker.py).
+MAKE = 2
 RESET = 3  # i64 slots[n], u64 seeds[n] -> OBS
 STEP = 4  # i64 slots[n], actions (i64[n] for Discrete, f32[n * dim] for Box) -> STEP_RESULT
 CLOSE = 5  # close every env and exit 0

@@ -11,6 +11,13 @@ Invariants:
 - One environment per slot, made with `gymnasium.make(env_id, **kwargs)` after importing the
   scenario's module (so a user's own registered environment works); resets take a seed per
   environment; nothing autoresets.
+- With `reuse_envs` (INIT; the agent's default), a MAKE keeps the environment objects of the
+  previous MAKE and hands each to a later slot with the same keyword arguments instead of making
+  a new one (at most `max(slots, IDLE_MIN)` idle ones are kept, the oldest closed first). Every
+  slot is reset with its round's seed before it steps, and Gymnasium's reset contract (a seeded
+  reset re-seeds the environment and restores its initial state) makes a reused environment
+  play the episodes a new one would. An environment that keeps state across resets breaks that
+  contract: its scenario sets `task.gymnasium.reuse_envs = false`.
 - Observations go out as flat float32 (a Discrete observation as a one-hot vector); Discrete
   actions come in as indices 0..n (the space's `start` is added here), Box actions as float32
   cast to the space's dtype and shape.
@@ -97,10 +104,28 @@ class Encoder:
         out[:] = flat
 
 
+# Idle environments a reusing worker keeps at least (more when a round has more slots).
+IDLE_MIN = 64
+
+
+def kwargs_key(kw: dict) -> str:
+    """Equal keyword arguments, equal key (the JSON the agent sent, canonically ordered)."""
+    return json.dumps(kw, sort_keys=True)
+
+
 class Worker:
     def __init__(self):
         self.env_id = None
         self.envs = []
+        # The kwargs key of each slot's environment (reusing workers only).
+        self.env_keys = []
+        # Reusing workers: environments of earlier MAKEs not in a slot now, by kwargs key, in
+        # the order they were parked (oldest first: those are closed first).
+        self.idle = {}
+        self.reuse = False
+        # How many environments MAKE made and reused since INIT (for tests and diagnostics).
+        self.made = 0
+        self.reused = 0
         self.encoder = None
         self.action_space = None
 
@@ -113,6 +138,7 @@ class Worker:
         if module:
             importlib.import_module(module)
         self.env_id = req["env_id"]
+        self.reuse = bool(req.get("reuse_envs", False))
         env = gym.make(self.env_id, **(req.get("probe_kwargs") or {}))
         try:
             obs_space = space_json(env.observation_space)
@@ -135,10 +161,43 @@ class Worker:
 
         if self.env_id is None:
             raise RuntimeError("MAKE before INIT")
-        self.close_envs()
+        if not self.reuse:
+            self.close_envs()
+            for kw in kwargs_list:
+                self.envs.append(gym.make(self.env_id, **kw))
+                self.made += 1
+            return len(self.envs)
+        # Park the slots' environments, then take each new slot's from the parked ones with
+        # the same kwargs, making only what is missing.
+        for key, env in zip(self.env_keys, self.envs):
+            self.idle.setdefault(key, []).append(env)
+        self.envs, self.env_keys = [], []
         for kw in kwargs_list:
-            self.envs.append(gym.make(self.env_id, **kw))
+            key = kwargs_key(kw)
+            parked = self.idle.get(key)
+            if parked:
+                env = parked.pop()
+                if not parked:
+                    del self.idle[key]
+                self.reused += 1
+            else:
+                env = gym.make(self.env_id, **kw)
+                self.made += 1
+            self.envs.append(env)
+            self.env_keys.append(key)
+        self._trim_idle(max(len(kwargs_list), IDLE_MIN))
         return len(self.envs)
+
+    def _trim_idle(self, keep: int) -> None:
+        """Closes parked environments, oldest kwargs first, until at most `keep` remain."""
+        total = sum(len(v) for v in self.idle.values())
+        while total > keep and self.idle:
+            key = next(iter(self.idle))
+            env = self.idle[key].pop(0)
+            if not self.idle[key]:
+                del self.idle[key]
+            _close(env)
+            total -= 1
 
     def _slots(self, payload: bytes, n: int):
         slots = np.frombuffer(payload, dtype="<i8", count=n)
@@ -189,11 +248,18 @@ class Worker:
 
     def close_envs(self) -> None:
         for e in self.envs:
-            try:
-                e.close()
-            except Exception:  # a user's close() must not take the worker down
-                pass
-        self.envs = []
+            _close(e)
+        for parked in self.idle.values():
+            for e in parked:
+                _close(e)
+        self.envs, self.env_keys, self.idle = [], [], {}
+
+
+def _close(env) -> None:
+    try:
+        env.close()
+    except Exception:  # a user's close() must not take the worker down
+        pass
 
 
 def serve(inp, out) -> int:

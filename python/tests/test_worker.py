@@ -153,3 +153,54 @@ def test_bad_magic_is_refused(client):
     t, _, msg = p.read_frame(client.proc.stdout)
     assert t == p.ERROR and b"magic" in msg
     assert client.proc.wait(timeout=10) == 2
+
+
+def test_reusing_worker_keeps_equal_kwargs_envs_and_plays_the_same_episodes():
+    """MAKE with `reuse_envs`: slots with the kwargs of a previous slot get that environment
+    back (no new `gymnasium.make`), other kwargs get new ones, and a reused environment reset
+    with a seed plays the episode a new one plays."""
+    from fedrl_bridge.worker import Worker
+
+    def episode(w, slot, seed, steps=20):
+        obs = [w.reset(1, np.asarray([slot], "<i8").tobytes() + np.asarray([seed], "<u8").tobytes())]
+        for k in range(steps):
+            a = np.asarray([slot], "<i8").tobytes() + np.asarray([k % 2], "<i8").tobytes()
+            obs.append(w.step(1, a))
+        return obs
+
+    fresh = Worker()
+    fresh.init({"env_id": "CartPole-v1", "probe_kwargs": {}})
+    reuse = Worker()
+    reuse.init({"env_id": "CartPole-v1", "probe_kwargs": {}, "reuse_envs": True})
+    assert reuse.make([{}, {}]) == 2
+    first = [id(e) for e in reuse.envs]
+    # Played part-way (an unfinished episode), as a round leaves them.
+    episode(reuse, 0, 5, steps=7)
+    episode(reuse, 1, 6, steps=3)
+    assert reuse.make([{"sutton_barto_reward": True}, {}, {}]) == 3
+    assert reuse.made == 3 and reuse.reused == 2
+    assert id(reuse.envs[0]) not in first
+    assert {id(e) for e in reuse.envs[1:]} == set(first)
+    fresh.make([{"sutton_barto_reward": True}, {}, {}])
+    for slot in range(3):
+        assert episode(reuse, slot, 1234 + slot) == episode(fresh, slot, 1234 + slot)
+    # Without reuse_envs every MAKE makes every environment.
+    fresh.make([{}, {}, {}])
+    assert fresh.made == 6 and fresh.reused == 0
+
+
+def test_reusing_worker_bounds_its_idle_environments():
+    from fedrl_bridge import worker as wmod
+
+    w = wmod.Worker()
+    w.init({"env_id": "CartPole-v1", "probe_kwargs": {}, "reuse_envs": True})
+    n = wmod.IDLE_MIN + 10
+    w.make([{"sutton_barto_reward": bool(i % 2), "render_mode": None} for i in range(2)])
+    # Distinct kwargs every round (as continuous per-user draws are): nothing to reuse, and
+    # the parked environments stay bounded.
+    for r in range(3):
+        w.make([{"max_episode_steps": 100 + r * n + i} for i in range(n)])
+        assert sum(len(v) for v in w.idle.values()) <= max(n, wmod.IDLE_MIN)
+    assert w.reused == 0
+    w.close_envs()
+    assert w.envs == [] and w.idle == {}

@@ -15,6 +15,11 @@
 //! 3. runs the final evaluation of that policy on the final-evaluation users and writes it into
 //!    the report's `final_evaluation`, with `selected_model_eval_return`, as the aggregator would.
 //!
+//! A standalone `fedrl aggregator` (not under `fedrl run`) ends with the same deferred rows in
+//! its state directory and says so; `fedrl eval --deferred STATE_DIR --scenario FILE` then does
+//! the same three steps there ([`complete_state_dir`]: the state directory is its own public
+//! folder, its `report.json` and `operator/report.json` get the final evaluation).
+//!
 //! Invariants: only released models are evaluated (the snapshots, kept after their round's
 //! ledger record was durable) and only released rows are filled: DP outputs. The aggregator's
 //! own files in `state/` are left as written except `policy.safetensors`, the export, which
@@ -28,7 +33,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use fedrl_aggregator::state;
-use fedrl_common::scenario::Task;
+use fedrl_common::scenario::{Scenario, Task};
 use fedrl_common::task::DppgTask;
 use fedrl_tasks::dppg::held_out::{self, GymEvaluator};
 use fedrl_tasks::dppg::{POLICY_FILE, gymnasium_of};
@@ -53,14 +58,28 @@ pub fn pending(report: &Value) -> bool {
 /// Completes the evaluations of a finished `gymnasium:<id>` DPPG run in `run.out_dir` (see
 /// the module doc); nothing for any other run. Returns whether it did anything.
 pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> {
-    let Task::Dppg(task) = &run.scenario.task else {
+    let out = &run.out_dir;
+    complete_in(&run.scenario, &out.join("state"), out, &mut result.report)
+}
+
+/// [`complete`] for any layout: the aggregator's state directory `state_dir` (snapshots, the
+/// exported policy) and the folder `public_dir` whose `metrics.jsonl`,
+/// `operator/metrics.jsonl` and `tensorboard/` are filled (`fedrl run`'s output directory, or
+/// the state directory itself for a standalone aggregator: `fedrl eval --deferred`); `report`
+/// gets the final evaluation. Returns whether it did anything.
+pub fn complete_in(
+    scenario: &Scenario,
+    state_dir: &Path,
+    public_dir: &Path,
+    report: &mut Value,
+) -> anyhow::Result<bool> {
+    let Task::Dppg(task) = &scenario.task else {
         return Ok(false);
     };
     if gymnasium_of(task).is_none() {
         return Ok(false);
     }
-    let out = &run.out_dir;
-    let state_dir = out.join("state");
+    let out = public_dir;
     let public_path = out.join(state::METRICS_FILE);
     let mut rows = read_rows(&public_path)?;
     let pending: Vec<usize> = rows
@@ -77,11 +96,11 @@ pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> 
             _ => None,
         })
         .collect();
-    let final_deferred = is_deferred(&result.report["final_evaluation"]);
+    let final_deferred = is_deferred(&report["final_evaluation"]);
     if pending.is_empty() && !final_deferred {
         return Ok(false);
     }
-    let training_users = run.scenario.users;
+    let training_users = scenario.users;
     let t0 = Instant::now();
     eprintln!(
         "evaluating {} released models on held-out users through the Gymnasium bridge \
@@ -93,7 +112,7 @@ pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> 
             ""
         }
     );
-    let device = fedrl_rl::device::open(run.scenario.device)?;
+    let device = fedrl_rl::device::open(scenario.device)?;
     let mut evaluator = GymEvaluator::start(task, device).map_err(|e| format!("{e:#}"));
     let mut best: BestModel = None;
     let users = held_out::periodic_users(task, training_users);
@@ -103,8 +122,8 @@ pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> 
         if let Some(signal) = crate::deploy::stop_requested() {
             return Err(crate::deploy::Interrupted {
                 signal,
-                released: result.report["rounds_completed"].as_u64().unwrap_or(0),
-                out_dir: out.clone(),
+                released: report["rounds_completed"].as_u64().unwrap_or(0),
+                out_dir: out.to_path_buf(),
             }
             .into());
         }
@@ -114,7 +133,7 @@ pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> 
         let round = row["round"].as_u64().unwrap_or(0);
         let t = Instant::now();
         let evaluated = match &mut evaluator {
-            Ok(ev) => held_out::read_snapshot(&state_dir, round)
+            Ok(ev) => held_out::read_snapshot(state_dir, round)
                 .and_then(|p| ev.evaluate(&p, users.clone()).map(|e| (e, p)))
                 .map_err(|e| format!("{e:#}")),
             Err(e) => Err(e.clone()),
@@ -189,13 +208,92 @@ pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> 
         }
         let mut fe = final_evaluation_json(eval.map(|e| e.to_json()), &best);
         fe["deferred"] = Value::Bool(true);
-        result.report["final_evaluation"] = fe;
+        report["final_evaluation"] = fe;
     }
     eprintln!(
         "held-out evaluations done in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
     Ok(true)
+}
+
+/// What [`complete_state_dir`] did.
+pub enum StandaloneOutcome {
+    /// The run's evaluations were done; its report's `final_evaluation` as written.
+    Evaluated(Value),
+    /// Nothing was deferred (not a `gymnasium:<id>` DPPG run, or no evaluation waits).
+    NothingDeferred,
+}
+
+/// Why [`complete_state_dir`] refused a state directory (the user's to fix).
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    #[error(
+        "{0} has no report.json: the aggregator has not ended there (its deferred evaluations run once it has)"
+    )]
+    NotEnded(std::path::PathBuf),
+    #[error("{dir}: report.json is of scenario {found:?}, the given scenario is {given:?}")]
+    OtherScenario {
+        dir: std::path::PathBuf,
+        found: String,
+        given: String,
+    },
+    #[error("{0}")]
+    Locked(#[from] state::StateLockError),
+}
+
+/// The deferred evaluations of a standalone `fedrl aggregator` (not under `fedrl run`) whose
+/// `gymnasium:<id>` DPPG run ended in `state_dir`, run with `scenario` (the file and
+/// overrides the aggregator was given): [`complete_in`] with the state directory as the
+/// public folder, then the final evaluation written into its `report.json` and
+/// `operator/report.json`. The state directory's lock is held throughout, so it cannot run
+/// while an aggregator uses the directory; a later aggregator on it (a resumed run) and a later
+/// call recompute everything from the snapshots.
+pub fn complete_state_dir(
+    scenario: &Scenario,
+    state_dir: &Path,
+) -> anyhow::Result<StandaloneOutcome> {
+    let _lock = state::lock_state_dir(state_dir).map_err(StandaloneError::from)?;
+    let report_path = state_dir.join(state::REPORT_FILE);
+    let text = match std::fs::read(&report_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StandaloneError::NotEnded(state_dir.to_path_buf()).into());
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", report_path.display())),
+    };
+    let mut report: Value = serde_json::from_slice(&text)
+        .with_context(|| format!("reading {}", report_path.display()))?;
+    let found = report["scenario"].as_str().unwrap_or_default();
+    if found != scenario.name {
+        return Err(StandaloneError::OtherScenario {
+            dir: state_dir.to_path_buf(),
+            found: found.to_string(),
+            given: scenario.name.clone(),
+        }
+        .into());
+    }
+    if !complete_in(scenario, state_dir, state_dir, &mut report)? {
+        return Ok(StandaloneOutcome::NothingDeferred);
+    }
+    let fe = report["final_evaluation"].clone();
+    state::write_atomic(&report_path, &serde_json::to_vec_pretty(&report)?)?;
+    let op_path = state_dir.join(state::OPERATOR_DIR).join(state::REPORT_FILE);
+    if op_path.exists() {
+        let mut op: Value = serde_json::from_slice(
+            &std::fs::read(&op_path).with_context(|| format!("reading {}", op_path.display()))?,
+        )
+        .with_context(|| format!("reading {}", op_path.display()))?;
+        op["final_evaluation"] = fe.clone();
+        state::write_atomic(&op_path, &serde_json::to_vec_pretty(&op)?)?;
+    }
+    Ok(StandaloneOutcome::Evaluated(fe))
+}
+
+/// Whether `scenario` is one whose aggregator leaves its evaluations to another process (a
+/// `gymnasium:<id>` DPPG run).
+pub fn defers_evaluations(scenario: &Scenario) -> bool {
+    matches!(&scenario.task, Task::Dppg(t) if gymnasium_of(t).is_some())
 }
 
 /// Tag of the event file holding the evaluations filled here (one per output folder: a later

@@ -7,7 +7,9 @@
 //! evaluates in Rust. The scenario's task is the in-process equality test's
 //! (tasks/tests/gym_bridge_dppg.rs). Then `--resume` of the finished run ends as it did;
 //! `--replicates 2` gives each replicate its final evaluation and learning curve; a run stopped
-//! by SIGTERM mid-training resumes with every released round evaluated.
+//! by SIGTERM mid-training resumes with every released round evaluated; a standalone
+//! `fedrl aggregator` says how to evaluate its run, and `fedrl eval --deferred` does it with the
+//! same figures.
 //!
 //! Needs `.venv-bridge` (`scripts/install-python-bridge.sh`; `.ci/run` runs it first); without
 //! it the test says so and passes without checking anything.
@@ -418,4 +420,133 @@ fn a_gymnasium_run_stopped_by_sigterm_resumes_with_its_evaluations() {
     );
     assert!(fe["final_eval_return"].is_f64(), "{fe}");
     assert!(out.join("learning_curve.png").is_file());
+}
+
+/// A standalone `fedrl aggregator` (not under `fedrl run`) of a `gymnasium:` run ends with its
+/// evaluations deferred and says how to complete them; `fedrl eval --deferred STATE_DIR
+/// --scenario FILE` then fills its rows, exports the best model and writes the final evaluation,
+/// equal to fedrl's own CartPole-v1 run's (so to what `fedrl run` computes). A running or
+/// unfinished state directory and another scenario are refused.
+#[test]
+fn a_standalone_aggregators_deferred_evaluations_are_completed_by_fedrl_eval() {
+    use std::time::Duration;
+    if !venv() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rounds = 4;
+    let own_file = write(
+        dir.path(),
+        "own.toml",
+        &scenario("CartPole-v1", false, rounds),
+    );
+    let gym_file = write(
+        dir.path(),
+        "gym.toml",
+        &scenario("gymnasium:CartPole-v1", true, rounds),
+    );
+    let own = dir.path().join("own");
+    fedrl_run(&[own_file.to_str().unwrap(), "--out", own.to_str().unwrap()]);
+
+    let state_dir = dir.path().join("state");
+    let eval_deferred = |extra: &[&str]| {
+        let mut args = vec![
+            "eval",
+            "--deferred",
+            state_dir.to_str().unwrap(),
+            "--scenario",
+            gym_file.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        fedrl_output(&args)
+    };
+    // Before the aggregator ran: nothing to evaluate, said clearly.
+    let secret = prepare_state(&state_dir);
+    let (code, _, err) = eval_deferred(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("has not ended"), "{err}");
+
+    let (mut agg, addr) = aggregator(
+        &gym_file,
+        &state_dir,
+        "127.0.0.1:0",
+        &dir.path().join("agg.log"),
+    );
+    // While it runs, its state directory is refused (the lock).
+    let (code, _, err) = eval_deferred(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("lock") || err.contains("in use"), "{err}");
+    let mut c = client(
+        "c1",
+        &addr,
+        &token(&secret, "c1"),
+        "0..60",
+        &dir.path().join("c1.log"),
+    );
+    let status = agg.wait(Duration::from_secs(300));
+    assert!(status.success(), "{status}:\n{}", agg.log_text());
+    c.wait(Duration::from_secs(60));
+    let log = agg.log_text();
+    assert!(
+        log.contains("held-out evaluations deferred")
+            && log.contains(&format!(
+                "fedrl eval --deferred {} --scenario {}",
+                state_dir.display(),
+                gym_file.display()
+            )),
+        "{log}"
+    );
+    assert!(
+        report(&state_dir)["final_evaluation"]["deferred"] == true,
+        "{log}"
+    );
+    assert!(
+        released(&state_dir.join("metrics.jsonl"))
+            .iter()
+            .all(|r| r["eval"] == serde_json::json!({ "deferred": true }))
+    );
+
+    // Another scenario's name is refused.
+    let other = write(
+        dir.path(),
+        "other.toml",
+        &scenario("gymnasium:CartPole-v1", true, rounds).replace("gym-run", "gym-other"),
+    );
+    let (code, _, err) = fedrl_output(&[
+        "eval",
+        "--deferred",
+        state_dir.to_str().unwrap(),
+        "--scenario",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("gym-other") && err.contains("gym-run"),
+        "{err}"
+    );
+
+    let (code, out, err) = eval_deferred(&["--json"]);
+    assert_eq!(code, 0, "{err}");
+    let fe: Value = serde_json::from_str(&out).unwrap();
+    assert!(fe["final_eval_return"].is_f64(), "{fe}");
+    assert!(
+        err.contains(&format!("round {rounds} ({rounds}/{rounds})")),
+        "{err}"
+    );
+    // The state directory now reads as `fedrl run`'s output does, with the same figures as
+    // the Rust population's run.
+    same_evaluations(&state_dir, &own);
+    for (a, b) in released(&state_dir.join("operator/metrics.jsonl"))
+        .iter()
+        .zip(released(&state_dir.join("metrics.jsonl")))
+    {
+        assert_eq!(a["eval"], b["eval"]);
+    }
+    let op = read_json(&state_dir.join("operator/report.json"));
+    assert_eq!(op["final_evaluation"], fe);
+    check_report_schema(&report(&state_dir));
+    // Again: recomputed from the snapshots, the same figures.
+    let (code, _, err) = eval_deferred(&[]);
+    assert_eq!(code, 0, "{err}");
+    same_evaluations(&state_dir, &own);
 }

@@ -173,6 +173,47 @@ fn a_users_own_environment_with_per_user_kwargs() {
     assert!(recs[recs.len() - 1].2);
 }
 
+/// Workers keep their environments from round to round (`reuse_envs`, the default): in later
+/// rounds, with other users drawing some of the same kwargs, every user still plays in an
+/// environment with its own kwargs, from a fresh seeded reset, as with reuse off.
+#[test]
+fn kept_environments_still_give_each_user_their_own_kwargs() {
+    if !venv() {
+        return;
+    }
+    let mut cfg = test_envs("FedrlTest/Counter-v0");
+    cfg.kwargs.insert("length".into(), json!(4));
+    cfg.user_kwargs = vec![(
+        "scale".into(),
+        Draw::Choice(vec![json!(1.0), json!(2.0), json!(3.0)]),
+    )];
+    let rounds: [&[u64]; 3] = [&[3, 9, 27], &[27, 5, 3, 81, 9], &[1, 2]];
+    let play = |cfg: &GymConfig| {
+        let mut pool = GymPool::start(cfg.clone(), None).unwrap();
+        let mut all = Vec::new();
+        for users in rounds {
+            let (mut groups, dropped) = pool.envs_for(users);
+            assert!(dropped.is_empty());
+            // Half an episode first (left unfinished, as a round may leave one), then a whole
+            // one from a seeded reset.
+            lockstep(&mut groups[0].envs, &vec![1; users.len()], 2, |_, _| 1).unwrap();
+            let recs = lockstep(&mut groups[0].envs, &vec![7; users.len()], 4, |_, _| 1).unwrap();
+            for (i, &u) in users.iter().enumerate() {
+                let scale = cfg.user_kwargs(u)["scale"].as_f64().unwrap();
+                assert_eq!(f64::from(recs[i].0[1]), scale, "user {u}");
+                // The step counter starts at 0 again: a fresh episode.
+                assert_eq!(recs[i].0[2], 0.0, "user {u}");
+            }
+            all.push(recs);
+        }
+        all
+    };
+    let kept = play(&cfg);
+    let mut fresh = cfg.clone();
+    fresh.reuse_envs = false;
+    assert_eq!(kept, play(&fresh));
+}
+
 #[test]
 fn a_spaces_mismatch_is_refused_at_start() {
     if !venv() {

@@ -80,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let model = fedrl_tasks::server_model(&scenario)?;
     let state_dir = args.state_dir.clone();
+    let defers = crate::deferred_eval::defers_evaluations(&scenario);
     let mut opts = AggregatorOptions::new(scenario, args.listen, args.state_dir);
     opts.max_inflight_updates = args.max_inflight_updates;
     opts.allow_budget_increase = args.allow_budget_increase;
@@ -120,6 +121,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         state_dir.join(state::REPORT_FILE).display()
     );
     println!("{}", serde_json::to_string_pretty(&report)?);
+    if defers {
+        eprintln!(
+            "{}",
+            deferred_hint(
+                &args.scenario,
+                &args.sets,
+                &state_dir,
+                report.public.outcome
+            )
+        );
+    }
     if report.public.outcome == Outcome::Interrupted {
         let signal = signal.unwrap_or(StopSignal::Interrupt);
         eprintln!(
@@ -131,6 +143,40 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(signal.exit_status()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a standalone aggregator of a `gymnasium:<id>` DPPG run tells its operator at its end:
+/// it evaluated nothing (it runs no Python), and the command that evaluates its released models.
+pub fn deferred_hint(
+    scenario: &std::path::Path,
+    sets: &[crate::overrides::Override],
+    state_dir: &std::path::Path,
+    outcome: Outcome,
+) -> String {
+    let sets: String = sets.iter().map(|s| format!(" {s}")).collect();
+    format!(
+        "held-out evaluations deferred: this gymnasium:<id> population's environments run in \
+         Python, which the aggregator does not start, so the models of its evaluation rounds are \
+         kept in {}{}. {} evaluate them, fill metrics.jsonl and write the final evaluation into \
+         report.json on a machine with the Gymnasium bridge (scripts/install-python-bridge.sh):\n  \
+         fedrl eval --deferred {} --scenario {}{sets}\n(`fedrl run` does this itself when it \
+         started the aggregator.)",
+        state_dir
+            .join(fedrl_tasks::dppg::held_out::SNAPSHOT_DIR)
+            .display(),
+        if outcome == Outcome::Finished {
+            ""
+        } else {
+            " (the evaluation rounds released so far)"
+        },
+        if outcome == Outcome::Finished {
+            "To"
+        } else {
+            "Once the run has finished (or now, for the rounds released so far), to"
+        },
+        state_dir.display(),
+        scenario.display(),
+    )
 }
 
 /// A signal that stops a process gracefully.

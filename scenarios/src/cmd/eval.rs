@@ -16,6 +16,13 @@
 //! `--env gymnasium:<id> --scenario FILE` (or a RUN_DIR of such a run) evaluates in Gymnasium
 //! environments made by the bridge's Python workers, as the scenario's `[task.gymnasium]`
 //! table makes its users' (this process starts and owns the workers; they end with it).
+//!
+//! `--deferred STATE_DIR --scenario FILE [--set K=V ...]` completes a standalone
+//! `fedrl aggregator`'s `gymnasium:<id>` DPPG run: the aggregator runs no Python, so it kept the
+//! models of its evaluation rounds and left their rows `"eval": {"deferred": true}`; this
+//! evaluates them through the bridge on the held-out users, fills the rows, exports the
+//! best-evaluated model and writes the final evaluation into the report, as `fedrl run` does
+//! after its own aggregator ends ([`crate::deferred_eval::complete_state_dir`]).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -73,6 +80,22 @@ fn gymnasium_envs(
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The state directory of a standalone `fedrl aggregator` whose `gymnasium:<id>` DPPG run
+    /// has ended: evaluates the models its evaluation rounds kept (`eval-snapshots/`) on the
+    /// held-out users through the Gymnasium bridge, fills the deferred `eval` of its
+    /// `metrics.jsonl` rows, exports the best-evaluated model as `policy.safetensors` and writes
+    /// the final evaluation into `report.json` (what `fedrl run` does after its aggregator
+    /// ends). Needs the `--scenario` and `--set`s the aggregator ran with.
+    #[arg(long, value_name = "STATE_DIR", requires = "scenario",
+          conflicts_with_all = ["run_dir", "policy", "env", "population_seed", "low_risk_weight",
+                                "decision_min", "low_glucose_suspend", "iob_limit",
+                                "sensitivity_scaling", "stochastic"])]
+    pub deferred: Option<PathBuf>,
+    /// With --deferred: a `--set KEY=VALUE` the aggregator was started with (repeatable, as
+    /// given to it).
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::overrides::parse,
+          requires = "deferred")]
+    pub sets: Vec<crate::overrides::Override>,
     /// A `fedrl run` output directory: its exported policy, evaluated behind the environment
     /// and pump settings of its stored `scenario.toml` (instead of --policy and --env and the
     /// population and pump flags, which it excludes).
@@ -237,7 +260,71 @@ fn flag_target(args: &Args) -> anyhow::Result<Target> {
     })
 }
 
+/// `--deferred STATE_DIR`: the deferred evaluations of a standalone aggregator's run.
+fn run_deferred(state_dir: &Path, args: &Args) -> anyhow::Result<ExitCode> {
+    use crate::deferred_eval::{StandaloneError, StandaloneOutcome, complete_state_dir};
+    let Some(file) = &args.scenario else {
+        return Err(UsageError("--deferred needs --scenario FILE".into()).into());
+    };
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| UsageError(format!("reading {}: {e}", file.display())))?;
+    let mut scenario: Scenario =
+        crate::overrides::load(&text, &args.sets, fedrl_tasks::scenario_from_toml_str)
+            .map_err(|e| UsageError(format!("{}: {e:#}", file.display())))?;
+    // Where the evaluations compute (the aggregator's device may be one this machine lacks).
+    scenario.device = args.device;
+    if !crate::deferred_eval::defers_evaluations(&scenario) {
+        return Err(UsageError(format!(
+            "{}: --deferred applies to gymnasium:<id> DPPG runs; any other run's aggregator \
+             evaluates its models itself",
+            file.display()
+        ))
+        .into());
+    }
+    let fe = match complete_state_dir(&scenario, state_dir) {
+        Ok(StandaloneOutcome::Evaluated(fe)) => fe,
+        Ok(StandaloneOutcome::NothingDeferred) => {
+            eprintln!("{}: no evaluation is deferred", state_dir.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => {
+            if let Some(i) = e.downcast_ref::<crate::deploy::Interrupted>() {
+                eprintln!(
+                    "interrupted ({}) before the evaluations were written: {} is unchanged; \
+                     run the same command again",
+                    i.signal.name(),
+                    state_dir.display()
+                );
+                return Ok(ExitCode::from(i.signal.exit_status()));
+            }
+            if e.downcast_ref::<StandaloneError>().is_some() {
+                return Err(UsageError(format!("{e:#}")).into());
+            }
+            return Err(e);
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&fe)?);
+    } else {
+        println!(
+            "{}: evaluations written into metrics.jsonl and report.json; final evaluation {}",
+            state_dir.display(),
+            match (
+                fe["final_eval_return"].as_f64(),
+                fe["final_eval_return_std"].as_f64()
+            ) {
+                (Some(m), Some(s)) => format!("return {m:.2} ± {s:.2}"),
+                _ => format!("failed: {}", fe["final_eval_error"]),
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(dir) = &args.deferred {
+        return run_deferred(dir, &args);
+    }
     if args.episodes == 0 {
         return Err(UsageError("--episodes must be at least 1".into()).into());
     }

@@ -7,7 +7,9 @@
 //! offered users' environments ([`GymPool::envs_for`]): every worker makes its share with
 //! `gymnasium.make(id, **kwargs)`, where a user's kwargs are the scenario's fixed ones plus the
 //! ones drawn for that user ([`GymConfig::user_kwargs`], a pure function of the population seed
-//! and the user id, like every other population). The environments come back as ordinary
+//! and the user id, like every other population). Workers keep their environment objects from
+//! round to round ([`GymConfig::reuse_envs`]): a slot whose kwargs an earlier slot had gets that
+//! environment back, reset with the round's seed, so only new kwargs cost a `gymnasium.make`. The environments come back as ordinary
 //! [`Env`]s ([`GymEnv`]) that queue their actions ([`Env::step_queue`]) so that the rollout
 //! loop's one step of every active user becomes one STEP message per worker.
 //!
@@ -99,6 +101,11 @@ pub struct GymConfig {
     pub start_timeout: Duration,
     /// Deadline of one batched reset or step.
     pub step_timeout: Duration,
+    /// Keep the environment objects from round to round: a worker hands a round's user the
+    /// environment an earlier user with the same keyword arguments had (reset with the new
+    /// round's seed) instead of making a new one. Default true; false for an environment that
+    /// keeps state across seeded resets (it breaks Gymnasium's reset contract).
+    pub reuse_envs: bool,
 }
 
 impl GymConfig {
@@ -114,6 +121,7 @@ impl GymConfig {
             workers: 1,
             start_timeout: Duration::from_secs(120),
             step_timeout: Duration::from_secs(30),
+            reuse_envs: true,
         }
     }
 
@@ -752,6 +760,7 @@ impl GymPool {
             "env_id": self.cfg.env_id,
             "module": self.cfg.module,
             "probe_kwargs": Value::Object(self.cfg.user_kwargs(0)),
+            "reuse_envs": self.cfg.reuse_envs,
         });
         let f = proc
             .request(

@@ -17,10 +17,12 @@ pub const HEADER_LEN: usize = 24;
 /// Largest payload accepted from a worker (bytes): 1 GiB, far above any batch.
 pub const MAX_PAYLOAD: u64 = 1 << 30;
 
-/// Request: JSON `{"env_id", "module", "probe_kwargs"}`; the reply is [`SPACES`].
+/// Request: JSON `{"env_id", "module", "probe_kwargs", "reuse_envs"}`; the reply is [`SPACES`].
 pub const INIT: u16 = 1;
 /// Request: JSON list of `count` kwargs objects; the worker replaces its environments with one
-/// per object (slots `0..count`); the reply is [`OK`].
+/// per object (slots `0..count`), reusing the previous ones with equal kwargs when INIT said
+/// `reuse_envs` (reset with a seed before use, they play the episodes new ones would); the
+/// reply is [`OK`].
 pub const MAKE: u16 = 2;
 /// Request: i64 slots\[count\], u64 seeds\[count\]; the reply is [`OBS`].
 pub const RESET: u16 = 3;

@@ -168,5 +168,6 @@ pub fn gym_config(task: &DppgTask) -> Option<GymConfig> {
     cfg.workers = g.workers;
     cfg.step_timeout = std::time::Duration::from_secs_f64(g.step_timeout_s);
     cfg.start_timeout = std::time::Duration::from_secs_f64(g.start_timeout_s);
+    cfg.reuse_envs = g.reuse_envs;
     Some(cfg)
 }

@@ -160,6 +160,13 @@ pub struct GymnasiumSpec {
     /// environments. Default 120.
     #[serde(default = "d_start_timeout_s")]
     pub start_timeout_s: f64,
+    /// Workers keep their environment objects for the run: a user gets the environment an
+    /// earlier user with the same keyword arguments had, reset with its own episode seed
+    /// (Gymnasium's reset contract makes that the episode a new environment plays), instead of
+    /// a new `gymnasium.make` every round. Default true; set false for an environment that
+    /// keeps state across seeded resets.
+    #[serde(default = "d_true")]
+    pub reuse_envs: bool,
 }
 
 /// One drawn keyword argument of [`GymnasiumSpec::user_kwargs`].
@@ -334,6 +341,10 @@ fn d_one_usize() -> usize {
 
 fn d_step_timeout_s() -> f64 {
     30.0
+}
+
+fn d_true() -> bool {
+    true
 }
 
 fn d_start_timeout_s() -> f64 {
