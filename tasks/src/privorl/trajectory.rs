@@ -1211,3 +1211,162 @@ fn sample(n: usize, k: usize, rng: &mut Xoshiro256PlusPlus) -> Vec<usize> {
     }
     rand::seq::index::sample(rng, n, k).into_vec()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedrl_rl::diffusion::trajectory::dp::norm_f64;
+    use rand::RngExt;
+
+    fn task() -> PrivorlTask {
+        serde_json::from_value(serde_json::json!({
+            "level": "trajectory",
+            "trajectory": { "units": 3, "horizon": 8 },
+            "dataset": { "env": "CartPole-v1", "units": 10 },
+            "synth": { "width": 16, "blocks": 1, "dim_t": 8, "fourier_dim": 4 },
+        }))
+        .unwrap()
+    }
+
+    /// A made-up CartPole-shaped trajectory of `len` transitions, observations times `scale`,
+    /// terminal at its end.
+    fn trajectory(len: usize, seed: u64, scale: f32) -> TransitionBatch {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let mut b = TransitionBatch::new(4);
+        let mut s: Vec<f32> = (0..4).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+        for t in 0..len {
+            let next: Vec<f32> = s
+                .iter()
+                .map(|x| x + rng.random_range(-0.1f32..0.1))
+                .collect();
+            b.obs.extend(s.iter().map(|x| x * scale));
+            b.next_obs.extend(next.iter().map(|x| x * scale));
+            b.actions.push(rng.random_range(0..2u32));
+            b.rewards.push(1.0);
+            b.terminals.push(if t + 1 == len { 1.0 } else { 0.0 });
+            s = next;
+        }
+        b
+    }
+
+    /// The task's central computation with a normaliser fitted on made-up public
+    /// trajectories (no dataset cache needed), and its initial weights.
+    fn central(task: &PrivorlTask) -> (TrajectoryCentral, Vec<f32>) {
+        let layout = task.layout().unwrap();
+        let mut public = Vec::new();
+        for k in 0..10 {
+            public.extend(
+                layout
+                    .encode(&Transitions::from(&trajectory(50, 100 + k, 1.0)))
+                    .unwrap(),
+            );
+        }
+        let public = PublicRows::new(layout.dim(), public).unwrap();
+        let cfg = trajectory_config(task);
+        let (net, init) = FragmentNet::new(
+            &layout,
+            cfg.horizon,
+            &cfg.net,
+            task.model_seed,
+            &Device::Cpu,
+        )
+        .unwrap();
+        (
+            TrajectoryCentral {
+                task: task.clone(),
+                row: task.row_spec().unwrap(),
+                layout,
+                normalizer: Normalizer::fit_public(&layout, &public).unwrap(),
+                net,
+                cfg,
+                max_unit_rows: 500,
+            },
+            init,
+        )
+    }
+
+    fn diff_norm(a: &[f64], b: &[f64]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    }
+
+    /// Issue 56's check "a trajectory's fragments make one clipped contribution (sensitivity
+    /// per trajectory)", through the task's own computation (what the central aggregator and
+    /// the federated agents run): a 100-transition trajectory has 13 fragments of 8 but gives
+    /// one vector of norm at most C; adding it to, removing it from or scaling its data in a
+    /// batch moves the sum by at most C (2C for a replacement), though its unclipped gradient
+    /// is far larger.
+    #[test]
+    fn a_trajectory_is_one_contribution_of_sensitivity_c() {
+        let task = task();
+        let (c, offer) = central(&task);
+        let (a, b) = (trajectory(100, 1, 1.0), trajectory(37, 2, 1.0));
+        let scaled = trajectory(100, 1, 1000.0);
+        assert_eq!(c.fragments(&a).unwrap().len(), 13);
+        let clip = 0.05;
+        let per = c
+            .per_unit(&offer, &[(0, &a), (1, &b), (2, &scaled)], 3, clip)
+            .unwrap();
+        assert_eq!(per.len(), 3, "one contribution per trajectory");
+        for (u, v) in &per {
+            assert!(norm_f64(v) <= clip, "unit {u}: {}", norm_f64(v));
+        }
+        // Clipping binds: the unclipped gradients are much larger than C.
+        let raw = c
+            .per_unit(&offer, &[(0, &a), (2, &scaled)], 3, f64::INFINITY)
+            .unwrap();
+        assert!(norm_f64(&raw[0].1) > 10.0 * clip, "{}", norm_f64(&raw[0].1));
+        assert!(norm_f64(&raw[1].1) > norm_f64(&raw[0].1));
+        // A unit's contribution does not depend on the batch it is in.
+        let alone = c.per_unit(&offer, &[(0, &a)], 3, clip).unwrap();
+        assert_eq!(alone[0], per[0]);
+        // Sums with and without trajectory 0, and with its data scaled 1000 times.
+        let sum = |units: &[(UnitId, &TransitionBatch)]| c.summed(&offer, units, 3, clip).unwrap();
+        let with = sum(&[(0, &a), (1, &b)]);
+        let without = sum(&[(1, &b)]);
+        let replaced = sum(&[(0, &scaled), (1, &b)]);
+        let tol = 1.0 + 1e-9;
+        assert!(diff_norm(&with.sum, &without.sum) <= clip * tol);
+        assert!(diff_norm(&replaced.sum, &without.sum) <= clip * tol);
+        assert!(diff_norm(&replaced.sum, &with.sum) <= 2.0 * clip * tol);
+        assert!(diff_norm(&with.sum, &without.sum) > 0.9 * clip, "clipped to C");
+        // The summed path adds the per-unit vectors.
+        let manual: Vec<f64> = per[0]
+            .1
+            .iter()
+            .zip(&per[1].1)
+            .map(|(x, y)| f64::from(*x) + f64::from(*y))
+            .collect();
+        assert!(diff_norm(&manual, &with.sum) < 1e-9);
+        assert_eq!(with.norms.len(), 2);
+        assert!(with.clip_factors.iter().all(|f| *f < 1.0));
+    }
+
+    #[test]
+    fn the_spec_is_checked_at_trajectory_level() {
+        use fedrl_common::task::TaskSpec;
+        let t = task();
+        assert!(t.check().is_ok());
+        assert_eq!(t.unit_kind().to_string(), "trajectory");
+        assert_eq!(t.central_summed_rows(), Some(1));
+        let mut bad = t.clone();
+        bad.trajectory.units = 0;
+        assert!(bad.check().is_err());
+        let mut bad = t.clone();
+        bad.draws_per_unit = 4;
+        assert!(bad.check().is_err());
+        let mut tr = t.clone();
+        tr.level = fedrl_common::task::privorl::PrivorlLevel::Transition;
+        tr.synth.net = PrivorlNet::Transformer;
+        assert!(tr.check().unwrap_err().to_string().contains("trajectory"));
+        let mut tf = t;
+        tf.synth.net = PrivorlNet::Transformer;
+        tf.synth.transformer.heads = 3;
+        assert!(tf.check().is_err(), "heads must divide width");
+        tf.synth.transformer.heads = 4;
+        assert!(tf.check().is_ok());
+    }
+}
