@@ -179,3 +179,107 @@ fn the_federated_trajectory_mode_fine_tunes_on_the_agents() {
             .unwrap();
     assert!(op.get("model_audit").is_none(), "{op}");
 }
+
+/// Continuous actions at trajectory level: Pendulum episodes as units (packed on the data
+/// plane), whole trajectories released in the continuous format, TD3+BC's utility.
+#[test]
+fn a_tiny_pendulum_trajectory_run_releases_continuous_trajectories() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("datasets");
+    let text = r#"
+name = "e2e-privorl-traj-pendulum"
+seed = 7
+rounds = 8
+users = 6
+client_agents = 2
+participation = { kind = "sampled", rate = 0.5 }
+round_deadline_s = 60.0
+start_timeout_s = 120.0
+clip_norm = 1.0
+noise_multiplier = 2.0
+delta = 1e-5
+target_epsilon = 10.0
+unit_kind = "trajectory"
+
+[task]
+kind = "privorl"
+level = "trajectory"
+mode = "central"
+eval_every = 4
+
+[task.trajectory]
+units = 6
+holdout = 2
+synthetic = 2
+horizon = 16
+max_length = 40
+
+[task.continuous.dataset]
+env = "Pendulum-v1"
+units = 8
+seed = 1
+behaviour = { kind = "random" }
+
+[task.continuous.public]
+env = "pendulum-gml"
+units = 2
+seed = 2
+behaviour = { kind = "random" }
+
+[task.synth]
+width = 16
+blocks = 1
+dim_t = 8
+fourier_dim = 4
+sample_steps = 4
+batch_size = 32
+
+[task.pretrain]
+epochs = 2
+pool_size = 16
+
+[task.utility]
+seeds = 1
+eval_episodes = 2
+td3bc = { steps = 20, batch = 16, hidden = [8] }
+"#;
+    let file = write(dir.path(), "pendulum.toml", text);
+    let out = dir.path().join("out");
+    let o = Command::new(exe())
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(&out)
+        .env("FEDRL_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "fedrl run failed: {err}\n{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(err.contains("TD3+BC"), "{err}");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    let fe = &r["final_evaluation"];
+    assert!(fe.get("final_eval_error").is_none(), "{fe}");
+    assert_eq!(fe["trajectories"]["synthetic"], 2, "{fe}");
+    assert!(r["utility"]["random_return"].as_f64().is_some(), "{r}");
+    assert_eq!(r["synthetic_dataset"]["privacy"]["unit"], "trajectory");
+    let id = r["synthetic_dataset"]["ids"][0].as_str().unwrap();
+    assert!(id.starts_with("continuous/"), "{id}");
+    let path = out
+        .join("synthetic")
+        .join(format!("{id}.safetensors"));
+    let d = fedrl_rl::offline::continuous::ContinuousDataset::load(&path).unwrap();
+    assert_eq!(d.episodes.len(), 2);
+    assert!(d.episodes.iter().all(|e| (1..=40).contains(&e.len())));
+    assert!(
+        d.episodes
+            .iter()
+            .flat_map(|e| &e.actions)
+            .all(|a| (-2.0..=2.0).contains(a)),
+        "actions clipped into the box"
+    );
+}

@@ -312,3 +312,83 @@ fn privorl_scenarios_and_their_twins() {
         "unit_kind",
     );
 }
+
+/// PrivORL-n on continuous control (issue 56): `pendulum-privorl` and `swingup-privorl` at
+/// epsilon 10 and 1 (delta 1e-5) and their twins (non-private fine-tuning, no pre-training, no
+/// curiosity, pre-training only) read continuous-format datasets (public data of the same
+/// domain, another task), evaluate with TD3+BC, differ only where they should and plan within
+/// their budgets; the loader refuses discrete datasets beside `[task.continuous]`.
+#[test]
+fn continuous_privorl_scenarios_and_their_twins() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for (stem, env, public) in [
+        ("pendulum-privorl", "Pendulum-v1", "pendulum-gml"),
+        ("swingup-privorl", "cartpole-swingup", "cartpole-balance"),
+    ] {
+        let load = |suffix: &str| {
+            let s = scenario_from_file(dir.join(format!("{stem}{suffix}.toml")))
+                .unwrap_or_else(|e| panic!("{stem}{suffix}: {e}"));
+            let Task::Privorl(t) = s.task.clone() else {
+                panic!("{}: not privorl", s.name)
+            };
+            (s, t)
+        };
+        let (main, mt) = load("");
+        let c = mt.continuous.clone().expect("continuous data");
+        assert_eq!(c.dataset.env, env);
+        assert_eq!(c.public.env, public);
+        assert_eq!(main.users, mt.transitions);
+        assert_eq!(mt.utility.td3bc.alpha, 2.5);
+        assert_eq!(
+            main.unit_kind,
+            fedrl_common::privacy::ledger::UnitKind::Transition
+        );
+        assert!(main.summed_bound().is_some(), "{stem}: the summed path");
+        // The spec builds the continuous layout from the environments.
+        let dim = fedrl_tasks::privorl::PrivorlTaskExt::layout(&mt).unwrap();
+        assert!(matches!(
+            dim.action,
+            fedrl_rl::diffusion::ActionCoding::Continuous { dim: 1 }
+        ));
+        for (suffix, eps) in [("", 10.0), ("-eps1", 1.0)] {
+            let (s, _) = load(suffix);
+            assert_eq!(s.target_epsilon, eps);
+            let planned = s.planned_epsilon(s.noise_multiplier).unwrap();
+            assert!(planned <= eps, "{stem}{suffix}: the plan costs {planned}");
+            assert!(planned > 0.9 * eps, "{stem}{suffix}: {planned} wastes the budget");
+        }
+        let (np, npt) = load("-nonprivate");
+        assert!(np.non_private && npt == mt);
+        let (_, t) = load("-nopretrain");
+        assert!(!t.pretrain.enabled && !t.pretrain.curiosity);
+        assert_eq!(t.continuous, mt.continuous);
+        let (_, t) = load("-nocuriosity");
+        assert!(t.pretrain.enabled && !t.pretrain.curiosity);
+        let (po, t) = load("-pretrainonly");
+        assert!(!t.finetune && t.pretrain.enabled && po.rounds == 1);
+    }
+    let text = std::fs::read_to_string(dir.join("pendulum-privorl.toml")).unwrap();
+    let refused = |from: &str, to: &str, field: &str| {
+        assert!(text.contains(from), "{from}");
+        let err = scenario_from_toml_str(&text.replacen(from, to, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{to}: {err}");
+    };
+    refused(
+        "[task.continuous.dataset]",
+        "[task.dataset]\nenv = \"CartPole-v1\"\nunits = 3\n\n[task.continuous.dataset]",
+        "leave task.dataset and task.public unset",
+    );
+    refused(
+        "env = \"pendulum-gml\"\nunits = 100\nseed = 1",
+        "env = \"Pendulum-v1\"\nunits = 29700\npublic = 300\nseed = 0",
+        "task.continuous.public is the sensitive dataset itself",
+    );
+    refused(
+        "env = \"pendulum-gml\"",
+        "env = \"cartpole-balance\"",
+        "task.continuous.public",
+    );
+    refused("hidden = [64, 64] }", "hidden = [] }", "task.utility.td3bc");
+}

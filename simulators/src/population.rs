@@ -11,6 +11,10 @@
 //! - `acrobot-b1`: seed 000 B.1 — both link lengths in linspace(0.8, 1.2, 10) m, link masses in
 //!   linspace(0.9, 1.1, 10) kg each; 1,000 cells. As in Gymnasium (whose attributes the paper
 //!   changed), link length 1 enters the dynamics and link length 2 does not.
+//! - `pendulum-gml`: Pendulum-v1 with other physics (PrivORL's public data of the same domain,
+//!   seed 003 appendix D): gravity in {8, 9, 11, 12} m/s^2, mass in {0.8, 0.9, 1.1, 1.2} kg and
+//!   length in {0.8, 0.9, 1.1, 1.2} m (Gymnasium's 10, 1 and 1 left out, so no user has
+//!   Pendulum-v1's value of any of the three); each user draws one of the 64 cells uniformly.
 //! - `hiv-b1`: seed 000 B.1 — HIV treatment (20-day steps x 50) with the drug-1 penalty in
 //!   linspace(18750, 21250, 50), the drug-2 penalty in linspace(1850, 2150, 20) and efficacy
 //!   noise off or N(0, 0.01); each user draws one of the 2,000 settings.
@@ -40,7 +44,7 @@ use serde_json::{Value, json};
 use rand::RngExt;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::classic::{Acrobot, CartPole};
+use crate::classic::{Acrobot, CartPole, Pendulum};
 use crate::dosing::{DosingEnv, DosingMeals, DosingOptions, MealGenerator};
 use crate::env::{Env, SimError};
 use crate::hiv::{HivEnv, HivParams};
@@ -71,6 +75,12 @@ pub fn list() -> Vec<PopulationInfo> {
             env_id: "Acrobot-v1",
             settings: 1000,
             summary: "seed 000 B.1: link length (both) x mass 1 x mass 2, 10 values each",
+        },
+        PopulationInfo {
+            name: "pendulum-gml",
+            env_id: "Pendulum-v1",
+            settings: PENDULUM_GML_CELLS,
+            summary: "Pendulum-v1 with gravity x mass x length off Gymnasium's values, 4 each",
         },
         PopulationInfo {
             name: "hiv-b1",
@@ -134,6 +144,7 @@ enum Kind {
     Homogeneous(String),
     CartPoleB1,
     AcrobotB1,
+    PendulumGml,
     HivB1,
     UvaPadova(Option<&'static str>, PumpSetting),
     DosingFixedMeals,
@@ -207,6 +218,17 @@ pub enum UserParams {
         link_mass_2: f64,
         cell: [u32; 3],
     },
+    /// Pendulum-v1 with other physics (`pendulum-gml`); `cell` = indices (gravity, mass,
+    /// length) into the population's four values of each.
+    Pendulum {
+        /// Gravitational acceleration (m/s^2).
+        g: f64,
+        /// Mass (kg).
+        m: f64,
+        /// Length (m).
+        l: f64,
+        cell: [u32; 3],
+    },
     /// HIV treatment with seed 000 B.1 settings; `setting` indexes
     /// [`HivParams::expert_variation`].
     Hiv {
@@ -263,6 +285,9 @@ fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
     ((u128::from(rng.next_u64()) * u128::from(n)) >> 64) as u64
 }
 
+/// Cells of `pendulum-gml`: four values of each of gravity, mass and length.
+const PENDULUM_GML_CELLS: u64 = 64;
+
 /// Dosing's grid: 24 h at 10-minute intervals, both ends included.
 const DOSING_GRID_POINTS: usize = 24 * 60 / 10 + 1;
 
@@ -274,6 +299,7 @@ impl Population {
         let kind = match name {
             "cartpole-b1" => Kind::CartPoleB1,
             "acrobot-b1" => Kind::AcrobotB1,
+            "pendulum-gml" => Kind::PendulumGml,
             "hiv-b1" => Kind::HivB1,
             "uva-padova" => Kind::UvaPadova(None, PumpSetting::Basal),
             "uva-padova-adolescents" => Kind::UvaPadova(Some("adolescent"), PumpSetting::Basal),
@@ -368,6 +394,7 @@ impl Population {
             Kind::Homogeneous(id) => id,
             Kind::CartPoleB1 => "CartPole-v1",
             Kind::AcrobotB1 => "Acrobot-v1",
+            Kind::PendulumGml => "Pendulum-v1",
             Kind::HivB1 => HivEnv::ID_20D,
             Kind::UvaPadova(..) => "UvaPadova-v0",
             Kind::DosingFixedMeals => "Dosing-v0",
@@ -419,6 +446,20 @@ impl Population {
                     cell,
                 }
             }
+            Kind::PendulumGml => {
+                let cell = [
+                    (setting / 16) as u32,
+                    ((setting / 4) % 4) as u32,
+                    (setting % 4) as u32,
+                ];
+                let pick = |values: [f64; 4], i: u32| values[i as usize];
+                UserParams::Pendulum {
+                    g: pick([8.0, 9.0, 11.0, 12.0], cell[0]),
+                    m: pick([0.8, 0.9, 1.1, 1.2], cell[1]),
+                    l: pick([0.8, 0.9, 1.1, 1.2], cell[2]),
+                    cell,
+                }
+            }
             Kind::HivB1 => {
                 let p = HivParams::expert_variation(setting as usize)?;
                 UserParams::Hiv {
@@ -442,6 +483,7 @@ impl Population {
     pub fn grid_settings(&self) -> Option<u64> {
         match self.kind {
             Kind::CartPoleB1 | Kind::AcrobotB1 => Some(1000),
+            Kind::PendulumGml => Some(PENDULUM_GML_CELLS),
             Kind::HivB1 => Some(HivParams::EXPERT_SETTINGS as u64),
             _ => None,
         }
@@ -472,6 +514,7 @@ impl Population {
         Ok(match &self.kind {
             Kind::Homogeneous(id) => UserParams::Default { env_id: id.clone() },
             Kind::CartPoleB1 | Kind::AcrobotB1 => self.cell_params(below(&mut rng, 1000))?,
+            Kind::PendulumGml => self.cell_params(below(&mut rng, PENDULUM_GML_CELLS))?,
             Kind::HivB1 => self.cell_params(below(&mut rng, HivParams::EXPERT_SETTINGS as u64))?,
             Kind::UvaPadova(group, pump) => {
                 let groups: &[&str] = match group {
@@ -546,6 +589,13 @@ impl Population {
                 e.link_mass_2 = link_mass_2;
                 Box::new(e)
             }
+            UserParams::Pendulum { g, m, l, .. } => {
+                let mut e = Pendulum::new();
+                e.g = g;
+                e.m = m;
+                e.l = l;
+                Box::new(e)
+            }
             UserParams::DosingFixedMeals { disturbance } => {
                 let mut opts = DosingOptions::v0();
                 opts.meals = DosingMeals::Fixed {
@@ -615,6 +665,41 @@ impl Population {
 mod tests {
     use super::*;
     use crate::env::GlucoseSample;
+
+    #[test]
+    fn pendulum_gml_users_have_other_physics_than_pendulum_v1() {
+        let p = Population::new("pendulum-gml", 0).unwrap();
+        assert_eq!(p.env_id(), "Pendulum-v1");
+        assert_eq!(p.grid_settings(), Some(64));
+        match p.setting_params(16 + 8 + 3).unwrap() {
+            UserParams::Pendulum { g, m, l, cell } => {
+                assert_eq!(cell, [1, 2, 3]);
+                assert_eq!((g, m, l), (9.0, 1.1, 1.2));
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut cells = std::collections::BTreeSet::new();
+        for u in 0..400 {
+            let UserParams::Pendulum { g, m, l, cell } = p.user_params(u).unwrap() else {
+                panic!("not a pendulum");
+            };
+            assert!(g != 10.0 && m != 1.0 && l != 1.0, "{g} {m} {l}");
+            cells.insert(cell);
+        }
+        // 400 uniform draws of 64 cells miss one with probability below 1e-2.
+        assert!(cells.len() >= 60, "{}", cells.len());
+        // The physics differ: the same torque from the same state moves a heavier, longer
+        // pendulum under weaker gravity differently.
+        let step = |mut env: Box<dyn Env>| {
+            let mut obs = vec![0.0f32; 3];
+            env.reset(1, &mut obs);
+            env.step(crate::Action::Continuous(&[1.0]), &mut obs).unwrap();
+            obs
+        };
+        let a = step(p.setting_env(0).unwrap());
+        let b = step(crate::make("Pendulum-v1").unwrap());
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn settings_follow_the_grid_order() {

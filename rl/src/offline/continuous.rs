@@ -80,7 +80,8 @@ impl ContinuousEpisode {
 /// What a dataset file says about itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ContinuousMeta {
-    /// The fedrl-sim environment id the episodes were recorded in.
+    /// The fedrl-sim environment id the episodes were recorded in, or the population whose
+    /// users' environments they were recorded in (`pendulum-gml`).
     pub env_id: String,
     pub obs_dim: usize,
     pub act_dim: usize,
@@ -655,7 +656,9 @@ pub struct SacCheckpoints {
 }
 
 impl SacCheckpoints {
-    /// Runs SAC on `env_id` (the simulator: nobody's data) for `steps` environment steps.
+    /// Runs SAC on `env_id` (the simulator: nobody's data) for `steps` environment steps. A
+    /// population name (`pendulum-gml`) learns in its user [`BEHAVIOUR_USER`]'s environment
+    /// ([`user_env`]).
     pub fn learn(
         env_id: &str,
         steps: u64,
@@ -665,7 +668,7 @@ impl SacCheckpoints {
         progress: &mut dyn FnMut(ContinuousProgress),
     ) -> Result<Self> {
         use crate::sac::{OnlineOptions, SacConfig, train_online};
-        let mut env = fedrl_sim::make(env_id)?;
+        let mut env = user_env(env_id, seed, BEHAVIOUR_USER)?;
         let fedrl_sim::Space::Box { low, high } = env.action_space().clone() else {
             return Err(invalid(format!("{env_id}: actions are not a box")));
         };
@@ -742,6 +745,17 @@ impl BehaviourPolicy for SacCheckpoints {
 /// Episodes recorded per batch (one policy forward per step for all of them).
 const RECORD_BATCH: usize = 256;
 
+/// The population user whose environment a behaviour learns in: far above any unit id, so the
+/// learning run is nobody's episode.
+pub const BEHAVIOUR_USER: u64 = 1 << 62;
+
+/// The environment of unit `unit` of `env_id` generated with `seed`: an environment id gives
+/// every unit the same default environment; a population name (`fedrl sim populations`, e.g.
+/// `pendulum-gml`) gives each unit its own user's physics (population seed `seed`).
+pub fn user_env(env_id: &str, seed: u64, unit: u64) -> Result<Box<dyn fedrl_sim::Env>> {
+    Ok(fedrl_sim::population::Population::new(env_id, seed)?.user_env(unit)?)
+}
+
 /// A 64-bit mix of several words (SplitMix64's finaliser, chained).
 fn mix(words: &[u64]) -> u64 {
     let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -754,7 +768,8 @@ fn mix(words: &[u64]) -> u64 {
     h
 }
 
-/// Records `units` episodes of `env_id` (ids `0..units`), unit `u` playing one episode with actor `u % count`,
+/// Records `units` episodes of `env_id` (ids `0..units`; a population name gives unit `u` its
+/// user `u`'s environment, [`user_env`]), unit `u` playing one episode with actor `u % count`,
 /// reset with seed `mix(seed, u)` and exploring with a generator seeded by `mix(seed, u, 1)`:
 /// the same dataset whatever the batching. Episodes end when the environment terminates or
 /// truncates them.
@@ -766,7 +781,7 @@ pub fn record(
     procedure: serde_json::Value,
     progress: &mut dyn FnMut(ContinuousProgress),
 ) -> Result<ContinuousDataset> {
-    let probe = fedrl_sim::make(env_id)?;
+    let probe = user_env(env_id, seed, BEHAVIOUR_USER)?;
     let (obs_dim, act_dim) = match (probe.observation_space(), probe.action_space()) {
         (fedrl_sim::Space::Box { low: o, .. }, fedrl_sim::Space::Box { low: a, .. }) => {
             (o.len(), a.len())
@@ -827,7 +842,7 @@ fn record_batch(
     let mut rngs = Vec::with_capacity(n);
     let mut obs = vec![0.0f32; obs_dim];
     for &u in units {
-        let mut env = fedrl_sim::make(env_id)?;
+        let mut env = user_env(env_id, seed, u)?;
         env.reset(mix(&[seed, u]), &mut obs);
         envs.push(env);
         rngs.push(Xoshiro256PlusPlus::seed_from_u64(mix(&[seed, u, 1])));
@@ -886,7 +901,7 @@ pub fn generate(
         serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
     let mut policy: Box<dyn BehaviourPolicy> = match &spec.behaviour {
         ContinuousBehaviour::Random => {
-            let env = fedrl_sim::make(&spec.env)?;
+            let env = user_env(&spec.env, spec.seed, BEHAVIOUR_USER)?;
             let fedrl_sim::Space::Box { low, high } = env.action_space() else {
                 return Err(invalid(format!("{}: actions are not a box", spec.env)));
             };

@@ -942,7 +942,13 @@ fn prepare_privorl(
 ) -> anyhow::Result<()> {
     let root = fedrl_rl::offline::data_root(None)?;
     let mut specs = vec![("public", &t.public)];
+    if let Some(c) = &t.continuous {
+        prepare_privorl_continuous(c, &root)?;
+        specs.clear();
+    }
     match &t.dataset {
+        // Continuous data: prepared above (the discrete fields are unset).
+        _ if t.continuous.is_some() => {}
         fedrl_common::offline::DatasetSource::Generated(d) => specs.insert(0, ("sensitive", d)),
         // A stored sensitive dataset: found, its SHA-256 sums checked, nothing generated (its
         // transition count is checked against task.transitions where the units are split).
@@ -1013,6 +1019,30 @@ fn prepare_privorl(
     Ok(())
 }
 
+/// PrivORL on continuous control: both continuous-format datasets generated or found in the
+/// cache (checked against their recorded digests).
+fn prepare_privorl_continuous(
+    c: &fedrl_common::task::privorl::PrivorlContinuous,
+    root: &std::path::Path,
+) -> anyhow::Result<()> {
+    for (what, spec) in [("sensitive", &c.dataset), ("public", &c.public)] {
+        let t0 = std::time::Instant::now();
+        let bar = crate::cmd::data::generation_bar()?;
+        let h = fedrl_rl::offline::continuous::prepare(spec, root, &mut |p| {
+            crate::cmd::data::show_continuous_generation(&bar, &p)
+        })
+        .with_context(|| format!("preparing the {what} dataset under {}", root.display()))?;
+        bar.finish_and_clear();
+        eprintln!(
+            "privorl: {what} dataset continuous/{} ({}) ready ({:.1} s)",
+            spec.file_name().trim_end_matches(".safetensors"),
+            h.meta.env_id,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 /// PrivORL's released dataset: copied from the aggregator's state into `OUT/synthetic` (a
 /// Minari root, listed by `fedrl data list --data-dir OUT/synthetic`), its metadata stamped
 /// with the run's epsilon and delta. Returns what the report says about it.
@@ -1044,6 +1074,18 @@ fn publish_synthetic(
     });
     let mut ids = Vec::new();
     for d in fedrl_rl::offline::cache::list(&to)? {
+        // A continuous-format release (one file): the privacy goes into its own metadata
+        // (`procedure.fedrl_privacy`, rewritten with its digest) and into `<file>.privacy.json`.
+        if d.id.starts_with("continuous/") {
+            let mut ds = fedrl_rl::offline::continuous::ContinuousDataset::load(&d.path)?;
+            ds.meta.procedure["fedrl_privacy"] = privacy.clone();
+            ds.save(&d.path)?;
+            let mut side = d.path.clone().into_os_string();
+            side.push(".privacy.json");
+            std::fs::write(side, serde_json::to_vec_pretty(&privacy)?)?;
+            ids.push(d.id);
+            continue;
+        }
         let meta = d.path.join("data").join("metadata.json");
         let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
         v["fedrl_privacy"] = privacy.clone();
@@ -1301,7 +1343,7 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
         let f = &r["fidelity"];
         let u = &r["utility"];
         println!(
-            "PrivORL: synthetic dataset {} in {} (epsilon {}); fidelity marginal {:.3}, correlation {:.3}; CQL return {:.1} on it, {:.1} on as much held-out real data ({:.0}%)",
+            "PrivORL: synthetic dataset {} in {} (epsilon {}); fidelity marginal {:.3}, correlation {:.3}; {} return {:.1} on it, {:.1} on as much held-out real data ({:.0}%{})",
             syn["ids"][0].as_str().unwrap_or("?"),
             run.out_dir
                 .join(fedrl_tasks::privorl::SYNTHETIC_DIR)
@@ -1309,9 +1351,18 @@ fn print_summary(run: &LocalRun, r: &serde_json::Value, op: &serde_json::Value) 
             syn["privacy"]["epsilon"],
             f["marginal"].as_f64().unwrap_or(f64::NAN),
             f["correlation"].as_f64().unwrap_or(f64::NAN),
+            if u["td3bc_seeds"].is_null() && u["synthetic"]["td3bc_seeds"].is_null() {
+                "CQL"
+            } else {
+                "TD3+BC"
+            },
             u["synthetic"]["return"].as_f64().unwrap_or(f64::NAN),
             u["real_reference"]["return"].as_f64().unwrap_or(f64::NAN),
             u["percent_of_real"].as_f64().unwrap_or(f64::NAN),
+            match u["random_return"].as_f64() {
+                Some(r) => format!(", normalised by random actions' {r:.1}"),
+                None => String::new(),
+            },
         );
     }
     if let Some(e) = r["final_evaluation"]["final_eval_error"].as_str() {

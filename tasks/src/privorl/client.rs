@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context;
 use fedrl_common::offline::UpdateMode;
 use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
 use fedrl_common::task::privorl::PrivorlTask;
@@ -14,7 +13,7 @@ use fedrl_rl::candle_core::Device;
 use fedrl_rl::offline::TransitionBatch;
 use fedrl_rl::offline::dpsgd::{encode_rows, without_non_finite_units};
 
-use super::{PrivorlCentral, split_sensitive};
+use super::{PrivorlCentral, load_sensitive};
 use crate::central::CentralGradients;
 use crate::client::{CentralData, LocalTrainer, UnitUpload};
 
@@ -33,10 +32,7 @@ impl PrivorlTrainer {
     /// every hosted unit must exist.
     pub fn new(task: &PrivorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(None)?;
-        let (dataset, _) =
-            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)
-                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
-        let (all, _) = split_sensitive(task, &dataset)?;
+        let (all, _) = load_sensitive(task, &root)?;
         let mut units = BTreeMap::new();
         for r in hosted {
             for u in r.start..r.end {

@@ -3,7 +3,8 @@
 //! fine-tuned by DP-SGD where each transition of the sensitive dataset is a privacy unit: the
 //! units' clipped EDM-loss gradients ([`client`] in the federated mode, [`PrivorlCentral`] in
 //! the central one), the AdamW/EMA server model, the sampling of the released dataset and its
-//! evaluation ([`server`]).
+//! evaluation ([`server`]). Continuous-action data (`[task.continuous]`) go through the same
+//! code, with their transitions packed for it and TD3+BC downstream ([`continuous`]).
 //!
 //! Invariants: the normaliser is fitted on the public data only and the Fourier frequencies
 //! come from `model_seed`, so the client agents, the central computation and the server model
@@ -18,6 +19,7 @@
 pub use fedrl_common::task::privorl as spec;
 
 pub mod client;
+pub mod continuous;
 pub mod server;
 pub mod trajectory;
 
@@ -114,9 +116,11 @@ impl TaskKind for Privorl {
 /// The shapes a [`PrivorlTask`] builds for its environment.
 pub trait PrivorlTaskExt {
     /// The observation size and action count of the dataset's environment (box observations,
-    /// discrete actions), with the downstream CQL's hidden widths.
+    /// discrete actions), with the downstream CQL's hidden widths: the shape of a unit's
+    /// transition on the data plane. Continuous actions: the packed shape (observations of
+    /// `obs_dim + act_dim` values, one action; [`continuous::pack`]).
     fn row_spec(&self) -> Result<QNetSpec, TaskError>;
-    /// `[s, one-hot a, r, s', done]`.
+    /// `[s, one-hot a, r, s', done]` (continuous actions: `[s, a, r, s', done]`).
     fn layout(&self) -> Result<TransitionLayout, TaskError>;
     /// The denoiser for that layout.
     fn denoiser_spec(&self) -> Result<DenoiserSpec, TaskError>;
@@ -129,6 +133,14 @@ pub trait PrivorlTaskExt {
 
 impl PrivorlTaskExt for PrivorlTask {
     fn row_spec(&self) -> Result<QNetSpec, TaskError> {
+        if let Some(c) = &self.continuous {
+            let env = continuous::env_of(c)?;
+            return Ok(QNetSpec {
+                obs_dim: env.obs_dim + env.act_dim,
+                hidden: self.utility.cql.hidden.clone(),
+                n_actions: 1,
+            });
+        }
         let resolved = match &self.dataset {
             fedrl_common::offline::DatasetSource::Stored(s) => {
                 crate::stored::resolve_if_present(s)?
@@ -171,6 +183,9 @@ impl PrivorlTaskExt for PrivorlTask {
     }
 
     fn layout(&self) -> Result<TransitionLayout, TaskError> {
+        if let Some(c) = &self.continuous {
+            return Ok(continuous::layout(&continuous::env_of(c)?));
+        }
         let q = self.row_spec()?;
         Ok(TransitionLayout {
             obs_dim: q.obs_dim,
@@ -222,6 +237,42 @@ impl PrivorlTaskExt for PrivorlTask {
     }
 }
 
+/// `b`'s transitions as the synthesizer encodes them: discrete ones as they are, continuous ones
+/// unpacked ([`continuous::unpack`]).
+pub fn batch_transitions(
+    layout: &TransitionLayout,
+    b: &TransitionBatch,
+) -> fedrl_rl::Result<Transitions> {
+    match layout.action {
+        ActionCoding::Discrete { .. } => Ok(Transitions::from(b)),
+        ActionCoding::Continuous { .. } => continuous::unpack(b, layout.obs_dim),
+    }
+}
+
+/// The environment the utility is evaluated in (and the release is named after).
+pub fn eval_env(task: &PrivorlTask) -> Result<String, TaskError> {
+    match &task.continuous {
+        Some(c) => Ok(c.dataset.env.clone()),
+        None => Ok(crate::stored::source_env(&task.dataset)?.0),
+    }
+}
+
+/// The sensitive dataset's units and held-out transitions ([`split_sensitive`], or
+/// [`continuous::load_sensitive`] packed), loaded from the cache under `root` (generated there
+/// when missing).
+pub fn load_sensitive(
+    task: &PrivorlTask,
+    root: &Path,
+) -> anyhow::Result<(TransitionBatch, TransitionBatch)> {
+    if let Some(c) = &task.continuous {
+        return continuous::load_sensitive(task, c, root);
+    }
+    let (dataset, _) =
+        fedrl_rl::offline::load_source_units(&task.dataset, root, &mut |_| {}, &|_| true)
+            .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+    split_sensitive(task, &dataset)
+}
+
 /// A dataset's transitions in episode order (episodes sorted by id).
 pub fn transitions_in_order(d: &Dataset) -> TransitionBatch {
     let mut eps: Vec<&fedrl_rl::offline::Episode> = d.episodes.iter().collect();
@@ -236,6 +287,9 @@ pub fn transitions_in_order(d: &Dataset) -> TransitionBatch {
 /// The public rows (encoded, not normalised) of the task's public dataset, loaded from the
 /// cache under `root` (generated there first if missing), at most `public_transitions`.
 pub fn public_rows(task: &PrivorlTask, root: &Path) -> anyhow::Result<PublicRows> {
+    if let Some(c) = &task.continuous {
+        return continuous::public_rows(task, c, root);
+    }
     let layout = task.layout()?;
     let (d, _) =
         fedrl_rl::offline::load_or_generate_units(&task.public, root, &mut |_| {}, &|_| true)
@@ -305,7 +359,7 @@ pub fn split_sensitive(
 /// everything pre-training reads (public data, network, pre-training settings, seed), so twins
 /// that differ only in their fine-tuning share it. Public data only: no unit is involved.
 pub fn pretrained_path(task: &PrivorlTask, root: &Path) -> anyhow::Result<PathBuf> {
-    let key = serde_json::json!({
+    let mut key = serde_json::json!({
         "public": task.public,
         "public_transitions": task.public_transitions,
         "layout": task.layout()?,
@@ -314,6 +368,10 @@ pub fn pretrained_path(task: &PrivorlTask, root: &Path) -> anyhow::Result<PathBu
         "model_seed": task.model_seed,
         "version": 1,
     });
+    // Only when set, so the discrete tasks' keys (and caches) stay as they were.
+    if let Some(c) = &task.continuous {
+        key["continuous_public"] = serde_json::to_value(&c.public)?;
+    }
     let text = serde_json::to_string(&key)?;
     let digest = fnv1a(text.as_bytes());
     Ok(root
@@ -418,7 +476,7 @@ impl PrivorlCentral {
                 if b.is_empty() {
                     return Ok(Vec::new());
                 }
-                let mut r = self.layout.encode(&Transitions::from(*b))?;
+                let mut r = self.layout.encode(&batch_transitions(&self.layout, b)?)?;
                 self.normalizer.normalize(&mut r);
                 Ok(r)
             })

@@ -1,7 +1,8 @@
 //! PrivORL-n, server side: the synthesizer (pre-trained on public data before the first
 //! round), one AdamW step per released noisy mean gradient with the EMA updated after it, and,
 //! when the rounds are over, the sampling of the synthetic dataset from the EMA weights, its
-//! evaluation and its export in Minari's layout.
+//! evaluation and its export in Minari's layout (continuous actions: in the project's
+//! continuous format, evaluated with TD3+BC; [`super::continuous`]).
 //!
 //! Everything here is post-processing of released gradients and public data, except the
 //! evaluation's real data: the held-out transitions of the sensitive dataset's episodes after
@@ -19,7 +20,7 @@ use fedrl_common::task::privorl::PrivorlTask;
 use fedrl_rl::audit::{AttackConfig, MembershipReport, denoising_loss_scores};
 use fedrl_rl::candle_core::{Device, Tensor};
 use fedrl_rl::diffusion::edm::{normal_tensor, per_example_loss};
-use fedrl_rl::diffusion::{Actions, DiffusionModel, TransitionSynthesizer, Transitions};
+use fedrl_rl::diffusion::{Actions, DiffusionModel, TransitionSynthesizer};
 use fedrl_rl::offline::dataset::{Dataset, Episode};
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_rl::offline::train::{evaluate_greedy_for, train_cql};
@@ -27,7 +28,7 @@ use fedrl_rl::offline::{TransitionBatch, minari};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
-use super::{PrivorlTaskExt, pretrained, split_sensitive};
+use super::{PrivorlTaskExt, batch_transitions, continuous, eval_env, load_sensitive, pretrained};
 use crate::server::{ModelError, ModelState, ServerModel};
 
 /// Folder of the released synthetic dataset in the output directory (a Minari root: the
@@ -61,7 +62,7 @@ pub struct PrivorlModel {
     /// fine-tuning phase's wall clock runs from here to the start of the final evaluation.
     ready_at: Instant,
     /// The sampled synthetic dataset, once the run is over.
-    released: Option<Dataset>,
+    released: Option<Released>,
     /// The membership audit's normalised rows: units' transitions (members) and held-out ones
     /// (non-members); empty when the audit is off. Operator-only.
     audit_rows: (Vec<f32>, Vec<f32>),
@@ -107,10 +108,8 @@ impl PrivorlModel {
             task.model_seed ^ 0xf1ae_0000_0000_0001,
             &device,
         )?;
-        let (dataset, _) =
-            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)?;
-        let (units, holdout) = split_sensitive(task, &dataset)?;
-        drop(dataset);
+        let (units, holdout) = load_sensitive(task, &root)?;
+        let layout = *synth.layout();
         if holdout.is_empty() {
             anyhow::bail!(
                 "the sensitive dataset has no episode after the units' transitions: raise task.dataset.units for held-out data"
@@ -122,20 +121,18 @@ impl PrivorlModel {
             .min(units.len())
             .min(holdout.len());
         let mut pick = Xoshiro256PlusPlus::seed_from_u64(task.model_seed ^ 0x6d69_615f_726f_7773);
-        let members = synth.encode(&Transitions::from(&units.select(&sample_rows(
-            units.len(),
-            k,
-            &mut pick,
-        ))))?;
-        let non_members = synth.encode(&Transitions::from(&holdout.select(&sample_rows(
-            holdout.len(),
-            k,
-            &mut pick,
-        ))))?;
+        let members = synth.encode(&batch_transitions(
+            &layout,
+            &units.select(&sample_rows(units.len(), k, &mut pick)),
+        )?)?;
+        let non_members = synth.encode(&batch_transitions(
+            &layout,
+            &holdout.select(&sample_rows(holdout.len(), k, &mut pick)),
+        )?)?;
         drop(units);
         let n = holdout.len().min(CURVE_ROWS);
         let rows: Vec<usize> = (0..n).collect();
-        let x = synth.encode(&Transitions::from(&holdout.select(&rows)))?;
+        let x = synth.encode(&batch_transitions(&layout, &holdout.select(&rows))?)?;
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(task.model_seed ^ 0xc0ffee);
         let edm = task.synth_config().edm;
         let sigmas: Vec<f64> = (0..n).map(|_| edm.draw_sigma(&mut rng)).collect();
@@ -191,28 +188,50 @@ impl PrivorlModel {
     }
 
     /// Samples the synthetic dataset (one-step episodes: the transitions are independent).
-    fn sample(&mut self) -> anyhow::Result<(Dataset, TransitionBatch)> {
+    fn sample(&mut self) -> anyhow::Result<(Released, TransitionBatch)> {
         let n = self.task.synthetic() as usize;
         let t0 = Instant::now();
         let obs_dim = self.synth.layout().obs_dim;
-        let mut batch = TransitionBatch::new(obs_dim);
+        let cont = match &self.task.continuous {
+            Some(c) => Some(continuous::env_of(c)?),
+            None => None,
+        };
+        let mut batch =
+            TransitionBatch::new(obs_dim + cont.as_ref().map_or(0, |e: &continuous::ContinuousEnv| e.act_dim));
         let mut done = 0;
         while done < n {
             let m = SAMPLE_CHUNK.min(n - done);
-            let t = self.synth.sample(m)?;
-            let Actions::Discrete(actions) = &t.actions else {
-                anyhow::bail!("the synthesizer decoded continuous actions");
-            };
-            batch.obs.extend_from_slice(&t.obs);
-            batch.next_obs.extend_from_slice(&t.next_obs);
-            batch.actions.extend_from_slice(actions);
-            batch.rewards.extend_from_slice(&t.rewards);
-            batch.terminals.extend_from_slice(&t.terminals);
+            let mut t = self.synth.sample(m)?;
+            match (&t.actions, &cont) {
+                (Actions::Discrete(actions), None) => {
+                    batch.obs.extend_from_slice(&t.obs);
+                    batch.next_obs.extend_from_slice(&t.next_obs);
+                    batch.actions.extend_from_slice(actions);
+                    batch.rewards.extend_from_slice(&t.rewards);
+                    batch.terminals.extend_from_slice(&t.terminals);
+                }
+                (Actions::Continuous { .. }, Some(env)) => {
+                    continuous::clip_actions(&mut t, env);
+                    batch.extend_from(&continuous::pack(&t)?);
+                }
+                _ => anyhow::bail!("the synthesizer decoded actions of another kind than the task's"),
+            }
             done += m;
             eprintln!(
                 "privorl: sampling {done}/{n} synthetic transitions ({:.0} s)",
                 t0.elapsed().as_secs_f64()
             );
+        }
+        if let Some(env) = &cont {
+            let d = continuous::release_dataset(
+                &batch,
+                env,
+                serde_json::json!({
+                    "privorl": "PrivORL-n (fedrl): DP synthetic transitions (one-step episodes) sampled from a diffusion model fine-tuned by transition-level DP-SGD",
+                    "task": self.task,
+                }),
+            )?;
+            return Ok((Released::Continuous(d), batch));
         }
         let q = self.task.row_spec()?;
         let mut episodes = Vec::with_capacity(n);
@@ -231,17 +250,21 @@ impl PrivorlModel {
             });
         }
         let d = Dataset {
-            id: synthetic_id(&crate::stored::source_env(&self.task.dataset)?.0),
-            env_id: crate::stored::source_env(&self.task.dataset)?.0,
+            id: synthetic_id(&eval_env(&self.task)?),
+            env_id: eval_env(&self.task)?,
             obs_dim,
             n_actions: q.n_actions,
             episodes,
         };
-        Ok((d, batch))
+        Ok((Released::Minari(d), batch))
     }
 
-    /// Trains the downstream CQL on `data` and evaluates it greedily.
+    /// Trains the downstream learner on `data` and evaluates it greedily: TD3+BC for continuous
+    /// actions ([`continuous::td3bc_utility`]), else discrete CQL.
     fn utility(&self, data: &TransitionBatch, what: &str) -> anyhow::Result<serde_json::Value> {
+        if let Some(c) = &self.task.continuous {
+            return continuous::td3bc_utility(&self.task, &continuous::env_of(c)?, data, what);
+        }
         let u = &self.task.utility;
         let spec: QNetSpec = self.task.row_spec()?;
         let t0 = Instant::now();
@@ -270,7 +293,7 @@ impl PrivorlModel {
             let r = evaluate_greedy_for(
                 &spec,
                 &params,
-                &crate::stored::source_env(&self.task.dataset)?.0,
+                &eval_env(&self.task)?,
                 u.eval_episodes,
                 u.eval_seed,
                 u.eval_max_steps,
@@ -304,8 +327,8 @@ impl PrivorlModel {
         let (dataset, synthetic) = self.sample()?;
         let sampling_s = t0.elapsed().as_secs_f64();
         let layout = *self.synth.layout();
-        let real = layout.encode(&Transitions::from(&self.holdout))?;
-        let syn = layout.encode(&Transitions::from(&synthetic))?;
+        let real = layout.encode(&batch_transitions(&layout, &self.holdout)?)?;
+        let syn = layout.encode(&batch_transitions(&layout, &synthetic)?)?;
         let f = fedrl_rl::fidelity::fidelity(&real, &syn, layout.dim())?;
         let t1 = Instant::now();
         let on_syn = self.utility(&synthetic, "synthetic")?;
@@ -316,14 +339,30 @@ impl PrivorlModel {
         };
         let downstream_s = t1.elapsed().as_secs_f64();
         let syn_return = on_syn["return"].as_f64().unwrap_or(f64::NAN);
+        // Continuous control's returns may be negative (Pendulum's are): the share is
+        // normalised by uniformly random actions' return on the same episodes, as D4RL's
+        // scores are; CartPole's stays the plain ratio of returns.
+        let random = match &self.task.continuous {
+            Some(c) => Some(continuous::random_return(
+                &self.task,
+                &continuous::env_of(c)?,
+            )?),
+            None => None,
+        };
+        let zero = random.unwrap_or(0.0);
         let percent = reference
             .as_ref()
             .and_then(|r| r["return"].as_f64())
-            .map(|r| 100.0 * syn_return / r);
-        let id = dataset.id.clone();
+            .map(|r| 100.0 * (syn_return - zero) / (r - zero));
+        let id = dataset.id();
         self.released = Some(dataset);
+        let learner = if self.task.is_continuous() {
+            "TD3+BC"
+        } else {
+            "CQL"
+        };
         eprintln!(
-            "privorl: fidelity marginal {:.3}, correlation {}; CQL on synthetic data returns {syn_return:.1}{}",
+            "privorl: fidelity marginal {:.3}, correlation {}; {learner} on synthetic data returns {syn_return:.1}{}",
             f.marginal,
             f.correlation.map_or("n/a".into(), |c| format!("{c:.3}")),
             percent.map_or(String::new(), |p| format!(
@@ -342,15 +381,26 @@ impl PrivorlModel {
                 "against": "held-out real transitions (episodes after the units'; no unit's data): an evaluation beside the DP release, not covered by its epsilon",
             },
             "utility": {
-                "learner": "discrete CQL on the synthetic data only, greedy evaluation",
+                "learner": if self.task.is_continuous() {
+                    "TD3+BC (alpha from task.utility.td3bc) on the synthetic data only, deterministic evaluation"
+                } else {
+                    "discrete CQL on the synthetic data only, greedy evaluation"
+                },
                 "synthetic": on_syn,
                 "real_reference": reference,
                 "real_reference_data": "as many held-out real transitions as units (no unit's data; not covered by epsilon)",
                 "percent_of_real": percent,
+                "random_return": random,
+                "percent_of_real_is": if random.is_some() {
+                    "100 (synthetic - random) / (real - random): returns normalised by uniformly random actions' on the same episodes"
+                } else {
+                    "100 synthetic / real"
+                },
             },
             "synthetic_dataset": {
                 "id": id,
                 "folder": SYNTHETIC_DIR,
+                "format": if self.task.is_continuous() { "continuous" } else { "minari" },
                 "transitions": synthetic.len(),
             },
             "pretrain": self.pretrain,
@@ -383,6 +433,27 @@ fn finetune_config(task: &PrivorlTask) -> fedrl_rl::diffusion::SynthesizerConfig
         cfg.train.lr = lr;
     }
     cfg
+}
+
+/// The released synthetic dataset, in the format of its action space.
+enum Released {
+    /// Discrete actions: Minari's layout.
+    Minari(Dataset),
+    /// Continuous actions: the project's continuous format.
+    Continuous(fedrl_rl::offline::continuous::ContinuousDataset),
+}
+
+impl Released {
+    /// The id `fedrl data list --data-dir OUT/synthetic` shows.
+    fn id(&self) -> String {
+        match self {
+            Released::Minari(d) => d.id.clone(),
+            Released::Continuous(d) => format!(
+                "continuous/{}",
+                fedrl_rl::offline::continuous::imported_name(&synthetic_id(&d.meta.env_id))
+            ),
+        }
+    }
 }
 
 /// The released dataset's Minari id for environment `env`.
@@ -561,10 +632,21 @@ impl ServerModel for PrivorlModel {
         })
     }
 
-    /// Writes the synthetic dataset into `dir/synthetic/<id>` (Minari's layout).
+    /// Writes the synthetic dataset into `dir/synthetic/<id>` (Minari's layout), or, with
+    /// continuous actions, into `dir/synthetic/continuous/<name>.safetensors` (the project's
+    /// continuous format, its SHA-256 beside it).
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
-        let Some(d) = &self.released else {
-            return Ok(());
+        let d = match &self.released {
+            None => return Ok(()),
+            Some(Released::Continuous(d)) => {
+                let id = self.released.as_ref().map(Released::id).unwrap_or_default();
+                let name = id.trim_start_matches("continuous/");
+                let folder = dir.join(SYNTHETIC_DIR).join("continuous");
+                std::fs::create_dir_all(&folder)?;
+                d.save(&folder.join(format!("{name}.safetensors")))?;
+                return Ok(());
+            }
+            Some(Released::Minari(d)) => d,
         };
         let root = dir.join(SYNTHETIC_DIR);
         let target = minari::dataset_dir(&root, &d.id)?;

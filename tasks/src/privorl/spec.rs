@@ -17,6 +17,11 @@
 //! (3) the EMA weights are sampled into the synthetic dataset, which is released with the
 //! run's epsilon and delta; (4) it is evaluated: fidelity against held-out real transitions
 //! and the utility of discrete CQL trained on it alone.
+//!
+//! Continuous control (`[task.continuous]`): the sensitive and public datasets are Box-action
+//! datasets of the project's continuous format (the generation specs PriMORL's scenarios use),
+//! actions are coded as their values, the release is written in that format, and the downstream
+//! learner is TD3+BC (`[task.utility.td3bc]`) instead of discrete CQL.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +56,10 @@ pub struct PrivorlTask {
     /// At most this many public transitions are used (0: all). Default 0.
     #[serde(default)]
     pub public_transitions: u64,
+    /// Continuous-action (Box) data instead of `dataset` and `public` (which must then be left
+    /// unset): both datasets are generation specs of the project's continuous format.
+    #[serde(default)]
+    pub continuous: Option<PrivorlContinuous>,
     /// `federated` or `central` (default; DESIGN §2.5).
     #[serde(default = "d_central")]
     pub mode: crate::offline::UpdateMode,
@@ -193,6 +202,23 @@ impl Default for PrivorlTransformer {
     }
 }
 
+/// PrivORL-n on continuous control: the sensitive and the public dataset as continuous-format
+/// generation specs (`fedrl_rl::offline::continuous`; the same specs as PriMORL's
+/// `[task.dataset]`, so a dataset generated for one is reused by the other from the cache).
+/// The sensitive dataset's episodes, in unit order, give the units and the held-out data as
+/// `dataset` does; all episodes of the public one (its public split included) are public data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrivorlContinuous {
+    /// The sensitive dataset (an environment id with Box actions: the utility is evaluated in
+    /// it).
+    pub dataset: crate::task::primorl::ContinuousDatasetSpec,
+    /// The public dataset of the same domain: an environment id or a population of the same
+    /// observation and action shapes (`pendulum-gml`: Pendulum with other gravity, mass and
+    /// length).
+    pub public: crate::task::primorl::ContinuousDatasetSpec,
+}
+
 /// Seed 003 section IX-D's membership-inference audit of the fine-tuned synthesizer
 /// (`fedrl_rl::audit::membership`): the white-box denoising-loss attack on the EMA weights (the
 /// released samples' model), `rows` fine-tuning units' transitions (members) against as many
@@ -283,15 +309,19 @@ impl Default for PrivorlPretrain {
     }
 }
 
-/// Discrete CQL trained on the synthetic data alone (and, as the reference, on the held-out
-/// real data), evaluated greedily in the simulator.
+/// The downstream learner trained on the synthetic data alone (and, as the reference, on the
+/// held-out real data), evaluated greedily in the simulator: discrete CQL for discrete actions,
+/// TD3+BC (`td3bc`) for continuous ones.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrivorlUtility {
     pub cql: crate::offline::CqlConfig,
+    /// The continuous-action learner (read only with `[task.continuous]`).
+    pub td3bc: PrivorlTd3bc,
     /// CQL gradient steps. Default 3000.
     pub steps: u64,
-    /// Independent CQL trainings (model seeds `cql.model_seed + i`) per dataset, each evaluated
+    /// Independent CQL (or TD3+BC) trainings (model seeds `cql.model_seed + i`, or
+    /// `td3bc.model_seed + i`) per dataset, each evaluated
     /// on the same episodes; the utility is their mean return. One training's greedy return
     /// varies by 10-20 points between seeds here, which drowned the differences between
     /// settings. Default 3.
@@ -306,6 +336,36 @@ pub struct PrivorlUtility {
     pub reference: bool,
 }
 
+/// TD3+BC (Fujimoto and Gu 2021; `fedrl_rl::offline::td3bc`): the paper's settings (alpha
+/// 2.5, normalised states, policy delay 2, target smoothing, Adam 3e-4, gamma 0.99) with the
+/// size of the run from the scenario.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivorlTd3bc {
+    /// Critic updates per training (the actor moves every second one). Default 5000.
+    pub steps: u64,
+    /// Transitions per update, drawn uniformly with replacement. Default 256.
+    pub batch: usize,
+    /// Hidden widths of the actor and of each critic. Default [256, 256] (the paper's).
+    pub hidden: Vec<usize>,
+    /// The BC trade-off alpha. Default 2.5 (the paper's).
+    pub alpha: f64,
+    /// Seed of the first training's weights, batches and smoothing noise. Default 0.
+    pub model_seed: u64,
+}
+
+impl Default for PrivorlTd3bc {
+    fn default() -> Self {
+        PrivorlTd3bc {
+            steps: 5000,
+            batch: 256,
+            hidden: vec![256, 256],
+            alpha: 2.5,
+            model_seed: 0,
+        }
+    }
+}
+
 impl Default for PrivorlUtility {
     fn default() -> Self {
         PrivorlUtility {
@@ -316,6 +376,7 @@ impl Default for PrivorlUtility {
                 batch_size: 256,
                 ..Default::default()
             },
+            td3bc: PrivorlTd3bc::default(),
             steps: 3000,
             seeds: 3,
             eval_episodes: 20,
@@ -351,6 +412,9 @@ impl TaskSpec for PrivorlTask {
         self.check_level()?;
         if self.transitions == 0 {
             return bad("task.transitions must be >= 1".into());
+        }
+        if let Some(c) = &self.continuous {
+            self.check_continuous(c)?;
         }
         let mut specs = vec![("task.public", &self.public)];
         match &self.dataset {
@@ -500,6 +564,42 @@ impl PrivorlTask {
         Ok(())
     }
 
+    /// The checks of `[task.continuous]` and of the learner it uses.
+    fn check_continuous(&self, c: &PrivorlContinuous) -> Result<(), TaskError> {
+        let bad = |m: String| Err(TaskError::Invalid(m));
+        // The discrete fields would be silently ignored: refuse them instead.
+        if self.dataset != crate::offline::DatasetSource::default() || self.public != d_public() {
+            return bad(
+                "task.continuous names the sensitive and public datasets: leave task.dataset and task.public unset"
+                    .into(),
+            );
+        }
+        c.dataset
+            .validate()
+            .map_err(|e| TaskError::Invalid(e.replace("task.dataset", "task.continuous.dataset")))?;
+        c.public
+            .validate()
+            .map_err(|e| TaskError::Invalid(e.replace("task.dataset", "task.continuous.public")))?;
+        if c.public == c.dataset {
+            return bad(
+                "task.continuous.public is the sensitive dataset itself: pre-training must use other, public data"
+                    .into(),
+            );
+        }
+        let t = &self.utility.td3bc;
+        if t.steps == 0
+            || t.batch == 0
+            || t.hidden.is_empty()
+            || t.hidden.contains(&0)
+            || !(t.alpha.is_finite() && t.alpha >= 0.0)
+        {
+            return bad(format!(
+                "task.utility.td3bc: steps, batch and hidden widths must be >= 1, alpha >= 0; got {t:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// Privacy units: transitions, or trajectories at `level = "trajectory"`.
     pub fn units(&self) -> u64 {
         match self.level {
@@ -524,6 +624,11 @@ impl PrivorlTask {
         } else {
             self.trajectory.synthetic
         }
+    }
+
+    /// Whether the data are continuous-action (`[task.continuous]`).
+    pub fn is_continuous(&self) -> bool {
+        self.continuous.is_some()
     }
 
     /// Held-out real transitions used.

@@ -58,7 +58,9 @@ use fedrl_rl::diffusion::{
     Actions, Normalizer, PublicRows, Rnd, TransitionLayout, Transitions, Weights,
     replace_with_most_novel,
 };
+use fedrl_rl::offline::continuous::{ContinuousDataset, ContinuousEpisode, ContinuousMeta};
 use fedrl_rl::offline::dataset::{Dataset, Episode};
+use fedrl_rl::offline::td3bc::transitions_from_episodes;
 use fedrl_rl::offline::dpsgd::{encode_rows, without_non_finite_units};
 use fedrl_rl::offline::per_example::SummedGradient;
 use fedrl_rl::offline::qnet::QNetSpec;
@@ -70,7 +72,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::SliceRandom;
 
 use super::server::{SYNTHETIC_DIR, synthetic_id};
-use super::{PrivorlTaskExt, transitions_in_order};
+use super::{PrivorlTaskExt, batch_transitions, continuous, eval_env, transitions_in_order};
 use crate::central::CentralGradients;
 use crate::client::{CentralData, LocalTrainer, UnitUpload};
 use crate::registry::model_error;
@@ -131,11 +133,17 @@ pub fn dim(task: &PrivorlTask) -> Result<usize, TaskError> {
 
 /// The registered step limit of the sensitive dataset's environment, if any.
 fn env_step_limit(task: &PrivorlTask) -> Result<Option<u64>, TaskError> {
-    let (env_id, seed) = crate::stored::source_env(&task.dataset)?;
-    let env = Population::new(&env_id, seed)
-        .and_then(|p| p.user_env(0))
-        .map_err(|e| model_error("task.dataset.env", e))?;
-    let id = env.id();
+    let id = match &task.continuous {
+        Some(c) => continuous::env_of(c)?.env_id,
+        None => {
+            let (env_id, seed) = crate::stored::source_env(&task.dataset)?;
+            Population::new(&env_id, seed)
+                .and_then(|p| p.user_env(0))
+                .map_err(|e| model_error("task.dataset.env", e))?
+                .id()
+                .to_string()
+        }
+    };
     Ok(fedrl_sim::list()
         .into_iter()
         .find(|e| e.id == id)
@@ -146,6 +154,10 @@ fn env_step_limit(task: &PrivorlTask) -> Result<Option<u64>, TaskError> {
 /// step limit (a generated dataset), or the stored dataset's recorded step count. A public
 /// bound from the dataset's shape.
 pub fn max_unit_rows(task: &PrivorlTask) -> Result<u64, TaskError> {
+    if task.continuous.is_some() {
+        // One episode per unit in the continuous format.
+        return Ok(env_step_limit(task)?.unwrap_or(FALLBACK_EPISODE_STEPS));
+    }
     match &task.dataset {
         DatasetSource::Stored(s) => Ok(crate::stored::resolve(s)?.header.total_steps),
         DatasetSource::Generated(d) => Ok(d
@@ -200,6 +212,49 @@ pub fn split_trajectories(
     Ok((units, held))
 }
 
+/// The sensitive dataset's unit and held-out trajectories ([`split_trajectories`]), loaded from
+/// the cache under `root` (generated there when missing). Continuous data: the episodes in unit
+/// order, each packed ([`continuous::pack`]).
+pub fn load_trajectories(
+    task: &PrivorlTask,
+    root: &Path,
+) -> anyhow::Result<(Vec<TransitionBatch>, Vec<TransitionBatch>)> {
+    let Some(c) = &task.continuous else {
+        let (dataset, _) =
+            fedrl_rl::offline::load_source_units(&task.dataset, root, &mut |_| {}, &|_| true)
+                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+        return split_trajectories(task, &dataset);
+    };
+    let env = continuous::env_of(c)?;
+    let d = fedrl_rl::offline::continuous::load_or_generate_units(
+        &c.dataset,
+        root,
+        &mut |_| {},
+        &|_| true,
+    )
+    .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
+    let mut eps: Vec<&ContinuousEpisode> = d.episodes.iter().filter(|e| !e.is_empty()).collect();
+    eps.sort_by_key(|e| e.unit);
+    let n = task.trajectory.units as usize;
+    if eps.len() < n {
+        anyhow::bail!(
+            "the sensitive dataset ({}) holds {} non-empty episodes, fewer than task.trajectory.units = {n}: raise task.continuous.dataset.units",
+            d.meta.env_id,
+            eps.len()
+        );
+    }
+    let pack = |e: &&ContinuousEpisode| {
+        continuous::pack(&transitions_from_episodes(&[*e], env.obs_dim, env.act_dim))
+    };
+    let units = eps[..n].iter().map(pack).collect::<fedrl_rl::Result<_>>()?;
+    let held = eps[n..]
+        .iter()
+        .take(task.holdout_trajectories() as usize)
+        .map(pack)
+        .collect::<fedrl_rl::Result<_>>()?;
+    Ok((units, held))
+}
+
 /// The public dataset's episodes (encoded, not normalised: one row block per episode) and
 /// their transitions as the normaliser's rows; at most `public_transitions` transitions in
 /// whole episodes (0: all).
@@ -208,6 +263,40 @@ pub fn public_episodes(
     root: &Path,
 ) -> anyhow::Result<(PublicRows, Vec<Vec<f32>>)> {
     let layout = task.layout()?;
+    if let Some(c) = &task.continuous {
+        let env = continuous::env_of(c)?;
+        let d = fedrl_rl::offline::continuous::load_or_generate_units(
+            &c.public,
+            root,
+            &mut |_| {},
+            &|_| true,
+        )
+        .with_context(|| format!("loading the public dataset under {}", root.display()))?;
+        if d.meta.obs_dim != env.obs_dim || d.meta.act_dim != env.act_dim {
+            anyhow::bail!(
+                "the public dataset ({}) has {} observation and {} action values, the task's environment {} and {}",
+                d.meta.env_id,
+                d.meta.obs_dim,
+                d.meta.act_dim,
+                env.obs_dim,
+                env.act_dim
+            );
+        }
+        let mut eps: Vec<&ContinuousEpisode> =
+            d.episodes.iter().filter(|e| !e.is_empty()).collect();
+        eps.sort_by_key(|e| e.unit);
+        let (mut episodes, mut all, mut count) = (Vec::new(), Vec::new(), 0u64);
+        for e in eps {
+            if task.public_transitions > 0 && count >= task.public_transitions {
+                break;
+            }
+            let rows = layout.encode(&transitions_from_episodes(&[e], env.obs_dim, env.act_dim))?;
+            count += e.len() as u64;
+            all.extend_from_slice(&rows);
+            episodes.push(rows);
+        }
+        return Ok((PublicRows::new(layout.dim(), all)?, episodes));
+    }
     let (d, _) =
         fedrl_rl::offline::load_or_generate_units(&task.public, root, &mut |_| {}, &|_| true)
             .with_context(|| format!("loading the public dataset under {}", root.display()))?;
@@ -464,7 +553,7 @@ impl TrajectoryCentral {
 
     /// One trajectory's fragments (encoded, normalised with the public statistics).
     pub fn fragments(&self, b: &TransitionBatch) -> fedrl_rl::Result<Fragments> {
-        let mut rows = self.layout.encode(&Transitions::from(b))?;
+        let mut rows = self.layout.encode(&batch_transitions(&self.layout, b)?)?;
         self.normalizer.normalize(&mut rows);
         split_fragments(&rows, self.layout.dim(), self.cfg.horizon)
     }
@@ -550,10 +639,7 @@ impl TrajectoryTrainer {
     /// hosted unit must exist.
     pub fn new(task: &PrivorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(None)?;
-        let (dataset, _) =
-            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)
-                .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
-        let (all, _) = split_trajectories(task, &dataset)?;
+        let (all, _) = load_trajectories(task, &root)?;
         let mut units = BTreeMap::new();
         for r in hosted {
             for u in r.start..r.end {
@@ -660,7 +746,7 @@ pub struct TrajectoryModel {
     pretrain_s: f64,
     ready_at: Instant,
     max_len: usize,
-    released: Option<Dataset>,
+    released: Option<Released>,
     /// The membership audit's trajectories as fragments: units' (members) and held-out ones
     /// (non-members); empty when the audit is off. Operator-only.
     audit: (Vec<Fragments>, Vec<Fragments>),
@@ -704,10 +790,7 @@ impl TrajectoryModel {
             &start,
             None,
         )?;
-        let (dataset, _) =
-            fedrl_rl::offline::load_source_units(&task.dataset, &root, &mut |_| {}, &|_| true)?;
-        let (units, holdout) = split_trajectories(task, &dataset)?;
-        drop(dataset);
+        let (units, holdout) = load_trajectories(task, &root)?;
         if holdout.is_empty() {
             anyhow::bail!(
                 "the sensitive dataset has no episode after the units' trajectories: raise task.dataset.units for held-out data"
@@ -717,7 +800,7 @@ impl TrajectoryModel {
             .min(units.len())
             .min(holdout.len());
         let mut pick = Xoshiro256PlusPlus::seed_from_u64(task.model_seed ^ 0x6d69_615f_7472_616a);
-        let frag = |b: &TransitionBatch| synth.fragments(&Transitions::from(b));
+        let frag = |b: &TransitionBatch| synth.fragments(&batch_transitions(&layout, b)?);
         let members = sample(units.len(), k, &mut pick)
             .into_iter()
             .map(|i| frag(&units[i]))
@@ -790,60 +873,115 @@ impl TrajectoryModel {
         Ok(())
     }
 
-    /// Generates the synthetic trajectories as episodes (states `s_0, s'_0, s'_1, ...`).
-    fn sample(&mut self) -> anyhow::Result<Dataset> {
+    /// Generates the synthetic trajectories as episodes (states `s_0, s'_0, s'_1, ...`;
+    /// continuous actions clipped into the box) and the transitions read back from them (packed
+    /// for continuous actions), with each trajectory's length.
+    fn sample(&mut self) -> anyhow::Result<(Released, TransitionBatch, Vec<usize>)> {
         let n = self.task.synthetic_trajectories() as usize;
         let t0 = Instant::now();
         let obs_dim = self.synth.layout().obs_dim;
-        let mut episodes = Vec::with_capacity(n);
+        let cont = match &self.task.continuous {
+            Some(c) => Some(continuous::env_of(c)?),
+            None => None,
+        };
+        let mut generated: Vec<Transitions> = Vec::with_capacity(n);
         let mut transitions = 0usize;
-        while episodes.len() < n {
-            let m = GENERATE_CHUNK.min(n - episodes.len());
-            for t in self.synth.generate(m, self.max_len)? {
-                let Actions::Discrete(actions) = t.actions else {
-                    anyhow::bail!("the synthesizer decoded continuous actions");
-                };
-                let len = actions.len();
-                let mut observations = t.obs[..obs_dim].to_vec();
-                observations.extend_from_slice(&t.next_obs);
-                let terminations: Vec<bool> = t.terminals.iter().map(|&x| x > 0.5).collect();
-                let mut truncations = vec![false; len];
-                if let (Some(last), Some(tr)) = (terminations.last(), truncations.last_mut()) {
-                    *tr = !*last;
+        while generated.len() < n {
+            let m = GENERATE_CHUNK.min(n - generated.len());
+            for mut t in self.synth.generate(m, self.max_len)? {
+                if let Some(env) = &cont {
+                    continuous::clip_actions(&mut t, env);
                 }
-                transitions += len;
-                let id = episodes.len() as u64;
-                episodes.push(Episode {
-                    id,
-                    unit: id,
-                    observations,
-                    actions,
-                    rewards: t.rewards,
-                    terminations,
-                    truncations,
-                });
+                transitions += t.len();
+                generated.push(t);
             }
             eprintln!(
                 "privorl: generating {}/{n} synthetic trajectories, {transitions} transitions ({:.0} s)",
-                episodes.len(),
+                generated.len(),
                 t0.elapsed().as_secs_f64()
             );
         }
-        let env = crate::stored::source_env(&self.task.dataset)?.0;
-        Ok(Dataset {
-            id: synthetic_id(&env),
-            env_id: env,
+        let lens: Vec<usize> = generated.iter().map(Transitions::len).collect();
+        let env_id = eval_env(&self.task)?;
+        let states = |t: &Transitions| {
+            let mut o = t.obs[..obs_dim].to_vec();
+            o.extend_from_slice(&t.next_obs);
+            o
+        };
+        if let Some(env) = &cont {
+            let mut episodes = Vec::with_capacity(n);
+            for (i, t) in generated.into_iter().enumerate() {
+                let observations = states(&t);
+                let Actions::Continuous { values, .. } = t.actions else {
+                    anyhow::bail!("the synthesizer decoded discrete actions for a continuous task");
+                };
+                episodes.push(ContinuousEpisode {
+                    unit: i as u64,
+                    observations,
+                    actions: values,
+                    terminated: t.terminals.last().is_some_and(|&x| x > 0.5),
+                    rewards: t.rewards,
+                });
+            }
+            let ds = ContinuousDataset {
+                meta: ContinuousMeta {
+                    env_id: env.env_id.clone(),
+                    obs_dim: env.obs_dim,
+                    act_dim: env.act_dim,
+                    procedure: serde_json::json!({
+                        "privorl": "PrivORL-j (fedrl): DP synthetic trajectories generated fragment by fragment from a diffusion model fine-tuned by trajectory-level DP-SGD",
+                        "task": self.task,
+                    }),
+                },
+                episodes,
+            };
+            ds.check()?;
+            let refs: Vec<&ContinuousEpisode> = ds.episodes.iter().collect();
+            let batch =
+                continuous::pack(&transitions_from_episodes(&refs, env.obs_dim, env.act_dim))?;
+            return Ok((Released::Continuous(ds), batch, lens));
+        }
+        let mut episodes = Vec::with_capacity(n);
+        for (i, t) in generated.into_iter().enumerate() {
+            let observations = states(&t);
+            let Actions::Discrete(actions) = t.actions else {
+                anyhow::bail!("the synthesizer decoded continuous actions for a discrete task");
+            };
+            let terminations: Vec<bool> = t.terminals.iter().map(|&x| x > 0.5).collect();
+            let mut truncations = vec![false; actions.len()];
+            if let (Some(last), Some(tr)) = (terminations.last(), truncations.last_mut()) {
+                *tr = !*last;
+            }
+            episodes.push(Episode {
+                id: i as u64,
+                unit: i as u64,
+                observations,
+                actions,
+                rewards: t.rewards,
+                terminations,
+                truncations,
+            });
+        }
+        let d = Dataset {
+            id: synthetic_id(&env_id),
+            env_id,
             obs_dim,
             n_actions: self.task.row_spec()?.n_actions,
             episodes,
-        })
+        };
+        let batch = transitions_in_order(&d);
+        Ok((Released::Minari(d), batch, lens))
     }
 
-    /// Trains the downstream CQL on `data` and evaluates it greedily (as at transition level).
+    /// Trains the downstream learner on `data` and evaluates it (as at transition level:
+    /// TD3+BC on packed continuous transitions, else discrete CQL greedily).
     fn utility(&self, data: &TransitionBatch, what: &str) -> anyhow::Result<serde_json::Value> {
+        if let Some(c) = &self.task.continuous {
+            return continuous::td3bc_utility(&self.task, &continuous::env_of(c)?, data, what);
+        }
         let u = &self.task.utility;
         let spec: QNetSpec = self.task.row_spec()?;
-        let env = crate::stored::source_env(&self.task.dataset)?.0;
+        let env = eval_env(&self.task)?;
         let t0 = Instant::now();
         let every = (u.steps / 5).max(1);
         let mut per_seed = Vec::with_capacity(u.seeds as usize);
@@ -901,25 +1039,19 @@ impl TrajectoryModel {
     fn evaluate_release(&mut self) -> anyhow::Result<serde_json::Value> {
         let finetuning_s = self.ready_at.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let dataset = self.sample()?;
+        let (dataset, synthetic, lens) = self.sample()?;
         let sampling_s = t0.elapsed().as_secs_f64();
-        let synthetic = transitions_in_order(&dataset);
-        let obs_dim = dataset.obs_dim;
-        let mut real = TransitionBatch::new(obs_dim);
+        let mut real = TransitionBatch::new(synthetic.obs_dim);
         for b in &self.holdout {
-            real.obs.extend_from_slice(&b.obs);
-            real.next_obs.extend_from_slice(&b.next_obs);
-            real.actions.extend_from_slice(&b.actions);
-            real.rewards.extend_from_slice(&b.rewards);
-            real.terminals.extend_from_slice(&b.terminals);
+            real.extend_from(b);
         }
-        let lens: Vec<f64> = dataset.episodes.iter().map(|e| e.len() as f64).collect();
+        let lens: Vec<f64> = lens.iter().map(|&l| l as f64).collect();
         let real_lens: Vec<f64> = self.holdout.iter().map(|b| b.len() as f64).collect();
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         let layout = *self.synth.layout();
         let f = fedrl_rl::fidelity::fidelity(
-            &layout.encode(&Transitions::from(&real))?,
-            &layout.encode(&Transitions::from(&synthetic))?,
+            &layout.encode(&batch_transitions(&layout, &real)?)?,
+            &layout.encode(&batch_transitions(&layout, &synthetic)?)?,
             layout.dim(),
         )?;
         let t1 = Instant::now();
@@ -931,15 +1063,30 @@ impl TrajectoryModel {
         };
         let downstream_s = t1.elapsed().as_secs_f64();
         let syn_return = on_syn["return"].as_f64().unwrap_or(f64::NAN);
+        // Continuous control's returns may be negative: normalised by random actions' return
+        // on the same episodes, as at transition level.
+        let random = match &self.task.continuous {
+            Some(c) => Some(continuous::random_return(
+                &self.task,
+                &continuous::env_of(c)?,
+            )?),
+            None => None,
+        };
+        let zero = random.unwrap_or(0.0);
         let percent = reference
             .as_ref()
             .and_then(|r| r["return"].as_f64())
-            .map(|r| 100.0 * syn_return / r);
-        let id = dataset.id.clone();
-        let n_traj = dataset.episodes.len();
+            .map(|r| 100.0 * (syn_return - zero) / (r - zero));
+        let id = dataset.id();
+        let n_traj = lens.len();
         self.released = Some(dataset);
+        let learner = if self.task.is_continuous() {
+            "TD3+BC"
+        } else {
+            "CQL"
+        };
         eprintln!(
-            "privorl: fidelity marginal {:.3}, correlation {}; {n_traj} synthetic trajectories of mean length {:.1} (real {:.1}); CQL on synthetic data returns {syn_return:.1}{}",
+            "privorl: fidelity marginal {:.3}, correlation {}; {n_traj} synthetic trajectories of mean length {:.1} (real {:.1}); {learner} on synthetic data returns {syn_return:.1}{}",
             f.marginal,
             f.correlation.map_or("n/a".into(), |c| format!("{c:.3}")),
             mean(&lens),
@@ -970,15 +1117,26 @@ impl TrajectoryModel {
                 "net": self.task.synth.net,
             },
             "utility": {
-                "learner": "discrete CQL on the synthetic trajectories' transitions only, greedy evaluation",
+                "learner": if self.task.is_continuous() {
+                    "TD3+BC (alpha from task.utility.td3bc) on the synthetic trajectories' transitions only, deterministic evaluation"
+                } else {
+                    "discrete CQL on the synthetic trajectories' transitions only, greedy evaluation"
+                },
                 "synthetic": on_syn,
                 "real_reference": reference,
                 "real_reference_data": "the held-out real episodes (no unit's data; not covered by epsilon)",
                 "percent_of_real": percent,
+                "random_return": random,
+                "percent_of_real_is": if random.is_some() {
+                    "100 (synthetic - random) / (real - random): returns normalised by uniformly random actions' on the same episodes"
+                } else {
+                    "100 synthetic / real"
+                },
             },
             "synthetic_dataset": {
                 "id": id,
                 "folder": SYNTHETIC_DIR,
+                "format": if self.task.is_continuous() { "continuous" } else { "minari" },
                 "transitions": synthetic.len(),
                 "trajectories": n_traj,
             },
@@ -1179,10 +1337,23 @@ impl ServerModel for TrajectoryModel {
         })
     }
 
-    /// Writes the synthetic trajectories into `dir/synthetic/<id>` (Minari's layout).
+    /// Writes the synthetic trajectories into `dir/synthetic/<id>` (Minari's layout), or, with
+    /// continuous actions, into `dir/synthetic/continuous/<name>.safetensors` (the project's
+    /// continuous format).
     fn export(&self, dir: &Path) -> anyhow::Result<()> {
-        let Some(d) = &self.released else {
-            return Ok(());
+        let d = match &self.released {
+            None => return Ok(()),
+            Some(r @ Released::Continuous(d)) => {
+                let id = r.id();
+                let folder = dir.join(SYNTHETIC_DIR).join("continuous");
+                std::fs::create_dir_all(&folder)?;
+                d.save(&folder.join(format!(
+                    "{}.safetensors",
+                    id.trim_start_matches("continuous/")
+                )))?;
+                return Ok(());
+            }
+            Some(Released::Minari(d)) => d,
         };
         let target = minari::dataset_dir(&dir.join(SYNTHETIC_DIR), &d.id)?;
         if target.exists() {
@@ -1201,6 +1372,27 @@ impl ServerModel for TrajectoryModel {
             },
         )?;
         Ok(())
+    }
+}
+
+/// The released synthetic trajectories, in the format of their action space.
+enum Released {
+    /// Discrete actions: Minari's layout.
+    Minari(Dataset),
+    /// Continuous actions: the project's continuous format.
+    Continuous(ContinuousDataset),
+}
+
+impl Released {
+    /// The id `fedrl data list --data-dir OUT/synthetic` shows.
+    fn id(&self) -> String {
+        match self {
+            Released::Minari(d) => d.id.clone(),
+            Released::Continuous(d) => format!(
+                "continuous/{}",
+                fedrl_rl::offline::continuous::imported_name(&synthetic_id(&d.meta.env_id))
+            ),
+        }
     }
 }
 
