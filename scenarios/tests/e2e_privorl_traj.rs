@@ -103,7 +103,10 @@ fn run(dir: &Path, data: &Path, mode: &str) -> (std::path::PathBuf, serde_json::
     let fe = &r["final_evaluation"];
     assert!(fe.get("final_eval_error").is_none(), "{fe}");
     assert_eq!(fe["level"], "trajectory", "{fe}");
-    assert_eq!(fe["finetune"]["steps"], 64, "every released round is applied");
+    assert_eq!(
+        fe["finetune"]["steps"], 64,
+        "every released round is applied"
+    );
     let m = r["fidelity"]["marginal"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&m), "{m}");
     assert!(r["utility"]["synthetic"]["return"].as_f64().unwrap() > 0.0);
@@ -269,9 +272,7 @@ td3bc = { steps = 20, batch = 16, hidden = [8] }
     assert_eq!(r["synthetic_dataset"]["privacy"]["unit"], "trajectory");
     let id = r["synthetic_dataset"]["ids"][0].as_str().unwrap();
     assert!(id.starts_with("continuous/"), "{id}");
-    let path = out
-        .join("synthetic")
-        .join(format!("{id}.safetensors"));
+    let path = out.join("synthetic").join(format!("{id}.safetensors"));
     let d = fedrl_rl::offline::continuous::ContinuousDataset::load(&path).unwrap();
     assert_eq!(d.episodes.len(), 2);
     assert!(d.episodes.iter().all(|e| (1..=40).contains(&e.len())));

@@ -355,7 +355,10 @@ fn continuous_privorl_scenarios_and_their_twins() {
             assert_eq!(s.target_epsilon, eps);
             let planned = s.planned_epsilon(s.noise_multiplier).unwrap();
             assert!(planned <= eps, "{stem}{suffix}: the plan costs {planned}");
-            assert!(planned > 0.9 * eps, "{stem}{suffix}: {planned} wastes the budget");
+            assert!(
+                planned > 0.9 * eps,
+                "{stem}{suffix}: {planned} wastes the budget"
+            );
         }
         let (np, npt) = load("-nonprivate");
         assert!(np.non_private && npt == mt);

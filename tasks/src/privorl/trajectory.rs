@@ -60,10 +60,10 @@ use fedrl_rl::diffusion::{
 };
 use fedrl_rl::offline::continuous::{ContinuousDataset, ContinuousEpisode, ContinuousMeta};
 use fedrl_rl::offline::dataset::{Dataset, Episode};
-use fedrl_rl::offline::td3bc::transitions_from_episodes;
 use fedrl_rl::offline::dpsgd::{encode_rows, without_non_finite_units};
 use fedrl_rl::offline::per_example::SummedGradient;
 use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_rl::offline::td3bc::transitions_from_episodes;
 use fedrl_rl::offline::train::{evaluate_greedy_for, train_cql};
 use fedrl_rl::offline::{TransitionBatch, minari};
 use fedrl_sim::population::Population;
@@ -126,8 +126,14 @@ fn finetune_config(task: &PrivorlTask) -> TrajectoryConfig {
 pub fn dim(task: &PrivorlTask) -> Result<usize, TaskError> {
     let layout = task.layout()?;
     let cfg = trajectory_config(task);
-    let (net, _) = FragmentNet::new(&layout, cfg.horizon, &cfg.net, task.model_seed, &Device::Cpu)
-        .map_err(|e| model_error("task.synth", e))?;
+    let (net, _) = FragmentNet::new(
+        &layout,
+        cfg.horizon,
+        &cfg.net,
+        task.model_seed,
+        &Device::Cpu,
+    )
+    .map_err(|e| model_error("task.synth", e))?;
     Ok(net.num_params())
 }
 
@@ -203,7 +209,10 @@ pub fn split_trajectories(
             eps.len()
         );
     }
-    let units = eps[..n].iter().map(|e| episode_batch(e, d.obs_dim)).collect();
+    let units = eps[..n]
+        .iter()
+        .map(|e| episode_batch(e, d.obs_dim))
+        .collect();
     let held = eps[n..]
         .iter()
         .take(task.holdout_trajectories() as usize)
@@ -1524,7 +1533,10 @@ mod tests {
         assert!(diff_norm(&with.sum, &without.sum) <= clip * tol);
         assert!(diff_norm(&replaced.sum, &without.sum) <= clip * tol);
         assert!(diff_norm(&replaced.sum, &with.sum) <= 2.0 * clip * tol);
-        assert!(diff_norm(&with.sum, &without.sum) > 0.9 * clip, "clipped to C");
+        assert!(
+            diff_norm(&with.sum, &without.sum) > 0.9 * clip,
+            "clipped to C"
+        );
         // The summed path adds the per-unit vectors.
         let manual: Vec<f64> = per[0]
             .1
