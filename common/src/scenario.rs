@@ -792,7 +792,14 @@ impl Scenario {
                         .into(),
                 );
             }
-            if self.users != t.transitions {
+            if t.level == crate::task::privorl::PrivorlLevel::Trajectory {
+                if self.users != t.trajectory.units {
+                    return bad(format!(
+                        "users ({}) must equal task.trajectory.units ({}): every trajectory is a privacy unit",
+                        self.users, t.trajectory.units
+                    ));
+                }
+            } else if self.users != t.transitions {
                 return bad(format!(
                     "users ({}) must equal task.transitions ({}): every transition is a privacy unit",
                     self.users, t.transitions

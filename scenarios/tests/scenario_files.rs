@@ -404,7 +404,10 @@ fn continuous_privorl_scenarios_and_their_twins() {
             assert_eq!(s.target_epsilon, eps);
             let planned = s.planned_epsilon(s.noise_multiplier).unwrap();
             assert!(planned <= eps, "{stem}{suffix}: the plan costs {planned}");
-            assert!(planned > 0.9 * eps, "{stem}{suffix}: {planned} wastes the budget");
+            assert!(
+                planned > 0.9 * eps,
+                "{stem}{suffix}: {planned} wastes the budget"
+            );
         }
         let (np, npt) = load("-nonprivate");
         assert!(np.non_private && npt == mt);
@@ -440,4 +443,28 @@ fn continuous_privorl_scenarios_and_their_twins() {
         "task.continuous.public",
     );
     refused("hidden = [64, 64] }", "hidden = [] }", "task.utility.td3bc");
+}
+
+/// PrivORL-j (issue 56, `level = "trajectory"`): each trajectory scenario accounts trajectories
+/// (`unit_kind`, `users` = the trajectory units) and plans within epsilon 10.
+#[test]
+fn privorl_trajectory_scenarios_plan_within_epsilon_ten() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for name in ["cartpole-privorl-traj", "pendulum-privorl-traj"] {
+        let s = scenario_from_file(dir.join(format!("{name}.toml")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let Task::Privorl(t) = &s.task else {
+            panic!("{name}: not privorl")
+        };
+        assert_eq!(
+            t.level,
+            fedrl_common::task::privorl::PrivorlLevel::Trajectory,
+            "{name}"
+        );
+        assert_eq!(s.unit_kind.to_string(), "trajectory", "{name}");
+        assert_eq!(s.users, t.trajectory.units, "{name}");
+        assert!(!s.non_private, "{name}");
+        let eps = s.planned_epsilon(s.noise_multiplier).unwrap();
+        assert!(eps <= 10.0 && eps > 9.5, "{name}: the plan costs {eps}");
+    }
 }

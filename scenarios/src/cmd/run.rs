@@ -987,7 +987,12 @@ fn prepare_privorl(
         eprintln!("privorl: no pre-training (fine-tuning starts from random weights)");
         return Ok(());
     }
-    let path = fedrl_tasks::privorl::pretrained_path(t, &root)?;
+    let trajectory = t.level == fedrl_common::task::privorl::PrivorlLevel::Trajectory;
+    let path = if trajectory {
+        fedrl_tasks::privorl::trajectory::pretrained_trajectory_path(t, &root)?
+    } else {
+        fedrl_tasks::privorl::pretrained_path(t, &root)?
+    };
     if path.exists() {
         eprintln!(
             "privorl: pre-trained synthesizer found in the cache ({})",
@@ -1002,7 +1007,7 @@ fn prepare_privorl(
     );
     let device = fedrl_rl::device::open(scenario.device)?;
     let t0 = std::time::Instant::now();
-    fedrl_tasks::privorl::pretrained(t, &root, &device, &mut |r| {
+    let mut on_epoch = |r: &fedrl_rl::diffusion::curiosity::EpochReport| {
         eprintln!(
             "privorl: pre-training epoch {}/{}: loss {:.4}, {} novel rows ({:.1} s)",
             r.epoch + 1,
@@ -1011,7 +1016,12 @@ fn prepare_privorl(
             r.novel_rows,
             r.seconds
         );
-    })?;
+    };
+    if trajectory {
+        fedrl_tasks::privorl::trajectory::pretrained_trajectory(t, &root, &device, &mut on_epoch)?;
+    } else {
+        fedrl_tasks::privorl::pretrained(t, &root, &device, &mut on_epoch)?;
+    }
     eprintln!(
         "privorl: pre-training done in {:.1} s, cached in {}",
         t0.elapsed().as_secs_f64(),

@@ -10,6 +10,9 @@
 //! come from `model_seed`, so the client agents, the central computation and the server model
 //! build the same network without seeing any unit; a unit's gradient depends on that unit's
 //! transition and public numbers only (`fedrl_rl::diffusion::dp`).
+//!
+//! `level = "trajectory"` selects PrivORL-j instead (each episode a privacy unit, whole
+//! trajectories generated): [`trajectory`], which the kind's hooks below dispatch to.
 
 /// The kind's parameters: `spec.rs` in this folder, compiled into `fedrl-common` as
 /// `fedrl_common::task::privorl` (its doc says why).
@@ -18,6 +21,7 @@ pub use fedrl_common::task::privorl as spec;
 pub mod client;
 pub mod continuous;
 pub mod server;
+pub mod trajectory;
 
 pub use client::PrivorlTrainer;
 pub use server::{PrivorlModel, SYNTHETIC_DIR};
@@ -28,7 +32,7 @@ use anyhow::Context;
 use fedrl_common::protocol::{UnitId, UnitRange};
 use fedrl_common::scenario::Scenario;
 use fedrl_common::task::TaskError;
-use fedrl_common::task::privorl::PrivorlTask;
+use fedrl_common::task::privorl::{PrivorlLevel, PrivorlTask};
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::diffusion::curiosity::{CuriosityConfig, EpochReport, PretrainConfig};
 use fedrl_rl::diffusion::dp::{UnitRows, summed_unit_gradients, unit_gradients};
@@ -54,6 +58,9 @@ impl TaskKind for Privorl {
     type Spec = PrivorlTask;
 
     fn dim(spec: &PrivorlTask) -> Result<usize, TaskError> {
+        if spec.level == PrivorlLevel::Trajectory {
+            return trajectory::dim(spec);
+        }
         Ok(spec.denoiser_spec()?.num_params())
     }
 
@@ -62,6 +69,13 @@ impl TaskKind for Privorl {
         units: &[UnitRange],
         device: &Device,
     ) -> anyhow::Result<Box<dyn LocalTrainer>> {
+        if spec.level == PrivorlLevel::Trajectory {
+            return Ok(Box::new(trajectory::TrajectoryTrainer::new(
+                spec,
+                units,
+                device.clone(),
+            )?));
+        }
         Ok(Box::new(PrivorlTrainer::new(spec, units, device.clone())?))
     }
 
@@ -70,6 +84,9 @@ impl TaskKind for Privorl {
         scenario: &Scenario,
     ) -> anyhow::Result<Box<dyn ServerModel>> {
         let device = fedrl_rl::device::open(scenario.device).context("scenario device")?;
+        if spec.level == PrivorlLevel::Trajectory {
+            return Ok(Box::new(trajectory::TrajectoryModel::new(spec, device)?));
+        }
         Ok(Box::new(PrivorlModel::new(spec, device)?))
     }
 
@@ -87,6 +104,11 @@ impl TaskKind for Privorl {
         }
         let device = fedrl_rl::device::open(scenario.device)?;
         let root = fedrl_rl::offline::data_root(None)?;
+        if spec.level == PrivorlLevel::Trajectory {
+            return Ok(Some(Box::new(trajectory::TrajectoryCentral::new(
+                spec, &root, &device,
+            )?)));
+        }
         Ok(Some(Box::new(PrivorlCentral::new(spec, &root, &device)?)))
     }
 }

@@ -102,6 +102,104 @@ pub struct PrivorlTask {
     /// The operator-only empirical privacy audit at the end of the run.
     #[serde(default)]
     pub audit: PrivorlAudit,
+    /// The privacy unit: `transition` (default, PrivORL-n: the fields above) or `trajectory`
+    /// (PrivORL-j, seed 003 section VI: each episode of `dataset` is a unit, the synthesizer
+    /// generates whole trajectories; its settings in [`PrivorlTask::trajectory`]).
+    #[serde(default)]
+    pub level: PrivorlLevel,
+    /// PrivORL-j's settings (read at `level = "trajectory"` only).
+    #[serde(default)]
+    pub trajectory: PrivorlTrajectory,
+}
+
+/// What one privacy unit of the fine-tuning is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrivorlLevel {
+    /// PrivORL-n: one transition (the scenario's `unit_kind = "transition"`).
+    #[default]
+    Transition,
+    /// PrivORL-j: one episode of the sensitive dataset (`unit_kind = "trajectory"`). Each
+    /// sampled trajectory contributes the mean EDM-loss gradient of up to `max_fragments` of
+    /// its fragments, clipped once to the scenario's `clip_norm`, so its sensitivity is `C`
+    /// however long it is.
+    Trajectory,
+}
+
+/// PrivORL-j's trajectory settings (seed 003 section VI). The units are the first `units`
+/// episodes of the sensitive dataset (in episode order); the held-out real data are the
+/// `holdout` episodes after them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivorlTrajectory {
+    /// Privacy units: trajectories (the scenario's `users` must equal it). Default 0: must be
+    /// set at trajectory level.
+    pub units: u64,
+    /// Held-out real episodes (fidelity, reference CQL, membership non-members); 0 (default):
+    /// as many as `units`.
+    pub holdout: u64,
+    /// Synthetic trajectories generated and released; 0 (default): as many as `units`.
+    pub synthetic: u64,
+    /// Transitions per fragment `H`. Default 64 (the authors' `horizon`).
+    pub horizon: usize,
+    /// Most fragments of one trajectory in its contribution per step. Default 32 (section
+    /// VI-B).
+    pub max_fragments: usize,
+    /// Most transitions of a generated trajectory (generation also stops at a terminal); 0
+    /// (default): the environment's step limit.
+    pub max_length: u64,
+}
+
+impl Default for PrivorlTrajectory {
+    fn default() -> Self {
+        PrivorlTrajectory {
+            units: 0,
+            holdout: 0,
+            synthetic: 0,
+            horizon: 64,
+            max_fragments: 32,
+            max_length: 0,
+        }
+    }
+}
+
+/// The fragment denoiser of PrivORL-j (`synth.net`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrivorlNet {
+    /// The conditional residual MLP (`width`, `blocks`, `dim_t`, `fourier_dim` of
+    /// [`PrivorlSynth`]): the CPU default, the paper's PrivORL-j-U-style baseline. The only
+    /// network at transition level.
+    #[default]
+    Mlp,
+    /// The paper's transformer denoiser (sizes in `synth.transformer`): about 1.5 GFLOP per
+    /// 64-transition fragment and network call, a GPU scenario (`--device cuda:0`).
+    Transformer,
+}
+
+/// The transformer's sizes (defaults: the paper's, appendix F-A).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrivorlTransformer {
+    /// Token width. Default 256.
+    pub width: usize,
+    /// Encoder layers. Default 6.
+    pub layers: usize,
+    /// Attention heads (divides `width`). Default 4.
+    pub heads: usize,
+    /// Feed-forward width as a multiple of `width`. Default 4.
+    pub ff_mult: usize,
+}
+
+impl Default for PrivorlTransformer {
+    fn default() -> Self {
+        PrivorlTransformer {
+            width: 256,
+            layers: 6,
+            heads: 4,
+            ff_mult: 4,
+        }
+    }
 }
 
 /// PrivORL-n on continuous control: the sensitive and the public dataset as continuous-format
@@ -130,7 +228,8 @@ pub struct PrivorlContinuous {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrivorlAudit {
-    /// Members and non-members scored (each); 0 turns the audit off. Default (unset): 1,000 in
+    /// Members and non-members scored (each; trajectories at `level = "trajectory"`, each
+    /// scored by its fragments' mean denoising loss); 0 turns the audit off. Default (unset): 1,000 in
     /// the central mode, where the aggregator holds the units' data anyway, and off in the
     /// federated mode, where the units' transitions live on the client agents and the audit
     /// would read them from the dataset file on the aggregator's machine (an emulation-only
@@ -157,6 +256,10 @@ pub struct PrivorlSynth {
     pub batch_size: usize,
     /// Heun steps of the sampler. Default 128.
     pub sample_steps: usize,
+    /// PrivORL-j's fragment denoiser: `mlp` (default) or `transformer`.
+    pub net: PrivorlNet,
+    /// The transformer's sizes (`net = "transformer"`).
+    pub transformer: PrivorlTransformer,
 }
 
 impl Default for PrivorlSynth {
@@ -169,6 +272,8 @@ impl Default for PrivorlSynth {
             lr: 3e-4,
             batch_size: 128,
             sample_steps: 128,
+            net: PrivorlNet::Mlp,
+            transformer: PrivorlTransformer::default(),
         }
     }
 }
@@ -285,17 +390,26 @@ impl Default for PrivorlUtility {
 impl TaskSpec for PrivorlTask {
     const KIND: &'static str = "privorl";
     const CONFIG_VERSION: u32 = 1;
-    /// PrivORL-n: one transition per contribution.
+    /// PrivORL-n: one transition per contribution; PrivORL-j: one trajectory.
     fn unit_kind(&self) -> UnitKind {
-        UnitKind::Transition
+        match self.level {
+            PrivorlLevel::Transition => UnitKind::Transition,
+            PrivorlLevel::Trajectory => UnitKind::Trajectory,
+        }
     }
     fn central_summed_rows(&self) -> Option<u64> {
+        // A trajectory's fragments make one clipped vector: one row per unit in the sum.
+        let rows = match self.level {
+            PrivorlLevel::Transition => u64::from(self.draws_per_unit),
+            PrivorlLevel::Trajectory => 1,
+        };
         (self.mode == crate::offline::UpdateMode::Central
             && self.central_path == crate::offline::CentralPath::Summed)
-            .then_some(u64::from(self.draws_per_unit))
+            .then_some(rows)
     }
     fn check(&self) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Invalid(m));
+        self.check_level()?;
         if self.transitions == 0 {
             return bad("task.transitions must be >= 1".into());
         }
@@ -309,8 +423,10 @@ impl TaskSpec for PrivorlTask {
                 s.check()?;
                 // One contribution is one transition: any grouping the scenario states (an
                 // episode, an owner) would be split across many units, which PrivORL-n cannot
-                // account for.
-                if s.units != crate::offline::UnitMap::Transition {
+                // account for. (Trajectory level: checked in `check_level`.)
+                if self.level == PrivorlLevel::Transition
+                    && s.units != crate::offline::UnitMap::Transition
+                {
                     return bad(format!(
                         "task.dataset.units: PrivORL-n's privacy unit is one transition, so a stored dataset's units must be \"transition\" (each transition a different person's); {:?} would put one unit's data into many contributions",
                         s.units
@@ -401,6 +517,53 @@ impl TaskSpec for PrivorlTask {
 }
 
 impl PrivorlTask {
+    /// The checks of `level`, `trajectory` and `synth.net`.
+    fn check_level(&self) -> Result<(), TaskError> {
+        let bad = |m: String| Err(TaskError::Invalid(m));
+        let tr = &self.synth.transformer;
+        if self.synth.net == PrivorlNet::Transformer
+            && (tr.width == 0
+                || tr.layers == 0
+                || tr.heads == 0
+                || tr.ff_mult == 0
+                || !tr.width.is_multiple_of(tr.heads))
+        {
+            return bad(format!(
+                "task.synth.transformer: width, layers, heads, ff_mult must be >= 1 and heads must divide width; got {tr:?}"
+            ));
+        }
+        if self.level == PrivorlLevel::Transition {
+            if self.synth.net != PrivorlNet::Mlp {
+                return bad(
+                    "task.synth.net = \"transformer\" is PrivORL-j's fragment denoiser: set level = \"trajectory\""
+                        .into(),
+                );
+            }
+            return Ok(());
+        }
+        let t = &self.trajectory;
+        if t.units == 0 || t.horizon == 0 || t.max_fragments == 0 {
+            return bad(format!(
+                "task.trajectory: units, horizon and max_fragments must be >= 1 at level = \"trajectory\"; got {t:?}"
+            ));
+        }
+        if self.draws_per_unit != 1 {
+            return bad(
+                "task.draws_per_unit is PrivORL-n's: at level = \"trajectory\" each fragment has one noise draw (leave it at 1)"
+                    .into(),
+            );
+        }
+        if let crate::offline::DatasetSource::Stored(s) = &self.dataset
+            && s.units != crate::offline::UnitMap::Episode
+        {
+            return bad(format!(
+                "task.dataset.units: PrivORL-j's privacy unit is one episode, so a stored dataset's units must be \"episode\" (no person with more than one episode); got {:?}",
+                s.units
+            ));
+        }
+        Ok(())
+    }
+
     /// The checks of `[task.continuous]` and of the learner it uses.
     fn check_continuous(&self, c: &PrivorlContinuous) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Invalid(m));
@@ -411,9 +574,9 @@ impl PrivorlTask {
                     .into(),
             );
         }
-        c.dataset
-            .validate()
-            .map_err(|e| TaskError::Invalid(e.replace("task.dataset", "task.continuous.dataset")))?;
+        c.dataset.validate().map_err(|e| {
+            TaskError::Invalid(e.replace("task.dataset", "task.continuous.dataset"))
+        })?;
         c.public
             .validate()
             .map_err(|e| TaskError::Invalid(e.replace("task.dataset", "task.continuous.public")))?;
@@ -435,6 +598,32 @@ impl PrivorlTask {
             ));
         }
         Ok(())
+    }
+
+    /// Privacy units: transitions, or trajectories at `level = "trajectory"`.
+    pub fn units(&self) -> u64 {
+        match self.level {
+            PrivorlLevel::Transition => self.transitions,
+            PrivorlLevel::Trajectory => self.trajectory.units,
+        }
+    }
+
+    /// Held-out real episodes at trajectory level.
+    pub fn holdout_trajectories(&self) -> u64 {
+        if self.trajectory.holdout == 0 {
+            self.trajectory.units
+        } else {
+            self.trajectory.holdout
+        }
+    }
+
+    /// Synthetic trajectories released at trajectory level.
+    pub fn synthetic_trajectories(&self) -> u64 {
+        if self.trajectory.synthetic == 0 {
+            self.trajectory.units
+        } else {
+            self.trajectory.synthetic
+        }
     }
 
     /// Whether the data are continuous-action (`[task.continuous]`).

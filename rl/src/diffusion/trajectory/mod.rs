@@ -462,6 +462,36 @@ impl FragmentModel {
         seed: u64,
         device: &Device,
     ) -> Result<Self> {
+        Self::build(layout, cfg, seed, seed, device, None)
+    }
+
+    /// A model with given weights: the network's fixed parts (Fourier frequencies) from
+    /// `net_seed` (the seed the weights were trained with, so they mean the same function),
+    /// the online weights `online` (flat, [`CondNet::param_shapes`] layout), the EMA resumed
+    /// from `ema` = `(weights, calls)` or restarted from `online`, fresh AdamW moments, and the
+    /// training and sampling stream from `rng_seed`. For a new training phase (fine-tuning
+    /// from pre-trained weights) and for checkpoints.
+    pub fn from_weights(
+        layout: &TransitionLayout,
+        cfg: &TrajectoryConfig,
+        net_seed: u64,
+        rng_seed: u64,
+        device: &Device,
+        online: &[f32],
+        ema: Option<(&[f32], u64)>,
+    ) -> Result<Self> {
+        Self::build(layout, cfg, net_seed, rng_seed, device, Some((online, ema)))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn build(
+        layout: &TransitionLayout,
+        cfg: &TrajectoryConfig,
+        seed: u64,
+        rng_seed: u64,
+        device: &Device,
+        weights: Option<(&[f32], Option<(&[f32], u64)>)>,
+    ) -> Result<Self> {
         cfg.edm.check()?;
         super::synth::SynthesizerConfig {
             train: cfg.train,
@@ -474,13 +504,24 @@ impl FragmentModel {
                 "trajectory horizon must be positive".into(),
             ));
         }
-        let (net, flat) = FragmentNet::new(layout, cfg.horizon, &cfg.net, seed, device)?;
-        let vars: Vec<Var> = tensors_from_flat(net.param_shapes(), &flat, device)?
+        let (net, init) = FragmentNet::new(layout, cfg.horizon, &cfg.net, seed, device)?;
+        let (flat, ema_from) = match weights {
+            Some((online, ema)) => (online, ema),
+            None => (init.as_slice(), None),
+        };
+        let vars: Vec<Var> = tensors_from_flat(net.param_shapes(), flat, device)?
             .iter()
             .map(Var::from_tensor)
             .collect::<candle_core::Result<_>>()?;
         let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-        let ema = Ema::new(cfg.train.ema, &tensors)?;
+        let ema = match ema_from {
+            Some((avg, calls)) => Ema::resume(
+                cfg.train.ema,
+                calls,
+                tensors_from_flat(net.param_shapes(), avg, device)?,
+            )?,
+            None => Ema::new(cfg.train.ema, &tensors)?,
+        };
         let t = &cfg.train;
         let opt = AdamW::new(
             vars.clone(),
@@ -499,7 +540,7 @@ impl FragmentModel {
             vars,
             ema,
             opt,
-            rng: Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x7a1e_c70e_0000_0001),
+            rng: Xoshiro256PlusPlus::seed_from_u64(rng_seed ^ 0x7a1e_c70e_0000_0001),
             steps: 0,
         })
     }
@@ -537,6 +578,11 @@ impl FragmentModel {
 
     pub fn ema_flat(&self) -> Result<Vec<f32>> {
         flat_from_tensors(self.ema.params())
+    }
+
+    /// EMA updates so far (what [`Self::from_weights`] resumes the average with).
+    pub fn ema_calls(&self) -> u64 {
+        self.ema.calls()
     }
 
     fn check_batch(&self, x: &[f32], cond: &[f32]) -> Result<usize> {
