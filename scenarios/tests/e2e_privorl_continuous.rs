@@ -92,7 +92,10 @@ fn a_tiny_pendulum_run_releases_a_continuous_dataset_evaluated_by_td3bc() {
     check_report_schema(&r);
     let fe = &r["final_evaluation"];
     assert!(fe.get("final_eval_error").is_none(), "{fe}");
-    assert_eq!(fe["finetune"]["steps"], 16, "every released round is applied");
+    assert_eq!(
+        fe["finetune"]["steps"], 16,
+        "every released round is applied"
+    );
     for k in ["marginal", "correlation"] {
         let v = r["fidelity"][k].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&v), "{k} {v}");

@@ -355,7 +355,10 @@ fn continuous_privorl_scenarios_and_their_twins() {
             assert_eq!(s.target_epsilon, eps);
             let planned = s.planned_epsilon(s.noise_multiplier).unwrap();
             assert!(planned <= eps, "{stem}{suffix}: the plan costs {planned}");
-            assert!(planned > 0.9 * eps, "{stem}{suffix}: {planned} wastes the budget");
+            assert!(
+                planned > 0.9 * eps,
+                "{stem}{suffix}: {planned} wastes the budget"
+            );
         }
         let (np, npt) = load("-nonprivate");
         assert!(np.non_private && npt == mt);
@@ -381,8 +384,8 @@ fn continuous_privorl_scenarios_and_their_twins() {
         "leave task.dataset and task.public unset",
     );
     refused(
-        "env = \"pendulum-gml\"\nunits = 100\nseed = 1",
-        "env = \"Pendulum-v1\"\nunits = 29700\npublic = 300\nseed = 0",
+        "env = \"pendulum-gml\"\nunits = 100\nseed = 1\nbehaviour = { kind = \"sac_checkpoints\", steps = 10000, checkpoints = 5, noise_std = 0.3 }",
+        "env = \"Pendulum-v1\"\nunits = 29700\npublic = 300\nseed = 0\nbehaviour = { kind = \"sac_checkpoints\", steps = 20000, checkpoints = 10, noise_std = 0.3 }",
         "task.continuous.public is the sensitive dataset itself",
     );
     refused(

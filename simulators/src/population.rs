@@ -693,7 +693,8 @@ mod tests {
         let step = |mut env: Box<dyn Env>| {
             let mut obs = vec![0.0f32; 3];
             env.reset(1, &mut obs);
-            env.step(crate::Action::Continuous(&[1.0]), &mut obs).unwrap();
+            env.step(crate::Action::Continuous(&[1.0]), &mut obs)
+                .unwrap();
             obs
         };
         let a = step(p.setting_env(0).unwrap());

@@ -107,7 +107,8 @@ pub fn pack(t: &Transitions) -> fedrl_rl::Result<TransitionBatch> {
     for i in 0..n {
         b.obs.extend_from_slice(&t.obs[i * d..(i + 1) * d]);
         b.obs.extend_from_slice(&values[i * a..(i + 1) * a]);
-        b.next_obs.extend_from_slice(&t.next_obs[i * d..(i + 1) * d]);
+        b.next_obs
+            .extend_from_slice(&t.next_obs[i * d..(i + 1) * d]);
         b.next_obs.extend(std::iter::repeat_n(0.0, a));
     }
     b.actions = vec![0; n];
@@ -449,7 +450,10 @@ mod tests {
         assert_eq!(values, &vec![0.5, -1.0, 1.0, 0.25]);
         let d = release_dataset(&pack(&t).unwrap(), &env, serde_json::json!("test")).unwrap();
         assert_eq!(d.episodes.len(), 2);
-        assert_eq!(d.episodes[1].observations, vec![3.0, 4.0, 5.0, 13.0, 14.0, 15.0]);
+        assert_eq!(
+            d.episodes[1].observations,
+            vec![3.0, 4.0, 5.0, 13.0, 14.0, 15.0]
+        );
         assert!(d.episodes[1].terminated && !d.episodes[0].terminated);
         let back = ContinuousDataset::from_bytes(&d.to_bytes().unwrap()).unwrap();
         assert_eq!(back, d);

@@ -196,8 +196,12 @@ impl PrivorlModel {
             Some(c) => Some(continuous::env_of(c)?),
             None => None,
         };
-        let mut batch =
-            TransitionBatch::new(obs_dim + cont.as_ref().map_or(0, |e: &continuous::ContinuousEnv| e.act_dim));
+        let mut batch = TransitionBatch::new(
+            obs_dim
+                + cont
+                    .as_ref()
+                    .map_or(0, |e: &continuous::ContinuousEnv| e.act_dim),
+        );
         let mut done = 0;
         while done < n {
             let m = SAMPLE_CHUNK.min(n - done);
@@ -214,7 +218,9 @@ impl PrivorlModel {
                     continuous::clip_actions(&mut t, env);
                     batch.extend_from(&continuous::pack(&t)?);
                 }
-                _ => anyhow::bail!("the synthesizer decoded actions of another kind than the task's"),
+                _ => {
+                    anyhow::bail!("the synthesizer decoded actions of another kind than the task's")
+                }
             }
             done += m;
             eprintln!(

@@ -411,9 +411,9 @@ impl PrivorlTask {
                     .into(),
             );
         }
-        c.dataset
-            .validate()
-            .map_err(|e| TaskError::Invalid(e.replace("task.dataset", "task.continuous.dataset")))?;
+        c.dataset.validate().map_err(|e| {
+            TaskError::Invalid(e.replace("task.dataset", "task.continuous.dataset"))
+        })?;
         c.public
             .validate()
             .map_err(|e| TaskError::Invalid(e.replace("task.dataset", "task.continuous.public")))?;
