@@ -433,8 +433,8 @@ fn continuous_privorl_scenarios_and_their_twins() {
         "leave task.dataset and task.public unset",
     );
     refused(
-        "env = \"pendulum-gml\"\nunits = 100\nseed = 1",
-        "env = \"Pendulum-v1\"\nunits = 29700\npublic = 300\nseed = 0",
+        "env = \"pendulum-gml\"\nunits = 100\nseed = 1\nbehaviour = { kind = \"sac_checkpoints\", steps = 10000, checkpoints = 5, noise_std = 0.3 }",
+        "env = \"Pendulum-v1\"\nunits = 29700\npublic = 300\nseed = 0\nbehaviour = { kind = \"sac_checkpoints\", steps = 20000, checkpoints = 10, noise_std = 0.3 }",
         "task.continuous.public is the sensitive dataset itself",
     );
     refused(

@@ -330,7 +330,8 @@ pub struct PrivorlUtility {
     pub eval_episodes: usize,
     /// Seed of the evaluation episodes. Default 1_000_000.
     pub eval_seed: u64,
-    /// Step limit of an evaluation episode (0: the environment's). Default 0.
+    /// Step limit of an evaluation episode (0: the environment's; discrete CQL only: TD3+BC's
+    /// episodes run to the environment's limit). Default 0.
     pub eval_max_steps: u64,
     /// Also train the reference on held-out real data. Default true.
     pub reference: bool,
