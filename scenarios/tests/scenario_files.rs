@@ -94,7 +94,7 @@ fn expert_scenarios_plan_within_the_budget_and_have_their_twins() {
 }
 
 /// Issue 57's LunarLander (seeds 000/002's fourth environment, through the Gymnasium bridge):
-/// m = 300 experts (reduced, see the file's header), delta = 1/m, epsilon 10; the three files
+/// m = 3000 experts (steps reduced, see the file's header), delta = 1/m, epsilon 10; the three files
 /// share one dataset (the same generation spec, so the same cache key) recorded in
 /// `gymnasium:LunarLander-v3` on a B.1 grid of gravity, wind and turbulence; the private plans
 /// fit the budget; the Q-network's shape is the declared spaces' (no Python needed to load them).
@@ -118,7 +118,7 @@ fn lunarlander_expert_scenarios_share_their_gymnasium_dataset_and_plan_within_th
     let (d, q) = dataset(&main);
     assert_eq!(d.env, "gymnasium:LunarLander-v3");
     let g = d.gymnasium.as_ref().unwrap();
-    assert_eq!(g.grid_settings(), 100);
+    assert_eq!(g.grid_settings(), 1000);
     for axis in ["gravity", "wind_power", "turbulence_power"] {
         assert!(g.grid.contains_key(axis), "{axis}");
     }
