@@ -128,7 +128,10 @@ fn lunarlander_expert_scenarios_share_their_gymnasium_dataset_and_plan_within_th
     }
     for s in [&main, &dpsgd] {
         assert_eq!(s.users, d.units);
-        assert!((s.delta - 1.0 / d.units as f64).abs() < 1e-15, "delta = 1/m");
+        assert!(
+            (s.delta - 1.0 / d.units as f64).abs() < 1e-15,
+            "delta = 1/m"
+        );
         assert_eq!(s.target_epsilon, 10.0);
         let k = fedrl_common::selective::Schedule::new(s.selective().unwrap()).dp_steps();
         assert_eq!(s.rounds, k, "one round per DP step");
