@@ -32,7 +32,7 @@ pub struct DatasetSpec {
     /// environments, and the spaces they must have ([`DatasetGymnasium`]). Absent (and left out
     /// of the canonical JSON, so older cache keys do not move) for fedrl's own environments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gymnasium: Option<DatasetGymnasium>,
+    pub gymnasium: Option<Box<DatasetGymnasium>>,
 }
 
 /// How a `gymnasium:<id>` dataset's environments are made by the Gymnasium bridge

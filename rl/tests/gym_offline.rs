@@ -47,7 +47,7 @@ fn cartpole(behaviour: Behaviour, gym: bool) -> DatasetSpec {
         units: 10,
         episodes_per_unit: 3,
         seed: 7,
-        gymnasium: gym.then(|| table(4, 2)),
+        gymnasium: gym.then(|| Box::new(table(4, 2))),
     }
 }
 
@@ -133,7 +133,7 @@ fn thermostat_experts() -> DatasetSpec {
         units: 6,
         episodes_per_unit: 2,
         seed: 3,
-        gymnasium: Some(g),
+        gymnasium: Some(Box::new(g)),
     }
 }
 
@@ -186,7 +186,7 @@ fn a_missing_interpreter_names_the_install_script() {
     assert!(e.contains("install-python-bridge.sh"), "{e}");
     // A spec whose env and table disagree is refused before anything starts.
     let mut bad = cartpole(Behaviour::Random, false);
-    bad.gymnasium = Some(table(4, 2));
+    bad.gymnasium = Some(Box::new(table(4, 2)));
     let e = generate(&bad, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("gymnasium:<id>"), "{e}");
 }

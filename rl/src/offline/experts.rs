@@ -112,7 +112,7 @@ pub enum SettingSource {
 enum EnvMaker<'a> {
     Rust(&'a Population),
     Gym {
-        pool: fedrl_sim::gym_bridge::GymPool,
+        pool: Box<fedrl_sim::gym_bridge::GymPool>,
         table: &'a fedrl_common::offline::DatasetGymnasium,
     },
 }
@@ -122,10 +122,10 @@ impl EnvMaker<'_> {
         Ok(match &plan.source {
             SettingSource::Population(p) => EnvMaker::Rust(p),
             SettingSource::Gymnasium { env_id, table } => EnvMaker::Gym {
-                pool: super::gym::start_pool(
+                pool: Box::new(super::gym::start_pool(
                     super::gym::gym_config(env_id, table, population_seed),
                     table,
-                )?,
+                )?),
                 table,
             },
         })

@@ -181,11 +181,14 @@ fn play(
     }
 }
 
+/// Makes the environments of the given users, in order.
+type MakeEnvs<'a> = dyn FnMut(&[u64]) -> Result<Vec<Box<dyn Env>>> + 'a;
+
 /// Trains the behaviour policy and returns the checkpoints with the iteration each was taken
 /// at.
 fn train_checkpoints(
     spec: &DatasetSpec,
-    make_envs: &mut dyn FnMut(&[u64]) -> Result<Vec<Box<dyn Env>>>,
+    make_envs: &mut MakeEnvs<'_>,
     model: &ModelSpec,
     iterations: u64,
     checkpoints: u32,

@@ -33,7 +33,7 @@ pub fn gymnasium_of(spec: &DatasetSpec) -> Result<Option<(&str, &DatasetGymnasiu
     spec.check_gymnasium().map_err(invalid)?;
     Ok(
         match (spec.env.strip_prefix(GYMNASIUM_PREFIX), &spec.gymnasium) {
-            (Some(id), Some(g)) => Some((id, g)),
+            (Some(id), Some(g)) => Some((id, &**g)),
             _ => None,
         },
     )

@@ -245,7 +245,7 @@ pub fn gymnasium_table(
     d: &fedrl_common::offline::DatasetSpec,
 ) -> Result<Option<&fedrl_common::offline::DatasetGymnasium>, TaskError> {
     d.check_gymnasium().map_err(TaskError::Invalid)?;
-    Ok(d.gymnasium.as_ref())
+    Ok(d.gymnasium.as_deref())
 }
 
 /// Whether the task's greedy evaluations run in a Gymnasium environment: the aggregator runs no
