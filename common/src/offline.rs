@@ -28,6 +28,187 @@ pub struct DatasetSpec {
     /// Seed of the behaviour policy's training and of the episodes. Default 0.
     #[serde(default)]
     pub seed: u64,
+    /// `env = "gymnasium:<id>"` only: how the Gymnasium bridge's Python workers make the
+    /// environments, and the spaces they must have ([`DatasetGymnasium`]). Absent (and left out
+    /// of the canonical JSON, so older cache keys do not move) for fedrl's own environments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gymnasium: Option<Box<DatasetGymnasium>>,
+}
+
+/// How a `gymnasium:<id>` dataset's environments are made by the Gymnasium bridge
+/// (`fedrl_sim::gym_bridge`), in the process that generates the data (`fedrl run`, `fedrl data
+/// generate`, a client agent): never in the aggregator, which builds its network from the
+/// declared spaces.
+///
+/// - Random and `ppo_mixed` behaviours: unit (user) `u` plays in `gymnasium.make(id, **kwargs,
+///   **drawn)`, `drawn` being `user_kwargs` drawn for user `u` from `population_seed` (as a
+///   `gymnasium:<id>` DPPG population's users); the behaviour policy's training users are
+///   users of the same population.
+/// - Experts: expert `u` trains on grid setting `(u / per_setting) mod settings` of `grid` (the
+///   B.1 grid: the product of its axes in name order, the last name varying fastest), made with
+///   `grid_kwargs` and the setting's values; the demonstrations are played in
+///   `gymnasium.make(id, **kwargs)`, the default environment.
+///
+/// Everything but `python`, `workers` and the deadlines enters the dataset's cache key (they do
+/// not change the data: every episode is reset with its own seed).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetGymnasium {
+    /// Observation length, flattened (a Discrete observation of `n` values counts `n`).
+    pub obs_dim: usize,
+    /// Number of discrete actions (offline datasets are discrete-action).
+    pub actions: usize,
+    /// A Python module imported before `gymnasium.make` (it may register the user's own
+    /// environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// The Python interpreter. Default: `FEDRL_PYTHON`, else `.venv-bridge/bin/python` made by
+    /// `scripts/install-python-bridge.sh`. Not part of the cache key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// Keyword arguments of the default environment (and of every user, for random and
+    /// `ppo_mixed` data).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Random and `ppo_mixed` data: keyword arguments drawn per user (after `kwargs`), as
+    /// `[task.gymnasium.user_kwargs]` of a DPPG task.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub user_kwargs: std::collections::BTreeMap<String, crate::task::dppg::KwargDraw>,
+    /// Experts: the B.1 grid's axes by keyword, each `{ linspace = [low, high, n] }` (its n
+    /// values) or `{ choice = [v1, ...] }`; the settings are their product.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub grid: std::collections::BTreeMap<String, crate::task::dppg::KwargDraw>,
+    /// Experts: keyword arguments every grid setting gets (before the grid's values), e.g.
+    /// `enable_wind = true` when the grid varies the wind.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub grid_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Worker processes stepping the environments. Default 2. Not part of the cache key.
+    #[serde(default = "d_gym_workers")]
+    pub workers: usize,
+    /// Seconds one batched reset or step may take. Default 60. Not part of the cache key.
+    #[serde(default = "d_gym_step_timeout")]
+    pub step_timeout_s: f64,
+    /// Seconds a worker may take to start or to make a batch of environments. Default 300.
+    /// Not part of the cache key.
+    #[serde(default = "d_gym_start_timeout")]
+    pub start_timeout_s: f64,
+}
+
+fn d_gym_workers() -> usize {
+    2
+}
+
+fn d_gym_step_timeout() -> f64 {
+    60.0
+}
+
+fn d_gym_start_timeout() -> f64 {
+    300.0
+}
+
+/// The prefix of an environment name that selects the Gymnasium bridge.
+pub const GYMNASIUM_PREFIX: &str = "gymnasium:";
+
+impl DatasetGymnasium {
+    /// Number of settings of [`Self::grid`] (the product of its axes' sizes; 1 for no axis).
+    pub fn grid_settings(&self) -> u64 {
+        self.grid
+            .values()
+            .map(|d| match d {
+                crate::task::dppg::KwargDraw::Linspace(_, _, n) => u64::from(*n),
+                crate::task::dppg::KwargDraw::Choice(v) => v.len() as u64,
+                crate::task::dppg::KwargDraw::Uniform(_) => 0,
+            })
+            .product()
+    }
+
+    /// The keyword arguments of grid setting `s` (`0..grid_settings()`): `grid_kwargs`, then
+    /// each axis's value, axes in name order, the last varying fastest.
+    pub fn grid_kwargs_of(&self, s: u64) -> serde_json::Map<String, serde_json::Value> {
+        use crate::task::dppg::KwargDraw;
+        let mut out = self.grid_kwargs.clone();
+        let mut rest = s;
+        for (name, d) in self.grid.iter().rev() {
+            let v = match d {
+                KwargDraw::Linspace(lo, hi, n) => {
+                    let n = u64::from((*n).max(1));
+                    let k = rest % n;
+                    rest /= n;
+                    let x = if n == 1 {
+                        *lo
+                    } else {
+                        lo + (hi - lo) * k as f64 / (n - 1) as f64
+                    };
+                    serde_json::json!(x)
+                }
+                KwargDraw::Choice(vals) => {
+                    let n = vals.len().max(1) as u64;
+                    let k = rest % n;
+                    rest /= n;
+                    vals.get(k as usize)
+                        .cloned()
+                        .unwrap_or(serde_json::Value::Null)
+                }
+                KwargDraw::Uniform(_) => serde_json::Value::Null,
+            };
+            out.insert(name.clone(), v);
+        }
+        out
+    }
+
+    /// Checks what needs no Python: the declared spaces, the deadlines, the draws and the grid's
+    /// axes (`linspace` or `choice`, a finite product).
+    pub fn check(&self) -> Result<(), String> {
+        if self.obs_dim == 0 || self.actions < 2 || self.workers == 0 {
+            return Err(format!(
+                "task.dataset.gymnasium: obs_dim >= 1, actions >= 2 (offline datasets have \
+                 discrete actions) and workers >= 1, got {}, {} and {}",
+                self.obs_dim, self.actions, self.workers
+            ));
+        }
+        for (name, t) in [
+            ("step_timeout_s", self.step_timeout_s),
+            ("start_timeout_s", self.start_timeout_s),
+        ] {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(format!(
+                    "task.dataset.gymnasium.{name} must be > 0, got {t}"
+                ));
+            }
+        }
+        use crate::task::dppg::KwargDraw;
+        for (name, d) in &self.user_kwargs {
+            let ok = match d {
+                KwargDraw::Uniform([lo, hi]) => lo.is_finite() && hi.is_finite() && lo <= hi,
+                KwargDraw::Linspace(lo, hi, n) => lo.is_finite() && hi.is_finite() && *n >= 1,
+                KwargDraw::Choice(v) => !v.is_empty(),
+            };
+            if !ok {
+                return Err(format!(
+                    "task.dataset.gymnasium.user_kwargs.{name}: {d:?} is not a draw"
+                ));
+            }
+        }
+        let mut settings: u64 = 1;
+        for (name, d) in &self.grid {
+            let n = match d {
+                KwargDraw::Linspace(lo, hi, n) if lo.is_finite() && hi.is_finite() && *n >= 1 => {
+                    u64::from(*n)
+                }
+                KwargDraw::Choice(v) if !v.is_empty() => v.len() as u64,
+                _ => {
+                    return Err(format!(
+                        "task.dataset.gymnasium.grid.{name}: a grid axis is {{ linspace = [low, \
+                         high, n] }} or {{ choice = [...] }}, got {d:?}"
+                    ));
+                }
+            };
+            settings = settings.checked_mul(n).ok_or_else(|| {
+                "task.dataset.gymnasium.grid has more settings than fit in 64 bits".to_string()
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// The behaviour policy of a generated dataset.
@@ -372,13 +553,84 @@ impl Default for Behaviour {
 pub const DATASET_FORMAT_VERSION: u32 = 1;
 
 impl DatasetSpec {
+    /// The `[task.dataset.gymnasium]` table's consistency with the spec (no Python needed): it is
+    /// there exactly when `env` is `gymnasium:<id>`; its own checks ([`DatasetGymnasium::check`]);
+    /// experts name the same `gymnasium:<id>` as their population and train on a non-empty
+    /// grid (and take no `user_kwargs`), other behaviours take no grid: a setting that would be
+    /// ignored is refused.
+    pub fn check_gymnasium(&self) -> Result<(), String> {
+        let gym = self.env.starts_with(GYMNASIUM_PREFIX);
+        let g = match (gym, &self.gymnasium) {
+            (false, None) => return Ok(()),
+            (false, Some(_)) => {
+                return Err(format!(
+                    "task.dataset.gymnasium applies to env = \"gymnasium:<id>\" only, not {:?}",
+                    self.env
+                ));
+            }
+            (true, None) => {
+                return Err(format!(
+                    "task.dataset.env = {:?} needs a [task.dataset.gymnasium] table (obs_dim, \
+                     actions, ...)",
+                    self.env
+                ));
+            }
+            (true, Some(g)) => g,
+        };
+        g.check()?;
+        match &self.behaviour {
+            Behaviour::Experts { population, .. } => {
+                if population != &self.env {
+                    return Err(format!(
+                        "experts of a Gymnasium dataset train on the grid of \
+                         [task.dataset.gymnasium]: behaviour.population must be {:?} too, got \
+                         {population:?}",
+                        self.env
+                    ));
+                }
+                if g.grid.is_empty() || !g.user_kwargs.is_empty() {
+                    return Err(
+                        "experts of a Gymnasium dataset need task.dataset.gymnasium.grid (the B.1 \
+                         settings) and take no user_kwargs"
+                            .into(),
+                    );
+                }
+            }
+            Behaviour::Random | Behaviour::PpoMixed { .. } => {
+                if !g.grid.is_empty() || !g.grid_kwargs.is_empty() {
+                    return Err(
+                        "task.dataset.gymnasium.grid and grid_kwargs are the experts' training \
+                         settings; random and ppo_mixed data draw user_kwargs instead"
+                            .into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This spec with what cannot change the data at its defaults: a Gymnasium dataset's
+    /// interpreter path (machine-specific), worker count and deadlines. Two specs with equal
+    /// identities describe the same data; the cache key is computed from it.
+    pub fn data_identity(&self) -> DatasetSpec {
+        let mut keyed = self.clone();
+        if let Some(g) = &mut keyed.gymnasium {
+            g.python = None;
+            g.workers = d_gym_workers();
+            g.step_timeout_s = d_gym_step_timeout();
+            g.start_timeout_s = d_gym_start_timeout();
+        }
+        keyed
+    }
+
     /// The stable key of this spec: FNV-1a (64 bits) of its canonical JSON (keys sorted, every
     /// field written, defaults included) followed by [`DATASET_FORMAT_VERSION`], as 16 lowercase
     /// hex digits. Equal specs have equal keys on every machine and every build.
     pub fn cache_key(&self) -> String {
+        let keyed = self.data_identity();
         // `serde_json::Value` keeps object keys in a BTreeMap (no `preserve_order` feature in
         // this workspace), so its text is canonical.
-        let canonical = serde_json::to_value(self)
+        let canonical = serde_json::to_value(&keyed)
             .map(|v| v.to_string())
             .unwrap_or_else(|e| unreachable!("a DatasetSpec always serialises: {e}"));
         let text = format!("{canonical}#format{DATASET_FORMAT_VERSION}");
@@ -432,6 +684,7 @@ impl Default for DatasetSpec {
             units: d_units(),
             episodes_per_unit: 1,
             seed: 0,
+            gymnasium: None,
         }
     }
 }

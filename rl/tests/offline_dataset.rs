@@ -17,6 +17,7 @@ fn tiny_spec(behaviour: Behaviour) -> DatasetSpec {
         units: 6,
         episodes_per_unit: 2,
         seed: 3,
+        gymnasium: None,
     }
 }
 

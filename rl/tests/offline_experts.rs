@@ -28,6 +28,7 @@ fn experts_spec(units: u64, episodes: u64, iterations: u64, p_min: f64) -> Datas
         units,
         episodes_per_unit: episodes,
         seed: 5,
+        gymnasium: None,
     }
 }
 

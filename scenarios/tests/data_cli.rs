@@ -474,6 +474,7 @@ fn damaged_datasets_are_marked_and_the_others_listed() {
         units: 3,
         episodes_per_unit: 1,
         seed: 1,
+        gymnasium: None,
     };
     fedrl_rl::offline::cache::load_or_generate(&spec, root.path(), &mut |_| {}).unwrap();
     let mut bad_spec = spec.clone();

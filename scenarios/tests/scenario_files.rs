@@ -141,6 +141,55 @@ fn expert_scenarios_plan_within_the_budget_and_have_their_twins() {
     assert_eq!(release("acrobot"), 10.0);
 }
 
+/// Issue 57's LunarLander (seeds 000/002's fourth environment, through the Gymnasium bridge):
+/// m = 3000 experts (steps reduced, see the file's header), delta = 1/m, epsilon 10; the three files
+/// share one dataset (the same generation spec, so the same cache key) recorded in
+/// `gymnasium:LunarLander-v3` on a B.1 grid of gravity, wind and turbulence; the private plans
+/// fit the budget; the Q-network's shape is the declared spaces' (no Python needed to load them).
+#[test]
+fn lunarlander_expert_scenarios_share_their_gymnasium_dataset_and_plan_within_the_budget() {
+    use fedrl_common::offline::DatasetSource;
+    use fedrl_tasks::offline_cql::OfflineCqlTaskExt;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let load = |f: &str| scenario_from_file(dir.join(f)).unwrap();
+    let main = load("lunarlander-expert.toml");
+    let dpsgd = load("lunarlander-expert-dpsgd.toml");
+    let twin = load("lunarlander-expert-nonprivate.toml");
+    assert!(twin.non_private && twin.selective().is_none());
+    let dataset = |s: &fedrl_common::scenario::Scenario| match &s.task {
+        Task::OfflineCql(t) => match &t.dataset {
+            DatasetSource::Generated(d) => (d.clone(), t.qnet_spec().unwrap()),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    let (d, q) = dataset(&main);
+    assert_eq!(d.env, "gymnasium:LunarLander-v3");
+    let g = d.gymnasium.as_ref().unwrap();
+    assert_eq!(g.grid_settings(), 1000);
+    for axis in ["gravity", "wind_power", "turbulence_power"] {
+        assert!(g.grid.contains_key(axis), "{axis}");
+    }
+    assert_eq!((q.obs_dim, q.n_actions), (8, 4));
+    for s in [&dpsgd, &twin] {
+        assert_eq!(dataset(s).0.cache_key(), d.cache_key(), "{}", s.name);
+    }
+    for s in [&main, &dpsgd] {
+        assert_eq!(s.users, d.units);
+        assert!(
+            (s.delta - 1.0 / d.units as f64).abs() < 1e-15,
+            "delta = 1/m"
+        );
+        assert_eq!(s.target_epsilon, 10.0);
+        let k = fedrl_common::selective::Schedule::new(s.selective().unwrap()).dp_steps();
+        assert_eq!(s.rounds, k, "one round per DP step");
+        let eps = s.planned_epsilon(s.noise_multiplier).unwrap();
+        assert!(eps <= 10.0, "{}: the plan costs {eps}", s.name);
+    }
+    assert!(main.release_event().unwrap().is_some());
+    assert!(dpsgd.release_event().unwrap().is_none());
+}
+
 /// A plan whose epsilon exceeds the target is refused before anything runs, with how many DP
 /// steps would fit.
 #[test]

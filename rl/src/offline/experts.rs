@@ -94,14 +94,70 @@ fn header_v1(meta: &HashMap<String, String>) -> std::result::Result<ExpertsHeade
     })
 }
 
+/// Where a plan's experts train (their B.1 grid settings) and play their demonstrations.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SettingSource {
+    /// A B.1 population (`cartpole-b1`, ...) and the default environment `DatasetSpec::env`.
+    Population(Population),
+    /// `gymnasium:<id>`: setting `s` is `gymnasium.make(id, **grid_kwargs_of(s))`, the default
+    /// environment `gymnasium.make(id, **kwargs)`, in the bridge's workers.
+    Gymnasium {
+        env_id: String,
+        table: fedrl_common::offline::DatasetGymnasium,
+    },
+}
+
+/// The experts' environments while they are generated: fedrl's own, or made by the bridge's
+/// workers (held for the whole generation; each MAKE replaces a worker's environments).
+enum EnvMaker<'a> {
+    Rust(&'a Population),
+    Gym {
+        pool: Box<fedrl_sim::gym_bridge::GymPool>,
+        table: &'a fedrl_common::offline::DatasetGymnasium,
+    },
+}
+
+impl EnvMaker<'_> {
+    fn start(plan: &ExpertsPlan, population_seed: u64) -> Result<EnvMaker<'_>> {
+        Ok(match &plan.source {
+            SettingSource::Population(p) => EnvMaker::Rust(p),
+            SettingSource::Gymnasium { env_id, table } => EnvMaker::Gym {
+                pool: Box::new(super::gym::start_pool(
+                    super::gym::gym_config(env_id, table, population_seed),
+                    table,
+                )?),
+                table,
+            },
+        })
+    }
+
+    /// The training environments of `experts` (each its grid setting's), in order.
+    fn setting_envs(&mut self, plan: &ExpertsPlan, experts: &[u64]) -> Result<Vec<Box<dyn Env>>> {
+        match self {
+            EnvMaker::Rust(p) => experts
+                .iter()
+                .map(|&u| p.setting_env(plan.setting(u)).map_err(NnError::from))
+                .collect(),
+            EnvMaker::Gym { pool, table } => {
+                let kwargs: Vec<_> = experts
+                    .iter()
+                    .map(|&u| table.grid_kwargs_of(plan.setting(u)))
+                    .collect();
+                super::gym::make_envs(pool, experts, &kwargs)
+            }
+        }
+    }
+}
+
 /// Experts whose episodes are collected together in one lockstep rollout.
 const ROLLOUT_CHUNK: usize = 64;
 
 /// The validated parameters of a [`Behaviour::Experts`] spec.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExpertsPlan {
-    /// The training population (B.1 grid).
-    pub population: Population,
+    /// Where the experts train and play: a B.1 population of fedrl's own environments, or a
+    /// Gymnasium environment's grid.
+    pub source: SettingSource,
     /// Number of grid settings of the population.
     pub settings: u64,
     pub per_setting: u64,
@@ -177,6 +233,9 @@ pub fn plan(spec: &DatasetSpec) -> Result<ExpertsPlan> {
         return Err(invalid("not an experts spec".into()));
     };
     spec.behaviour.validate().map_err(invalid)?;
+    if let Some((env_id, table)) = super::gym::gymnasium_of(spec)? {
+        return plan_gym(spec, env_id, table);
+    }
     let default_env = fedrl_sim::make(&spec.env).map_err(|e| {
         invalid(format!(
             "experts play their demonstrations on the default environment: {:?} is not an \
@@ -246,7 +305,7 @@ pub fn plan(spec: &DatasetSpec) -> Result<ExpertsPlan> {
     let ppo = expert_ppo_config(pop.env_id(), hidden, *max_steps);
     let model = ppo.model_spec(default_env.observation_space(), default_env.action_space())?;
     Ok(ExpertsPlan {
-        population: pop,
+        source: SettingSource::Population(pop),
         settings,
         per_setting: u64::from(*per_setting),
         iterations: *iterations,
@@ -255,6 +314,78 @@ pub fn plan(spec: &DatasetSpec) -> Result<ExpertsPlan> {
         model,
         n_actions,
         obs_dim,
+        expert_lr: expert_lr.unwrap_or(ppo.lr),
+        ppo,
+        shared_iterations: *shared_iterations,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    })
+}
+
+/// [`plan`] for a `gymnasium:<id>` spec: the spaces are the table's declaration (the workers
+/// are checked against it when they start), the settings its grid's.
+fn plan_gym(
+    spec: &DatasetSpec,
+    env_id: &str,
+    table: &fedrl_common::offline::DatasetGymnasium,
+) -> Result<ExpertsPlan> {
+    let Behaviour::Experts {
+        per_setting,
+        iterations,
+        hidden,
+        p_min,
+        max_steps,
+        shared_iterations,
+        expert_lr,
+        ..
+    } = &spec.behaviour
+    else {
+        return Err(invalid("not an experts spec".into()));
+    };
+    let n_actions = table.actions;
+    if p_min * n_actions as f64 > 1.0 {
+        return Err(invalid(format!(
+            "p_min = {p_min} with {n_actions} actions: p_min x n_actions must be <= 1"
+        )));
+    }
+    if spec.population_seed != 0 {
+        return Err(invalid(
+            "experts take the grid's settings in order: population_seed must be 0".into(),
+        ));
+    }
+    if spec.units == 0 || spec.episodes_per_unit == 0 {
+        return Err(invalid(
+            "a dataset needs at least one unit and one episode per unit".into(),
+        ));
+    }
+    match spec.units.checked_mul(spec.episodes_per_unit) {
+        Some(n) if n <= MAX_EPISODES => {}
+        _ => {
+            return Err(invalid(format!(
+                "{} units x {} episodes is more than the {MAX_EPISODES} episodes a dataset may hold",
+                spec.units, spec.episodes_per_unit
+            )));
+        }
+    }
+    let obs = Space::Box {
+        low: vec![f32::NEG_INFINITY; table.obs_dim],
+        high: vec![f32::INFINITY; table.obs_dim],
+    };
+    let act = Space::Discrete { n: n_actions };
+    let ppo = expert_ppo_config(&spec.env, hidden, *max_steps);
+    let model = ppo.model_spec(&obs, &act)?;
+    Ok(ExpertsPlan {
+        source: SettingSource::Gymnasium {
+            env_id: env_id.to_string(),
+            table: table.clone(),
+        },
+        settings: table.grid_settings(),
+        per_setting: u64::from(*per_setting),
+        iterations: *iterations,
+        p_min: *p_min,
+        max_steps: *max_steps,
+        model,
+        n_actions,
+        obs_dim: table.obs_dim,
         expert_lr: expert_lr.unwrap_or(ppo.lr),
         ppo,
         shared_iterations: *shared_iterations,
@@ -358,21 +489,32 @@ pub fn train_experts(
     seed: u64,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(Vec<Vec<f32>>, TrainingCurve)> {
+    let mut maker = EnvMaker::start(plan, 0)?;
+    train_with(plan, &mut maker, m, seed, progress)
+}
+
+/// [`train_experts`] with its environments from `maker`.
+fn train_with(
+    plan: &ExpertsPlan,
+    maker: &mut EnvMaker<'_>,
+    m: u64,
+    seed: u64,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(Vec<Vec<f32>>, TrainingCurve)> {
     let layout = plan.model.layout();
     let m_us = usize::try_from(m).map_err(|_| invalid(format!("{m} experts")))?;
     let total = plan.shared_iterations + plan.iterations;
     let mut curve = Vec::with_capacity(total as usize);
     let mut params: Vec<Vec<f32>> = if plan.shared_iterations > 0 {
-        let shared = train_shared(plan, m, seed, &mut curve, progress)?;
+        let shared = train_shared(plan, maker, m, seed, &mut curve, progress)?;
         vec![shared; m_us]
     } else {
         (0..m)
             .map(|u| plan.model.init(mix(&[seed, u, 0x1417])))
             .collect()
     };
-    let mut envs: Vec<Box<dyn Env>> = (0..m)
-        .map(|u| plan.population.setting_env(plan.setting(u)))
-        .collect::<std::result::Result<_, _>>()?;
+    let all: Vec<u64> = (0..m).collect();
+    let mut envs = maker.setting_envs(plan, &all)?;
     let rollout = plan.ppo.rollout();
     let own = LocalUpdateConfig {
         lr: plan.expert_lr,
@@ -495,6 +637,7 @@ fn mean_episode_return(batches: &[UserBatch]) -> f64 {
 /// are fixed, whatever the thread count.
 fn train_shared(
     plan: &ExpertsPlan,
+    maker: &mut EnvMaker<'_>,
     m: u64,
     seed: u64,
     curve: &mut Vec<f64>,
@@ -518,10 +661,7 @@ fn train_shared(
             .iter()
             .map(|&u| mix(&[seed, u, it, 0x7368]))
             .collect();
-        let mut envs: Vec<Box<dyn Env>> = members
-            .iter()
-            .map(|&u| plan.population.setting_env(plan.setting(u)))
-            .collect::<std::result::Result<_, _>>()?;
+        let mut envs = maker.setting_envs(plan, &members)?;
         let starts: Vec<&[f32]> = vec![shared.as_slice(); cohort];
         let batches = run_users_own(
             &plan.model,
@@ -696,6 +836,84 @@ fn record(
     Ok(per_chunk.into_iter().flatten().collect())
 }
 
+/// Experts whose demonstrations are played together through the bridge.
+const GYM_RECORD_CHUNK: usize = 256;
+
+/// [`record`] through the bridge: the same demonstrations (reset seeds, one uniform draw per
+/// step, the cap), the default environments made once per chunk of [`GYM_RECORD_CHUNK`]
+/// experts and their `k`-th demonstrations played in lockstep, one thread per worker.
+fn record_gym(
+    spec: &DatasetSpec,
+    plan: &ExpertsPlan,
+    pool: &mut fedrl_sim::gym_bridge::GymPool,
+    table: &fedrl_common::offline::DatasetGymnasium,
+    policies: &[Vec<f32>],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<Episode>> {
+    let layout = policy_layout(&plan.model);
+    let epu = spec.episodes_per_unit;
+    let m = policies.len();
+    let p_top = 1.0 - (plan.n_actions as f64 - 1.0) * plan.p_min;
+    let shares = pool.workers();
+    let mut out = Vec::with_capacity(m * epu as usize);
+    for lo in (0..m).step_by(GYM_RECORD_CHUNK) {
+        let hi = (lo + GYM_RECORD_CHUNK).min(m);
+        let units: Vec<u64> = (lo as u64..hi as u64).collect();
+        let kwargs = vec![table.kwargs.clone(); units.len()];
+        let mut envs = super::gym::make_envs(pool, &units, &kwargs)?;
+        let nets: Vec<RowMlp> = policies[lo..hi]
+            .iter()
+            .map(|p| RowMlp::new(&layout, p))
+            .collect();
+        let mut per_unit: Vec<Vec<Episode>> = vec![Vec::with_capacity(epu as usize); units.len()];
+        for k in 0..epu {
+            let mut lanes: Vec<super::gym::Lane> = units
+                .iter()
+                .map(|&u| {
+                    let key = mix(&[spec.seed, u, k]);
+                    super::gym::Lane {
+                        id: u * epu + k,
+                        unit: u,
+                        reset_seed: mix(&[key, 0x0072_6573_6574]),
+                        rng: Xoshiro256PlusPlus::seed_from_u64(key),
+                    }
+                })
+                .collect();
+            // As `demonstrate`: one uniform draw per step.
+            let act = |i: usize, obs: &[f32], rng: &mut Xoshiro256PlusPlus| -> usize {
+                let mut x = obs.to_vec();
+                plan.model.normalize_obs(&mut x);
+                let mut scratch = RowScratch::default();
+                let best = argmax(nets[i].policy(&x, &mut scratch));
+                let r: f64 = rng.random();
+                if r < p_top {
+                    best
+                } else {
+                    let k = (((r - p_top) / plan.p_min) as usize).min(plan.n_actions - 2);
+                    if k < best { k } else { k + 1 }
+                }
+            };
+            let eps = super::gym::play_parallel(
+                &mut envs,
+                &mut lanes,
+                plan.obs_dim,
+                plan.max_steps,
+                shares,
+                &act,
+            )?;
+            for (i, e) in eps.into_iter().enumerate() {
+                per_unit[i].push(e);
+            }
+        }
+        out.extend(per_unit.into_iter().flatten());
+        progress(Progress::Recording {
+            done: hi as u64,
+            total: m as u64,
+        });
+    }
+    Ok(out)
+}
+
 /// Trained experts with their dataset: what [`generate_experts`] returns.
 #[derive(Clone, Debug)]
 pub struct GeneratedExperts {
@@ -715,11 +933,15 @@ pub fn generate_experts(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<GeneratedExperts> {
     let plan = plan(spec)?;
-    let (params, curve) = train_experts(&plan, spec.units, spec.seed, progress)?;
+    let mut maker = EnvMaker::start(&plan, 0)?;
+    let (params, curve) = train_with(&plan, &mut maker, spec.units, spec.seed, progress)?;
     let layout = plan.model.layout();
     let policies = policy_parts(&layout, &params);
     drop(params);
-    let episodes = record(spec, &plan, &policies, progress)?;
+    let episodes = match &mut maker {
+        EnvMaker::Rust(_) => record(spec, &plan, &policies, progress)?,
+        EnvMaker::Gym { pool, table } => record_gym(spec, &plan, pool, table, &policies, progress)?,
+    };
     let dataset = Dataset {
         id: spec.minari_id(),
         env_id: spec.env.clone(),

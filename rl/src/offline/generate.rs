@@ -181,11 +181,14 @@ fn play(
     }
 }
 
+/// Makes the environments of the given users, in order.
+type MakeEnvs<'a> = dyn FnMut(&[u64]) -> Result<Vec<Box<dyn Env>>> + 'a;
+
 /// Trains the behaviour policy and returns the checkpoints with the iteration each was taken
 /// at.
 fn train_checkpoints(
     spec: &DatasetSpec,
-    pop: &Population,
+    make_envs: &mut MakeEnvs<'_>,
     model: &ModelSpec,
     iterations: u64,
     checkpoints: u32,
@@ -218,10 +221,7 @@ fn train_checkpoints(
         let users: Vec<u64> = (0..PPO_COHORT as u64)
             .map(|i| TRAINING_USER_BASE + it * PPO_COHORT as u64 + i)
             .collect();
-        let mut envs: Vec<Box<dyn Env>> = users
-            .iter()
-            .map(|&u| pop.user_env(u))
-            .collect::<std::result::Result<_, _>>()?;
+        let mut envs = make_envs(&users)?;
         let seeds: Vec<u64> = users.iter().map(|&u| mix(&[spec.seed, u])).collect();
         let ups = local_updates(model, &global, &mut envs, &seeds, &cfg, &device)?;
         let mut mean = vec![0.0f64; layout.len()];
@@ -252,6 +252,9 @@ fn train_checkpoints(
 pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Result<Dataset> {
     if let Behaviour::Experts { .. } = spec.behaviour {
         return Ok(super::experts::generate_experts(spec, progress)?.dataset);
+    }
+    if let Some((id, g)) = super::gym::gymnasium_of(spec)? {
+        return generate_gym(spec, id, g, progress);
     }
     let pop = Population::new(&spec.env, spec.population_seed)?;
     let probe = pop.user_env(0)?;
@@ -304,7 +307,13 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
                      and {epsilon}"
                 )));
             }
-            train_checkpoints(spec, &pop, &model, iterations, checkpoints, progress)?
+            let mut make = |users: &[u64]| -> Result<Vec<Box<dyn Env>>> {
+                users
+                    .iter()
+                    .map(|&u| pop.user_env(u).map_err(NnError::from))
+                    .collect()
+            };
+            train_checkpoints(spec, &mut make, &model, iterations, checkpoints, progress)?
         }
     };
     let epsilon = match spec.behaviour {
@@ -399,6 +408,144 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
     Ok(Dataset {
         id: spec.minari_id(),
         env_id: pop.env_id().to_string(),
+        obs_dim,
+        n_actions,
+        episodes,
+    })
+}
+
+/// Units recorded together through the bridge: their environments are made in one MAKE per
+/// worker and their episodes stepped in lockstep.
+const GYM_UNIT_CHUNK: usize = 256;
+
+/// [`generate`] for a `gymnasium:<id>` spec (random and `ppo_mixed` behaviours): the same
+/// procedure, units and streams, with the environments in the bridge's workers and the
+/// episodes of [`GYM_UNIT_CHUNK`] units played in lockstep ([`super::gym::play_lockstep`]).
+fn generate_gym(
+    spec: &DatasetSpec,
+    env_id: &str,
+    g: &fedrl_common::offline::DatasetGymnasium,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Dataset> {
+    use super::gym::{Lane, gym_config, play_parallel, start_pool, user_envs};
+    if spec.units == 0 || spec.episodes_per_unit == 0 {
+        return Err(NnError::Invalid(
+            "a dataset needs at least one unit and one episode per unit".into(),
+        ));
+    }
+    match spec.units.checked_mul(spec.episodes_per_unit) {
+        Some(n) if n <= MAX_EPISODES => {}
+        _ => {
+            return Err(NnError::Invalid(format!(
+                "{} units x {} episodes is more than the {MAX_EPISODES} episodes a dataset may hold",
+                spec.units, spec.episodes_per_unit
+            )));
+        }
+    }
+    let mut pool = start_pool(gym_config(env_id, g, spec.population_seed), g)?;
+    let (obs_space, act_space) = (
+        pool.observation_space().clone(),
+        pool.action_space().clone(),
+    );
+    let obs_dim = obs_space.dim();
+    let n_actions = match act_space {
+        Space::Discrete { n } => n,
+        Space::Box { .. } => {
+            return Err(NnError::Invalid(format!(
+                "{}: offline datasets (discrete CQL) need a Discrete action space",
+                spec.env
+            )));
+        }
+    };
+    let model = behaviour_ppo_config().model_spec(&obs_space, &act_space)?;
+    let layout = model.layout();
+    let (checkpoints, epsilon) = match spec.behaviour {
+        Behaviour::Random | Behaviour::Experts { .. } => (Vec::new(), 1.0),
+        Behaviour::PpoMixed {
+            iterations,
+            checkpoints,
+            epsilon,
+        } => {
+            if checkpoints == 0 || !(0.0..=1.0).contains(&epsilon) {
+                return Err(NnError::Invalid(format!(
+                    "ppo_mixed needs checkpoints >= 1 and epsilon in [0, 1], got {checkpoints} \
+                     and {epsilon}"
+                )));
+            }
+            let mut make = |users: &[u64]| user_envs(&mut pool, users);
+            let c = train_checkpoints(spec, &mut make, &model, iterations, checkpoints, progress)?;
+            (c, epsilon)
+        }
+    };
+    let epu = spec.episodes_per_unit;
+    let mut episodes = Vec::with_capacity((spec.units * epu) as usize);
+    let shares = pool.workers();
+    let mut first = 0u64;
+    while first < spec.units {
+        let last = (first + GYM_UNIT_CHUNK as u64).min(spec.units);
+        let units: Vec<u64> = (first..last).collect();
+        let mut envs = user_envs(&mut pool, &units)?;
+        let mut per_unit: Vec<Vec<Episode>> = vec![Vec::with_capacity(epu as usize); units.len()];
+        for k in 0..epu {
+            let mut lanes: Vec<Lane> = units
+                .iter()
+                .map(|&u| {
+                    let key = mix(&[spec.seed, u, k]);
+                    Lane {
+                        id: u * epu + k,
+                        unit: u,
+                        reset_seed: mix(&[key, 0x0072_6573_6574]),
+                        rng: Xoshiro256PlusPlus::seed_from_u64(key),
+                    }
+                })
+                .collect();
+            let act = |i: usize, obs: &[f32], rng: &mut Xoshiro256PlusPlus| -> usize {
+                if checkpoints.is_empty() {
+                    return rng.random_range(0..n_actions);
+                }
+                // As `play`: both draws every step, so the stream does not depend on the policy.
+                let explore = rng.random::<f64>() < epsilon;
+                let random = rng.random_range(0..n_actions);
+                if explore {
+                    return random;
+                }
+                let (_, params) = &checkpoints[(units[i] % checkpoints.len() as u64) as usize];
+                let (mut buf, mut next) = (Vec::new(), Vec::new());
+                GreedyPolicy {
+                    spec: &model,
+                    layout: &layout,
+                    params,
+                }
+                .act(obs, &mut buf, &mut next)
+            };
+            let eps = play_parallel(&mut envs, &mut lanes, obs_dim, 0, shares, &act)?;
+            for (i, e) in eps.into_iter().enumerate() {
+                per_unit[i].push(e);
+            }
+        }
+        episodes.extend(per_unit.into_iter().flatten());
+        progress(Progress::Recording {
+            done: last,
+            total: spec.units,
+        });
+        first = last;
+    }
+    for (k, (iteration, _)) in checkpoints.iter().enumerate() {
+        let eps: Vec<f64> = episodes
+            .iter()
+            .filter(|e| e.unit % checkpoints.len() as u64 == k as u64)
+            .map(Episode::total_return)
+            .collect();
+        progress(Progress::Checkpoint {
+            index: k as u32,
+            iteration: *iteration,
+            mean_return: eps.iter().sum::<f64>() / eps.len().max(1) as f64,
+            episodes: eps.len() as u64,
+        });
+    }
+    Ok(Dataset {
+        id: spec.minari_id(),
+        env_id: spec.env.clone(),
         obs_dim,
         n_actions,
         episodes,

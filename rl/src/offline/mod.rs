@@ -25,6 +25,7 @@ pub mod dataset;
 pub mod dpsgd;
 pub mod experts;
 pub mod generate;
+pub mod gym;
 #[cfg(feature = "hdf5")]
 pub mod hdf5;
 pub mod minari;
@@ -44,4 +45,4 @@ pub use per_example::{
     SummedGradient, UnitGradients, clipped_sum, per_unit_clipped, summed_clipped,
 };
 pub use qnet::QNetSpec;
-pub use train::{CqlTrainer, evaluate_greedy, evaluate_greedy_for, train_cql};
+pub use train::{CqlTrainer, evaluate_greedy, evaluate_greedy_for, evaluate_greedy_in, train_cql};

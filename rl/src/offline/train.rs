@@ -142,11 +142,27 @@ pub fn evaluate_greedy_for(
     seed: u64,
     max_steps: u64,
 ) -> Result<EvalResult> {
-    let device = Device::Cpu;
-    let net = DeviceNet::upload(spec, params, &device)?;
     let mut envs = (0..episodes)
         .map(|_| fedrl_sim::make(env_id))
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    evaluate_greedy_in(spec, params, &mut envs, env_id, seed, max_steps)
+}
+
+/// [`evaluate_greedy_for`] in the given environments, one episode each (episode `i` in
+/// `envs[i]`, reset with the seed derived from `(seed, i)`): e.g. Gymnasium environments made
+/// by the bridge's workers, which the loop steps in batches (every episode's action is queued
+/// before any result is collected). `env_id` names the environment in errors.
+pub fn evaluate_greedy_in(
+    spec: &QNetSpec,
+    params: &[f32],
+    envs: &mut [Box<dyn fedrl_sim::Env>],
+    env_id: &str,
+    seed: u64,
+    max_steps: u64,
+) -> Result<EvalResult> {
+    let episodes = envs.len();
+    let device = Device::Cpu;
+    let net = DeviceNet::upload(spec, params, &device)?;
     if let Some(env) = envs.first() {
         let obs_ok =
             matches!(env.observation_space(), Space::Box { low, .. } if low.len() == spec.obs_dim);
@@ -161,8 +177,14 @@ pub fn evaluate_greedy_for(
     }
     let d = spec.obs_dim;
     let mut obs = vec![0f32; episodes * d];
+    let mut now = Vec::with_capacity(episodes);
     for (i, env) in envs.iter_mut().enumerate() {
-        env.reset(mix(seed, i as u64), &mut obs[i * d..(i + 1) * d]);
+        now.push(env.reset_queue(mix(seed, i as u64), &mut obs[i * d..(i + 1) * d]));
+    }
+    for (i, (env, now)) in envs.iter_mut().zip(now).enumerate() {
+        if !now {
+            env.reset_collect(&mut obs[i * d..(i + 1) * d])?;
+        }
     }
     let mut returns = vec![0f64; episodes];
     let mut active: Vec<usize> = (0..episodes).collect();
@@ -183,9 +205,16 @@ pub fn evaluate_greedy_for(
         let (_, q) = net.forward(&obs_tensor(d, &batch_obs, &device)?)?;
         let q: Vec<Vec<f32>> = q.to_vec2()?;
         let mut still = Vec::with_capacity(active.len());
+        let mut queued = Vec::with_capacity(active.len());
         for (&i, qi) in active.iter().zip(&q) {
             let a = greedy(qi);
-            let step = envs[i].step(Action::Discrete(a), &mut obs[i * d..(i + 1) * d])?;
+            queued.push(envs[i].step_queue(Action::Discrete(a), &mut obs[i * d..(i + 1) * d])?);
+        }
+        for (&i, queued) in active.iter().zip(queued) {
+            let step = match queued {
+                Some(s) => s,
+                None => envs[i].step_collect(&mut obs[i * d..(i + 1) * d])?,
+            };
             returns[i] += step.reward;
             let ended = if max_steps > 0 {
                 step.terminated || t + 1 >= max_steps

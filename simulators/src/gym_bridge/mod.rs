@@ -864,6 +864,27 @@ impl GymPool {
     /// cannot make their environments are returned in the second list with the reason (the
     /// caller drops them from the round).
     pub fn envs_for(&mut self, users: &[u64]) -> (Vec<WorkerGroup>, Vec<(u64, String)>) {
+        let kwargs: Vec<Map<String, Value>> =
+            users.iter().map(|&u| self.cfg.user_kwargs(u)).collect();
+        self.envs_with_kwargs(users, &kwargs)
+    }
+
+    /// [`GymPool::envs_for`] with each user's keyword arguments given (`kwargs[i]` for
+    /// `users[i]`) instead of drawn from the population: e.g. the grid settings an offline
+    /// dataset's experts train on. `kwargs` must be as long as `users` (else every user is
+    /// returned as dropped).
+    pub fn envs_with_kwargs(
+        &mut self,
+        users: &[u64],
+        kwargs: &[Map<String, Value>],
+    ) -> (Vec<WorkerGroup>, Vec<(u64, String)>) {
+        if kwargs.len() != users.len() {
+            let why = format!("{} keyword sets for {} users", kwargs.len(), users.len());
+            return (
+                Vec::new(),
+                users.iter().map(|&u| (u, why.clone())).collect(),
+            );
+        }
         let w_count = self.workers.len();
         let mut groups = Vec::new();
         let mut dropped = Vec::new();
@@ -887,7 +908,7 @@ impl GymPool {
                     continue;
                 }
             }
-            match self.make_on(w, share) {
+            match self.make_on(w, &kwargs[lo..hi]) {
                 Ok(envs) => groups.push(WorkerGroup {
                     worker: w,
                     users: share.to_vec(),
@@ -902,33 +923,35 @@ impl GymPool {
         (groups, dropped)
     }
 
-    /// Makes `users`' environments on worker `w` (slots `0..users.len()`).
-    fn make_on(&self, w: usize, users: &[u64]) -> Result<Vec<Box<dyn Env>>, SimError> {
+    /// Makes one environment per keyword set of `kwargs` on worker `w` (slots
+    /// `0..kwargs.len()`).
+    fn make_on(
+        &self,
+        w: usize,
+        kwargs: &[Map<String, Value>],
+    ) -> Result<Vec<Box<dyn Env>>, SimError> {
         let shared = &self.workers[w];
         let mut g = shared
             .lock()
             .map_err(|_| SimError::Invalid("worker state poisoned".into()))?;
-        let kws: Vec<Value> = users
-            .iter()
-            .map(|&u| Value::Object(self.cfg.user_kwargs(u)))
-            .collect();
+        let kws: Vec<Value> = kwargs.iter().cloned().map(Value::Object).collect();
         let payload = Value::Array(kws).to_string();
         let t = self.cfg.start_timeout;
         g.request(
             protocol::MAKE,
-            users.len() as u32,
+            kwargs.len() as u32,
             payload.as_bytes(),
             protocol::OK,
             t,
         )?;
         g.generation += 1;
-        g.pending = vec![None; users.len()];
-        g.ready = vec![None; users.len()];
-        g.pending_reset = vec![None; users.len()];
-        g.reset_ready = vec![None; users.len()];
+        g.pending = vec![None; kwargs.len()];
+        g.ready = vec![None; kwargs.len()];
+        g.pending_reset = vec![None; kwargs.len()];
+        g.reset_ready = vec![None; kwargs.len()];
         let generation = g.generation;
         drop(g);
-        Ok((0..users.len())
+        Ok((0..kwargs.len())
             .map(|slot| {
                 Box::new(GymEnv {
                     shared: Arc::clone(shared),

@@ -164,6 +164,17 @@ pub const FALLBACK_EPISODE_STEPS: u64 = 100_000;
 
 impl OfflineCqlTaskExt for OfflineCqlTask {
     fn qnet_spec(&self) -> Result<QNetSpec, TaskError> {
+        // A Gymnasium dataset's spaces are its declaration: the aggregator runs no Python; the
+        // generator checks the workers against it.
+        if let DatasetSource::Generated(d) = &self.dataset
+            && let Some(g) = gymnasium_table(d)?
+        {
+            return Ok(QNetSpec {
+                obs_dim: g.obs_dim,
+                hidden: self.cql.hidden.clone(),
+                n_actions: g.actions,
+            });
+        }
         let resolved = match &self.dataset {
             DatasetSource::Stored(s) => crate::stored::resolve_if_present(s)?,
             DatasetSource::Generated(_) => None,
@@ -210,6 +221,16 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
             // dataset to know the bound (an absent one is refused, naming it).
             DatasetSource::Stored(s) => return Ok(crate::stored::resolve(s)?.header.total_steps),
         };
+        if gymnasium_table(d)?.is_some() {
+            // A Gymnasium environment's step limit is not in the registry.
+            let mut steps = FALLBACK_EPISODE_STEPS;
+            if let fedrl_common::offline::Behaviour::Experts { max_steps, .. } = &d.behaviour
+                && *max_steps > 0
+            {
+                steps = steps.min(*max_steps);
+            }
+            return Ok(d.episodes_per_unit.saturating_mul(steps));
+        }
         let env = Population::new(&d.env, d.population_seed)
             .and_then(|p| p.user_env(0))
             .map_err(|e| model_error("task.dataset.env", e))?;
@@ -225,4 +246,20 @@ impl OfflineCqlTaskExt for OfflineCqlTask {
         }
         Ok(d.episodes_per_unit.saturating_mul(steps))
     }
+}
+
+/// The `[task.dataset.gymnasium]` table of a generation spec whose `env` is `gymnasium:<id>`
+/// (`None` for fedrl's own environments); an inconsistent spec is an error.
+pub fn gymnasium_table(
+    d: &fedrl_common::offline::DatasetSpec,
+) -> Result<Option<&fedrl_common::offline::DatasetGymnasium>, TaskError> {
+    d.check_gymnasium().map_err(TaskError::Invalid)?;
+    Ok(d.gymnasium.as_deref())
+}
+
+/// Whether the task's greedy evaluations run in a Gymnasium environment: the aggregator runs no
+/// Python (DESIGN §2.6), so its server model leaves them to `fedrl run`, which evaluates the
+/// exported Q-network through the bridge once the aggregator ended.
+pub fn evaluates_in_gymnasium(task: &OfflineCqlTask) -> bool {
+    matches!(&task.dataset, DatasetSource::Generated(d) if d.gymnasium.is_some())
 }

@@ -103,7 +103,11 @@ impl CqlModel {
     /// on held-out episodes, recorded in the curve.
     fn after_step(&mut self) {
         let step = self.dp_done + self.free_done;
-        if !step.is_multiple_of(self.task.eval_every.max(1)) {
+        // A Gymnasium environment's evaluations cannot run here (no Python in the aggregator);
+        // `fedrl run` evaluates the final network only.
+        if !step.is_multiple_of(self.task.eval_every.max(1))
+            || super::evaluates_in_gymnasium(&self.task)
+        {
             return;
         }
         let mut e = self
@@ -312,7 +316,17 @@ impl ServerModel for CqlModel {
 
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         // Other episodes than the periodic evaluations'.
-        let seed = self.task.eval_seed.wrapping_add(0x5EED_F1A1);
+        let seed = final_eval_seed(&self.task);
+        if super::evaluates_in_gymnasium(&self.task) {
+            // `fedrl run` fills it in from the exported network (the aggregator runs no Python).
+            let mut out = serde_json::json!({ "deferred": true });
+            if self.schedule.is_some() {
+                out["dp_steps"] = self.dp_done.into();
+                out["free_steps"] = self.free_done.into();
+                out["free_steps_seconds"] = self.free_s.into();
+            }
+            return Some(out);
+        }
         let mut out = match self.evaluate_with(self.task.final_eval_episodes, seed) {
             Ok(e) => serde_json::json!({
                 "final_eval_return": e["eval_return"],
@@ -366,6 +380,12 @@ impl TrainsOnStableData for CqlModel {
         // The free steps before the first DP step (all of them when there is none).
         self.run_free_steps(false)
     }
+}
+
+/// The reset seeds' base of a task's final evaluation: other episodes than the periodic
+/// evaluations'.
+pub fn final_eval_seed(task: &OfflineCqlTask) -> u64 {
+    task.eval_seed.wrapping_add(0x5EED_F1A1)
 }
 
 /// Seed 000/002's normalised score of a mean evaluation return at an evaluation horizon of

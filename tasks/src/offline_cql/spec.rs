@@ -122,6 +122,7 @@ impl OfflineCqlTask {
                 "task.dataset.units and task.dataset.episodes_per_unit must be >= 1".into(),
             );
         }
+        d.check_gymnasium().map_err(TaskError::Invalid)?;
         if let crate::offline::Behaviour::PpoMixed {
             checkpoints,
             epsilon,
