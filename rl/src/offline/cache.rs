@@ -194,13 +194,7 @@ pub fn stored_dir(root: &Path, name: &str) -> Result<PathBuf, CacheError> {
         name: name.to_string(),
         root: root.to_path_buf(),
     };
-    if let Some(file) = name.strip_prefix("continuous/")
-        && !file.contains(['/', '\\'])
-        && root
-            .join("continuous")
-            .join(format!("{file}.safetensors"))
-            .is_file()
-    {
+    if super::continuous::named_file(root, name).is_some_and(|p| p.is_file()) {
         return Err(CacheError::Continuous {
             name: name.to_string(),
         });

@@ -1029,18 +1029,24 @@ pub fn load_or_generate_units(
     Ok(ds)
 }
 
-/// The file of the stored continuous dataset `name` (`continuous/<file>`, as `fedrl data list`
-/// shows it) under `root`, which must exist.
-pub fn stored_path(root: &Path, name: &str) -> Result<std::path::PathBuf> {
+/// Where the continuous dataset named `name` (`continuous/<file>`, as `fedrl data list` shows
+/// it) lives under `root`, whether or not it exists; `None` for any other name (one that could
+/// leave `root/continuous`).
+pub fn named_file(root: &Path, name: &str) -> Option<std::path::PathBuf> {
     let file = name
         .strip_prefix("continuous/")
-        .filter(|f| !f.is_empty() && !f.contains(['/', '\\']) && !f.starts_with('.'))
-        .ok_or_else(|| {
-            invalid(format!(
-                "task.dataset.name: {name:?} is not a continuous dataset's name (`continuous/<name>`, as `fedrl data list` shows it)"
-            ))
-        })?;
-    let path = root.join("continuous").join(format!("{file}.safetensors"));
+        .filter(|f| !f.is_empty() && !f.contains(['/', '\\']) && !f.starts_with('.'))?;
+    Some(root.join("continuous").join(format!("{file}.safetensors")))
+}
+
+/// The file of the stored continuous dataset `name` under `root` ([`named_file`]), which must
+/// exist.
+pub fn stored_path(root: &Path, name: &str) -> Result<std::path::PathBuf> {
+    let path = named_file(root, name).ok_or_else(|| {
+        invalid(format!(
+            "task.dataset.name: {name:?} is not a continuous dataset's name (`continuous/<name>`, as `fedrl data list` shows it)"
+        ))
+    })?;
     if !path.is_file() {
         return Err(invalid(format!(
             "task.dataset.name: no continuous dataset {name:?} under {} (`fedrl data list` shows what is there; `fedrl data import` brings a Box-action Minari dataset in)",

@@ -551,18 +551,18 @@ fn continuous_file(id_or_path: &str, root: &RootArg) -> anyhow::Result<Option<Pa
     if p.is_file() && p.extension().is_some_and(|e| e == "safetensors") {
         return Ok(Some(p.to_path_buf()));
     }
-    let Some(name) = id_or_path.strip_prefix("continuous/") else {
+    if !id_or_path.starts_with("continuous/") {
         return Ok(None);
-    };
+    }
     let root = self::root(root)?;
-    let path = root.join("continuous").join(format!("{name}.safetensors"));
-    if name.contains(['/', '\\']) || !path.is_file() {
+    let path = fedrl_rl::offline::continuous::named_file(&root, id_or_path);
+    let Some(path) = path.filter(|p| p.is_file()) else {
         return Err(UsageError(format!(
             "no dataset {id_or_path:?} under {} (see `fedrl data list`)",
             root.display()
         ))
         .into());
-    }
+    };
     Ok(Some(path))
 }
 
