@@ -57,8 +57,26 @@ row = {
     "finetuning_phase_s": fe["phase_seconds"].get("finetuning"),
     "sampling_s": fe["phase_seconds"]["sampling"],
     "downstream_s": fe["phase_seconds"]["downstream"],
+    "marginal_per_entry": fe["fidelity"].get("marginal_per_entry"),
+    "snapped_entries": fe["fidelity"].get("snapped_entries"),
     "out": out,
 }
+try:
+    op = json.load(open(f"{out}/operator/report.json"))
+    def find(v):
+        if isinstance(v, dict):
+            if "membership" in v and isinstance(v["membership"], dict):
+                return v["membership"]
+            for x in v.values():
+                f = find(x)
+                if f: return f
+        return None
+    mem = find(op)
+    if mem and "tpr_at_10pct_fpr" in mem:
+        row["mia_tpr_at_10pct_fpr"] = mem["tpr_at_10pct_fpr"]
+        row["mia_tpr_at_1pct_fpr"] = mem["tpr_at_1pct_fpr"]
+except (OSError, ValueError):
+    pass
 print(json.dumps(row))
 EOF
     tail -1 bench/results/privorl.jsonl

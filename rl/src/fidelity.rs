@@ -26,6 +26,9 @@ pub struct Fidelity {
     pub correlation: Option<f64>,
     /// Pairs left out of `correlation` because a column is constant on one side.
     pub undefined_pairs: usize,
+    /// `1 - KS` of each dimension, in column order (their mean is `marginal`): where a
+    /// synthetic table's marginals fall short.
+    pub per_dimension: Vec<f64>,
 }
 
 /// The two-sample Kolmogorov-Smirnov statistic of `a` and `b` (non-empty, no NaN).
@@ -117,12 +120,12 @@ pub fn fidelity(real: &[f32], synthetic: &[f32], dim: usize) -> Result<Fidelity>
     }
     let real_cols: Vec<Vec<f64>> = (0..dim).map(|j| column(real, dim, j)).collect();
     let syn_cols: Vec<Vec<f64>> = (0..dim).map(|j| column(synthetic, dim, j)).collect();
-    let marginal = real_cols
+    let per_dimension: Vec<f64> = real_cols
         .iter()
         .zip(&syn_cols)
         .map(|(r, s)| 1.0 - ks_statistic(r, s))
-        .sum::<f64>()
-        / dim as f64;
+        .collect();
+    let marginal = per_dimension.iter().sum::<f64>() / dim as f64;
     let real_ranks: Vec<Vec<f64>> = real_cols.iter().map(|c| average_ranks(c)).collect();
     let syn_ranks: Vec<Vec<f64>> = syn_cols.iter().map(|c| average_ranks(c)).collect();
     let (mut sum, mut defined, mut undefined) = (0.0, 0usize, 0usize);
@@ -144,6 +147,7 @@ pub fn fidelity(real: &[f32], synthetic: &[f32], dim: usize) -> Result<Fidelity>
         marginal,
         correlation: (defined > 0).then(|| sum / defined as f64),
         undefined_pairs: undefined,
+        per_dimension,
     })
 }
 

@@ -168,6 +168,27 @@ fn a_tiny_privorl_run_releases_an_evaluated_synthetic_dataset() {
         .dataset;
     assert_eq!(d.episodes.len(), 60);
     assert_eq!(d.n_actions, 2);
+    // CartPole's reward is 1 on every public transition: the release snaps it there (the
+    // model's raw values scatter around 1), and reports which entry it snapped and each
+    // entry's marginal score ([s (4), a (2), r, s' (4), done]: the reward is entry 6).
+    assert_eq!(
+        r["fidelity"]["snapped_entries"],
+        serde_json::json!([6]),
+        "{r}"
+    );
+    assert!(
+        d.episodes
+            .iter()
+            .all(|e| e.rewards.iter().all(|&x| x == 1.0)),
+        "every released reward is the public value 1"
+    );
+    let per = r["fidelity"]["marginal_per_entry"].as_array().unwrap();
+    assert_eq!(per.len(), 12);
+    assert_eq!(
+        per[6].as_f64(),
+        Some(1.0),
+        "the snapped reward matches exactly"
+    );
     let meta: serde_json::Value = serde_json::from_slice(
         &std::fs::read(root.join(id).join("data").join("metadata.json")).unwrap(),
     )

@@ -5,7 +5,8 @@
 //! aggregator's summed path, DESIGN §2.4) drives the same networks and losses.
 //! - [`encode`]: transitions `(s, a, r, s', done)` as real vectors (discrete actions one-hot,
 //!   argmax on the way back) and back;
-//! - [`normalize`]: per-dimension standardisation fitted on public data only ([`PublicRows`]);
+//! - [`normalize`]: per-dimension standardisation fitted on public data only ([`PublicRows`]),
+//!   and the few-valued entries synthetic values are snapped to ([`PublicSupport`]);
 //! - [`denoiser`]: SynthER's residual-MLP denoiser (random-Fourier-feature time embedding);
 //! - [`edm`]: EDM's preconditioning, training loss and stochastic Heun sampler;
 //! - [`ema`]: the exponential moving average of the weights samples are drawn from;
@@ -40,7 +41,7 @@ pub use denoiser::{Denoiser, DenoiserConfig, DenoiserSpec};
 pub use edm::EdmConfig;
 pub use ema::{Ema, EmaConfig};
 pub use encode::{ActionCoding, Actions, TransitionLayout, Transitions};
-pub use normalize::{Normalizer, PublicRows};
+pub use normalize::{Normalizer, PublicRows, PublicSupport};
 pub use synth::{
     DiffusionModel, SYNTH_META_KEY, SynthesizerConfig, TrainConfig, TransitionSynthesizer, Weights,
 };

@@ -15,8 +15,15 @@
 //! public data would otherwise be divided by 1e-5). A real entry whose public standard deviation
 //! is below [`MIN_STD`] is only centred (divisor 1), for the same reason.
 //!
+//! [`PublicSupport`] is the other public statistic: the real entries whose public values take
+//! only a few distinct values (CartPole's reward is always 1), to which sampled values are
+//! snapped before decoding, as the one-hot action and the terminal flag are decoded to their
+//! discrete values. A model's output is continuous, so without it a point mass (every real
+//! reward exactly 1.0) is released as a cloud around it.
+//!
 //! Invariants: `mean` and `scale` have one finite entry per dimension, `scale > 0`;
-//! `unnormalize(normalize(x)) == x` up to f32 rounding.
+//! `unnormalize(normalize(x)) == x` up to f32 rounding; a snapped entry only ever takes a value
+//! seen in the public data.
 
 use serde::{Deserialize, Serialize};
 
@@ -167,5 +174,139 @@ impl Normalizer {
                 *v = *v * s + m;
             }
         }
+    }
+}
+
+/// For each entry of a layout, the sorted distinct values the public data gives it when they are
+/// few (at most the `max_values` given to [`PublicSupport::fit`]); `None` for entries with more,
+/// and for one-hot and terminal entries (decoded discretely anyway). Public data only, like the
+/// normaliser: snapping to it is post-processing that costs no privacy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PublicSupport {
+    entries: Vec<Option<Vec<f32>>>,
+}
+
+impl PublicSupport {
+    /// The support of every real entry of `layout` with at most `max_values` distinct public
+    /// values (0: none is snapped).
+    pub fn fit(layout: &TransitionLayout, public: &PublicRows, max_values: usize) -> Result<Self> {
+        let d = layout.dim();
+        if public.dim() != d {
+            return Err(NnError::Invalid(format!(
+                "public support: public rows have {} entries, the layout {d}",
+                public.dim()
+            )));
+        }
+        let kinds = layout.kinds();
+        let mut entries = Vec::with_capacity(d);
+        for (j, kind) in kinds.iter().enumerate() {
+            if max_values == 0 || *kind != EntryKind::Real {
+                entries.push(None);
+                continue;
+            }
+            let mut seen: Vec<f32> = Vec::new();
+            let mut few = true;
+            for row in public.values().chunks_exact(d) {
+                let v = row[j];
+                if !seen.iter().any(|s| s.to_bits() == v.to_bits()) {
+                    if seen.len() == max_values {
+                        few = false;
+                        break;
+                    }
+                    seen.push(v);
+                }
+            }
+            entries.push(few.then(|| {
+                seen.sort_by(f32::total_cmp);
+                seen
+            }));
+        }
+        Ok(PublicSupport { entries })
+    }
+
+    /// Indices of the entries that are snapped.
+    pub fn snapped(&self) -> Vec<usize> {
+        (0..self.entries.len())
+            .filter(|&j| self.entries[j].is_some())
+            .collect()
+    }
+
+    /// The support of entry `j`, if it is snapped.
+    pub fn values(&self, j: usize) -> Option<&[f32]> {
+        self.entries.get(j).and_then(|e| e.as_deref())
+    }
+
+    /// Replaces every snapped entry of `rows` (unnormalised, row-major, rows of the layout's
+    /// dimension) by the nearest of its public values (the lower one on a tie). A no-op for a
+    /// support of another dimension than the rows'.
+    pub fn snap(&self, rows: &mut [f32]) {
+        let d = self.entries.len();
+        if d == 0 || self.snapped().is_empty() {
+            return;
+        }
+        for row in rows.chunks_exact_mut(d) {
+            for (v, e) in row.iter_mut().zip(&self.entries) {
+                if let Some(support) = e {
+                    *v = nearest(support, *v);
+                }
+            }
+        }
+    }
+}
+
+/// The value of the sorted, non-empty `support` nearest to `x` (the lower on a tie; NaN maps to
+/// the first value).
+fn nearest(support: &[f32], x: f32) -> f32 {
+    let mut best = support[0];
+    for &s in &support[1..] {
+        if (s - x).abs() < (best - x).abs() {
+            best = s;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diffusion::encode::ActionCoding;
+
+    #[test]
+    fn a_constant_public_entry_is_snapped_and_a_varied_one_is_not() {
+        // [s (1), a (one-hot 2), r, s' (1), done]: s varies, r takes two values.
+        let layout = TransitionLayout {
+            obs_dim: 1,
+            action: ActionCoding::Discrete { n: 2 },
+            model_terminal: true,
+        };
+        let mut values = Vec::new();
+        for i in 0..20 {
+            let r = if i % 5 == 0 { 0.0 } else { 1.0 };
+            values.extend_from_slice(&[i as f32 * 0.1, 1.0, 0.0, r, i as f32 * 0.1 + 0.05, 0.0]);
+        }
+        let public = PublicRows::new(6, values).unwrap();
+        let support = PublicSupport::fit(&layout, &public, 8).unwrap();
+        assert_eq!(support.snapped(), vec![3], "only the reward has few values");
+        assert_eq!(support.values(3), Some(&[0.0f32, 1.0][..]));
+        let mut rows = vec![
+            0.33, 0.9, 0.2, 0.97, 0.41, 0.7, -1.0, 0.1, 0.8, 0.2, -1.2, 0.2,
+        ];
+        support.snap(&mut rows);
+        // The reward goes to the nearest public value; nothing else changes (a tie goes low).
+        assert_eq!(
+            rows,
+            vec![
+                0.33, 0.9, 0.2, 1.0, 0.41, 0.7, -1.0, 0.1, 0.8, 0.0, -1.2, 0.2
+            ]
+        );
+        let mut tie = vec![0.0, 0.0, 0.0, 0.5, 0.0, 0.0];
+        support.snap(&mut tie);
+        assert_eq!(tie[3], 0.0);
+        // Off: nothing is snapped.
+        let off = PublicSupport::fit(&layout, &public, 0).unwrap();
+        assert!(off.snapped().is_empty());
+        // More values than allowed: not snapped.
+        let one = PublicSupport::fit(&layout, &public, 1).unwrap();
+        assert!(one.snapped().is_empty());
     }
 }

@@ -29,7 +29,7 @@ use super::denoiser::{Denoiser, DenoiserConfig, DenoiserSpec};
 use super::edm::{self, EdmConfig};
 use super::ema::{Ema, EmaConfig};
 use super::encode::{TransitionLayout, Transitions};
-use super::normalize::{Normalizer, PublicRows};
+use super::normalize::{Normalizer, PublicRows, PublicSupport};
 use crate::tensor_io;
 use crate::{NnError, Result};
 
@@ -400,8 +400,21 @@ impl TransitionSynthesizer {
 
     /// `n` synthetic transitions from the EMA weights: sampled, unnormalised, decoded.
     pub fn sample(&mut self, n: usize) -> Result<Transitions> {
+        self.sample_snapped(n, None)
+    }
+
+    /// [`Self::sample`] with the entries of `support` snapped to their public values before
+    /// decoding ([`PublicSupport::snap`]).
+    pub fn sample_snapped(
+        &mut self,
+        n: usize,
+        support: Option<&PublicSupport>,
+    ) -> Result<Transitions> {
         let mut rows = self.model.sample_normalized(n, Weights::Ema)?;
         self.normalizer.unnormalize(&mut rows);
+        if let Some(s) = support {
+            s.snap(&mut rows);
+        }
         self.layout.decode(&rows)
     }
 

@@ -20,7 +20,7 @@ use fedrl_common::task::privorl::PrivorlTask;
 use fedrl_rl::audit::{AttackConfig, MembershipReport, denoising_loss_scores};
 use fedrl_rl::candle_core::{Device, Tensor};
 use fedrl_rl::diffusion::edm::{normal_tensor, per_example_loss};
-use fedrl_rl::diffusion::{Actions, DiffusionModel, TransitionSynthesizer};
+use fedrl_rl::diffusion::{Actions, DiffusionModel, PublicSupport, TransitionSynthesizer};
 use fedrl_rl::offline::dataset::{Dataset, Episode};
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_rl::offline::train::{evaluate_greedy_for, train_cql};
@@ -28,7 +28,10 @@ use fedrl_rl::offline::{TransitionBatch, minari};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
-use super::{PrivorlTaskExt, batch_transitions, continuous, eval_env, load_sensitive, pretrained};
+use super::{
+    PrivorlTaskExt, batch_transitions, continuous, eval_env, load_sensitive, pretrained,
+    public_rows,
+};
 use crate::server::{ModelError, ModelState, ServerModel};
 
 /// Folder of the released synthetic dataset in the output directory (a Minari root: the
@@ -66,6 +69,9 @@ pub struct PrivorlModel {
     /// The membership audit's normalised rows: units' transitions (members) and held-out ones
     /// (non-members); empty when the audit is off. Operator-only.
     audit_rows: (Vec<f32>, Vec<f32>),
+    /// The few-valued entries of the public data, snapped to in the release
+    /// (`task.snap_public_values`).
+    support: PublicSupport,
     device: Device,
 }
 
@@ -110,6 +116,8 @@ impl PrivorlModel {
         )?;
         let (units, holdout) = load_sensitive(task, &root)?;
         let layout = *synth.layout();
+        let support =
+            PublicSupport::fit(&layout, &public_rows(task, &root)?, task.snap_public_values)?;
         if holdout.is_empty() {
             anyhow::bail!(
                 "the sensitive dataset has no episode after the units' transitions: raise task.dataset.units for held-out data"
@@ -153,6 +161,7 @@ impl PrivorlModel {
             pretrain_s,
             ready_at: Instant::now(),
             released: None,
+            support,
             device,
         };
         m.offer = m.synth.model().online_flat()?;
@@ -205,7 +214,7 @@ impl PrivorlModel {
         let mut done = 0;
         while done < n {
             let m = SAMPLE_CHUNK.min(n - done);
-            let mut t = self.synth.sample(m)?;
+            let mut t = self.synth.sample_snapped(m, Some(&self.support))?;
             match (&t.actions, &cont) {
                 (Actions::Discrete(actions), None) => {
                     batch.obs.extend_from_slice(&t.obs);
@@ -382,6 +391,8 @@ impl PrivorlModel {
                 "marginal": f.marginal,
                 "correlation": f.correlation,
                 "undefined_pairs": f.undefined_pairs,
+                "marginal_per_entry": f.per_dimension,
+                "snapped_entries": self.support.snapped(),
                 "real_transitions": self.holdout.len(),
                 "synthetic_transitions": synthetic.len(),
                 "against": "held-out real transitions (episodes after the units'; no unit's data): an evaluation beside the DP release, not covered by its epsilon",

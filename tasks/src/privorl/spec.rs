@@ -92,6 +92,14 @@ pub struct PrivorlTask {
     /// Synthetic transitions sampled and released; 0 (default): as many as `transitions`.
     #[serde(default)]
     pub synthetic_transitions: u64,
+    /// Entries of a transition (observation, continuous action, reward) whose public data
+    /// takes at most this many distinct values are released as the nearest of those values,
+    /// as one-hot actions and terminal flags are decoded to theirs (CartPole's reward is
+    /// always 1: without it the release holds values around 1). Public data only, so it costs
+    /// no privacy; it assumes the sensitive data's values of such an entry lie in the public
+    /// ones (same domain). 0 turns it off. Default 8.
+    #[serde(default = "d_snap_public_values")]
+    pub snap_public_values: usize,
     /// Held-out denoising loss of the EMA weights every K fine-tuning steps (the curve).
     /// Default 50.
     #[serde(default = "d_eval_every")]
@@ -682,6 +690,10 @@ fn d_true() -> bool {
 
 fn d_one_u32() -> u32 {
     1
+}
+
+fn d_snap_public_values() -> usize {
+    8
 }
 
 fn d_eval_every() -> u64 {

@@ -55,7 +55,7 @@ use fedrl_rl::diffusion::trajectory::{
     summed_trajectory_contributions, trajectory_contributions,
 };
 use fedrl_rl::diffusion::{
-    Actions, Normalizer, PublicRows, Rnd, TransitionLayout, Transitions, Weights,
+    Actions, Normalizer, PublicRows, PublicSupport, Rnd, TransitionLayout, Transitions, Weights,
     replace_with_most_novel,
 };
 use fedrl_rl::offline::continuous::{ContinuousDataset, ContinuousEpisode, ContinuousMeta};
@@ -759,6 +759,9 @@ pub struct TrajectoryModel {
     /// The membership audit's trajectories as fragments: units' (members) and held-out ones
     /// (non-members); empty when the audit is off. Operator-only.
     audit: (Vec<Fragments>, Vec<Fragments>),
+    /// The few-valued entries of the public data, snapped to in the release
+    /// (`task.snap_public_values`).
+    support: PublicSupport,
     device: Device,
 }
 
@@ -800,6 +803,11 @@ impl TrajectoryModel {
             None,
         )?;
         let (units, holdout) = load_trajectories(task, &root)?;
+        let support = PublicSupport::fit(
+            &layout,
+            &public_episodes(task, &root)?.0,
+            task.snap_public_values,
+        )?;
         if holdout.is_empty() {
             anyhow::bail!(
                 "the sensitive dataset has no episode after the units' trajectories: raise task.dataset.units for held-out data"
@@ -851,6 +859,7 @@ impl TrajectoryModel {
             ready_at: Instant::now(),
             max_len: max_length(task)?,
             released: None,
+            support,
             device,
         };
         m.offer = m.synth.model().online_flat()?;
@@ -897,7 +906,10 @@ impl TrajectoryModel {
         let mut transitions = 0usize;
         while generated.len() < n {
             let m = GENERATE_CHUNK.min(n - generated.len());
-            for mut t in self.synth.generate(m, self.max_len)? {
+            for mut t in self
+                .synth
+                .generate_snapped(m, self.max_len, Some(&self.support))?
+            {
                 if let Some(env) = &cont {
                     continuous::clip_actions(&mut t, env);
                 }
@@ -1112,6 +1124,8 @@ impl TrajectoryModel {
                 "marginal": f.marginal,
                 "correlation": f.correlation,
                 "undefined_pairs": f.undefined_pairs,
+                "marginal_per_entry": f.per_dimension,
+                "snapped_entries": self.support.snapped(),
                 "real_transitions": real.len(),
                 "synthetic_transitions": synthetic.len(),
                 "against": "held-out real episodes' transitions (episodes after the units'; no unit's data): an evaluation beside the DP release, not covered by its epsilon",

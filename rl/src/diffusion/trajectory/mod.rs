@@ -47,7 +47,7 @@ use super::denoiser::{DenoiserConfig, ParamShape};
 use super::edm::{self, EdmConfig, EdmNet};
 use super::ema::Ema;
 use super::encode::{TransitionLayout, Transitions};
-use super::normalize::{Normalizer, PublicRows};
+use super::normalize::{Normalizer, PublicRows, PublicSupport};
 use super::synth::{TrainConfig, Weights};
 use crate::{NnError, Result};
 
@@ -768,6 +768,17 @@ impl TrajectorySynthesizer {
     /// `n` synthetic trajectories from the EMA weights, each generated fragment by fragment
     /// until a terminal transition or `max_len` transitions (environment units).
     pub fn generate(&mut self, n: usize, max_len: usize) -> Result<Vec<Transitions>> {
+        self.generate_snapped(n, max_len, None)
+    }
+
+    /// [`Self::generate`] with the entries of `support` snapped to their public values before
+    /// decoding (the conditioning on the previous fragment uses the model's own values).
+    pub fn generate_snapped(
+        &mut self,
+        n: usize,
+        max_len: usize,
+        support: Option<&PublicSupport>,
+    ) -> Result<Vec<Transitions>> {
         let d = self.layout.dim();
         if max_len == 0 {
             return Err(NnError::Invalid(
@@ -806,6 +817,11 @@ impl TrajectorySynthesizer {
                 }
             }
             active = still;
+        }
+        if let Some(sp) = support {
+            for r in &mut rows {
+                sp.snap(r);
+            }
         }
         rows.iter().map(|r| self.layout.decode(r)).collect()
     }
