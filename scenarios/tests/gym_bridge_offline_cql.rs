@@ -37,6 +37,7 @@ fn venv() -> bool {
 const EVAL_SEED: u64 = 5;
 const EVAL_EPISODES: usize = 3;
 const EVAL_MAX_STEPS: u64 = 200;
+const FINAL_EPISODES: usize = 4;
 /// Rounds (one DP-SGD step each) and the evaluation interval in steps.
 const ROUNDS: u64 = 30;
 const EVAL_EVERY: u64 = 5;
@@ -69,7 +70,7 @@ transitions_per_unit = 4
 eval_every = {EVAL_EVERY}
 eval_episodes = {EVAL_EPISODES}
 eval_seed = {EVAL_SEED}
-final_eval_episodes = 4
+final_eval_episodes = {FINAL_EPISODES}
 eval_max_steps = {EVAL_MAX_STEPS}
 
 [task.dataset]
@@ -127,11 +128,13 @@ fn close(a: &Value, b: &Value, what: &str) {
 }
 
 /// The filled evaluations of a run's rows and curve (in `dir`, its state directory `state`)
-/// each equal the Rust evaluation of the snapshot they name, on the aggregator's episodes.
-fn filled_as_in_rust(dir: &Path, state: &Path) {
+/// each equal the Rust evaluation of the snapshot they name, on the aggregator's episodes; the
+/// curve has an evaluation at each of `steps` and the rows `rows` of them; the final evaluation
+/// is the Rust one of the exported network on the final evaluation's episodes.
+fn filled_as_in_rust(dir: &Path, state: &Path, steps: &[u64], rows: usize) {
     let fe = &read_json(&dir.join("report.json"))["final_evaluation"];
     let curve = fe["curve"].as_array().unwrap();
-    let rows: Vec<Value> = released(&dir.join("metrics.jsonl"))
+    let evaluated: Vec<Value> = released(&dir.join("metrics.jsonl"))
         .into_iter()
         .filter(|r| !r["eval"].is_null())
         .collect();
@@ -140,13 +143,11 @@ fn filled_as_in_rust(dir: &Path, state: &Path) {
             .iter()
             .map(|e| e["step"].as_u64().unwrap())
             .collect::<Vec<_>>(),
-        (1..=ROUNDS / EVAL_EVERY)
-            .map(|k| k * EVAL_EVERY)
-            .collect::<Vec<_>>(),
+        steps,
         "{fe}"
     );
-    assert_eq!(rows.len() as u64, ROUNDS / EVAL_EVERY, "{rows:?}");
-    for e in curve.iter().chain(rows.iter().map(|r| &r["eval"])) {
+    assert_eq!(evaluated.len(), rows, "{evaluated:?}");
+    for e in curve.iter().chain(evaluated.iter().map(|r| &r["eval"])) {
         assert_eq!(e["deferred"], true, "{e}");
         let name = e["snapshot"].as_str().unwrap();
         assert_eq!(name, format!("step-{:08}", e["step"].as_u64().unwrap()));
@@ -169,6 +170,34 @@ fn filled_as_in_rust(dir: &Path, state: &Path) {
         close(&e["eval_return_std"], &r.std.into(), name);
         assert_eq!(e["eval_episodes"], EVAL_EPISODES, "{e}");
     }
+    // The final evaluation: the exported network on the final evaluation's own episodes.
+    let (spec, params) = QNetSpec::load_file(&state.join("q_network.safetensors")).unwrap();
+    let final_seed = EVAL_SEED.wrapping_add(0x5EED_F1A1);
+    let r = evaluate_greedy_for(
+        &spec,
+        &params,
+        "CartPole-v1",
+        FINAL_EPISODES,
+        final_seed,
+        EVAL_MAX_STEPS,
+    )
+    .unwrap();
+    close(
+        &fe["final_eval_return"],
+        &r.mean.into(),
+        "final_eval_return",
+    );
+    close(
+        &fe["final_eval_return_std"],
+        &r.std.into(),
+        "final_eval_return_std",
+    );
+    assert_eq!(fe["final_eval_episodes"], FINAL_EPISODES, "{fe}");
+}
+
+/// The evaluation steps of the plain scenario.
+fn every_eval_step() -> Vec<u64> {
+    (1..=ROUNDS / EVAL_EVERY).map(|k| k * EVAL_EVERY).collect()
 }
 
 /// A run's evaluations (rows, curve, final evaluation) equal the reference run's.
@@ -318,7 +347,8 @@ fn an_offline_cql_run_on_a_gymnasium_dataset_is_evaluated_as_on_fedrls_own() {
             && stderr.contains("final evaluation of the exported Q-network"),
         "{stderr}"
     );
-    filled_as_in_rust(&gym, &gym.join("state"));
+    let steps = every_eval_step();
+    filled_as_in_rust(&gym, &gym.join("state"), &steps, steps.len());
     same_evaluations(&gym, &own);
     // The comparison has teeth: the networks evaluated differ from step to step, and so do
     // their returns.
@@ -390,7 +420,8 @@ fn an_offline_cql_run_on_a_gymnasium_dataset_is_evaluated_as_on_fedrls_own() {
 
     // A resume of the finished run (nothing left to train) ends with the same evaluations.
     fedrl(&data, &["run", "--out", gym.to_str().unwrap(), "--resume"]);
-    filled_as_in_rust(&gym, &gym.join("state"));
+    let steps = every_eval_step();
+    filled_as_in_rust(&gym, &gym.join("state"), &steps, steps.len());
     same_evaluations(&gym, &own);
 }
 
@@ -467,7 +498,8 @@ fn a_standalone_aggregators_offline_cql_evaluations_are_completed_by_fedrl_eval(
     assert!(fe["final_eval_return"].is_f64(), "{fe}");
     assert!(err.contains("step 30 (6/6)"), "{err}");
     // The state directory reads as `fedrl run`'s output does, with its figures.
-    filled_as_in_rust(&state_dir, &state_dir);
+    let steps = every_eval_step();
+    filled_as_in_rust(&state_dir, &state_dir, &steps, steps.len());
     let (a, b) = (
         read_json(&state_dir.join("report.json")),
         read_json(&run.join("report.json")),
@@ -480,4 +512,97 @@ fn a_standalone_aggregators_offline_cql_evaluations_are_completed_by_fedrl_eval(
         fe
     );
     check_report_schema(&a);
+}
+
+/// A Selective DP-SGD run (seed 000/002) on a Gymnasium dataset: its free steps, noise-free
+/// steps on the released prefixes, have evaluation steps of their own. Each evaluation step's
+/// network is kept and filled as in Rust, in the learning curve (by training step) and on the
+/// round lines that carry it.
+#[test]
+fn a_selective_runs_free_step_evaluations_are_filled_too() {
+    if !venv() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("datasets");
+    // 48 experts on a one-setting grid (Gymnasium's CartPole-v1 takes no physics keywords);
+    // 20 steps, about half of them DP steps.
+    let text = format!(
+        r#"
+name = "gym-cql-selective"
+seed = 5
+users = 48
+client_agents = 1
+participation = {{ kind = "sampled", rate = 0.5 }}
+round_deadline_s = 60.0
+start_timeout_s = 300.0
+clip_norm = 1.0
+noise_multiplier = 1.0
+delta = 0.01
+target_epsilon = 1000.0
+unit_kind = "expert"
+
+[task]
+kind = "offline_cql"
+eval_every = 3
+eval_episodes = {EVAL_EPISODES}
+eval_seed = {EVAL_SEED}
+final_eval_episodes = {FINAL_EPISODES}
+eval_max_steps = {EVAL_MAX_STEPS}
+
+[task.selective]
+steps = 20
+unstable_probability = 0.5
+stable_batch = 8
+schedule_seed = 2
+release = {{ epsilon = 200.0, delta = 0.005, trajectories = 4, horizon = 40 }}
+
+[task.dataset]
+env = "gymnasium:CartPole-v1"
+units = 48
+episodes_per_unit = 2
+behaviour = {{ kind = "experts", population = "gymnasium:CartPole-v1", per_setting = 3, iterations = 2, hidden = [8], p_min = 0.5, max_steps = 40 }}
+
+[task.dataset.gymnasium]
+obs_dim = 4
+actions = 2
+grid = {{ sutton_barto_reward = {{ choice = [false] }} }}
+
+[task.cql]
+hidden = [16]
+learning_rate = 1e-2
+target_update_interval = 5
+"#
+    );
+    let file = write(dir.path(), "sel.toml", &text);
+    let out = dir.path().join("out");
+    fedrl(
+        &data,
+        &[
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let report = read_json(&out.join("report.json"));
+    check_report_schema(&report);
+    let fe = &report["final_evaluation"];
+    let curve = fe["curve"].as_array().unwrap();
+    // Some evaluation steps fall on free steps (fewer DP steps than training steps so far).
+    assert!(
+        curve
+            .iter()
+            .any(|e| e["dp_steps"].as_u64() < e["step"].as_u64()),
+        "{fe}"
+    );
+    assert!(fe["free_steps"].as_u64().unwrap() > 0, "{fe}");
+    let steps: Vec<u64> = curve.iter().map(|e| e["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (1..=20 / 3).map(|k| 3 * k).collect::<Vec<_>>());
+    let rows = released(&out.join("metrics.jsonl"))
+        .iter()
+        .filter(|r| !r["eval"].is_null())
+        .count();
+    assert!(rows > 0 && rows <= steps.len(), "{rows}");
+    filled_as_in_rust(&out, &out.join("state"), &steps, rows);
 }
