@@ -9,7 +9,7 @@
 //! | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, public training diagnostics (`diagnostics`: norms of the released update and of the model step, server step size), time |
 //! | `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released lines as TensorBoard scalars, step = round (one file per aggregator process) |
 //! | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
-//! | `eval-snapshots/` | public | `gymnasium:<id>` DPPG runs: the models released at evaluation rounds, kept for `fedrl run` (standalone: `fedrl eval --deferred`) to evaluate (the aggregator runs no Python) |
+//! | `eval-snapshots/` | public | runs evaluated in Gymnasium environments: the models released at evaluation rounds (`gymnasium:<id>` DPPG, `round-R`) or evaluation steps (offline CQL on a `gymnasium:<id>` dataset, `step-S`), kept for `fedrl run` (standalone: `fedrl eval --deferred`) to evaluate (the aggregator runs no Python) |
 //! | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section), read back on resume |
 //! | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 //! | the model export (e.g. `policy.safetensors`) | public | the released model |
@@ -56,7 +56,7 @@ many) must stay secret, because the privacy amplification relies on it. Do not p
 | `metrics.jsonl` | public | per round: round, status, epsilon, delta, evaluation of the released model, public training diagnostics (`diagnostics`: norms of the released update and of the model step, server step size), time |
 | `tensorboard/events.out.tfevents.*` | public | the numbers of `metrics.jsonl`'s released lines as TensorBoard scalars, step = round (one file per aggregator process) |
 | `d_stable/` | public | expert-level runs: the prefixes released by the DataRelease (Minari layout) |
-| `eval-snapshots/` | public | `gymnasium:<id>` DPPG runs: the models released at evaluation rounds, kept for `fedrl run` (or, for a standalone aggregator, `fedrl eval --deferred STATE_DIR --scenario FILE`) to evaluate (the aggregator runs no Python; their rows say `\"eval\": {\"deferred\": true}` until then) |
+| `eval-snapshots/` | public | runs evaluated in Gymnasium environments: the models released at evaluation rounds (`gymnasium:<id>` DPPG, `round-R`) or evaluation steps (offline CQL on a `gymnasium:<id>` dataset, `step-S`), kept for `fedrl run` (or, for a standalone aggregator, `fedrl eval --deferred STATE_DIR --scenario FILE`) to evaluate (the aggregator runs no Python; their rows say `\"eval\": {\"deferred\": true}` until then) |
 | `d_stable.json` | public | expert-level runs: the release's summary (the report's `selective` section) |
 | `report.json` | public | end of run: epsilon/delta (null for a non-private twin), accountant, noise source, the final evaluation of the released model (the scenario's name only: the configuration is the scenario file) |
 | model export (e.g. `policy.safetensors`) | public | the released model |

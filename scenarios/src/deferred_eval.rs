@@ -1,42 +1,62 @@
-//! The held-out evaluations of a `gymnasium:<id>` DPPG run, done by `fedrl run` once the
-//! aggregator has ended. The aggregator runs no Python (DESIGN §2.6), so for such a population
-//! its server model evaluates nothing: at each evaluation round it keeps the released model as
-//! a snapshot in its state directory (`state/eval-snapshots/round-R.safetensors`) and marks the
-//! round's metrics line `"eval": {"deferred": true}`; its final evaluation is
-//! `{"deferred": true}`. This process (which may start Python: client agents do) then
+//! The held-out evaluations of a run whose evaluation environment is a Gymnasium one, done by
+//! `fedrl run` once the aggregator has ended: DPPG on a `gymnasium:<id>` population, and
+//! offline CQL on a dataset recorded in a Gymnasium environment (`task.dataset.env =
+//! "gymnasium:<id>"`). The aggregator runs no Python (DESIGN §2.6), so for such a run its server
+//! model evaluates nothing: at each evaluation it keeps the released model as a snapshot in its
+//! state directory (`state/eval-snapshots/`, [`fedrl_tasks::eval_snapshots`]: DPPG's
+//! `round-R.safetensors` at each evaluation round, offline CQL's `step-S.safetensors` at each
+//! `eval_every` training step, named in the evaluation's `snapshot` field) and marks the
+//! evaluation `{"deferred": true}` (offline CQL's also keep their `step` and `dp_steps`); its
+//! final evaluation is `{"deferred": true}` (offline CQL's with its `curve` of marks and public
+//! step counts). This process (which may start Python: client agents do) then
 //!
-//! 1. evaluates each marked round's snapshot through the bridge on the held-out users and reset
-//!    seeds the aggregator's own evaluation uses (`fedrl_tasks::dppg::held_out`), and fills the
-//!    line's `eval` with `eval_return`, `eval_return_std` and `eval_episodes` (keeping
-//!    `deferred: true`: it says where the figures were computed), in the public
-//!    `metrics.jsonl` and in `operator/metrics.jsonl`;
-//! 2. exports the best-evaluated snapshot as the policy (the first of equal returns, as the
-//!    aggregator's model selection does), else the aggregator's export (the last model);
-//! 3. runs the final evaluation of that policy on the final-evaluation users and writes it into
-//!    the report's `final_evaluation`, with `selected_model_eval_return`, as the aggregator would.
+//! 1. evaluates each marked evaluation's snapshot through the bridge, the workers started once
+//!    for all of them, on exactly the episodes the aggregator's own evaluation would play: DPPG
+//!    on the held-out users and reset seeds of `fedrl_tasks::dppg::held_out`, offline CQL
+//!    greedily in the dataset's default environment on `eval_episodes` episodes reset from
+//!    `eval_seed`, at most `eval_max_steps` steps each (as `CqlModel` evaluates in a Rust
+//!    environment). It fills the evaluation with `eval_return`, `eval_return_std` and
+//!    `eval_episodes` (keeping `deferred: true`: it says where the figures were computed) in the
+//!    public `metrics.jsonl`, in `operator/metrics.jsonl`, and, for offline CQL, in the report's
+//!    `final_evaluation.curve` (the learning curve by training step: a Selective run's free
+//!    steps have evaluations no round line carries);
+//! 2. selects the model as the aggregator would: DPPG exports the best-evaluated snapshot (the
+//!    first of equal returns, its `keep_best`), else the aggregator's export (the last model);
+//!    offline CQL exports the final network, never selected by evaluation, so its export stays;
+//! 3. runs the final evaluation of that model (DPPG: on the final-evaluation users, with
+//!    `selected_model_eval_return`; offline CQL: `final_eval_episodes` episodes from
+//!    `final_eval_seed`) and writes it into the report's `final_evaluation`.
 //!
 //! A standalone `fedrl aggregator` (not under `fedrl run`) ends with the same deferred rows in
 //! its state directory and says so; `fedrl eval --deferred STATE_DIR --scenario FILE` then does
 //! the same three steps there ([`complete_state_dir`]: the state directory is its own public
 //! folder, its `report.json` and `operator/report.json` get the final evaluation).
 //!
-//! Invariants: only released models are evaluated (the snapshots, kept after their round's
-//! ledger record was durable) and only released rows are filled: DP outputs. The aggregator's
-//! own files in `state/` are left as written except `policy.safetensors`, the export, which
-//! becomes the selected model; the public copies in the output directory are completed. Every
-//! step is recomputed from the snapshots after each `fedrl run` (a `--resume` copies the
-//! aggregator's unfilled lines again), so a resumed run ends as an uninterrupted one. A failed
-//! evaluation becomes `eval_error` (`final_eval_error`) as in the aggregator; the run stands.
+//! Invariants: only released models are evaluated (the snapshots, kept after the ledger record
+//! of the release that produced them was durable, and the export) and only released rows are
+//! filled: DP outputs. The aggregator's own files in `state/` are left as written except
+//! `policy.safetensors`, DPPG's export, which becomes the selected model; the public copies in
+//! the output directory are completed. Every step is recomputed from the snapshots after each
+//! `fedrl run` (a `--resume` copies the aggregator's unfilled lines again; a filled or failed
+//! evaluation whose snapshot exists is evaluated again), so a resumed run ends as an
+//! uninterrupted one. A failed evaluation becomes `eval_error` (`final_eval_error`) as in the
+//! aggregator; the run stands.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
 use fedrl_aggregator::state;
+use fedrl_common::offline::{DatasetSource, DatasetSpec};
 use fedrl_common::scenario::{Scenario, Task};
-use fedrl_common::task::DppgTask;
+use fedrl_common::task::{DppgTask, OfflineCqlTask};
+use fedrl_rl::offline::QNetSpec;
+use fedrl_rl::offline::gym::GreedyGymEvaluator;
 use fedrl_tasks::dppg::held_out::{self, GymEvaluator};
 use fedrl_tasks::dppg::{POLICY_FILE, gymnasium_of};
+use fedrl_tasks::offline_cql::server::{final_eval_seed, read_snapshot};
+use fedrl_tasks::offline_cql::{QNET_FILE, evaluates_in_gymnasium};
 use fedrl_tasks::server::{BestModel, final_evaluation_json, keep_best};
 use serde_json::Value;
 
@@ -55,68 +75,293 @@ pub fn pending(report: &Value) -> bool {
     is_deferred(fe) && fe.get("final_eval_return").is_none() && fe.get("final_eval_error").is_none()
 }
 
-/// Completes the evaluations of a finished `gymnasium:<id>` DPPG run in `run.out_dir` (see
-/// the module doc); nothing for any other run. Returns whether it did anything.
+/// A run whose aggregator leaves its evaluations to this step.
+enum Deferring<'a> {
+    /// DPPG on a `gymnasium:<id>` population.
+    Dppg(&'a DppgTask),
+    /// Offline CQL on a dataset recorded in a Gymnasium environment.
+    Cql(&'a OfflineCqlTask, &'a DatasetSpec),
+}
+
+/// What `scenario`'s aggregator defers, if anything.
+fn deferring(scenario: &Scenario) -> Option<Deferring<'_>> {
+    match &scenario.task {
+        Task::Dppg(t) if gymnasium_of(t).is_some() => Some(Deferring::Dppg(t)),
+        Task::OfflineCql(t) if evaluates_in_gymnasium(t) => match &t.dataset {
+            DatasetSource::Generated(d) => Some(Deferring::Cql(t, d)),
+            DatasetSource::Stored(_) => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether `scenario` is one whose aggregator leaves its evaluations to another process (a
+/// `gymnasium:<id>` DPPG population, or offline CQL on a dataset recorded in Gymnasium).
+pub fn defers_evaluations(scenario: &Scenario) -> bool {
+    deferring(scenario).is_some()
+}
+
+/// The fields of an evaluation that this step writes (anything else a mark carries, such as
+/// offline CQL's `step` or the `snapshot` name, is kept).
+const EVAL_FIELDS: [&str; 6] = [
+    "eval_return",
+    "eval_return_std",
+    "eval_episodes",
+    "eval_policy_entropy",
+    "eval_value_rmse",
+    "eval_error",
+];
+
+impl Deferring<'_> {
+    /// The snapshot of a deferred evaluation `eval` (of the row of `round`, if on a row): DPPG's
+    /// by its round, offline CQL's by its own `snapshot` field; `None` when the aggregator kept
+    /// none.
+    fn snapshot(&self, round: Option<u64>, eval: &Value) -> Option<String> {
+        match self {
+            Deferring::Dppg(_) => round.map(held_out::snapshot_name),
+            Deferring::Cql(..) => eval["snapshot"].as_str().map(str::to_string),
+        }
+    }
+
+    /// What a progress line calls an evaluation: its round (DPPG) or training step (offline
+    /// CQL).
+    fn label(&self, round: Option<u64>, eval: &Value) -> String {
+        match self {
+            Deferring::Dppg(_) => format!("round {}", round.unwrap_or(0)),
+            Deferring::Cql(..) => format!("step {}", eval["step"]),
+        }
+    }
+
+    /// Starts the bridge's workers the evaluations need.
+    fn start<'b>(&'b self, scenario: &Scenario) -> anyhow::Result<Evaluator<'b>> {
+        Ok(match *self {
+            Deferring::Dppg(task) => Evaluator::Dppg {
+                ev: GymEvaluator::start(task, fedrl_rl::device::open(scenario.device)?)?,
+                task,
+                training_users: scenario.users,
+            },
+            Deferring::Cql(task, dataset) => Evaluator::Cql {
+                ev: GreedyGymEvaluator::start(dataset)?,
+                task,
+            },
+        })
+    }
+}
+
+/// The bridge's workers of a run's deferred evaluations, started once for all of them (they end
+/// when it is dropped).
+enum Evaluator<'a> {
+    Dppg {
+        ev: GymEvaluator,
+        task: &'a DppgTask,
+        training_users: u64,
+    },
+    Cql {
+        ev: GreedyGymEvaluator,
+        task: &'a OfflineCqlTask,
+    },
+}
+
+/// An evaluation's metrics fields (`eval_*`), its mean return and the evaluated parameters.
+type Evaluated = (Value, f64, Vec<f32>);
+
+impl Evaluator<'_> {
+    /// The periodic evaluation of the snapshot `name` in the state directory `state_dir`.
+    fn periodic(&mut self, state_dir: &Path, name: &str) -> anyhow::Result<Evaluated> {
+        match self {
+            Evaluator::Dppg {
+                ev,
+                task,
+                training_users,
+            } => {
+                let params = held_out::read_snapshot_named(state_dir, name)?;
+                let e = ev.evaluate(&params, held_out::periodic_users(task, *training_users))?;
+                Ok((e.to_json(), e.mean, params))
+            }
+            Evaluator::Cql { ev, task } => {
+                let (spec, params) = read_snapshot(state_dir, name)?;
+                let r = ev.evaluate(
+                    &spec,
+                    &params,
+                    task.eval_episodes,
+                    task.eval_seed,
+                    task.eval_max_steps,
+                )?;
+                Ok((q_eval_json(&r), r.mean, params))
+            }
+        }
+    }
+
+    /// The final evaluation of `params` (DPPG's selected model; offline CQL's exported network
+    /// is read from `state_dir`), in `eval_*` fields.
+    fn final_eval(&mut self, state_dir: &Path, params: &[f32]) -> anyhow::Result<Value> {
+        let t = Instant::now();
+        match self {
+            Evaluator::Dppg {
+                ev,
+                task,
+                training_users,
+            } => {
+                let users = held_out::final_users(task, *training_users);
+                let e = ev.evaluate(params, users.clone())?;
+                eprintln!(
+                    "  final evaluation on users {}..{}: return {:.2} ± {:.2} over {} episodes ({:.1} s)",
+                    users.start,
+                    users.end,
+                    e.mean,
+                    e.std,
+                    e.episodes,
+                    t.elapsed().as_secs_f64()
+                );
+                Ok(e.to_json())
+            }
+            Evaluator::Cql { ev, task } => {
+                let path = state_dir.join(QNET_FILE);
+                let (spec, params) = QNetSpec::load_file(&path).with_context(|| {
+                    format!("reading the exported Q-network {}", path.display())
+                })?;
+                let r = ev.evaluate(
+                    &spec,
+                    &params,
+                    task.final_eval_episodes,
+                    final_eval_seed(task),
+                    task.eval_max_steps,
+                )?;
+                eprintln!(
+                    "  final evaluation of the exported Q-network: return {:.2} ± {:.2} over {} episodes ({:.1} s)",
+                    r.mean,
+                    r.std,
+                    r.returns.len(),
+                    t.elapsed().as_secs_f64()
+                );
+                Ok(q_eval_json(&r))
+            }
+        }
+    }
+}
+
+/// A Q-network's greedy evaluation in the metrics fields `CqlModel` writes.
+fn q_eval_json(r: &fedrl_rl::EvalResult) -> Value {
+    serde_json::json!({
+        "eval_return": r.mean,
+        "eval_return_std": r.std,
+        "eval_episodes": r.returns.len(),
+    })
+}
+
+/// The deferred evaluation `mark` completed with `result`: the mark's own fields (`deferred`,
+/// offline CQL's `step`, `dp_steps`, `snapshot`) and the evaluation's, or its `eval_error`.
+fn filled(mark: &Value, result: &Result<Value, String>) -> Value {
+    let mut e = mark.clone();
+    if let Some(obj) = e.as_object_mut() {
+        for k in EVAL_FIELDS {
+            obj.remove(k);
+        }
+        match result {
+            Ok(Value::Object(fields)) => obj.extend(fields.clone()),
+            Ok(other) => {
+                obj.insert(
+                    "eval_error".into(),
+                    format!("not an evaluation: {other}").into(),
+                );
+            }
+            Err(why) => {
+                obj.insert("eval_error".into(), why.clone().into());
+            }
+        }
+        obj.insert("deferred".into(), Value::Bool(true));
+    }
+    e
+}
+
+/// Completes the evaluations of a finished run in `run.out_dir` whose aggregator deferred them
+/// (see the module doc); nothing for any other run. Returns whether it did anything.
 pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> {
     let out = &run.out_dir;
     complete_in(&run.scenario, &out.join("state"), out, &mut result.report)
 }
 
 /// [`complete`] for any layout: the aggregator's state directory `state_dir` (snapshots, the
-/// exported policy) and the folder `public_dir` whose `metrics.jsonl`,
+/// exported model) and the folder `public_dir` whose `metrics.jsonl`,
 /// `operator/metrics.jsonl` and `tensorboard/` are filled (`fedrl run`'s output directory, or
 /// the state directory itself for a standalone aggregator: `fedrl eval --deferred`); `report`
-/// gets the final evaluation. Returns whether it did anything.
+/// gets the final evaluation (and offline CQL's curve). Returns whether it did anything.
 pub fn complete_in(
     scenario: &Scenario,
     state_dir: &Path,
     public_dir: &Path,
     report: &mut Value,
 ) -> anyhow::Result<bool> {
-    let Task::Dppg(task) = &scenario.task else {
+    let Some(kind) = deferring(scenario) else {
         return Ok(false);
     };
-    if gymnasium_of(task).is_none() {
-        return Ok(false);
-    }
     let out = public_dir;
     let public_path = out.join(state::METRICS_FILE);
     let mut rows = read_rows(&public_path)?;
-    let pending: Vec<usize> = rows
+    // An evaluation waits when it is deferred and its snapshot was kept: not yet evaluated, or
+    // evaluated by an earlier completion (recomputed), or failed there (tried again). One the
+    // aggregator could not keep stays with its `eval_error`.
+    let waits = |round: Option<u64>, eval: &Value| -> Option<String> {
+        if !is_deferred(eval) {
+            return None;
+        }
+        let name = kind.snapshot(round, eval)?;
+        let kept = fedrl_tasks::eval_snapshots::path(state_dir, &name).exists();
+        (eval.get("eval_error").is_none() || kept).then_some(name)
+    };
+    let pending_rows: Vec<(usize, String)> = rows
         .iter()
         .enumerate()
         .filter_map(|(i, r)| match r {
-            Row::Json(v)
-                if v["status"] == "released"
-                    && is_deferred(&v["eval"])
-                    && v["eval"].get("eval_error").is_none() =>
-            {
-                Some(i)
+            Row::Json(v) if v["status"] == "released" => {
+                waits(v["round"].as_u64(), &v["eval"]).map(|n| (i, n))
             }
             _ => None,
         })
         .collect();
+    let curve: Vec<Value> = report["final_evaluation"]["curve"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let pending_curve: Vec<(usize, String)> = curve
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| waits(None, e).map(|n| (i, n)))
+        .collect();
     let final_deferred = is_deferred(&report["final_evaluation"]);
-    if pending.is_empty() && !final_deferred {
+    if pending_rows.is_empty() && pending_curve.is_empty() && !final_deferred {
         return Ok(false);
     }
-    let training_users = scenario.users;
+    // Each snapshot once, in training order: the curve's (every evaluation step), then any row
+    // the curve lacks (the rounds of a timeline a crash cut off; DPPG has no curve).
+    let mut jobs: Vec<(String, String)> = Vec::new();
+    for (i, name) in &pending_curve {
+        if !jobs.iter().any(|(n, _)| n == name) {
+            jobs.push((name.clone(), kind.label(None, &curve[*i])));
+        }
+    }
+    for (i, name) in &pending_rows {
+        if let Row::Json(v) = &rows[*i]
+            && !jobs.iter().any(|(n, _)| n == name)
+        {
+            jobs.push((name.clone(), kind.label(v["round"].as_u64(), &v["eval"])));
+        }
+    }
     let t0 = Instant::now();
     eprintln!(
-        "evaluating {} released models on held-out users through the Gymnasium bridge \
-         (the aggregator runs no Python){}",
-        pending.len(),
+        "evaluating {} released models through the Gymnasium bridge (the aggregator runs no \
+         Python){}",
+        jobs.len(),
         if final_deferred {
             ", then the final evaluation"
         } else {
             ""
         }
     );
-    let device = fedrl_rl::device::open(scenario.device)?;
-    let mut evaluator = GymEvaluator::start(task, device).map_err(|e| format!("{e:#}"));
+    let mut evaluator = kind.start(scenario).map_err(|e| format!("{e:#}"));
     let mut best: BestModel = None;
-    let users = held_out::periodic_users(task, training_users);
-    for (k, &i) in pending.iter().enumerate() {
+    let mut results: HashMap<String, Result<Value, String>> = HashMap::new();
+    for (k, (name, label)) in jobs.iter().enumerate() {
         // Ctrl-C or SIGTERM: stop between evaluations; the report keeps its deferred final
         // evaluation, so `--resume` does them again.
         if let Some(signal) = crate::deploy::stop_requested() {
@@ -127,42 +372,39 @@ pub fn complete_in(
             }
             .into());
         }
-        let Row::Json(row) = &mut rows[i] else {
-            continue;
-        };
-        let round = row["round"].as_u64().unwrap_or(0);
         let t = Instant::now();
         let evaluated = match &mut evaluator {
-            Ok(ev) => held_out::read_snapshot(state_dir, round)
-                .and_then(|p| ev.evaluate(&p, users.clone()).map(|e| (e, p)))
-                .map_err(|e| format!("{e:#}")),
+            Ok(ev) => ev.periodic(state_dir, name).map_err(|e| format!("{e:#}")),
             Err(e) => Err(e.clone()),
         };
-        let mut eval = match &evaluated {
-            Ok((e, params)) => {
-                keep_best(&mut best, e.mean, params);
+        let n = jobs.len();
+        let result = match evaluated {
+            Ok((fields, mean, params)) => {
                 eprintln!(
-                    "  round {round} ({}/{}): eval return {:.2} ± {:.2} over {} episodes ({:.1} s)",
+                    "  {label} ({}/{n}): eval return {mean:.2} ± {:.2} over {} episodes ({:.1} s)",
                     k + 1,
-                    pending.len(),
-                    e.mean,
-                    e.std,
-                    e.episodes,
+                    fields["eval_return_std"].as_f64().unwrap_or(f64::NAN),
+                    fields["eval_episodes"],
                     t.elapsed().as_secs_f64()
                 );
-                e.to_json()
+                // DPPG's model selection (offline CQL exports its final network).
+                if let Deferring::Dppg(_) = kind {
+                    keep_best(&mut best, mean, &params);
+                }
+                Ok(fields)
             }
             Err(e) => {
-                eprintln!(
-                    "  round {round} ({}/{}): evaluation failed: {e}",
-                    k + 1,
-                    pending.len()
-                );
-                serde_json::json!({ "eval_error": e })
+                eprintln!("  {label} ({}/{n}): evaluation failed: {e}", k + 1);
+                Err(e)
             }
         };
-        eval["deferred"] = Value::Bool(true);
-        row["eval"] = eval;
+        results.insert(name.clone(), result);
+    }
+    let missing = || Err("not evaluated".to_string());
+    for (i, name) in &pending_rows {
+        if let Row::Json(row) = &mut rows[*i] {
+            row["eval"] = filled(&row["eval"], results.get(name).unwrap_or(&missing()));
+        }
     }
     write_rows(&public_path, &rows)?;
     fill_operator_rows(
@@ -171,44 +413,78 @@ pub fn complete_in(
     )?;
     write_tensorboard(&out.join("tensorboard"), &rows)
         .context("writing the evaluations' TensorBoard events")?;
+    let mut curve = curve;
+    for (i, name) in &pending_curve {
+        curve[*i] = filled(&curve[*i], results.get(name).unwrap_or(&missing()));
+    }
 
-    // The exported policy: the best evaluated snapshot, else the aggregator's export (the last
-    // released model), as the aggregator's `keep_best` selection would have it.
-    let policy_path = state_dir.join(POLICY_FILE);
-    let chosen = match &best {
-        Some((_, params)) => {
-            let spec = task_spec(task)?;
-            fedrl_rl::io::save(&policy_path, &spec, params)
-                .with_context(|| format!("writing {}", policy_path.display()))?;
-            Ok(params.clone())
+    // DPPG's exported policy: the best evaluated snapshot, else the aggregator's export (the
+    // last released model), as the aggregator's `keep_best` selection would have it.
+    let chosen: Result<Vec<f32>, String> = match kind {
+        Deferring::Dppg(task) => {
+            let policy_path = state_dir.join(POLICY_FILE);
+            match &best {
+                Some((_, params)) => {
+                    let spec = task_spec(task)?;
+                    fedrl_rl::io::save(&policy_path, &spec, params)
+                        .with_context(|| format!("writing {}", policy_path.display()))?;
+                    Ok(params.clone())
+                }
+                None => fedrl_rl::io::load(&policy_path)
+                    .map(|(_, p)| p)
+                    .map_err(|e| {
+                        format!("reading the exported policy {}: {e}", policy_path.display())
+                    }),
+            }
         }
-        None => fedrl_rl::io::load(&policy_path)
-            .map(|(_, p)| p)
-            .map_err(|e| format!("reading the exported policy {}: {e}", policy_path.display())),
+        // The exported network, read by the final evaluation itself.
+        Deferring::Cql(..) => Ok(Vec::new()),
     };
     if final_deferred {
-        let final_users = held_out::final_users(task, training_users);
-        let t = Instant::now();
         let eval = match (&mut evaluator, chosen) {
-            (Ok(ev), Ok(params)) => ev.evaluate(&params, final_users.clone()),
+            (Ok(ev), Ok(params)) => ev.final_eval(state_dir, &params),
             (Err(e), _) => Err(anyhow::anyhow!("{e}")),
             (_, Err(e)) => Err(anyhow::anyhow!("{e}")),
         };
-        match &eval {
-            Ok(e) => eprintln!(
-                "  final evaluation on users {}..{}: return {:.2} ± {:.2} over {} episodes ({:.1} s)",
-                final_users.start,
-                final_users.end,
-                e.mean,
-                e.std,
-                e.episodes,
-                t.elapsed().as_secs_f64()
-            ),
-            Err(e) => eprintln!("  final evaluation failed: {e:#}"),
+        if let Err(e) = &eval {
+            eprintln!("  final evaluation failed: {e:#}");
         }
-        let mut fe = final_evaluation_json(eval.map(|e| e.to_json()), &best);
-        fe["deferred"] = Value::Bool(true);
+        let fe = match kind {
+            Deferring::Dppg(_) => {
+                let mut fe = final_evaluation_json(eval, &best);
+                fe["deferred"] = Value::Bool(true);
+                fe
+            }
+            Deferring::Cql(..) => {
+                // The aggregator's public step counts stay; the figures are replaced.
+                let mut fe = report["final_evaluation"].clone();
+                if let Some(obj) = fe.as_object_mut() {
+                    obj.retain(|k, _| !k.starts_with("final_eval_"));
+                    match eval {
+                        Ok(Value::Object(fields)) => {
+                            obj.extend(fields.into_iter().map(|(k, v)| (format!("final_{k}"), v)));
+                        }
+                        Ok(other) => {
+                            obj.insert(
+                                "final_eval_error".into(),
+                                format!("not an evaluation: {other}").into(),
+                            );
+                        }
+                        Err(e) => {
+                            obj.insert("final_eval_error".into(), format!("{e:#}").into());
+                        }
+                    }
+                    if !curve.is_empty() {
+                        obj.insert("curve".into(), Value::Array(curve));
+                    }
+                    obj.insert("deferred".into(), Value::Bool(true));
+                }
+                fe
+            }
+        };
         report["final_evaluation"] = fe;
+    } else if !curve.is_empty() {
+        report["final_evaluation"]["curve"] = Value::Array(curve);
     }
     eprintln!(
         "held-out evaluations done in {:.1} s",
@@ -221,7 +497,7 @@ pub fn complete_in(
 pub enum StandaloneOutcome {
     /// The run's evaluations were done; its report's `final_evaluation` as written.
     Evaluated(Value),
-    /// Nothing was deferred (not a `gymnasium:<id>` DPPG run, or no evaluation waits).
+    /// Nothing was deferred (not a run of a Gymnasium environment, or no evaluation waits).
     NothingDeferred,
 }
 
@@ -243,7 +519,7 @@ pub enum StandaloneError {
 }
 
 /// The deferred evaluations of a standalone `fedrl aggregator` (not under `fedrl run`) whose
-/// `gymnasium:<id>` DPPG run ended in `state_dir`, run with `scenario` (the file and
+/// run of a Gymnasium environment ended in `state_dir`, run with `scenario` (the file and
 /// overrides the aggregator was given): [`complete_in`] with the state directory as the
 /// public folder, then the final evaluation written into its `report.json` and
 /// `operator/report.json`. The state directory's lock is held throughout, so it cannot run
@@ -288,12 +564,6 @@ pub fn complete_state_dir(
         state::write_atomic(&op_path, &serde_json::to_vec_pretty(&op)?)?;
     }
     Ok(StandaloneOutcome::Evaluated(fe))
-}
-
-/// Whether `scenario` is one whose aggregator leaves its evaluations to another process (a
-/// `gymnasium:<id>` DPPG run).
-pub fn defers_evaluations(scenario: &Scenario) -> bool {
-    matches!(&scenario.task, Task::Dppg(t) if gymnasium_of(t).is_some())
 }
 
 /// Tag of the event file holding the evaluations filled here (one per output folder: a later

@@ -4,7 +4,6 @@ mod cmd;
 mod deferred_eval;
 mod deploy;
 mod metrics_files;
-mod offline_gym_eval;
 mod overrides;
 mod plot;
 mod replicates;

@@ -8,6 +8,8 @@
 //!   capabilities ([`CentralData`], [`ExpertHost`]).
 //! - [`server`]: [`ServerModel`] (the aggregator's model), its optional capability
 //!   ([`TrainsOnStableData`]) and the shared server optimizer.
+//! - [`eval_snapshots`]: released models kept in the state directory for the evaluations the
+//!   aggregator leaves to `fedrl run` (Gymnasium environments: no Python in the aggregator).
 //! - [`registry`]: the table of kinds: dimensions, [`default_factory`], [`server_model`],
 //!   scenario loading.
 //! - One folder per kind: [`mean_estimation`], [`dppg`], [`loglinear`], [`offline_cql`],
@@ -15,6 +17,7 @@
 
 pub mod central;
 pub mod client;
+pub mod eval_snapshots;
 pub mod registry;
 pub mod server;
 pub mod stored;

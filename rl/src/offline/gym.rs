@@ -276,7 +276,8 @@ pub fn play_parallel(
 
 /// The greedy evaluation of a Q-network ([`super::train::evaluate_greedy_in`]) in the default
 /// environment of a `gymnasium:<id>` dataset (`gymnasium.make(id, **kwargs)`), `episodes`
-/// episodes played together in the bridge's workers.
+/// episodes played together in the bridge's workers. Several networks: [`GreedyGymEvaluator`],
+/// which starts the workers once.
 pub fn evaluate_greedy_gym(
     dataset: &DatasetSpec,
     q: &super::qnet::QNetSpec,
@@ -285,17 +286,53 @@ pub fn evaluate_greedy_gym(
     seed: u64,
     max_steps: u64,
 ) -> Result<crate::EvalResult> {
-    let Some((id, g)) = gymnasium_of(dataset)? else {
-        return Err(invalid(format!(
-            "{:?} is not a gymnasium:<id> dataset",
-            dataset.env
-        )));
-    };
-    let mut pool = start_pool(gym_config(id, g, dataset.population_seed), g)?;
-    let users: Vec<u64> = (0..episodes as u64).collect();
-    let kwargs = vec![g.kwargs.clone(); episodes];
-    let mut envs = make_envs(&mut pool, &users, &kwargs)?;
-    super::train::evaluate_greedy_in(q, params, &mut envs, &dataset.env, seed, max_steps)
+    GreedyGymEvaluator::start(dataset)?.evaluate(q, params, episodes, seed, max_steps)
+}
+
+/// Greedy evaluations of Q-networks in the default environment of a `gymnasium:<id>` dataset,
+/// the bridge's workers started once for all of them (they end when it is dropped). Each
+/// evaluation makes its episodes' environments afresh, so it plays what
+/// [`evaluate_greedy_gym`] plays, whatever was evaluated before.
+pub struct GreedyGymEvaluator {
+    pool: GymPool,
+    env: String,
+    kwargs: Map<String, Value>,
+}
+
+impl GreedyGymEvaluator {
+    /// Starts the workers of `dataset`'s `[task.dataset.gymnasium]` table (spaces checked
+    /// against its declaration; a missing interpreter refused first, naming the install
+    /// script). Fails for a dataset that is not `gymnasium:<id>`.
+    pub fn start(dataset: &DatasetSpec) -> Result<Self> {
+        let Some((id, g)) = gymnasium_of(dataset)? else {
+            return Err(invalid(format!(
+                "{:?} is not a gymnasium:<id> dataset",
+                dataset.env
+            )));
+        };
+        let pool = start_pool(gym_config(id, g, dataset.population_seed), g)?;
+        Ok(Self {
+            pool,
+            env: dataset.env.clone(),
+            kwargs: g.kwargs.clone(),
+        })
+    }
+
+    /// [`evaluate_greedy_gym`] of `params` with these workers: `episodes` episodes, episode `i`
+    /// reset from `(seed, i)`, at most `max_steps` steps each (0: the environment's limit).
+    pub fn evaluate(
+        &mut self,
+        q: &super::qnet::QNetSpec,
+        params: &[f32],
+        episodes: usize,
+        seed: u64,
+        max_steps: u64,
+    ) -> Result<crate::EvalResult> {
+        let users: Vec<u64> = (0..episodes as u64).collect();
+        let kwargs = vec![self.kwargs.clone(); episodes];
+        let mut envs = make_envs(&mut self.pool, &users, &kwargs)?;
+        super::train::evaluate_greedy_in(q, params, &mut envs, &self.env, seed, max_steps)
+    }
 }
 
 #[cfg(test)]

@@ -145,8 +145,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a standalone aggregator of a `gymnasium:<id>` DPPG run tells its operator at its end:
-/// it evaluated nothing (it runs no Python), and the command that evaluates its released models.
+/// What a standalone aggregator of a run evaluated in Gymnasium environments (a
+/// `gymnasium:<id>` DPPG population, offline CQL on a Gymnasium dataset) tells its operator at
+/// its end: it evaluated nothing (it runs no Python), and the command that evaluates its
+/// released models.
 pub fn deferred_hint(
     scenario: &std::path::Path,
     sets: &[crate::overrides::Override],
@@ -155,14 +157,15 @@ pub fn deferred_hint(
 ) -> String {
     let sets: String = sets.iter().map(|s| format!(" {s}")).collect();
     format!(
-        "held-out evaluations deferred: this gymnasium:<id> population's environments run in \
-         Python, which the aggregator does not start, so the models of its evaluation rounds are \
-         kept in {}{}. {} evaluate them, fill metrics.jsonl and write the final evaluation into \
-         report.json on a machine with the Gymnasium bridge (scripts/install-python-bridge.sh):\n  \
+        "held-out evaluations deferred: this run is evaluated in Gymnasium environments, which \
+         run in Python, and the aggregator starts no Python, so the models it would have \
+         evaluated are kept in {}{}. {} evaluate them, fill metrics.jsonl and write the final \
+         evaluation into report.json on a machine with the Gymnasium bridge \
+         (scripts/install-python-bridge.sh):\n  \
          fedrl eval --deferred {} --scenario {}{sets}\n(`fedrl run` does this itself when it \
          started the aggregator.)",
         state_dir
-            .join(fedrl_tasks::dppg::held_out::SNAPSHOT_DIR)
+            .join(fedrl_tasks::eval_snapshots::SNAPSHOT_DIR)
             .display(),
         if outcome == Outcome::Finished {
             ""

@@ -14,23 +14,30 @@
 //! log-linear policy's with `S + i`: each as the task's own evaluations seed theirs.
 //!
 //! `--env gymnasium:<id> --scenario FILE` (or a RUN_DIR of such a run) evaluates in Gymnasium
-//! environments made by the bridge's Python workers, as the scenario's `[task.gymnasium]`
-//! table makes its users' (this process starts and owns the workers; they end with it).
+//! environments made by the bridge's Python workers (this process starts and owns the workers;
+//! they end with it): a DPPG scenario's users as its `[task.gymnasium]` table makes them, or,
+//! for an offline CQL scenario whose dataset was recorded in `gymnasium:<id>`, the dataset's
+//! default environment (`[task.dataset.gymnasium]`), where its Q-network acts greedily. Without
+//! the bridge's interpreter it fails naming the script that installs it.
 //!
 //! `--deferred STATE_DIR --scenario FILE [--set K=V ...]` completes a standalone
-//! `fedrl aggregator`'s `gymnasium:<id>` DPPG run: the aggregator runs no Python, so it kept the
-//! models of its evaluation rounds and left their rows `"eval": {"deferred": true}`; this
-//! evaluates them through the bridge on the held-out users, fills the rows, exports the
-//! best-evaluated model and writes the final evaluation into the report, as `fedrl run` does
-//! after its own aggregator ends ([`crate::deferred_eval::complete_state_dir`]).
+//! `fedrl aggregator`'s run evaluated in Gymnasium environments (a `gymnasium:<id>` DPPG
+//! population, offline CQL on a Gymnasium dataset): the aggregator runs no Python, so it kept the
+//! models it would have evaluated and left their evaluations `{"deferred": true}`; this
+//! evaluates them through the bridge on the episodes the aggregator would have played, fills the
+//! rows, exports the model the aggregator would select and writes the final evaluation into the
+//! report, as `fedrl run` does after its own aggregator ends
+//! ([`crate::deferred_eval::complete_state_dir`]).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use fedrl_common::device::DeviceSpec;
+use fedrl_common::offline::{DatasetSource, DatasetSpec};
 use fedrl_common::scenario::{Scenario, Task};
 use fedrl_rl::evaluate::evaluate_logged;
+use fedrl_rl::offline::gym::GreedyGymEvaluator;
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_rl::offline::train::evaluate_greedy_for;
 use fedrl_rl::{EvalConfig, io, loglinear};
@@ -59,7 +66,8 @@ fn gymnasium_envs(
         Task::Dppg(t) if t.population == env => t,
         _ => {
             return Err(UsageError(format!(
-                "{} is not a DPPG scenario with population = {env:?}",
+                "{} is neither a DPPG scenario with population = {env:?} nor an offline CQL \
+                 scenario whose dataset was recorded in {env:?}",
                 path.display()
             ))
             .into());
@@ -78,14 +86,31 @@ fn gymnasium_envs(
     Ok((pool, envs))
 }
 
+/// The dataset of the offline CQL scenario at `path` when it was recorded in the Gymnasium
+/// environment `env` (its Q-network is evaluated in the dataset's default environment); `None`
+/// for any other scenario.
+fn offline_gym_dataset(path: &Path, env: &str) -> anyhow::Result<Option<DatasetSpec>> {
+    let scenario = fedrl_tasks::scenario_from_file(path)
+        .map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
+    Ok(match scenario.task {
+        Task::OfflineCql(t) => match t.dataset {
+            DatasetSource::Generated(d) if d.env == env && d.gymnasium.is_some() => Some(d),
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// The state directory of a standalone `fedrl aggregator` whose `gymnasium:<id>` DPPG run
-    /// has ended: evaluates the models its evaluation rounds kept (`eval-snapshots/`) on the
-    /// held-out users through the Gymnasium bridge, fills the deferred `eval` of its
-    /// `metrics.jsonl` rows, exports the best-evaluated model as `policy.safetensors` and writes
-    /// the final evaluation into `report.json` (what `fedrl run` does after its aggregator
-    /// ends). Needs the `--scenario` and `--set`s the aggregator ran with.
+    /// The state directory of a standalone `fedrl aggregator` whose run evaluated in Gymnasium
+    /// environments (a `gymnasium:<id>` DPPG population, offline CQL on a Gymnasium dataset) has
+    /// ended: evaluates the models it kept (`eval-snapshots/`) through the Gymnasium bridge on
+    /// the episodes it would have played, fills the deferred `eval` of its `metrics.jsonl`
+    /// rows, exports the model it would select (DPPG: the best-evaluated one as
+    /// `policy.safetensors`) and writes the final evaluation into `report.json` (what `fedrl
+    /// run` does after its aggregator ends). Needs the `--scenario` and `--set`s the aggregator
+    /// ran with.
     #[arg(long, value_name = "STATE_DIR", requires = "scenario",
           conflicts_with_all = ["run_dir", "policy", "env", "population_seed", "low_risk_weight",
                                 "decision_min", "low_glucose_suspend", "iob_limit",
@@ -114,8 +139,10 @@ pub struct Args {
     pub env: Option<String>,
     /// With `--env gymnasium:<id>`: the DPPG scenario of that population, whose
     /// `[task.gymnasium]` table (module, kwargs, per-user draws, interpreter, declared spaces)
-    /// and `population_seed` make the users' environments (`--population-seed` is ignored).
-    /// A RUN_DIR's own stored scenario is used without it.
+    /// and `population_seed` make the users' environments (`--population-seed` is ignored); or
+    /// the offline CQL scenario whose dataset was recorded there, whose
+    /// `[task.dataset.gymnasium]` table makes the dataset's default environment. A RUN_DIR's own
+    /// stored scenario is used without it.
     #[arg(long)]
     pub scenario: Option<PathBuf>,
     /// Number of episodes (each in its own environment instance, run as one batch).
@@ -275,8 +302,9 @@ fn run_deferred(state_dir: &Path, args: &Args) -> anyhow::Result<ExitCode> {
     scenario.device = args.device;
     if !crate::deferred_eval::defers_evaluations(&scenario) {
         return Err(UsageError(format!(
-            "{}: --deferred applies to gymnasium:<id> DPPG runs; any other run's aggregator \
-             evaluates its models itself",
+            "{}: --deferred applies to runs evaluated in Gymnasium environments (DPPG on a \
+             gymnasium:<id> population, offline CQL on a dataset recorded in one); any other \
+             run's aggregator evaluates its models itself",
             file.display()
         ))
         .into());
@@ -343,21 +371,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let bytes = std::fs::read(&policy)
         .with_context(|| format!("reading the policy {}", policy.display()))?;
+    // The scenario whose table makes a Gymnasium environment.
+    let gym_scenario = match (gym_bridge::env_id_of(&env), &args.run_dir, &args.scenario) {
+        (None, ..) => None,
+        (Some(_), Some(dir), _) => Some(dir.join(crate::deploy::SCENARIO_FILE)),
+        (Some(_), None, Some(p)) => Some(p.clone()),
+        (Some(_), None, None) => {
+            return Err(UsageError(format!(
+                "--env {env} needs --scenario FILE: its [task.gymnasium] (or \
+                 [task.dataset.gymnasium]) table makes the environments"
+            ))
+            .into());
+        }
+    };
+    // An offline CQL scenario's Gymnasium dataset: its Q-network plays in the dataset's default
+    // environment, made below by the evaluator (no users, no population).
+    let offline_gym = match &gym_scenario {
+        Some(p) => offline_gym_dataset(p, &env)?,
+        None => None,
+    };
     // A Gymnasium population's environments live in worker processes; `_workers` keeps them
     // until the evaluation is done.
-    let (_workers, mut envs) = if gym_bridge::env_id_of(&env).is_some() {
-        let scenario = match (&args.run_dir, &args.scenario) {
-            (Some(dir), _) => dir.join(crate::deploy::SCENARIO_FILE),
-            (None, Some(p)) => p.clone(),
-            (None, None) => {
-                return Err(UsageError(format!(
-                    "--env {env} needs --scenario FILE: its [task.gymnasium] table makes the \
-                     environments"
-                ))
-                .into());
-            }
-        };
-        let (pool, envs) = gymnasium_envs(&scenario, &env, args.first_user, args.episodes)?;
+    let (_workers, mut envs) = if offline_gym.is_some() {
+        (None, Vec::new())
+    } else if let Some(scenario) = &gym_scenario {
+        let (pool, envs) = gymnasium_envs(scenario, &env, args.first_user, args.episodes)?;
         (Some(pool), envs)
     } else {
         let envs: Vec<Box<dyn Env>> = (0..args.episodes)
@@ -370,6 +408,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Three kinds of exported policy: the PPO MLP (`fedrl.model_spec`), the log-linear
     // riverswim policy (`fedrl.loglinear_spec`) and offline CQL's Q-network (`q.L.weight`, ...).
     let mut clinical: Option<ClinicalReport> = None;
+    if offline_gym.is_some() && QNetSpec::from_safetensors(&bytes).is_err() {
+        return Err(UsageError(format!(
+            "{} is not a Q-network: in {env}, an offline CQL dataset's environment, fedrl eval \
+             plays the run's exported Q-network ({})",
+            policy.display(),
+            fedrl_tasks::offline_cql::QNET_FILE
+        ))
+        .into());
+    }
     let returns: Vec<f64> = match io::from_bytes(&bytes) {
         Ok((spec, params)) => {
             let cfg = EvalConfig {
@@ -411,9 +458,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     )
                     .into());
                 }
-                evaluate_greedy_for(&spec, &params, &env, args.episodes as usize, args.seed, 0)
-                    .context("evaluating the Q-network (does it match this environment's spaces?)")?
-                    .returns
+                let episodes = args.episodes as usize;
+                match &offline_gym {
+                    // Through the bridge, in the dataset's default environment: the workers
+                    // start here (a missing interpreter is refused naming the install script).
+                    Some(dataset) => GreedyGymEvaluator::start(dataset)
+                        .with_context(|| format!("starting the Gymnasium workers of {env}"))?
+                        .evaluate(&spec, &params, episodes, args.seed, 0),
+                    None => evaluate_greedy_for(&spec, &params, &env, episodes, args.seed, 0),
+                }
+                .context("evaluating the Q-network (does it match this environment's spaces?)")?
+                .returns
             } else {
                 anyhow::bail!(
                     "reading the policy {}: {mlp_err} (nor is it a log-linear policy or an offline \

@@ -1,8 +1,9 @@
 //! `fedrl run`: a whole deployment on this machine (aggregator + client agents over QUIC on
 //! loopback, as separate processes). The orchestration lives in [`crate::deploy`]; this module
 //! adds what a user reads afterwards: the report fields, the exported policy and the learning
-//! curve (with the non-private twin's curve when `--twin` ran it too), and for `gymnasium:<id>`
-//! populations the held-out evaluations the aggregator leaves to it ([`crate::deferred_eval`]);
+//! curve (with the non-private twin's curve when `--twin` ran it too), and for runs evaluated in
+//! Gymnasium environments (`gymnasium:<id>` DPPG populations, offline CQL datasets) the
+//! evaluations the aggregator leaves to it ([`crate::deferred_eval`]);
 //! for glucose simulators
 //! also the control variability grid of the held-out patient-days (`cvga.png`) and the pooled
 //! time in range in the summary.
@@ -189,9 +190,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
         return interrupted(e);
     }
-    if let Err(e) = crate::offline_gym_eval::complete(&run, &mut result) {
-        return interrupted(e);
-    }
     // Offline CQL evaluates by training step (a Selective run's free steps have no round):
     // its curves are drawn against steps, the others' against rounds.
     let by_step = !step_points(&result.report).is_empty();
@@ -225,9 +223,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(e) => return interrupted(e),
         };
         if let Err(e) = crate::deferred_eval::complete(t, &mut tr) {
-            return interrupted(e);
-        }
-        if let Err(e) = crate::offline_gym_eval::complete(t, &mut tr) {
             return interrupted(e);
         }
         finish(t, &mut tr)?;
@@ -361,9 +356,6 @@ fn replicate_arm(
         Err(e) => return interrupted(e).map(Err),
     };
     if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
-        return interrupted(e).map(Err);
-    }
-    if let Err(e) = crate::offline_gym_eval::complete(&run, &mut result) {
         return interrupted(e).map(Err);
     }
     finish(&run, &mut result)?;

@@ -31,7 +31,7 @@ use fedrl_sim::gym_bridge::GymPool;
 use super::{DppgTaskExt, declared_spaces, gym_config};
 
 /// Folder of a Gymnasium population's evaluation snapshots in the aggregator's state directory.
-pub const SNAPSHOT_DIR: &str = "eval-snapshots";
+pub use crate::eval_snapshots::SNAPSHOT_DIR;
 
 /// The seed of held-out user `user`'s evaluation episodes.
 pub fn eval_seed(user: u64) -> u64 {
@@ -138,45 +138,40 @@ pub fn evaluate_envs(
     })
 }
 
+/// The name of the snapshot of the model released in `round` (its file: `round-R.safetensors`
+/// in [`SNAPSHOT_DIR`]).
+pub fn snapshot_name(round: u64) -> String {
+    format!("round-{round:08}")
+}
+
 /// Where the snapshot of the model released in `round` lives in the state directory `dir`.
 pub fn snapshot_path(dir: &Path, round: u64) -> PathBuf {
-    dir.join(SNAPSHOT_DIR)
-        .join(format!("round-{round:08}.safetensors"))
+    crate::eval_snapshots::path(dir, &snapshot_name(round))
 }
 
 /// Keeps `params` (the model released in `round`) as its snapshot in the state directory
-/// `dir`, atomically: a temporary file, synced, renamed over any earlier one (a resumed run
-/// never reuses a round number, so that only happens when the same round is written twice).
+/// `dir`, atomically ([`crate::eval_snapshots::keep`]; a resumed run never reuses a round
+/// number, so a file is only replaced when the same round is written twice).
 pub fn write_snapshot(
     dir: &Path,
     round: u64,
     spec: &ModelSpec,
     params: &[f32],
 ) -> anyhow::Result<PathBuf> {
-    let path = snapshot_path(dir, round);
-    let folder = dir.join(SNAPSHOT_DIR);
-    std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
     let bytes = io::to_bytes(spec, params)?;
-    let tmp = path.with_extension("safetensors.tmp");
-    {
-        use std::io::Write;
-        let mut f =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(&bytes)
-            .and_then(|()| f.sync_all())
-            .with_context(|| format!("writing {}", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
-    // The rename itself is durable once the folder is synced.
-    if let Ok(d) = std::fs::File::open(&folder) {
-        let _ = d.sync_all();
-    }
-    Ok(path)
+    crate::eval_snapshots::keep(dir, &snapshot_name(round), |tmp| {
+        Ok(std::fs::write(tmp, &bytes)?)
+    })
 }
 
 /// Reads the snapshot of `round` from the state directory `dir`.
 pub fn read_snapshot(dir: &Path, round: u64) -> anyhow::Result<Vec<f32>> {
-    let path = snapshot_path(dir, round);
+    read_snapshot_named(dir, &snapshot_name(round))
+}
+
+/// Reads the snapshot `name` ([`snapshot_name`]) from the state directory `dir`.
+pub fn read_snapshot_named(dir: &Path, name: &str) -> anyhow::Result<Vec<f32>> {
+    let path = crate::eval_snapshots::path(dir, name);
     let (_, params) =
         io::load(&path).with_context(|| format!("reading the snapshot {}", path.display()))?;
     Ok(params)

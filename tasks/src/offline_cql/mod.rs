@@ -258,8 +258,10 @@ pub fn gymnasium_table(
 }
 
 /// Whether the task's greedy evaluations run in a Gymnasium environment: the aggregator runs no
-/// Python (DESIGN §2.6), so its server model leaves them to `fedrl run`, which evaluates the
-/// exported Q-network through the bridge once the aggregator ended.
+/// Python (DESIGN §2.6), so its server model keeps the networks of its evaluation steps as
+/// snapshots and leaves the evaluations to `fedrl run` (or `fedrl eval --deferred`), which
+/// evaluates them and the exported Q-network through the bridge once the aggregator ended
+/// ([`server`]'s module doc).
 pub fn evaluates_in_gymnasium(task: &OfflineCqlTask) -> bool {
     matches!(&task.dataset, DatasetSource::Generated(d) if d.gymnasium.is_some())
 }

@@ -9,13 +9,27 @@
 //! dataset's: a diagnostic that touches no unit's data. The exported network is the final one
 //! (no selection by evaluation, which would tune on the environment).
 //!
+//! A dataset recorded in a Gymnasium environment (`task.dataset.env = "gymnasium:<id>"`) is
+//! evaluated there, and the aggregator runs no Python (DESIGN §2.6): at each evaluation step
+//! this model keeps the network as a snapshot in the state directory
+//! (`eval-snapshots/step-S.safetensors`, [`write_snapshot`]) and records the evaluation as
+//! `{"deferred": true, "snapshot": "step-S", "step": S, "dp_steps": D}`; its final evaluation
+//! is `{"deferred": true, "curve": [...]}`. `fedrl run` (or `fedrl eval --deferred`) evaluates
+//! the snapshots and the exported network through the bridge on the episodes this model would
+//! have played (`scenarios/src/deferred_eval.rs`). A snapshot is written right after its step,
+//! which is applied only once its release is durable in the ledger (free steps are
+//! post-processing of released data), so only released networks are kept. A step number can
+//! come back after a crash (the model resumes from its checkpoint, the ledger's later rounds
+//! stay released), so a file is never replaced: the second network of a step is `step-S.1`,
+//! and each evaluation names its own file.
+//!
 //! Selective DP-SGD (seed 000/002, Algorithm 3): the task's public schedule interleaves free
 //! steps, noise-free CQL steps on a batch of D_stable (the released prefixes: public, so these
 //! steps are post-processing), with the DP rounds. The free steps that precede DP step k + 1 run
 //! right after step k is applied (so round k + 1's offer carries their result); those before
 //! the first DP step run when D_stable arrives, and the last ones when the run ends.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use fedrl_common::selective::Schedule;
 use fedrl_common::task::OfflineCqlTask;
@@ -58,6 +72,11 @@ pub struct CqlModel {
     curve: Vec<serde_json::Value>,
     /// How many of `curve`'s evaluations the rounds' metrics lines have seen.
     reported: usize,
+    /// A Gymnasium environment: evaluations are deferred to `fedrl run` (no Python here), which
+    /// evaluates the snapshots kept in the state directory.
+    deferred: bool,
+    /// The aggregator's state directory (where deferred evaluations' snapshots are kept).
+    state_dir: Option<PathBuf>,
 }
 
 impl CqlModel {
@@ -78,6 +97,8 @@ impl CqlModel {
             free_s: 0.0,
             curve: Vec::new(),
             reported: 0,
+            deferred: super::evaluates_in_gymnasium(task),
+            state_dir: None,
         };
         m.refresh_offer();
         Ok(m)
@@ -103,16 +124,17 @@ impl CqlModel {
     /// on held-out episodes, recorded in the curve.
     fn after_step(&mut self) {
         let step = self.dp_done + self.free_done;
-        // A Gymnasium environment's evaluations cannot run here (no Python in the aggregator);
-        // `fedrl run` evaluates the final network only.
-        if !step.is_multiple_of(self.task.eval_every.max(1))
-            || super::evaluates_in_gymnasium(&self.task)
-        {
+        if !step.is_multiple_of(self.task.eval_every.max(1)) {
             return;
         }
-        let mut e = self
-            .evaluate_with(self.task.eval_episodes, self.task.eval_seed)
-            .unwrap_or_else(|e| serde_json::json!({ "eval_error": e.to_string() }));
+        let mut e = if self.deferred {
+            // A Gymnasium environment's evaluations cannot run here (no Python in the
+            // aggregator): the network is kept for `fedrl run` to evaluate.
+            self.keep_snapshot(step)
+        } else {
+            self.evaluate_with(self.task.eval_episodes, self.task.eval_seed)
+                .unwrap_or_else(|e| serde_json::json!({ "eval_error": e.to_string() }))
+        };
         e["step"] = step.into();
         e["dp_steps"] = self.dp_done.into();
         self.curve.push(e);
@@ -197,6 +219,25 @@ impl CqlModel {
         self.refresh_offer();
         self.free_s += started.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    /// A deferred evaluation (Gymnasium environment): keeps the online network after training
+    /// step `step` as a snapshot and returns the evaluation's mark, `{"deferred": true,
+    /// "snapshot": NAME}` (`eval_error` instead of the name when it could not be kept).
+    fn keep_snapshot(&self, step: u64) -> serde_json::Value {
+        let kept = match &self.state_dir {
+            Some(dir) => {
+                write_snapshot(dir, step, &self.spec, self.online()).map_err(|e| format!("{e:#}"))
+            }
+            None => Err("no state directory to keep the snapshot in".to_string()),
+        };
+        match kept {
+            Ok(name) => serde_json::json!({ "deferred": true, "snapshot": name }),
+            Err(e) => serde_json::json!({
+                "deferred": true,
+                "eval_error": format!("the released network could not be kept for its evaluation: {e}"),
+            }),
+        }
     }
 
     fn evaluate_with(&self, episodes: usize, seed: u64) -> anyhow::Result<serde_json::Value> {
@@ -299,6 +340,11 @@ impl ServerModel for CqlModel {
         Some(self)
     }
 
+    fn set_state_dir(&mut self, dir: &Path) -> anyhow::Result<()> {
+        self.state_dir = Some(dir.to_path_buf());
+        Ok(())
+    }
+
     fn finish(&mut self) -> anyhow::Result<()> {
         if self.schedule.is_some() && self.stable.is_some() {
             self.run_free_steps(true)?;
@@ -317,9 +363,10 @@ impl ServerModel for CqlModel {
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
         // Other episodes than the periodic evaluations'.
         let seed = final_eval_seed(&self.task);
-        if super::evaluates_in_gymnasium(&self.task) {
-            // `fedrl run` fills it in from the exported network (the aggregator runs no Python).
-            let mut out = serde_json::json!({ "deferred": true });
+        if self.deferred {
+            // `fedrl run` fills it in from the exported network, and the curve's evaluations
+            // from their snapshots (the aggregator runs no Python).
+            let mut out = serde_json::json!({ "deferred": true, "curve": self.curve });
             if self.schedule.is_some() {
                 out["dp_steps"] = self.dp_done.into();
                 out["free_steps"] = self.free_done.into();
@@ -380,6 +427,37 @@ impl TrainsOnStableData for CqlModel {
         // The free steps before the first DP step (all of them when there is none).
         self.run_free_steps(false)
     }
+}
+
+/// Where the snapshot `name` of a deferred evaluation lives in the state directory `dir`.
+pub fn snapshot_path(dir: &Path, name: &str) -> PathBuf {
+    crate::eval_snapshots::path(dir, name)
+}
+
+/// Keeps `params`, the online network after training step `step`, as a snapshot in the state
+/// directory `dir` ([`crate::eval_snapshots::keep`]) and returns its name: `step-S`, or
+/// `step-S.K` (the first K free) when an earlier network of that step is kept already (a step
+/// number comes back after a crash; the rows that name the earlier file keep their network).
+pub fn write_snapshot(
+    dir: &Path,
+    step: u64,
+    spec: &QNetSpec,
+    params: &[f32],
+) -> anyhow::Result<String> {
+    let base = format!("step-{step:08}");
+    let name = std::iter::once(base.clone())
+        .chain((1..).map(|k| format!("{base}.{k}")))
+        .find(|n| !snapshot_path(dir, n).exists())
+        .unwrap_or(base);
+    crate::eval_snapshots::keep(dir, &name, |tmp| Ok(spec.save(tmp, params)?))?;
+    Ok(name)
+}
+
+/// Reads the snapshot `name` from the state directory `dir`: the network's shape and
+/// parameters.
+pub fn read_snapshot(dir: &Path, name: &str) -> anyhow::Result<(QNetSpec, Vec<f32>)> {
+    let path = snapshot_path(dir, name);
+    Ok(QNetSpec::load_file(&path)?)
 }
 
 /// The reset seeds' base of a task's final evaluation: other episodes than the periodic
@@ -465,5 +543,76 @@ mod tests {
         let mut short = st;
         short.tensors.truncate(dim);
         assert!(model().restore(short).is_err());
+    }
+
+    /// A dataset recorded in Gymnasium: the aggregator runs no Python, so each evaluation step
+    /// keeps the network as a snapshot and marks the evaluation deferred; a step number that
+    /// comes back (a run resumed from an earlier checkpoint after a crash) gets a file of its
+    /// own, and the earlier network stays for the rows that name it.
+    #[test]
+    fn a_gymnasium_dataset_keeps_a_snapshot_at_each_evaluation_step() {
+        let task: OfflineCqlTask = serde_json::from_value(serde_json::json!({
+            "dataset": {
+                "env": "gymnasium:CartPole-v1",
+                "units": 4,
+                "behaviour": { "kind": "random" },
+                "gymnasium": { "obs_dim": 4, "actions": 2 },
+            },
+            "cql": { "hidden": [8], "target_update_interval": 2 },
+            "eval_every": 2,
+            "eval_episodes": 3,
+            "eval_max_steps": 5,
+        }))
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = CqlModel::new(&task).unwrap();
+        m.set_state_dir(dir.path()).unwrap();
+        let dim = m.spec.dim();
+        let g: Vec<f32> = (0..dim).map(|i| ((i % 5) as f32 - 2.0) * 0.01).collect();
+        m.apply(&g).unwrap();
+        assert_eq!(m.evaluate(0), None, "step 1 is no evaluation step");
+        m.apply(&g).unwrap();
+        let mark = serde_json::json!({
+            "deferred": true,
+            "snapshot": "step-00000002",
+            "step": 2,
+            "dp_steps": 2,
+        });
+        assert_eq!(m.evaluate(1), Some(mark.clone()));
+        let (spec, params) = read_snapshot(dir.path(), "step-00000002").unwrap();
+        assert_eq!(spec, m.spec);
+        assert_eq!(params, m.online());
+        let fe = m.final_evaluation().unwrap();
+        assert_eq!(fe, serde_json::json!({ "deferred": true, "curve": [mark] }));
+
+        // The same step again, from another network: a file of its own.
+        let mut again = CqlModel::new(&task).unwrap();
+        again.set_state_dir(dir.path()).unwrap();
+        let h: Vec<f32> = g.iter().map(|x| -x).collect();
+        again.apply(&h).unwrap();
+        again.apply(&h).unwrap();
+        assert_eq!(again.evaluate(1).unwrap()["snapshot"], "step-00000002.1");
+        assert_eq!(
+            read_snapshot(dir.path(), "step-00000002").unwrap().1,
+            params
+        );
+        assert_eq!(
+            read_snapshot(dir.path(), "step-00000002.1").unwrap().1,
+            again.online()
+        );
+        // Without a state directory the evaluation says why it has no snapshot.
+        let mut lost = CqlModel::new(&task).unwrap();
+        lost.apply(&g).unwrap();
+        lost.apply(&g).unwrap();
+        let e = lost.evaluate(1).unwrap();
+        assert_eq!(e["deferred"], true);
+        assert!(
+            e["eval_error"]
+                .as_str()
+                .unwrap()
+                .contains("state directory"),
+            "{e}"
+        );
+        assert!(e.get("snapshot").is_none(), "{e}");
     }
 }
