@@ -57,6 +57,7 @@ row = {
     "finetuning_phase_s": fe["phase_seconds"].get("finetuning"),
     "sampling_s": fe["phase_seconds"]["sampling"],
     "downstream_s": fe["phase_seconds"]["downstream"],
+    "split": fe["fidelity"].get("split", "episodes"),
     "marginal_per_entry": fe["fidelity"].get("marginal_per_entry"),
     "snapped_entries": fe["fidelity"].get("snapped_entries"),
     "out": out,

@@ -210,10 +210,8 @@ fn first(t: &Transitions, n: usize) -> fedrl_rl::Result<Transitions> {
     unpack(&b.select(&rows), t.obs_dim)
 }
 
-/// The sensitive dataset split as `super::split_sensitive` splits a discrete one, packed: its
-/// first `transitions` transitions in unit order (the units, unit `i` = row `i`) and the
-/// held-out ones from the first episode after the one holding the last unit, at most
-/// `task.holdout()`.
+/// The sensitive dataset split as `super::split_sensitive` splits a discrete one
+/// ([`super::split_transitions`]), packed.
 pub fn load_sensitive(
     task: &PrivorlTask,
     c: &PrivorlContinuous,
@@ -224,46 +222,27 @@ pub fn load_sensitive(
         .with_context(|| format!("loading the task's dataset under {}", root.display()))?;
     check_shape(&d.meta, &env, "sensitive")?;
     let eps = in_unit_order(&d);
-    let n = task.transitions as usize;
-    let mut units = TransitionBatch::new(env.obs_dim + env.act_dim);
-    let mut used = 0;
+    let mut ends = Vec::with_capacity(eps.len());
+    let mut total = 0;
     for e in &eps {
-        units.extend_from(&pack(&transitions_from_episodes(
-            &[*e],
+        total += e.len();
+        ends.push(total);
+    }
+    let mut fetch = |k: usize| -> anyhow::Result<TransitionBatch> {
+        Ok(pack(&transitions_from_episodes(
+            &[eps[k]],
             env.obs_dim,
             env.act_dim,
-        ))?);
-        used += 1;
-        if units.len() >= n {
-            break;
-        }
-    }
-    if units.len() < n {
-        anyhow::bail!(
-            "the sensitive dataset ({}) holds {} transitions, fewer than task.transitions = {n}: raise task.continuous.dataset.units",
-            d.meta.env_id,
-            units.len()
-        );
-    }
-    let rows: Vec<usize> = (0..n).collect();
-    let units = units.select(&rows);
-    let want = task.holdout() as usize;
-    let mut held = TransitionBatch::new(units.obs_dim);
-    for e in &eps[used..] {
-        if held.len() >= want {
-            break;
-        }
-        held.extend_from(&pack(&transitions_from_episodes(
-            &[*e],
-            env.obs_dim,
-            env.act_dim,
-        ))?);
-    }
-    if held.len() > want {
-        let rows: Vec<usize> = (0..want).collect();
-        held = held.select(&rows);
-    }
-    Ok((units, held))
+        ))?)
+    };
+    super::split_transitions(
+        task,
+        &ends,
+        env.obs_dim + env.act_dim,
+        &mut fetch,
+        &format!("({})", d.meta.env_id),
+        "task.continuous.dataset.units",
+    )
 }
 
 /// The released synthetic dataset in the continuous format: one one-step episode per packed

@@ -32,7 +32,7 @@ use anyhow::Context;
 use fedrl_common::protocol::{UnitId, UnitRange};
 use fedrl_common::scenario::Scenario;
 use fedrl_common::task::TaskError;
-use fedrl_common::task::privorl::{PrivorlLevel, PrivorlTask};
+use fedrl_common::task::privorl::{PrivorlLevel, PrivorlSplit, PrivorlTask};
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::diffusion::curiosity::{CuriosityConfig, EpochReport, PretrainConfig};
 use fedrl_rl::diffusion::dp::{UnitRows, summed_unit_gradients, unit_gradients};
@@ -45,6 +45,8 @@ use fedrl_rl::offline::dataset::Dataset;
 use fedrl_rl::offline::per_example::SummedGradient;
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_sim::population::Population;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
 use crate::central::CentralGradients;
 use crate::client::LocalTrainer;
@@ -313,46 +315,99 @@ pub fn public_rows(task: &PrivorlTask, root: &Path) -> anyhow::Result<PublicRows
     Ok(PublicRows::new(layout.dim(), rows)?)
 }
 
-/// The sensitive dataset's first `transitions` transitions (the units, unit `i` = row `i`) and
-/// the held-out real transitions: from the first episode after the one holding the last unit,
-/// at most `task.holdout()` of them (fewer when the dataset ends first).
+/// The sensitive dataset's units and held-out transitions ([`split_transitions`] of its
+/// transitions in episode order).
 pub fn split_sensitive(
     task: &PrivorlTask,
     d: &Dataset,
 ) -> anyhow::Result<(TransitionBatch, TransitionBatch)> {
-    let n = task.transitions as usize;
     let mut eps: Vec<&fedrl_rl::offline::Episode> = d.episodes.iter().collect();
     eps.sort_by_key(|e| e.id);
-    let mut units = TransitionBatch::new(d.obs_dim);
-    let mut held = TransitionBatch::new(d.obs_dim);
-    let mut it = eps.into_iter();
-    for e in it.by_ref() {
-        e.push_transitions(&mut units);
-        if units.len() >= n {
-            break;
-        }
+    let mut ends = Vec::with_capacity(eps.len());
+    let mut total = 0;
+    for e in &eps {
+        total += e.actions.len();
+        ends.push(total);
     }
-    if units.len() < n {
+    let mut fetch = |k: usize| {
+        let mut b = TransitionBatch::new(d.obs_dim);
+        eps[k].push_transitions(&mut b);
+        Ok(b)
+    };
+    split_transitions(
+        task,
+        &ends,
+        d.obs_dim,
+        &mut fetch,
+        &d.id,
+        "task.dataset.units",
+    )
+}
+
+/// Splits a sensitive dataset's transitions in episode order (episode `k` ends before row
+/// `ends[k]`; `fetch(k)` gives its transitions, rows of `obs_dim`) into the units
+/// (`task.transitions` rows, unit `i` = row `i` of the result) and at most `task.holdout()`
+/// held-out rows, as `task.split` says ([`PrivorlSplit`]). Only the episodes holding a chosen
+/// row are fetched. `name` and `raise` (the field that adds data) make the error when there
+/// are too few.
+pub fn split_transitions(
+    task: &PrivorlTask,
+    ends: &[usize],
+    obs_dim: usize,
+    fetch: &mut dyn FnMut(usize) -> anyhow::Result<TransitionBatch>,
+    name: &str,
+    raise: &str,
+) -> anyhow::Result<(TransitionBatch, TransitionBatch)> {
+    let n = task.transitions as usize;
+    let want = task.holdout() as usize;
+    let total = ends.last().copied().unwrap_or(0);
+    if total < n {
         anyhow::bail!(
-            "the sensitive dataset {} holds {} transitions, fewer than task.transitions = {n}: raise task.dataset.units",
-            d.id,
-            units.len()
+            "the sensitive dataset {name} holds {total} transitions, fewer than task.transitions = {n}: raise {raise}"
         );
     }
-    let rows: Vec<usize> = (0..n).collect();
-    let units = units.select(&rows);
-    let want = task.holdout() as usize;
-    for e in it {
-        if held.len() >= want {
-            break;
+    let order: Vec<usize> = match task.split {
+        PrivorlSplit::Shuffled => {
+            // Fisher-Yates from the task's data seed (its own stream).
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(task.data_seed ^ 0x7370_6c69_745f_7472);
+            let mut p: Vec<usize> = (0..total).collect();
+            for i in (1..p.len()).rev() {
+                let j = rng.random_range(0..=i);
+                p.swap(i, j);
+            }
+            p.truncate(n + want.min(total - n));
+            p
         }
-        e.push_transitions(&mut held);
+        PrivorlSplit::Episodes => {
+            // The held-out rows start at the first episode after the one holding the last unit.
+            let from = ends.iter().copied().find(|&e| e >= n).unwrap_or(total);
+            (0..n)
+                .chain(from..total.min(from.saturating_add(want)))
+                .collect()
+        }
+    };
+    // Gather the chosen rows episode by episode, then put them in `order`'s order.
+    let mut by_row: Vec<(usize, usize)> = order.iter().copied().zip(0..).collect();
+    by_row.sort_unstable();
+    let mut gathered = TransitionBatch::new(obs_dim);
+    let mut at = vec![0usize; order.len()];
+    let mut k = 0;
+    let mut i = 0;
+    while i < by_row.len() {
+        while ends[k] <= by_row[i].0 {
+            k += 1;
+        }
+        let start = if k == 0 { 0 } else { ends[k - 1] };
+        let ep = fetch(k)?;
+        let mut rows = Vec::new();
+        while i < by_row.len() && by_row[i].0 < ends[k] {
+            at[by_row[i].1] = gathered.len() + rows.len();
+            rows.push(by_row[i].0 - start);
+            i += 1;
+        }
+        gathered.extend_from(&ep.select(&rows));
     }
-    if held.len() > want {
-        let rows: Vec<usize> = (0..want).collect();
-        held = held.select(&rows);
-    }
-    Ok((units, held))
+    Ok((gathered.select(&at[..n]), gathered.select(&at[n..])))
 }
 
 /// Where the pre-trained synthesizer of `task` is cached under the data root: keyed by
@@ -542,5 +597,113 @@ impl CentralGradients for PrivorlCentral {
             self.task.draws_per_unit,
             clip_norm,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three episodes of 4, 3 and 5 transitions; row `r`'s reward is `r` (so rows can be told
+    /// apart after the split).
+    fn episodes() -> (Vec<usize>, Vec<TransitionBatch>) {
+        let lens = [4usize, 3, 5];
+        let mut r = 0;
+        let mut eps = Vec::new();
+        let mut ends = Vec::new();
+        for len in lens {
+            let mut b = TransitionBatch::new(1);
+            for _ in 0..len {
+                b.obs.push(r as f32);
+                b.next_obs.push(r as f32 + 0.5);
+                b.actions.push(0);
+                b.rewards.push(r as f32);
+                b.terminals.push(0.0);
+                r += 1;
+            }
+            eps.push(b);
+            ends.push(r);
+        }
+        (ends, eps)
+    }
+
+    fn split(
+        split: PrivorlSplit,
+        n: u64,
+        holdout: u64,
+        seed: u64,
+    ) -> (Vec<f32>, Vec<f32>, Vec<usize>) {
+        let task: PrivorlTask = serde_json::from_value(serde_json::json!({})).unwrap();
+        let task = PrivorlTask {
+            split,
+            transitions: n,
+            holdout_transitions: holdout,
+            data_seed: seed,
+            ..task
+        };
+        let (ends, eps) = episodes();
+        let mut fetched = Vec::new();
+        let mut fetch = |k: usize| {
+            fetched.push(k);
+            Ok(eps[k].clone())
+        };
+        let (u, h) = split_transitions(&task, &ends, 1, &mut fetch, "test", "units").unwrap();
+        assert_eq!(u.obs, u.rewards, "rows stay whole");
+        assert_eq!(h.obs, h.rewards, "rows stay whole");
+        (u.rewards, h.rewards, fetched)
+    }
+
+    #[test]
+    fn the_episode_split_holds_out_the_episodes_after_the_units() {
+        // 5 units end inside episode 1: the held-out rows start at episode 2 (row 7).
+        let (u, h, fetched) = split(PrivorlSplit::Episodes, 5, 3, 0);
+        assert_eq!(u, vec![0.0, 1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(h, vec![7.0, 8.0, 9.0]);
+        assert_eq!(fetched, vec![0, 1, 2], "each episode fetched once");
+        // More held-out rows wanted than remain: what remains.
+        let (_, h, _) = split(PrivorlSplit::Episodes, 5, 10, 0);
+        assert_eq!(h, vec![7.0, 8.0, 9.0, 10.0, 11.0]);
+    }
+
+    #[test]
+    fn the_shuffled_split_draws_disjoint_rows_from_every_episode_by_seed() {
+        let (u, h, fetched) = split(PrivorlSplit::Shuffled, 6, 6, 3);
+        assert_eq!((u.len(), h.len()), (6, 6));
+        let mut all: Vec<f32> = u.iter().chain(&h).copied().collect();
+        all.sort_by(f32::total_cmp);
+        assert_eq!(
+            all,
+            (0..12).map(|r| r as f32).collect::<Vec<_>>(),
+            "disjoint"
+        );
+        assert!(
+            u != vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+            "not the episode order"
+        );
+        assert_eq!(fetched, vec![0, 1, 2], "each episode fetched once");
+        // The same seed gives the same split; another seed another one.
+        assert_eq!(split(PrivorlSplit::Shuffled, 6, 6, 3).0, u);
+        let others: Vec<Vec<f32>> = (4..8)
+            .map(|s| split(PrivorlSplit::Shuffled, 6, 6, s).0)
+            .collect();
+        assert!(others.iter().any(|o| *o != u));
+        // Too few transitions: an error naming the field to raise.
+        let task: PrivorlTask =
+            serde_json::from_value(serde_json::json!({"transitions": 13})).unwrap();
+        let (ends, eps) = episodes();
+        let err = split_transitions(
+            &task,
+            &ends,
+            1,
+            &mut |k| Ok(eps[k].clone()),
+            "d",
+            "task.dataset.units",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("12 transitions") && err.contains("task.dataset.units"),
+            "{err}"
+        );
     }
 }

@@ -5,8 +5,9 @@
 //! continuous format, evaluated with TD3+BC; [`super::continuous`]).
 //!
 //! Everything here is post-processing of released gradients and public data, except the
-//! evaluation's real data: the held-out transitions of the sensitive dataset's episodes after
-//! the units' (no unit's transition is among them). The fidelity and the reference CQL are
+//! evaluation's real data: held-out transitions of the sensitive dataset (`task.split`: drawn
+//! at random beside the units, or the episodes after the units'; no unit's transition is among
+//! them). The fidelity and the reference CQL are
 //! computed on those, and so are operator-side diagnostics about held-out data, not about any
 //! unit. The held-out loss curve uses them too.
 //!
@@ -16,7 +17,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use fedrl_common::task::privorl::PrivorlTask;
+use fedrl_common::task::privorl::{PrivorlSplit, PrivorlTask};
 use fedrl_rl::audit::{AttackConfig, MembershipReport, denoising_loss_scores};
 use fedrl_rl::candle_core::{Device, Tensor};
 use fedrl_rl::diffusion::edm::{normal_tensor, per_example_loss};
@@ -395,7 +396,11 @@ impl PrivorlModel {
                 "snapped_entries": self.support.snapped(),
                 "real_transitions": self.holdout.len(),
                 "synthetic_transitions": synthetic.len(),
-                "against": "held-out real transitions (episodes after the units'; no unit's data): an evaluation beside the DP release, not covered by its epsilon",
+                "split": self.task.split,
+                "against": match self.task.split {
+                    PrivorlSplit::Shuffled => "held-out real transitions (drawn at random from the sensitive dataset beside the units, none of them a unit's): an evaluation beside the DP release, not covered by its epsilon",
+                    PrivorlSplit::Episodes => "held-out real transitions (episodes after the units'; no unit's data): an evaluation beside the DP release, not covered by its epsilon",
+                },
             },
             "utility": {
                 "learner": if self.task.is_continuous() {
