@@ -58,6 +58,8 @@ row = {
     "sampling_s": fe["phase_seconds"]["sampling"],
     "downstream_s": fe["phase_seconds"]["downstream"],
     "split": fe["fidelity"].get("split", "episodes"),
+    "real_halves_marginal": (fe["fidelity"].get("real_halves") or {}).get("marginal"),
+    "real_halves_correlation": (fe["fidelity"].get("real_halves") or {}).get("correlation"),
     "marginal_per_entry": fe["fidelity"].get("marginal_per_entry"),
     "snapped_entries": fe["fidelity"].get("snapped_entries"),
     "out": out,

@@ -346,6 +346,15 @@ impl PrivorlModel {
         let real = layout.encode(&batch_transitions(&layout, &self.holdout)?)?;
         let syn = layout.encode(&batch_transitions(&layout, &synthetic)?)?;
         let f = fedrl_rl::fidelity::fidelity(&real, &syn, layout.dim())?;
+        // The scale of the scores: real data against real data, the held-out rows' halves.
+        let halves = {
+            let d = layout.dim();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for (i, row) in real.chunks_exact(d).enumerate() {
+                if i % 2 == 0 { &mut a } else { &mut b }.extend_from_slice(row);
+            }
+            fedrl_rl::fidelity::fidelity(&a, &b, d).ok()
+        };
         let t1 = Instant::now();
         let on_syn = self.utility(&synthetic, "synthetic")?;
         let reference = if self.task.utility.reference {
@@ -394,6 +403,11 @@ impl PrivorlModel {
                 "undefined_pairs": f.undefined_pairs,
                 "marginal_per_entry": f.per_dimension,
                 "snapped_entries": self.support.snapped(),
+                "real_halves": halves.map(|h| serde_json::json!({
+                    "marginal": h.marginal,
+                    "correlation": h.correlation,
+                    "what": "one half of the held-out real transitions against the other (every other row): the scores two real samples of half this size get",
+                })),
                 "real_transitions": self.holdout.len(),
                 "synthetic_transitions": synthetic.len(),
                 "split": self.task.split,
