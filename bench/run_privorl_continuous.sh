@@ -8,6 +8,7 @@
 #   cargo build --release -p fedrl-scenarios
 #   bench/run_privorl_continuous.sh STEM [SUFFIX...]   # default suffix: "" (the epsilon-10 run)
 #   nice -n 10 bench/run_privorl_continuous.sh pendulum-privorl "" -nonprivate
+#   PRIVORL_SET="task.finetune_lr=1e-3" bench/run_privorl_continuous.sh pendulum-privorl ""
 #
 # Each run's noise comes from the OS (no `seed`): runs differ by the DP noise only (the
 # datasets and the pre-trained synthesizer are cached and shared). The first run of a fresh
@@ -27,11 +28,13 @@ for s in "${suffixes[@]}"; do
   out="$out_root/$name-$(date +%s)"
   log="$out.log"
   t0=$(date +%s.%N)
-  "$bin" run "scenarios/$name.toml" --out "$out" > "$log" 2>&1
+  set_args=()
+  for kv in ${PRIVORL_SET:-}; do set_args+=(--set "$kv"); done
+  "$bin" run "scenarios/$name.toml" "${set_args[@]}" --out "$out" > "$log" 2>&1
   t1=$(date +%s.%N)
-  python3 - "$out" "$log" "$name" "$t0" "$t1" <<'PY' >> bench/results/privorl_continuous.jsonl
+  python3 - "$out" "$log" "$name" "$t0" "$t1" "${PRIVORL_SET:-}" <<'PY' >> bench/results/privorl_continuous.jsonl
 import json, re, subprocess, sys
-out, log, name, t0, t1 = sys.argv[1:]
+out, log, name, t0, t1, overrides = sys.argv[1:]
 r = json.load(open(f"{out}/report.json"))
 op = json.load(open(f"{out}/operator/report.json"))
 fe = r["final_evaluation"]
@@ -46,6 +49,11 @@ row = {
     "epsilon": r["epsilon"], "delta": r["delta"], "rounds": r["rounds_completed"],
     "fidelity_marginal": fe["fidelity"]["marginal"],
     "fidelity_correlation": fe["fidelity"]["correlation"],
+    "split": fe["fidelity"].get("split", "episodes"),
+    "real_halves_marginal": (fe["fidelity"].get("real_halves") or {}).get("marginal"),
+    "real_halves_correlation": (fe["fidelity"].get("real_halves") or {}).get("correlation"),
+    "marginal_per_entry": fe["fidelity"].get("marginal_per_entry"),
+    "set": overrides.split(),
     "learner": "td3bc",
     "synthetic_return": u["synthetic"]["return"],
     "synthetic_return_per_seed": u["synthetic"]["return_per_seed"],
