@@ -237,6 +237,11 @@ impl DiffusionModel {
         self.net.flat_from_tensors(self.ema.params())
     }
 
+    /// EMA updates so far (what [`Self::from_parts`] resumes the average with).
+    pub fn ema_calls(&self) -> u64 {
+        self.ema.calls()
+    }
+
     /// Mean EDM loss of a batch of normalised rows at freshly drawn noise, without training
     /// (diagnostics).
     pub fn loss(&mut self, rows: &[f32], weights: Weights) -> Result<f32> {

@@ -1,10 +1,12 @@
-//! PrivORL-n, client side: the agent holds its units, each one transition of the sensitive
-//! dataset (loaded from the dataset cache, generated there if missing), and either uploads them
-//! once (the central mode) or, for each offer, computes every offered unit's clipped gradient of
-//! its own EDM loss (the federated mode; the same function the central aggregator runs,
-//! [`super::PrivorlCentral`]).
+//! PrivORL, client side: the agent holds its units, each one transition of the sensitive
+//! dataset (PrivORL-n) or one episode (PrivORL-j; loaded from the dataset cache, generated there
+//! if missing), and either uploads them once (the central mode) or, for each offer, computes
+//! every offered unit's clipped gradient (the federated mode; the same function the central
+//! aggregator runs, [`super::PrivorlCentral`] or `TrajectoryCentral`: one trainer, generic over
+//! the level's [`UnitCompute`]).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use fedrl_common::offline::UpdateMode;
 use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
@@ -17,17 +19,49 @@ use super::{PrivorlCentral, load_sensitive};
 use crate::central::CentralGradients;
 use crate::client::{CentralData, LocalTrainer, UnitUpload};
 
-/// The PrivORL-n trainer of one client agent.
-pub struct PrivorlTrainer {
+/// A level's per-unit computation, built from public numbers at the first offer
+/// ([`super::PrivorlCentral`] for transitions, `TrajectoryCentral` for trajectories).
+pub trait UnitCompute: CentralGradients + Sized {
+    /// What fails to build, for the log ("the synthesizer's network").
+    const WHAT: &'static str;
+    fn build(task: &PrivorlTask, root: &Path, device: &Device) -> anyhow::Result<Self>;
+}
+
+impl UnitCompute for PrivorlCentral {
+    const WHAT: &'static str = "the synthesizer's network";
+    fn build(task: &PrivorlTask, root: &Path, device: &Device) -> anyhow::Result<Self> {
+        PrivorlCentral::new(task, root, device)
+    }
+}
+
+/// The PrivORL trainer of one client agent: its hosted units' data (one transition each at
+/// transition level, one episode each at trajectory level) and, in the federated mode, the
+/// level's per-unit computation `C`.
+pub struct PrivorlTrainer<C = PrivorlCentral> {
     task: PrivorlTask,
-    /// One transition per hosted unit.
     units: BTreeMap<UnitId, TransitionBatch>,
     /// The federated mode's computation, built at the first offer.
-    compute: Option<PrivorlCentral>,
+    compute: Option<C>,
     device: Device,
 }
 
-impl PrivorlTrainer {
+impl<C: UnitCompute> PrivorlTrainer<C> {
+    /// A trainer hosting `units` (each unit's data).
+    pub fn hosting(
+        task: &PrivorlTask,
+        units: BTreeMap<UnitId, TransitionBatch>,
+        device: Device,
+    ) -> Self {
+        PrivorlTrainer {
+            task: task.clone(),
+            units,
+            compute: None,
+            device,
+        }
+    }
+}
+
+impl PrivorlTrainer<PrivorlCentral> {
     /// Loads (or generates) the sensitive dataset and keeps the hosted units' transitions;
     /// every hosted unit must exist.
     pub fn new(task: &PrivorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
@@ -46,16 +80,11 @@ impl PrivorlTrainer {
             }
         }
         tracing::info!(units = units.len(), "PrivORL transitions hosted");
-        Ok(PrivorlTrainer {
-            task: task.clone(),
-            units,
-            compute: None,
-            device,
-        })
+        Ok(Self::hosting(task, units, device))
     }
 }
 
-impl LocalTrainer for PrivorlTrainer {
+impl<C: UnitCompute + 'static> LocalTrainer for PrivorlTrainer<C> {
     fn local_updates(
         &mut self,
         round: &RoundSpec,
@@ -63,17 +92,13 @@ impl LocalTrainer for PrivorlTrainer {
         units: &[UnitId],
     ) -> Vec<(UnitId, Vec<f32>)> {
         if self.compute.is_none() {
-            let root = match fedrl_rl::offline::data_root(None) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(error = %e, "no dataset root");
-                    return Vec::new();
-                }
-            };
-            match PrivorlCentral::new(&self.task, &root, &self.device) {
+            let built = fedrl_rl::offline::data_root(None)
+                .map_err(anyhow::Error::from)
+                .and_then(|root| C::build(&self.task, &root, &self.device));
+            match built {
                 Ok(c) => self.compute = Some(c),
                 Err(e) => {
-                    tracing::error!(error = %e, "building the synthesizer's network failed");
+                    tracing::error!(error = %e, "building {} failed", C::WHAT);
                     return Vec::new();
                 }
             }
@@ -110,7 +135,7 @@ impl LocalTrainer for PrivorlTrainer {
     }
 }
 
-impl CentralData for PrivorlTrainer {
+impl<C: UnitCompute + 'static> CentralData for PrivorlTrainer<C> {
     fn unit_data(&self) -> Vec<UnitUpload> {
         self.units
             .iter()

@@ -44,6 +44,7 @@ use fedrl_rl::offline::TransitionBatch;
 use fedrl_rl::offline::dataset::Dataset;
 use fedrl_rl::offline::per_example::SummedGradient;
 use fedrl_rl::offline::qnet::QNetSpec;
+use fedrl_rl::offline::train::{evaluate_greedy_for, train_cql};
 use fedrl_sim::population::Population;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -72,7 +73,7 @@ impl TaskKind for Privorl {
         device: &Device,
     ) -> anyhow::Result<Box<dyn LocalTrainer>> {
         if spec.level == PrivorlLevel::Trajectory {
-            return Ok(Box::new(trajectory::TrajectoryTrainer::new(
+            return Ok(Box::new(trajectory::TrajectoryTrainer::trajectories(
                 spec,
                 units,
                 device.clone(),
@@ -598,6 +599,119 @@ impl CentralGradients for PrivorlCentral {
             clip_norm,
         )
     }
+}
+
+/// The downstream evaluation of a released synthetic dataset, at either level: the task's
+/// learner trained on it alone and, when `task.utility.reference`, on as much held-out real
+/// data; random actions' return for continuous control; the share of the reference.
+pub(crate) struct Downstream {
+    pub on_synthetic: serde_json::Value,
+    pub reference: Option<serde_json::Value>,
+    /// Continuous control: uniformly random actions' return on the same episodes.
+    pub random: Option<f64>,
+    /// `100 (R_syn - R_0) / (R_real - R_0)`, `R_0` the random return for continuous control
+    /// (Pendulum's returns are negative; D4RL normalises the same way), else 0.
+    pub percent: Option<f64>,
+    /// Wall-clock seconds of all of it.
+    pub seconds: f64,
+}
+
+/// [`Downstream`] of `synthetic` against the held-out `real` transitions.
+pub(crate) fn downstream(
+    task: &PrivorlTask,
+    synthetic: &TransitionBatch,
+    real: &TransitionBatch,
+) -> anyhow::Result<Downstream> {
+    let t0 = std::time::Instant::now();
+    let on_synthetic = utility(task, synthetic, "synthetic")?;
+    let reference = if task.utility.reference {
+        Some(utility(task, real, "held-out real")?)
+    } else {
+        None
+    };
+    let random = match &task.continuous {
+        Some(c) => Some(continuous::random_return(task, &continuous::env_of(c)?)?),
+        None => None,
+    };
+    let zero = random.unwrap_or(0.0);
+    let syn = on_synthetic["return"].as_f64().unwrap_or(f64::NAN);
+    let percent = reference
+        .as_ref()
+        .and_then(|r| r["return"].as_f64())
+        .map(|r| 100.0 * (syn - zero) / (r - zero));
+    Ok(Downstream {
+        on_synthetic,
+        reference,
+        random,
+        percent,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Trains the downstream learner on `data` and evaluates it greedily: TD3+BC for continuous
+/// actions ([`continuous::td3bc_utility`]), else discrete CQL.
+pub(crate) fn utility(
+    task: &PrivorlTask,
+    data: &TransitionBatch,
+    what: &str,
+) -> anyhow::Result<serde_json::Value> {
+    if let Some(c) = &task.continuous {
+        return continuous::td3bc_utility(task, &continuous::env_of(c)?, data, what);
+    }
+    let u = &task.utility;
+    let spec: QNetSpec = task.row_spec()?;
+    let t0 = std::time::Instant::now();
+    let every = (u.steps / 5).max(1);
+    let mut per_seed = Vec::with_capacity(u.seeds as usize);
+    let mut all = Vec::new();
+    for i in 0..u.seeds {
+        let params = train_cql(
+            &spec,
+            &u.cql,
+            data,
+            u.steps,
+            u.cql.model_seed.wrapping_add(i),
+            &Device::Cpu,
+            &mut |step, loss| {
+                if step % every == 0 {
+                    eprintln!(
+                        "privorl: CQL {}/{} on {what} data, step {step}/{}: loss {loss:.4}",
+                        i + 1,
+                        u.seeds,
+                        u.steps
+                    );
+                }
+            },
+        )?;
+        let r = evaluate_greedy_for(
+            &spec,
+            &params,
+            &eval_env(task)?,
+            u.eval_episodes,
+            u.eval_seed,
+            u.eval_max_steps,
+        )?;
+        per_seed.push(r.mean);
+        all.extend(r.returns);
+    }
+    let mean = per_seed.iter().sum::<f64>() / per_seed.len() as f64;
+    let sd = |v: &[f64], m: f64| {
+        if v.len() < 2 {
+            0.0
+        } else {
+            (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
+        }
+    };
+    Ok(serde_json::json!({
+        "return": mean,
+        "return_per_seed": per_seed,
+        "return_sd_over_seeds": sd(&per_seed, mean),
+        "return_std": sd(&all, mean),
+        "cql_seeds": u.seeds,
+        "episodes": all.len(),
+        "transitions": data.len(),
+        "seconds": t0.elapsed().as_secs_f64(),
+    }))
 }
 
 #[cfg(test)]

@@ -23,15 +23,13 @@ use fedrl_rl::candle_core::{Device, Tensor};
 use fedrl_rl::diffusion::edm::{normal_tensor, per_example_loss};
 use fedrl_rl::diffusion::{Actions, DiffusionModel, PublicSupport, TransitionSynthesizer};
 use fedrl_rl::offline::dataset::{Dataset, Episode};
-use fedrl_rl::offline::qnet::QNetSpec;
-use fedrl_rl::offline::train::{evaluate_greedy_for, train_cql};
 use fedrl_rl::offline::{TransitionBatch, minari};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
 use super::{
-    PrivorlTaskExt, batch_transitions, continuous, eval_env, load_sensitive, pretrained,
-    public_rows,
+    Downstream, PrivorlTaskExt, batch_transitions, continuous, downstream, eval_env,
+    load_sensitive, pretrained, public_rows,
 };
 use crate::server::{ModelError, ModelState, ServerModel};
 
@@ -48,17 +46,12 @@ const SAMPLE_CHUNK: usize = 2000;
 pub struct PrivorlModel {
     task: PrivorlTask,
     synth: TransitionSynthesizer,
-    /// The online weights (what every offer carries).
-    offer: Vec<f32>,
+    /// The offer, the released rounds, the curve.
+    ft: Finetuning,
     /// Held-out real transitions (fidelity, the reference CQL).
     holdout: TransitionBatch,
     /// Normalised held-out rows with fixed noise levels and noise (the curve's loss).
     curve_rows: (Tensor, Vec<f64>, Tensor),
-    curve: Vec<serde_json::Value>,
-    reported: usize,
-    /// Released rounds received, and applied (0 without fine-tuning).
-    rounds: u64,
-    finetune_s: f64,
     pretrain: serde_json::Value,
     /// Wall-clock seconds of building (or reading from the cache) the pre-trained synthesizer.
     pretrain_s: f64,
@@ -150,14 +143,10 @@ impl PrivorlModel {
         let mut m = PrivorlModel {
             audit_rows: (members, non_members),
             task: task.clone(),
-            offer: Vec::new(),
+            ft: Finetuning::new(synth.model())?,
             synth,
             holdout,
             curve_rows: (x, sigmas, noise),
-            curve: Vec::new(),
-            reported: 0,
-            rounds: 0,
-            finetune_s: 0.0,
             pretrain,
             pretrain_s,
             ready_at: Instant::now(),
@@ -165,7 +154,6 @@ impl PrivorlModel {
             support,
             device,
         };
-        m.offer = m.synth.model().online_flat()?;
         m.record_curve()?;
         m.ready_at = Instant::now();
         Ok(m)
@@ -190,7 +178,7 @@ impl PrivorlModel {
 
     fn record_curve(&mut self) -> anyhow::Result<()> {
         let loss = self.heldout_loss()?;
-        self.curve.push(serde_json::json!({
+        self.ft.curve.push(serde_json::json!({
             "step": self.synth.model().steps(),
             "heldout_loss": loss,
         }));
@@ -275,68 +263,6 @@ impl PrivorlModel {
         Ok((Released::Minari(d), batch))
     }
 
-    /// Trains the downstream learner on `data` and evaluates it greedily: TD3+BC for continuous
-    /// actions ([`continuous::td3bc_utility`]), else discrete CQL.
-    fn utility(&self, data: &TransitionBatch, what: &str) -> anyhow::Result<serde_json::Value> {
-        if let Some(c) = &self.task.continuous {
-            return continuous::td3bc_utility(&self.task, &continuous::env_of(c)?, data, what);
-        }
-        let u = &self.task.utility;
-        let spec: QNetSpec = self.task.row_spec()?;
-        let t0 = Instant::now();
-        let every = (u.steps / 5).max(1);
-        let mut per_seed = Vec::with_capacity(u.seeds as usize);
-        let mut all = Vec::new();
-        for i in 0..u.seeds {
-            let params = train_cql(
-                &spec,
-                &u.cql,
-                data,
-                u.steps,
-                u.cql.model_seed.wrapping_add(i),
-                &Device::Cpu,
-                &mut |step, loss| {
-                    if step % every == 0 {
-                        eprintln!(
-                            "privorl: CQL {}/{} on {what} data, step {step}/{}: loss {loss:.4}",
-                            i + 1,
-                            u.seeds,
-                            u.steps
-                        );
-                    }
-                },
-            )?;
-            let r = evaluate_greedy_for(
-                &spec,
-                &params,
-                &eval_env(&self.task)?,
-                u.eval_episodes,
-                u.eval_seed,
-                u.eval_max_steps,
-            )?;
-            per_seed.push(r.mean);
-            all.extend(r.returns);
-        }
-        let mean = per_seed.iter().sum::<f64>() / per_seed.len() as f64;
-        let sd = |v: &[f64], m: f64| {
-            if v.len() < 2 {
-                0.0
-            } else {
-                (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
-            }
-        };
-        Ok(serde_json::json!({
-            "return": mean,
-            "return_per_seed": per_seed,
-            "return_sd_over_seeds": sd(&per_seed, mean),
-            "return_std": sd(&all, mean),
-            "cql_seeds": u.seeds,
-            "episodes": all.len(),
-            "transitions": data.len(),
-            "seconds": t0.elapsed().as_secs_f64(),
-        }))
-    }
-
     fn evaluate_release(&mut self) -> anyhow::Result<serde_json::Value> {
         let finetuning_s = self.ready_at.elapsed().as_secs_f64();
         let t0 = Instant::now();
@@ -355,30 +281,14 @@ impl PrivorlModel {
             }
             fedrl_rl::fidelity::fidelity(&a, &b, d).ok()
         };
-        let t1 = Instant::now();
-        let on_syn = self.utility(&synthetic, "synthetic")?;
-        let reference = if self.task.utility.reference {
-            Some(self.utility(&self.holdout, "held-out real")?)
-        } else {
-            None
-        };
-        let downstream_s = t1.elapsed().as_secs_f64();
+        let Downstream {
+            on_synthetic: on_syn,
+            reference,
+            random,
+            percent,
+            seconds: downstream_s,
+        } = downstream(&self.task, &synthetic, &self.holdout)?;
         let syn_return = on_syn["return"].as_f64().unwrap_or(f64::NAN);
-        // Continuous control's returns may be negative (Pendulum's are): the share is
-        // normalised by uniformly random actions' return on the same episodes, as D4RL's
-        // scores are; CartPole's stays the plain ratio of returns.
-        let random = match &self.task.continuous {
-            Some(c) => Some(continuous::random_return(
-                &self.task,
-                &continuous::env_of(c)?,
-            )?),
-            None => None,
-        };
-        let zero = random.unwrap_or(0.0);
-        let percent = reference
-            .as_ref()
-            .and_then(|r| r["return"].as_f64())
-            .map(|r| 100.0 * (syn_return - zero) / (r - zero));
         let id = dataset.id();
         self.released = Some(dataset);
         let learner = if self.task.is_continuous() {
@@ -442,9 +352,9 @@ impl PrivorlModel {
             "pretrain": self.pretrain,
             "finetune": {
                 "applied": self.task.finetune,
-                "rounds": self.rounds,
+                "rounds": self.ft.rounds,
                 "steps": self.synth.model().steps(),
-                "seconds_applying": self.finetune_s,
+                "seconds_applying": self.ft.seconds,
             },
             // Wall clock of every phase in this process: pre-training (or reading it from
             // the cache, with the datasets), fine-tuning (from the model's construction to
@@ -457,7 +367,7 @@ impl PrivorlModel {
                 "sampling": sampling_s,
                 "downstream": downstream_s,
             },
-            "curve": self.curve,
+            "curve": self.ft.curve,
         }))
     }
 }
@@ -507,14 +417,70 @@ pub fn synthetic_id(env: &str) -> String {
     format!("privorl/{name}-synthetic-v0")
 }
 
-impl ServerModel for PrivorlModel {
-    fn params(&self) -> &[f32] {
-        &self.offer
+/// The synthesizer network a PrivORL server model fine-tunes (PrivORL-n's [`DiffusionModel`],
+/// PrivORL-j's `FragmentModel`).
+pub(crate) trait FinetunedNet {
+    fn apply_gradient(&mut self, noisy_mean_gradient: &[f32]) -> fedrl_rl::Result<()>;
+    fn online_flat(&self) -> fedrl_rl::Result<Vec<f32>>;
+    fn ema_flat(&self) -> fedrl_rl::Result<Vec<f32>>;
+    /// Optimiser steps taken.
+    fn steps(&self) -> u64;
+    /// EMA updates so far.
+    fn ema_calls(&self) -> u64;
+}
+
+impl FinetunedNet for DiffusionModel {
+    fn apply_gradient(&mut self, g: &[f32]) -> fedrl_rl::Result<()> {
+        DiffusionModel::apply_gradient(self, g)
+    }
+    fn online_flat(&self) -> fedrl_rl::Result<Vec<f32>> {
+        DiffusionModel::online_flat(self)
+    }
+    fn ema_flat(&self) -> fedrl_rl::Result<Vec<f32>> {
+        DiffusionModel::ema_flat(self)
+    }
+    fn steps(&self) -> u64 {
+        DiffusionModel::steps(self)
+    }
+    fn ema_calls(&self) -> u64 {
+        DiffusionModel::ema_calls(self)
+    }
+}
+
+/// The fine-tuning bookkeeping both PrivORL server models keep: the offer (the online weights
+/// every round carries), the released rounds, the seconds spent applying them and the held-out
+/// loss curve, with the [`ServerModel`] methods that only read or write these.
+pub(crate) struct Finetuning {
+    pub offer: Vec<f32>,
+    /// Released rounds received (applied: the same, unless the run only pre-trains).
+    pub rounds: u64,
+    /// Seconds spent in AdamW and EMA steps.
+    pub seconds: f64,
+    pub curve: Vec<serde_json::Value>,
+    /// How many of `curve`'s points the rounds' metrics lines have seen.
+    pub reported: usize,
+}
+
+impl Finetuning {
+    pub fn new(net: &dyn FinetunedNet) -> fedrl_rl::Result<Self> {
+        Ok(Finetuning {
+            offer: net.online_flat()?,
+            rounds: 0,
+            seconds: 0.0,
+            curve: Vec::new(),
+            reported: 0,
+        })
     }
 
-    /// One AdamW step with the released noisy mean gradient, then the EMA update (skipped
-    /// entirely in a pre-training-only run).
-    fn apply(&mut self, noisy_mean_gradient: &[f32]) -> Result<(), ModelError> {
+    /// One released round: an AdamW step with the noisy mean gradient, then the EMA update
+    /// (nothing is applied in a pre-training-only run). Returns whether a point of the
+    /// held-out curve is due (every `task.eval_every` steps).
+    pub fn apply(
+        &mut self,
+        task: &PrivorlTask,
+        net: &mut dyn FinetunedNet,
+        noisy_mean_gradient: &[f32],
+    ) -> Result<bool, ModelError> {
         if noisy_mean_gradient.len() != self.offer.len() {
             return Err(ModelError::Length {
                 expected: self.offer.len(),
@@ -522,57 +488,48 @@ impl ServerModel for PrivorlModel {
             });
         }
         self.rounds += 1;
-        if !self.task.finetune {
-            return Ok(());
+        if !task.finetune {
+            return Ok(false);
         }
         let t0 = Instant::now();
         let other = |e: fedrl_rl::NnError| ModelError::Other(e.to_string());
-        self.synth
-            .model_mut()
-            .apply_gradient(noisy_mean_gradient)
-            .map_err(other)?;
-        self.offer = self.synth.model().online_flat().map_err(other)?;
-        if self
-            .synth
-            .model()
-            .steps()
-            .is_multiple_of(self.task.eval_every)
-        {
-            self.record_curve()
-                .map_err(|e| ModelError::Other(e.to_string()))?;
-        }
-        self.finetune_s += t0.elapsed().as_secs_f64();
-        Ok(())
+        net.apply_gradient(noisy_mean_gradient).map_err(other)?;
+        self.offer = net.online_flat().map_err(other)?;
+        self.seconds += t0.elapsed().as_secs_f64();
+        Ok(net.steps().is_multiple_of(task.eval_every))
     }
 
-    /// The fine-tuning's AdamW learning rate (a public setting; absent in a pre-training-only
-    /// run, which applies nothing).
-    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+    /// The fine-tuning's AdamW learning rate `lr` (a public setting; absent in a
+    /// pre-training-only run, which applies nothing).
+    pub fn diagnostics(task: &PrivorlTask, lr: f64) -> serde_json::Map<String, serde_json::Value> {
         let mut m = serde_json::Map::new();
-        if self.task.finetune {
-            m.insert(
-                "server_lr".into(),
-                finetune_config(&self.task).train.lr.into(),
-            );
+        if task.finetune {
+            m.insert("server_lr".into(), lr.into());
         }
         m
     }
 
-    /// The online weights, then the EMA weights.
-    fn state(&self) -> ModelState {
+    /// The online weights, then the EMA weights; `model` names the kind in the metadata.
+    pub fn state(&self, model: &str, net: &dyn FinetunedNet) -> ModelState {
         let mut tensors = self.offer.clone();
-        tensors.extend(self.synth.model().ema_flat().unwrap_or_default());
+        tensors.extend(net.ema_flat().unwrap_or_default());
         ModelState {
             meta: serde_json::json!({
-                "model": "privorl",
+                "model": model,
                 "rounds": self.rounds,
+                "ema_calls": net.ema_calls(),
                 "curve": self.curve,
             }),
             tensors,
         }
     }
 
-    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
+    /// Checks a checkpoint of [`Self::state`] and takes its bookkeeping; returns the online
+    /// and EMA weights and the EMA's update count, from which the caller rebuilds its network.
+    pub fn restore<'a>(
+        &mut self,
+        state: &'a ModelState,
+    ) -> Result<(&'a [f32], &'a [f32], u64), ModelError> {
         let dim = self.offer.len();
         if state.tensors.len() != 2 * dim {
             return Err(ModelError::Restore(format!(
@@ -581,35 +538,72 @@ impl ServerModel for PrivorlModel {
                 2 * dim
             )));
         }
+        self.rounds = state.meta["rounds"].as_u64().unwrap_or(0);
+        // Checkpoints written before the count was kept: one EMA update per applied round.
+        let calls = state.meta["ema_calls"].as_u64().unwrap_or(self.rounds);
+        self.offer = state.tensors[..dim].to_vec();
+        self.curve = state.meta["curve"].as_array().cloned().unwrap_or_default();
+        self.reported = self.curve.len();
+        Ok((&state.tensors[..dim], &state.tensors[dim..], calls))
+    }
+
+    /// The latest held-out loss when a new one was measured since the last round.
+    pub fn evaluate(&mut self) -> Option<serde_json::Value> {
+        let new = self.curve.len() > self.reported;
+        self.reported = self.curve.len();
+        new.then(|| self.curve.last().cloned()).flatten()
+    }
+}
+
+impl ServerModel for PrivorlModel {
+    fn params(&self) -> &[f32] {
+        &self.ft.offer
+    }
+
+    fn apply(&mut self, noisy_mean_gradient: &[f32]) -> Result<(), ModelError> {
+        if self
+            .ft
+            .apply(&self.task, self.synth.model_mut(), noisy_mean_gradient)?
+        {
+            self.record_curve()
+                .map_err(|e| ModelError::Other(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
+        Finetuning::diagnostics(&self.task, finetune_config(&self.task).train.lr)
+    }
+
+    fn state(&self) -> ModelState {
+        self.ft.state("privorl", self.synth.model())
+    }
+
+    fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
         let freqs = self
             .synth
             .model()
             .denoiser()
             .freqs()
             .map_err(|e| ModelError::Restore(e.to_string()))?;
-        self.rounds = state.meta["rounds"].as_u64().unwrap_or(0);
+        let (online, ema, calls) = self.ft.restore(&state)?;
         let model = DiffusionModel::from_parts(
             self.synth.dim(),
             finetune_config(&self.task),
-            &state.tensors[..dim],
-            Some((&state.tensors[dim..], self.rounds)),
+            online,
+            Some((ema, calls)),
             &freqs,
             self.task.model_seed ^ 0xf1ae_0000_0000_0002,
             &self.device,
         )
         .map_err(|e| ModelError::Restore(e.to_string()))?;
         *self.synth.model_mut() = model;
-        self.offer = state.tensors[..dim].to_vec();
-        self.curve = state.meta["curve"].as_array().cloned().unwrap_or_default();
-        self.reported = self.curve.len();
         Ok(())
     }
 
     /// The latest held-out loss when a new one was measured since the last round.
     fn evaluate(&mut self, _round: u64) -> Option<serde_json::Value> {
-        let new = self.curve.len() > self.reported;
-        self.reported = self.curve.len();
-        new.then(|| self.curve.last().cloned()).flatten()
+        self.ft.evaluate()
     }
 
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
@@ -711,4 +705,94 @@ fn sample_rows(n: usize, k: usize, rng: &mut Xoshiro256PlusPlus) -> Vec<usize> {
         return (0..n).collect();
     }
     rand::seq::index::sample(rng, n, k).into_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in network: the online weights move by the gradient, the EMA copies them.
+    struct Net {
+        online: Vec<f32>,
+        ema: Vec<f32>,
+        steps: u64,
+    }
+
+    impl FinetunedNet for Net {
+        fn apply_gradient(&mut self, g: &[f32]) -> fedrl_rl::Result<()> {
+            for (w, d) in self.online.iter_mut().zip(g) {
+                *w -= d;
+            }
+            self.ema = self.online.clone();
+            self.steps += 1;
+            Ok(())
+        }
+        fn online_flat(&self) -> fedrl_rl::Result<Vec<f32>> {
+            Ok(self.online.clone())
+        }
+        fn ema_flat(&self) -> fedrl_rl::Result<Vec<f32>> {
+            Ok(self.ema.clone())
+        }
+        fn steps(&self) -> u64 {
+            self.steps
+        }
+        fn ema_calls(&self) -> u64 {
+            self.steps
+        }
+    }
+
+    #[test]
+    fn finetuning_applies_checkpoints_and_restores_its_bookkeeping() {
+        let task: PrivorlTask =
+            serde_json::from_value(serde_json::json!({ "eval_every": 2 })).unwrap();
+        let mut net = Net {
+            online: vec![1.0, 2.0],
+            ema: vec![1.0, 2.0],
+            steps: 0,
+        };
+        let mut ft = Finetuning::new(&net).unwrap();
+        assert!(matches!(
+            ft.apply(&task, &mut net, &[1.0]),
+            Err(ModelError::Length {
+                expected: 2,
+                got: 1
+            })
+        ));
+        assert!(!ft.apply(&task, &mut net, &[0.5, 0.5]).unwrap());
+        assert!(
+            ft.apply(&task, &mut net, &[0.5, 0.5]).unwrap(),
+            "curve due at step 2"
+        );
+        assert_eq!(ft.offer, vec![0.0, 1.0]);
+        ft.curve.push(serde_json::json!({ "step": 2 }));
+        assert_eq!(ft.evaluate(), Some(serde_json::json!({ "step": 2 })));
+        assert_eq!(ft.evaluate(), None, "reported once");
+        let state = ft.state("test", &net);
+        assert_eq!(state.tensors, vec![0.0, 1.0, 0.0, 1.0]);
+        assert_eq!(state.meta["ema_calls"], 2);
+
+        let mut back = Finetuning::new(&Net {
+            online: vec![9.0, 9.0],
+            ema: vec![9.0, 9.0],
+            steps: 0,
+        })
+        .unwrap();
+        let (online, ema, calls) = back.restore(&state).unwrap();
+        assert_eq!((online, ema, calls), (&[0.0, 1.0][..], &[0.0, 1.0][..], 2));
+        assert_eq!((back.rounds, back.offer.clone()), (2, vec![0.0, 1.0]));
+        assert_eq!(
+            back.evaluate(),
+            None,
+            "the restored curve counts as reported"
+        );
+        // A pre-training-only run counts rounds but applies nothing.
+        let frozen: PrivorlTask =
+            serde_json::from_value(serde_json::json!({ "finetune": false })).unwrap();
+        assert!(!back.apply(&frozen, &mut net, &[1.0, 1.0]).unwrap());
+        assert_eq!((back.rounds, back.offer.clone()), (3, vec![0.0, 1.0]));
+        // A checkpoint of another size is refused.
+        let mut short = state.clone();
+        short.tensors.pop();
+        assert!(matches!(back.restore(&short), Err(ModelError::Restore(_))));
+    }
 }

@@ -41,8 +41,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use fedrl_common::offline::{DatasetSource, UpdateMode};
-use fedrl_common::protocol::{RoundSpec, UnitId, UnitRange};
+use fedrl_common::offline::DatasetSource;
+use fedrl_common::protocol::{UnitId, UnitRange};
 use fedrl_common::task::TaskError;
 use fedrl_common::task::privorl::{PrivorlNet, PrivorlTask};
 use fedrl_rl::audit::{AttackConfig, MembershipReport, denoising_loss_scores};
@@ -60,21 +60,22 @@ use fedrl_rl::diffusion::{
 };
 use fedrl_rl::offline::continuous::{ContinuousDataset, ContinuousEpisode, ContinuousMeta};
 use fedrl_rl::offline::dataset::{Dataset, Episode};
-use fedrl_rl::offline::dpsgd::{encode_rows, without_non_finite_units};
 use fedrl_rl::offline::per_example::SummedGradient;
 use fedrl_rl::offline::qnet::QNetSpec;
 use fedrl_rl::offline::td3bc::transitions_from_episodes;
-use fedrl_rl::offline::train::{evaluate_greedy_for, train_cql};
 use fedrl_rl::offline::{TransitionBatch, minari};
 use fedrl_sim::population::Population;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::SliceRandom;
 
-use super::server::{SYNTHETIC_DIR, synthetic_id};
-use super::{PrivorlTaskExt, batch_transitions, continuous, eval_env, transitions_in_order};
+use super::client::{PrivorlTrainer, UnitCompute};
+use super::server::{FinetunedNet, Finetuning, SYNTHETIC_DIR, synthetic_id};
+use super::{
+    Downstream, PrivorlTaskExt, batch_transitions, continuous, downstream, eval_env,
+    transitions_in_order,
+};
 use crate::central::CentralGradients;
-use crate::client::{CentralData, LocalTrainer, UnitUpload};
 use crate::registry::model_error;
 use crate::server::{ModelError, ModelState, ServerModel};
 
@@ -634,19 +635,42 @@ impl CentralGradients for TrajectoryCentral {
     }
 }
 
-/// The trajectory-level trainer of one client agent: one episode per hosted unit, uploaded
-/// once (central mode) or turned into its clipped contribution per offer (federated mode).
-pub struct TrajectoryTrainer {
-    task: PrivorlTask,
-    units: BTreeMap<UnitId, TransitionBatch>,
-    compute: Option<TrajectoryCentral>,
-    device: Device,
+impl FinetunedNet for FragmentModel {
+    fn apply_gradient(&mut self, g: &[f32]) -> fedrl_rl::Result<()> {
+        FragmentModel::apply_gradient(self, g)
+    }
+    fn online_flat(&self) -> fedrl_rl::Result<Vec<f32>> {
+        FragmentModel::online_flat(self)
+    }
+    fn ema_flat(&self) -> fedrl_rl::Result<Vec<f32>> {
+        FragmentModel::ema_flat(self)
+    }
+    fn steps(&self) -> u64 {
+        FragmentModel::steps(self)
+    }
+    fn ema_calls(&self) -> u64 {
+        FragmentModel::ema_calls(self)
+    }
 }
 
-impl TrajectoryTrainer {
+/// PrivORL-j's client trainer: the PrivORL trainer hosting episodes.
+pub type TrajectoryTrainer = PrivorlTrainer<TrajectoryCentral>;
+
+impl UnitCompute for TrajectoryCentral {
+    const WHAT: &'static str = "the fragment network";
+    fn build(task: &PrivorlTask, root: &Path, device: &Device) -> anyhow::Result<Self> {
+        TrajectoryCentral::new(task, root, device)
+    }
+}
+
+impl PrivorlTrainer<TrajectoryCentral> {
     /// Loads (or generates) the sensitive dataset and keeps the hosted units' episodes; every
     /// hosted unit must exist.
-    pub fn new(task: &PrivorlTask, hosted: &[UnitRange], device: Device) -> anyhow::Result<Self> {
+    pub fn trajectories(
+        task: &PrivorlTask,
+        hosted: &[UnitRange],
+        device: Device,
+    ) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(None)?;
         let (all, _) = load_trajectories(task, &root)?;
         let mut units = BTreeMap::new();
@@ -662,77 +686,7 @@ impl TrajectoryTrainer {
             }
         }
         tracing::info!(units = units.len(), "PrivORL trajectories hosted");
-        Ok(TrajectoryTrainer {
-            task: task.clone(),
-            units,
-            compute: None,
-            device,
-        })
-    }
-}
-
-impl LocalTrainer for TrajectoryTrainer {
-    fn local_updates(
-        &mut self,
-        round: &RoundSpec,
-        global: &[f32],
-        units: &[UnitId],
-    ) -> Vec<(UnitId, Vec<f32>)> {
-        if self.compute.is_none() {
-            let built = fedrl_rl::offline::data_root(None)
-                .map_err(anyhow::Error::from)
-                .and_then(|root| TrajectoryCentral::new(&self.task, &root, &self.device));
-            match built {
-                Ok(c) => self.compute = Some(c),
-                Err(e) => {
-                    tracing::error!(error = %e, "building the fragment network failed");
-                    return Vec::new();
-                }
-            }
-        }
-        let Some(compute) = &self.compute else {
-            return Vec::new();
-        };
-        let chosen: Vec<(UnitId, &TransitionBatch)> = units
-            .iter()
-            .filter_map(|u| self.units.get(u).map(|d| (*u, d)))
-            .collect();
-        match without_non_finite_units(&chosen, |c| {
-            compute.per_unit(global, c, round.round, round.clip_norm)
-        }) {
-            Ok((g, left_out)) => {
-                for unit in left_out {
-                    tracing::warn!(
-                        round = round.round,
-                        unit,
-                        "unit left out: gradient not finite"
-                    );
-                }
-                g
-            }
-            Err(e) => {
-                tracing::error!(round = round.round, error = %e, "PrivORL-j contributions failed");
-                Vec::new()
-            }
-        }
-    }
-
-    fn central_data(&self) -> Option<&dyn CentralData> {
-        (self.task.mode == UpdateMode::Central).then_some(self as &dyn CentralData)
-    }
-}
-
-impl CentralData for TrajectoryTrainer {
-    fn unit_data(&self) -> Vec<UnitUpload> {
-        self.units
-            .iter()
-            .map(|(u, d)| UnitUpload {
-                unit: *u,
-                obs_dim: d.obs_dim as u32,
-                rows: d.len() as u32,
-                payload: encode_rows(d),
-            })
-            .collect()
+        Ok(Self::hosting(task, units, device))
     }
 }
 
@@ -742,15 +696,12 @@ impl CentralData for TrajectoryTrainer {
 pub struct TrajectoryModel {
     task: PrivorlTask,
     synth: TrajectorySynthesizer,
-    offer: Vec<f32>,
+    /// The offer, the released rounds, the curve.
+    ft: Finetuning,
     /// Held-out real episodes (fidelity, the reference CQL, audit non-members).
     holdout: Vec<TransitionBatch>,
     /// Held-out fragments with fixed noise levels and noise (the curve's loss).
     curve_frags: (Tensor, Tensor, Vec<f64>, Tensor),
-    curve: Vec<serde_json::Value>,
-    reported: usize,
-    rounds: u64,
-    finetune_s: f64,
     pretrain: serde_json::Value,
     pretrain_s: f64,
     ready_at: Instant,
@@ -846,14 +797,10 @@ impl TrajectoryModel {
         let mut m = TrajectoryModel {
             audit: (members, non_members),
             task: task.clone(),
-            offer: Vec::new(),
+            ft: Finetuning::new(synth.model())?,
             synth,
             holdout,
             curve_frags: (x, c, sigmas, noise),
-            curve: Vec::new(),
-            reported: 0,
-            rounds: 0,
-            finetune_s: 0.0,
             pretrain,
             pretrain_s,
             ready_at: Instant::now(),
@@ -862,7 +809,6 @@ impl TrajectoryModel {
             support,
             device,
         };
-        m.offer = m.synth.model().online_flat()?;
         m.record_curve()?;
         m.ready_at = Instant::now();
         Ok(m)
@@ -884,7 +830,7 @@ impl TrajectoryModel {
 
     fn record_curve(&mut self) -> anyhow::Result<()> {
         let loss = self.heldout_loss()?;
-        self.curve.push(serde_json::json!({
+        self.ft.curve.push(serde_json::json!({
             "step": self.synth.model().steps(),
             "heldout_loss": loss,
         }));
@@ -994,69 +940,6 @@ impl TrajectoryModel {
         Ok((Released::Minari(d), batch, lens))
     }
 
-    /// Trains the downstream learner on `data` and evaluates it (as at transition level:
-    /// TD3+BC on packed continuous transitions, else discrete CQL greedily).
-    fn utility(&self, data: &TransitionBatch, what: &str) -> anyhow::Result<serde_json::Value> {
-        if let Some(c) = &self.task.continuous {
-            return continuous::td3bc_utility(&self.task, &continuous::env_of(c)?, data, what);
-        }
-        let u = &self.task.utility;
-        let spec: QNetSpec = self.task.row_spec()?;
-        let env = eval_env(&self.task)?;
-        let t0 = Instant::now();
-        let every = (u.steps / 5).max(1);
-        let mut per_seed = Vec::with_capacity(u.seeds as usize);
-        let mut all = Vec::new();
-        for i in 0..u.seeds {
-            let params = train_cql(
-                &spec,
-                &u.cql,
-                data,
-                u.steps,
-                u.cql.model_seed.wrapping_add(i),
-                &Device::Cpu,
-                &mut |step, loss| {
-                    if step % every == 0 {
-                        eprintln!(
-                            "privorl: CQL {}/{} on {what} data, step {step}/{}: loss {loss:.4}",
-                            i + 1,
-                            u.seeds,
-                            u.steps
-                        );
-                    }
-                },
-            )?;
-            let r = evaluate_greedy_for(
-                &spec,
-                &params,
-                &env,
-                u.eval_episodes,
-                u.eval_seed,
-                u.eval_max_steps,
-            )?;
-            per_seed.push(r.mean);
-            all.extend(r.returns);
-        }
-        let mean = per_seed.iter().sum::<f64>() / per_seed.len() as f64;
-        let sd = |v: &[f64], m: f64| {
-            if v.len() < 2 {
-                0.0
-            } else {
-                (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
-            }
-        };
-        Ok(serde_json::json!({
-            "return": mean,
-            "return_per_seed": per_seed,
-            "return_sd_over_seeds": sd(&per_seed, mean),
-            "return_std": sd(&all, mean),
-            "cql_seeds": u.seeds,
-            "episodes": all.len(),
-            "transitions": data.len(),
-            "seconds": t0.elapsed().as_secs_f64(),
-        }))
-    }
-
     fn evaluate_release(&mut self) -> anyhow::Result<serde_json::Value> {
         let finetuning_s = self.ready_at.elapsed().as_secs_f64();
         let t0 = Instant::now();
@@ -1075,29 +958,14 @@ impl TrajectoryModel {
             &layout.encode(&batch_transitions(&layout, &synthetic)?)?,
             layout.dim(),
         )?;
-        let t1 = Instant::now();
-        let on_syn = self.utility(&synthetic, "synthetic")?;
-        let reference = if self.task.utility.reference {
-            Some(self.utility(&real, "held-out real")?)
-        } else {
-            None
-        };
-        let downstream_s = t1.elapsed().as_secs_f64();
+        let Downstream {
+            on_synthetic: on_syn,
+            reference,
+            random,
+            percent,
+            seconds: downstream_s,
+        } = downstream(&self.task, &synthetic, &real)?;
         let syn_return = on_syn["return"].as_f64().unwrap_or(f64::NAN);
-        // Continuous control's returns may be negative: normalised by random actions' return
-        // on the same episodes, as at transition level.
-        let random = match &self.task.continuous {
-            Some(c) => Some(continuous::random_return(
-                &self.task,
-                &continuous::env_of(c)?,
-            )?),
-            None => None,
-        };
-        let zero = random.unwrap_or(0.0);
-        let percent = reference
-            .as_ref()
-            .and_then(|r| r["return"].as_f64())
-            .map(|r| 100.0 * (syn_return - zero) / (r - zero));
         let id = dataset.id();
         let n_traj = lens.len();
         self.released = Some(dataset);
@@ -1166,9 +1034,9 @@ impl TrajectoryModel {
             "pretrain": self.pretrain,
             "finetune": {
                 "applied": self.task.finetune,
-                "rounds": self.rounds,
+                "rounds": self.ft.rounds,
                 "steps": self.synth.model().steps(),
-                "seconds_applying": self.finetune_s,
+                "seconds_applying": self.ft.seconds,
             },
             "phase_seconds": {
                 "pretraining": self.pretrain_s,
@@ -1176,7 +1044,7 @@ impl TrajectoryModel {
                 "sampling": sampling_s,
                 "downstream": downstream_s,
             },
-            "curve": self.curve,
+            "curve": self.ft.curve,
         }))
     }
 
@@ -1216,79 +1084,30 @@ impl TrajectoryModel {
 
 impl ServerModel for TrajectoryModel {
     fn params(&self) -> &[f32] {
-        &self.offer
+        &self.ft.offer
     }
 
-    /// One AdamW step with the released noisy mean contribution, then the EMA update (skipped
-    /// entirely in a pre-training-only run).
     fn apply(&mut self, noisy_mean_gradient: &[f32]) -> Result<(), ModelError> {
-        if noisy_mean_gradient.len() != self.offer.len() {
-            return Err(ModelError::Length {
-                expected: self.offer.len(),
-                got: noisy_mean_gradient.len(),
-            });
-        }
-        self.rounds += 1;
-        if !self.task.finetune {
-            return Ok(());
-        }
-        let t0 = Instant::now();
-        let other = |e: fedrl_rl::NnError| ModelError::Other(e.to_string());
-        self.synth
-            .model_mut()
-            .apply_gradient(noisy_mean_gradient)
-            .map_err(other)?;
-        self.offer = self.synth.model().online_flat().map_err(other)?;
         if self
-            .synth
-            .model()
-            .steps()
-            .is_multiple_of(self.task.eval_every)
+            .ft
+            .apply(&self.task, self.synth.model_mut(), noisy_mean_gradient)?
         {
             self.record_curve()
                 .map_err(|e| ModelError::Other(e.to_string()))?;
         }
-        self.finetune_s += t0.elapsed().as_secs_f64();
         Ok(())
     }
 
     fn diagnostics(&self) -> serde_json::Map<String, serde_json::Value> {
-        let mut m = serde_json::Map::new();
-        if self.task.finetune {
-            m.insert(
-                "server_lr".into(),
-                finetune_config(&self.task).train.lr.into(),
-            );
-        }
-        m
+        Finetuning::diagnostics(&self.task, finetune_config(&self.task).train.lr)
     }
 
-    /// The online weights, then the EMA weights.
     fn state(&self) -> ModelState {
-        let mut tensors = self.offer.clone();
-        tensors.extend(self.synth.model().ema_flat().unwrap_or_default());
-        ModelState {
-            meta: serde_json::json!({
-                "model": "privorl-trajectory",
-                "rounds": self.rounds,
-                "ema_calls": self.synth.model().ema_calls(),
-                "curve": self.curve,
-            }),
-            tensors,
-        }
+        self.ft.state("privorl-trajectory", self.synth.model())
     }
 
     fn restore(&mut self, state: ModelState) -> Result<(), ModelError> {
-        let dim = self.offer.len();
-        if state.tensors.len() != 2 * dim {
-            return Err(ModelError::Restore(format!(
-                "the checkpoint has {} values, the online and EMA weights need {}",
-                state.tensors.len(),
-                2 * dim
-            )));
-        }
-        self.rounds = state.meta["rounds"].as_u64().unwrap_or(0);
-        let calls = state.meta["ema_calls"].as_u64().unwrap_or(self.rounds);
+        let (online, ema, calls) = self.ft.restore(&state)?;
         let layout = *self.synth.layout();
         let model = FragmentModel::from_weights(
             &layout,
@@ -1296,21 +1115,16 @@ impl ServerModel for TrajectoryModel {
             self.task.model_seed,
             self.task.model_seed ^ RESTORE_STREAM,
             &self.device,
-            &state.tensors[..dim],
-            Some((&state.tensors[dim..], calls)),
+            online,
+            Some((ema, calls)),
         )
         .map_err(|e| ModelError::Restore(e.to_string()))?;
         *self.synth.model_mut() = model;
-        self.offer = state.tensors[..dim].to_vec();
-        self.curve = state.meta["curve"].as_array().cloned().unwrap_or_default();
-        self.reported = self.curve.len();
         Ok(())
     }
 
     fn evaluate(&mut self, _round: u64) -> Option<serde_json::Value> {
-        let new = self.curve.len() > self.reported;
-        self.reported = self.curve.len();
-        new.then(|| self.curve.last().cloned()).flatten()
+        self.ft.evaluate()
     }
 
     fn final_evaluation(&mut self) -> Option<serde_json::Value> {
