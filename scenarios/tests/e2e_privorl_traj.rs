@@ -79,7 +79,18 @@ cql = {{ hidden = [8], batch_size = 16 }}
 }
 
 fn run(dir: &Path, data: &Path, mode: &str) -> (std::path::PathBuf, serde_json::Value) {
-    let file = write(dir, &format!("{mode}.toml"), &scenario(mode));
+    run_text(dir, data, mode, &scenario(mode))
+}
+
+/// Runs `text` (a variant of [`scenario`] in `mode`) and checks what every trajectory-level
+/// run must give.
+fn run_text(
+    dir: &Path,
+    data: &Path,
+    mode: &str,
+    text: &str,
+) -> (std::path::PathBuf, serde_json::Value) {
+    let file = write(dir, &format!("{mode}.toml"), text);
     let out = dir.join(mode);
     let o = Command::new(exe())
         .arg("run")
@@ -168,6 +179,22 @@ fn a_tiny_trajectory_level_run_releases_evaluated_trajectories() {
     assert_eq!(mia["members"], mia["non_members"]);
     let auc = mia["auc"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&auc));
+}
+
+/// The paper's fragment denoiser, a transformer over the fragment's transitions (here one tiny
+/// layer): pre-trained, fine-tuned by trajectory-level DP-SGD and sampled end to end.
+#[test]
+fn the_transformer_fragment_denoiser_runs_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("datasets");
+    let text = scenario("central").replace(
+        "[task.synth]\n",
+        "[task.synth]\nnet = \"transformer\"\ntransformer = { width = 16, layers = 1, heads = 2, ff_mult = 2 }\n",
+    );
+    assert!(text.contains("transformer"));
+    let (out, r) = run_text(dir.path(), &data, "transformer", &text);
+    assert!(r["fidelity"]["correlation"].as_f64().is_some(), "{r}");
+    assert!(out.join("privorl_curve.png").exists());
 }
 
 /// The federated mode: the agents compute each sampled trajectory's clipped contribution
