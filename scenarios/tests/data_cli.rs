@@ -423,6 +423,7 @@ fn continuous_datasets_are_listed_and_summarised() {
         public: 1,
         seed: 2,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     let ds =
         fedrl_rl::offline::continuous::load_or_generate(&spec, root.path(), &mut |_| {}).unwrap();
@@ -489,6 +490,7 @@ fn damaged_datasets_are_marked_and_the_others_listed() {
         public: 1,
         seed: 2,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     fedrl_rl::offline::continuous::load_or_generate(&cspec, root.path(), &mut |_| {}).unwrap();
     let good = root.path().join("continuous").join(cspec.file_name());
