@@ -780,6 +780,117 @@ pub fn evaluate_actor(
     Ok(mean_std(&returns))
 }
 
+/// Metadata key of an actor-snapshot file (JSON: `{"epochs": E}`).
+pub const SNAPSHOTS_META_KEY: &str = "fedrl.primorl_policy_actors";
+
+/// Writes each policy-phase epoch's actor to `path`: tensors `actor.<epoch>` (1-based), each
+/// the flat parameters [`crate::sac::SacAgent::actor_params`] gives, written to a temporary
+/// file renamed into place.
+pub fn save_actor_snapshots(actors: &[Vec<f32>], path: &std::path::Path) -> Result<()> {
+    use crate::tensor_io::{Tensor, serialize};
+    let tensors: Vec<Tensor> = actors
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Tensor::f32(format!("actor.{}", i + 1), vec![a.len()], a))
+        .collect();
+    let meta = serde_json::json!({ "epochs": actors.len() }).to_string();
+    let bytes = serialize(&tensors, SNAPSHOTS_META_KEY, meta)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Reads [`save_actor_snapshots`]'s file: the actors of epochs `1..=E`, in order.
+pub fn load_actor_snapshots(path: &std::path::Path) -> Result<Vec<Vec<f32>>> {
+    use crate::tensor_io::{le_f32s, metadata_entry, parse, tensor_bytes};
+    let bytes = std::fs::read(path)?;
+    let bad = |m: &str| NnError::Invalid(format!("{}: {m}", path.display()));
+    let meta = metadata_entry(&bytes, SNAPSHOTS_META_KEY)?
+        .ok_or_else(|| bad("not a policy snapshot file"))?;
+    let epochs = serde_json::from_str::<serde_json::Value>(&meta)
+        .ok()
+        .and_then(|v| v["epochs"].as_u64())
+        .ok_or_else(|| bad("no epoch count"))?;
+    let st = parse(&bytes)?;
+    (1..=epochs)
+        .map(|e| {
+            Ok(le_f32s(tensor_bytes(
+                &st,
+                &format!("actor.{e}"),
+                safetensors::Dtype::F32,
+                None,
+            )?))
+        })
+        .collect()
+}
+
+/// Evaluates each of `actors` (loaded into `agent` in turn) in the default environment of the
+/// `gymnasium:<id>` dataset `spec` (`gymnasium.make(id, **kwargs)`) through the bridge, on the
+/// episodes the policy phase evaluates in (episode `k` reset with [`eval_seed`]`(cfg, k)`):
+/// per actor, the mean return and its standard deviation, as [`evaluate_actor`] computes them.
+/// The `cfg.eval_episodes` episodes are played together, each step one message per worker and
+/// the workers concurrently; every action is the actor's on that episode's observation alone,
+/// so the figures are those a one-episode-at-a-time loop gives. `on_actor(i, mean, std)`
+/// follows the progress.
+pub fn evaluate_actors_gym(
+    spec: &fedrl_common::task::primorl::ContinuousDatasetSpec,
+    agent: &mut crate::sac::SacAgent,
+    actors: &[Vec<f32>],
+    cfg: &fedrl_common::task::primorl::PolicyPhaseConfig,
+    on_actor: &mut dyn FnMut(usize, f64, f64),
+) -> Result<Vec<(f64, f64)>> {
+    use crate::offline::gym::{bridge_config, make_envs, reset_shares, start_declared, step_shares};
+    use fedrl_sim::gym_bridge::{DeclaredAction, DeclaredSpaces};
+    let Some((id, g)) = spec.gymnasium_env() else {
+        return Err(NnError::Invalid(format!(
+            "{:?} is not a gymnasium:<id> dataset",
+            spec.env
+        )));
+    };
+    let mut pool = start_declared(
+        bridge_config(id, g.bridge(), spec.seed),
+        DeclaredSpaces {
+            obs_dim: g.obs_dim,
+            action: DeclaredAction::Box { dim: g.act_dim },
+        },
+    )?;
+    let n = cfg.eval_episodes;
+    let users: Vec<u64> = (0..n as u64).collect();
+    let mut envs = make_envs(&mut pool, &users, &vec![g.kwargs.clone(); n])?;
+    let shares = pool.workers();
+    let (d, a) = (g.obs_dim, g.act_dim);
+    let seeds: Vec<u64> = (0..n).map(|k| eval_seed(cfg, k)).collect();
+    let mut out = Vec::with_capacity(actors.len());
+    for (i, actor) in actors.iter().enumerate() {
+        agent.set_actor_params(actor)?;
+        let mut obs = vec![0.0f32; n * d];
+        reset_shares(&mut envs, &seeds, &mut obs, d, shares)?;
+        let mut returns = vec![0.0f64; n];
+        let mut live: Vec<usize> = (0..n).collect();
+        while !live.is_empty() {
+            let mut actions = Vec::with_capacity(live.len() * a);
+            for &k in &live {
+                actions.extend(agent.act(&obs[k * d..(k + 1) * d], true)?);
+            }
+            let steps = step_shares(&mut envs, &live, &actions, a, &mut obs, d, shares)?;
+            let mut still = Vec::with_capacity(live.len());
+            for (&k, s) in live.iter().zip(steps) {
+                returns[k] += s.reward;
+                if !(s.terminated || s.truncated) {
+                    still.push(k);
+                }
+            }
+            live = still;
+        }
+        let (m, sd) = mean_std(&returns);
+        on_actor(i, m, sd);
+        out.push((m, sd));
+    }
+    Ok(out)
+}
+
 /// Mean and population standard deviation (0 and 0 for no values).
 pub fn mean_std(returns: &[f64]) -> (f64, f64) {
     if returns.is_empty() {
