@@ -7,6 +7,7 @@ mod metrics_files;
 mod offline_gym_eval;
 mod overrides;
 mod plot;
+mod primorl_gym_eval;
 mod replicates;
 
 use std::process::ExitCode;

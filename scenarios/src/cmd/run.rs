@@ -192,6 +192,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Err(e) = crate::offline_gym_eval::complete(&run, &mut result) {
         return interrupted(e);
     }
+    if let Err(e) = crate::primorl_gym_eval::complete(&run, &mut result) {
+        return interrupted(e);
+    }
     // Offline CQL evaluates by training step (a Selective run's free steps have no round):
     // its curves are drawn against steps, the others' against rounds.
     let by_step = !step_points(&result.report).is_empty();
@@ -228,6 +231,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             return interrupted(e);
         }
         if let Err(e) = crate::offline_gym_eval::complete(t, &mut tr) {
+            return interrupted(e);
+        }
+        if let Err(e) = crate::primorl_gym_eval::complete(t, &mut tr) {
             return interrupted(e);
         }
         finish(t, &mut tr)?;
@@ -364,6 +370,9 @@ fn replicate_arm(
         return interrupted(e).map(Err);
     }
     if let Err(e) = crate::offline_gym_eval::complete(&run, &mut result) {
+        return interrupted(e).map(Err);
+    }
+    if let Err(e) = crate::primorl_gym_eval::complete(&run, &mut result) {
         return interrupted(e).map(Err);
     }
     finish(&run, &mut result)?;
