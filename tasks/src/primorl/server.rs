@@ -439,4 +439,32 @@ mod tests {
         );
         assert!(model.policy.is_some());
     }
+
+    /// The aggregator never starts Python: a `gymnasium:` dataset it does not find is refused
+    /// with what to do, not generated.
+    #[test]
+    fn the_aggregator_does_not_generate_a_gymnasium_dataset() {
+        let task: PrimorlTask = serde_json::from_value(serde_json::json!({
+            "dataset": {"env": "gymnasium:Pendulum-v1", "units": 6, "public": 2, "seed": 4,
+                        "behaviour": {"kind": "random"},
+                        "gymnasium": {"obs_dim": 3, "act_dim": 1,
+                                      "python": "/nonexistent/python"}},
+            "ensemble": {"hidden": [16, 16], "members": 2, "clipping": "per-layer"},
+            "policy": {"uncertainty": "max-aleatoric", "lambda": 1.0, "rollout_length": 5,
+                       "epochs": 1, "updates_per_epoch": 10, "eval_episodes": 1},
+        }))
+        .expect("task");
+        task.validate().expect("valid task");
+        assert!(super::super::evaluates_in_gymnasium(&task));
+        // The shape comes from the declared spaces, without Python.
+        let shape = fedrl_rl::primorl::PrimorlTaskExt::ensemble_shape(&task).expect("shape");
+        assert_eq!((shape.obs_dim, shape.act_dim), (3, 1));
+        let dir = tempfile::tempdir().expect("tmp");
+        let e = PrimorlModel::with_data_root(&task, Some(dir.path()), Device::Cpu)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("runs no") && e.contains("fedrl run"), "{e}");
+        assert!(!dir.path().join("continuous").exists());
+    }
 }

@@ -779,4 +779,26 @@ mod tests {
         );
         assert!(typo.is_err(), "unknown fields are refused");
     }
+
+    /// PrivORL's continuous variant reads the same specs but evaluates its utility in the
+    /// aggregator (no Python there): a Gymnasium dataset is refused when the scenario loads.
+    #[test]
+    fn privorl_refuses_a_gymnasium_continuous_dataset() {
+        use crate::task::TaskSpec;
+        let scenario: toml::Value =
+            toml::from_str(include_str!("../../../scenarios/pendulum-privorl.toml")).unwrap();
+        let mut table = scenario["task"].clone();
+        table.as_table_mut().expect("[task]").remove("kind");
+        let mut task: crate::task::privorl::PrivorlTask =
+            table.try_into().expect("privorl task");
+        task.check().expect("the shipped scenario is valid");
+        let c = task.continuous.as_mut().expect("continuous");
+        c.dataset.env = "gymnasium:Pendulum-v1".into();
+        c.dataset.gymnasium = gym_spec().gymnasium;
+        let e = task.check().unwrap_err().to_string();
+        assert!(
+            e.contains("task.continuous.dataset.env") && e.contains("runs no Python"),
+            "{e}"
+        );
+    }
 }
