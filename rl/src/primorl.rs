@@ -841,7 +841,9 @@ pub fn evaluate_actors_gym(
     cfg: &fedrl_common::task::primorl::PolicyPhaseConfig,
     on_actor: &mut dyn FnMut(usize, f64, f64),
 ) -> Result<Vec<(f64, f64)>> {
-    use crate::offline::gym::{bridge_config, make_envs, reset_shares, start_declared, step_shares};
+    use crate::offline::gym::{
+        bridge_config, make_envs, reset_shares, start_declared, step_shares,
+    };
     use fedrl_sim::gym_bridge::{DeclaredAction, DeclaredSpaces};
     let Some((id, g)) = spec.gymnasium_env() else {
         return Err(NnError::Invalid(format!(

@@ -248,8 +248,8 @@ fn random_pendulum_through_the_bridge_equals_fedrls_own() {
     if !venv() {
         return;
     }
-    let rust = continuous::generate(&pendulum(ContinuousBehaviour::Random, false), &mut |_| {})
-        .unwrap();
+    let rust =
+        continuous::generate(&pendulum(ContinuousBehaviour::Random, false), &mut |_| {}).unwrap();
     let spec = pendulum(ContinuousBehaviour::Random, true);
     let gym = continuous::generate(&spec, &mut |_| {}).unwrap();
     assert_eq!(gym.meta.env_id, "gymnasium:Pendulum-v1");
@@ -259,7 +259,10 @@ fn random_pendulum_through_the_bridge_equals_fedrls_own() {
     // The workers' spaces are recorded (the aggregator's policy phase reads them); fedrl's
     // own environments record none (their files are unchanged).
     let spaces = gym.meta.spaces.as_ref().expect("recorded spaces");
-    assert_eq!((spaces.act_low.clone(), spaces.act_high.clone()), (vec![-2.0], vec![2.0]));
+    assert_eq!(
+        (spaces.act_low.clone(), spaces.act_high.clone()),
+        (vec![-2.0], vec![2.0])
+    );
     assert_eq!(spaces.obs_high, vec![Some(1.0), Some(1.0), Some(8.0)]);
     assert!(rust.meta.spaces.is_none());
     // The worker count changes neither the data nor its key; the procedure recorded is the
@@ -295,7 +298,10 @@ fn sac_checkpoints_through_the_bridge_match_fedrls_own_pendulum() {
         }
     })
     .unwrap();
-    assert!(!learning.is_empty(), "the learning run reported its checkpoints");
+    assert!(
+        !learning.is_empty(),
+        "the learning run reported its checkpoints"
+    );
     assert_same_continuous(&rust, &gym, 1e-4);
 }
 
@@ -328,7 +334,12 @@ fn declared_spaces_are_checked_and_a_worker_fault_fails_generation() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("crashed") || e.contains("fault"), "{e}");
-    assert!(!dir.path().join("continuous").join(crash.file_name()).exists());
+    assert!(
+        !dir.path()
+            .join("continuous")
+            .join(crash.file_name())
+            .exists()
+    );
 }
 
 #[test]
@@ -373,14 +384,11 @@ fn deferred_policy_evaluation_equals_the_aggregators_on_pendulum() {
     let mut agent = SacAgent::new(3, &[-2.0], &[2.0], &sac, 9, &Device::Cpu).unwrap();
     let spec = pendulum(ContinuousBehaviour::Random, true);
     let mut seen = Vec::new();
-    let bridged = fedrl_rl::primorl::evaluate_actors_gym(
-        &spec,
-        &mut agent,
-        &actors,
-        &cfg,
-        &mut |i, m, _| seen.push((i, m)),
-    )
-    .unwrap();
+    let bridged =
+        fedrl_rl::primorl::evaluate_actors_gym(&spec, &mut agent, &actors, &cfg, &mut |i, m, _| {
+            seen.push((i, m))
+        })
+        .unwrap();
     assert_eq!(seen.len(), 2);
     for ((m1, s1), (m2, s2)) in own.iter().zip(&bridged) {
         assert!((m1 - m2).abs() <= 1e-3 * (1.0 + m1.abs()), "{m1} vs {m2}");

@@ -124,12 +124,18 @@ fn a_gymnasium_primorl_run_has_its_policy_curve_evaluated_by_fedrl_run() {
     assert_eq!(fe["final_normalized_return"], curve[1]["normalized_return"]);
     assert_eq!(fe["final_eval_episodes"], 2);
     // The operator's report carries the same figures; the snapshots stay in the state folder.
-    let op: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(out.join("operator").join("report.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(op["final_evaluation"]["final_eval_return"], fe["final_eval_return"]);
-    assert!(out.join("state").join("policy_actors.safetensors").is_file());
+    let op: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("operator").join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        op["final_evaluation"]["final_eval_return"],
+        fe["final_eval_return"]
+    );
+    assert!(
+        out.join("state")
+            .join("policy_actors.safetensors")
+            .is_file()
+    );
     // The dataset was made through the bridge and records the workers' spaces.
     let stored: Vec<_> = std::fs::read_dir(data.join("continuous"))
         .unwrap()
@@ -138,5 +144,8 @@ fn a_gymnasium_primorl_run_has_its_policy_curve_evaluated_by_fedrl_run() {
         .filter(|n| n.ends_with(".safetensors"))
         .collect();
     assert_eq!(stored.len(), 1, "{stored:?}");
-    assert!(stored[0].starts_with("gymnasium_pendulum_v1-"), "{stored:?}");
+    assert!(
+        stored[0].starts_with("gymnasium_pendulum_v1-"),
+        "{stored:?}"
+    );
 }

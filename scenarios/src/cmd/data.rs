@@ -413,10 +413,21 @@ fn generate_continuous(a: &GenerateArgs, path: &Path) -> anyhow::Result<ExitCode
     })?;
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    if !a.json {
-        println!("{source}: continuous/{} ({seconds:.1} s)", spec.file_name().trim_end_matches(".safetensors"));
+    let listed = format!(
+        "continuous/{}",
+        spec.file_name().trim_end_matches(".safetensors")
+    );
+    if a.json {
+        let summary = ContinuousDataset::summarize_file(&file)?;
+        println!(
+            "{}",
+            json!({ "id": listed, "path": file, "source": source, "seconds": seconds,
+                    "summary": summary })
+        );
+        return Ok(ExitCode::SUCCESS);
     }
-    continuous_summary(&file, a.json)
+    println!("{source}: {listed} ({seconds:.1} s)");
+    continuous_summary(&file, false)
 }
 
 fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {

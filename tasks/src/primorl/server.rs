@@ -379,7 +379,10 @@ impl ServerModel for PrimorlModel {
             agent.save(&dir.join(POLICY_FILE))?;
         }
         if !self.actors.is_empty() {
-            fedrl_rl::primorl::save_actor_snapshots(&self.actors, &dir.join(POLICY_SNAPSHOTS_FILE))?;
+            fedrl_rl::primorl::save_actor_snapshots(
+                &self.actors,
+                &dir.join(POLICY_SNAPSHOTS_FILE),
+            )?;
         }
         Ok(())
     }

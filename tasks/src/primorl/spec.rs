@@ -737,7 +737,11 @@ mod tests {
         g.workers = 7;
         g.step_timeout_s = 5.0;
         g.start_timeout_s = 9.0;
-        assert_eq!(local.cache_key(), key, "python, workers and deadlines are not data");
+        assert_eq!(
+            local.cache_key(),
+            key,
+            "python, workers and deadlines are not data"
+        );
         assert_eq!(local.data_identity(), spec.data_identity());
         let mut other = spec.clone();
         other
@@ -789,8 +793,7 @@ mod tests {
             toml::from_str(include_str!("../../../scenarios/pendulum-privorl.toml")).unwrap();
         let mut table = scenario["task"].clone();
         table.as_table_mut().expect("[task]").remove("kind");
-        let mut task: crate::task::privorl::PrivorlTask =
-            table.try_into().expect("privorl task");
+        let mut task: crate::task::privorl::PrivorlTask = table.try_into().expect("privorl task");
         task.check().expect("the shipped scenario is valid");
         let c = task.continuous.as_mut().expect("continuous");
         c.dataset.env = "gymnasium:Pendulum-v1".into();
