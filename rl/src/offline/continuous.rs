@@ -1147,9 +1147,13 @@ pub fn generate_gym(
             checkpoints,
             noise_std,
         } => {
-            let mut env = super::gym::make_envs(&mut pool, &[BEHAVIOUR_USER], &[g.kwargs.clone()])?
-                .pop()
-                .ok_or_else(|| invalid("no environment for the behaviour's learning run"))?;
+            let mut env = super::gym::make_envs(
+                &mut pool,
+                &[BEHAVIOUR_USER],
+                std::slice::from_ref(&g.kwargs),
+            )?
+            .pop()
+            .ok_or_else(|| invalid("no environment for the behaviour's learning run"))?;
             Box::new(SacCheckpoints::learn_in(
                 env.as_mut(),
                 &spec.env,

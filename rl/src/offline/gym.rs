@@ -294,6 +294,10 @@ fn share_bounds(n: usize, shares: usize) -> Vec<usize> {
     (0..=shares).map(|w| n * w / shares).collect()
 }
 
+/// What [`in_shares`] runs on each part: `(environments, index of the first, their observation
+/// rows)`.
+type ShareFn<'a, T> = dyn Fn(&mut [Box<dyn Env>], usize, &mut [f32]) -> Result<T> + Sync + 'a;
+
 /// Runs `f(part, first index, obs rows)` on each part of `envs` (and the matching rows of
 /// `obs`, `d` values per environment) in its own thread, the results in part order; one part
 /// runs in this thread.
@@ -302,7 +306,7 @@ fn in_shares<T: Send>(
     obs: &mut [f32],
     d: usize,
     shares: usize,
-    f: &(dyn Fn(&mut [Box<dyn Env>], usize, &mut [f32]) -> Result<T> + Sync),
+    f: &ShareFn<'_, T>,
 ) -> Result<Vec<T>> {
     let n = envs.len();
     if obs.len() < n * d {
