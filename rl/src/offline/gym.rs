@@ -501,4 +501,37 @@ mod tests {
             assert_eq!(e.unit, i as u64 / 2);
         }
     }
+
+    #[test]
+    fn stepping_in_shares_equals_stepping_in_one_thread() {
+        // Rust environments step at once; split over threads they must give what one loop
+        // gives, every step back in `live` order, and a wrong action length is refused.
+        let n = 7;
+        let run = |shares: usize| {
+            let mut envs: Vec<Box<dyn Env>> = (0..n)
+                .map(|_| fedrl_sim::make("Pendulum-v1").unwrap())
+                .collect();
+            let seeds: Vec<u64> = (0..n as u64).map(|i| 40 + i).collect();
+            let mut obs = vec![0.0f32; n * 3];
+            reset_shares(&mut envs, &seeds, &mut obs, 3, shares).unwrap();
+            let mut rewards = Vec::new();
+            for t in 0..5 {
+                // Every other environment sits out odd steps.
+                let live: Vec<usize> = (0..n).filter(|i| t % 2 == 0 || i % 2 == 0).collect();
+                let actions: Vec<f32> = live.iter().map(|&i| (i as f32 - 3.0) / 2.0).collect();
+                let steps =
+                    step_shares(&mut envs, &live, &actions, 1, &mut obs, 3, shares).unwrap();
+                assert_eq!(steps.len(), live.len());
+                rewards.extend(steps.iter().map(|s| s.reward));
+            }
+            (obs, rewards)
+        };
+        let one = run(1);
+        assert_eq!(run(3), one);
+        assert_eq!(run(n + 4), one);
+        let mut envs: Vec<Box<dyn Env>> = vec![fedrl_sim::make("Pendulum-v1").unwrap()];
+        let mut obs = vec![0.0f32; 3];
+        assert!(step_shares(&mut envs, &[0], &[0.0, 1.0], 1, &mut obs, 3, 1).is_err());
+        assert!(step_shares(&mut envs, &[1], &[0.0], 1, &mut obs, 3, 1).is_err());
+    }
 }
