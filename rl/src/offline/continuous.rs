@@ -10,6 +10,19 @@
 //! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own. A Minari
 //! dataset with a 1-D float32 Box action space (parquet or arrow) is imported into it by
 //! [`import_minari`] (`fedrl data import`), its SHA-256 sidecar written as for a generated one.
+//!
+//! A `gymnasium:<id>` spec (`[task.dataset.gymnasium]`) is generated through the Gymnasium
+//! bridge ([`generate_gym`]): unit `u` in its user's environment, the behaviour's SAC learning
+//! run in the default one, every step of a batch one message per worker with the workers
+//! stepping concurrently ([`record_in`]); the file then records the workers' spaces
+//! ([`ContinuousMeta::spaces`]) for the processes that run no Python.
+//!
+//! Invariants: a spec's data does not depend on the batching, the worker count or the machine
+//! (every episode is reset with its own seed and explores with its own stream; the cache key and
+//! the recorded procedure leave the interpreter, the worker count and the deadlines out); fedrl's
+//! own environments step at once through [`fedrl_sim::Env::step_queue`]'s default, so their
+//! datasets are the ones earlier versions generated, byte for byte; a worker fault fails the
+//! generation with its reason, never a dataset with units missing.
 
 use std::path::Path;
 

@@ -1,7 +1,10 @@
 //! Offline datasets recorded in Gymnasium environments (`env = "gymnasium:<id>"`): the bridge's
-//! Python workers ([`GymPool`]) made from a spec's `[task.dataset.gymnasium]` table
-//! ([`DatasetGymnasium`]), and a lockstep player that steps many episodes at once so that every
-//! step of a batch is one message per worker.
+//! Python workers ([`GymPool`]) made from a spec's `[task.dataset.gymnasium]` table (discrete:
+//! [`DatasetGymnasium`]; continuous: `fedrl_common::task::primorl::ContinuousGymnasium`, both
+//! through [`BridgeFields`]), a lockstep player that steps many episodes at once so that every
+//! step of a batch is one message per worker, and [`reset_shares`] / [`step_shares`], which do
+//! one batched reset or step with one thread per worker share (the continuous recorder's and
+//! PriMORL's deferred evaluations).
 //!
 //! Invariants:
 //! - The data does not depend on how the episodes are batched or on the number of workers:
