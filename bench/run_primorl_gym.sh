@@ -7,7 +7,7 @@
 # and the return of uniformly random actions on the same evaluation seeds (for scale).
 #
 # Needs scripts/install-python-bridge.sh --extra (MuJoCo).
-# Usage: [SCENARIO=scenarios/halfcheetah-primorl.toml] [SEED=0] [OUT=runs/primorl-gym/...] \
+# Usage: [SCENARIO=scenarios/halfcheetah-primorl.toml] [SEED=0 (model, data order, policy)] [OUT=runs/primorl-gym/...] \
 #        [FEDRL_BIN=path/to/fedrl (skip the build)] [EXTRA="--set k=v ..."] bench/run_primorl_gym.sh
 # Datasets are cached in $FEDRL_DATA_DIR (default bench/results/datasets).
 set -euo pipefail
@@ -29,7 +29,10 @@ uptime
 start=$(date +%s.%N)
 # One line per stderr line: seconds since the start, then the line.
 # shellcheck disable=SC2086
-"$fedrl" run "$scenario" --out "$out" --set seed="$seed" ${EXTRA:-} 2>&1 \
+# The seed is the ensemble's initial weights, the trajectories' minibatch order and the policy
+# phase's (as bench/run_primorl.sh); the DP noise stays unseeded (a private run).
+"$fedrl" run "$scenario" --out "$out" --set task.model_seed="$seed" --set task.data_seed="$seed" \
+  --set task.policy.seed="$seed" ${EXTRA:-} 2>&1 \
   | while IFS= read -r line; do
       printf '%.1f %s\n' "$(echo "$(date +%s.%N) - $start" | bc)" "$line"
     done | tee "$log"
@@ -67,7 +70,7 @@ for k in range(10):
     rets.append(R)
 print(np.mean(rets), np.std(rets))
 """
-policy_seed = 0
+policy_seed = int(seed)
 r = subprocess.run([py, "-c", code, str(policy_seed)], capture_output=True, text=True, check=True)
 rand_mean, rand_std = map(float, r.stdout.split())
 row = {
