@@ -76,6 +76,7 @@ rand_mean, rand_std = map(float, r.stdout.split())
 row = {
     "scenario": __import__("os").path.basename(scenario)[:-len(".toml")],
     "seed": int(seed),
+    "overrides": f"--set task.model_seed={seed} --set task.data_seed={seed} --set task.policy.seed={seed}",
     "epsilon": report.get("epsilon"),
     "delta": report.get("delta"),
     "rounds": report.get("rounds"),
