@@ -94,22 +94,84 @@ pub struct DatasetGymnasium {
     pub start_timeout_s: f64,
 }
 
-fn d_gym_workers() -> usize {
+pub(crate) fn d_gym_workers() -> usize {
     2
 }
 
-fn d_gym_step_timeout() -> f64 {
+pub(crate) fn d_gym_step_timeout() -> f64 {
     60.0
 }
 
-fn d_gym_start_timeout() -> f64 {
+pub(crate) fn d_gym_start_timeout() -> f64 {
     300.0
+}
+
+/// What every `[task.dataset.gymnasium]` table says about the bridge's workers, discrete
+/// ([`DatasetGymnasium`]) and continuous (`task::primorl::ContinuousGymnasium`) alike: one view,
+/// so the two tables are turned into a bridge configuration and checked by the same code.
+#[derive(Clone, Copy, Debug)]
+pub struct BridgeFields<'a> {
+    pub module: Option<&'a str>,
+    pub python: Option<&'a str>,
+    pub kwargs: &'a serde_json::Map<String, serde_json::Value>,
+    pub user_kwargs: &'a std::collections::BTreeMap<String, crate::task::dppg::KwargDraw>,
+    pub workers: usize,
+    /// Seconds.
+    pub step_timeout_s: f64,
+    /// Seconds.
+    pub start_timeout_s: f64,
+}
+
+impl BridgeFields<'_> {
+    /// Checks the worker count, the deadlines and the per-user draws.
+    pub fn check(&self) -> Result<(), String> {
+        if self.workers == 0 {
+            return Err("task.dataset.gymnasium.workers must be >= 1".into());
+        }
+        for (name, t) in [
+            ("step_timeout_s", self.step_timeout_s),
+            ("start_timeout_s", self.start_timeout_s),
+        ] {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(format!(
+                    "task.dataset.gymnasium.{name} must be > 0, got {t}"
+                ));
+            }
+        }
+        use crate::task::dppg::KwargDraw;
+        for (name, d) in self.user_kwargs {
+            let ok = match d {
+                KwargDraw::Uniform([lo, hi]) => lo.is_finite() && hi.is_finite() && lo <= hi,
+                KwargDraw::Linspace(lo, hi, n) => lo.is_finite() && hi.is_finite() && *n >= 1,
+                KwargDraw::Choice(v) => !v.is_empty(),
+            };
+            if !ok {
+                return Err(format!(
+                    "task.dataset.gymnasium.user_kwargs.{name}: {d:?} is not a draw"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The prefix of an environment name that selects the Gymnasium bridge.
 pub const GYMNASIUM_PREFIX: &str = "gymnasium:";
 
 impl DatasetGymnasium {
+    /// The bridge's worker settings.
+    pub fn bridge(&self) -> BridgeFields<'_> {
+        BridgeFields {
+            module: self.module.as_deref(),
+            python: self.python.as_deref(),
+            kwargs: &self.kwargs,
+            user_kwargs: &self.user_kwargs,
+            workers: self.workers,
+            step_timeout_s: self.step_timeout_s,
+            start_timeout_s: self.start_timeout_s,
+        }
+    }
+
     /// Number of settings of [`Self::grid`] (the product of its axes' sizes; 1 for no axis).
     pub fn grid_settings(&self) -> u64 {
         self.grid
@@ -166,29 +228,8 @@ impl DatasetGymnasium {
                 self.obs_dim, self.actions, self.workers
             ));
         }
-        for (name, t) in [
-            ("step_timeout_s", self.step_timeout_s),
-            ("start_timeout_s", self.start_timeout_s),
-        ] {
-            if !(t.is_finite() && t > 0.0) {
-                return Err(format!(
-                    "task.dataset.gymnasium.{name} must be > 0, got {t}"
-                ));
-            }
-        }
+        self.bridge().check()?;
         use crate::task::dppg::KwargDraw;
-        for (name, d) in &self.user_kwargs {
-            let ok = match d {
-                KwargDraw::Uniform([lo, hi]) => lo.is_finite() && hi.is_finite() && lo <= hi,
-                KwargDraw::Linspace(lo, hi, n) => lo.is_finite() && hi.is_finite() && *n >= 1,
-                KwargDraw::Choice(v) => !v.is_empty(),
-            };
-            if !ok {
-                return Err(format!(
-                    "task.dataset.gymnasium.user_kwargs.{name}: {d:?} is not a draw"
-                ));
-            }
-        }
         let mut settings: u64 = 1;
         for (name, d) in &self.grid {
             let n = match d {

@@ -8,7 +8,8 @@
   (a NaN observation), `shape` (an observation of the wrong length), `raise` (an exception),
   `none` (behaves).
 - `FedrlTest/Continuous-v0`: a 2-float Box action in [-1, 1]; the observation echoes the action
-  clipped, reward = -|action|^2.
+  clipped, reward = -|action|^2; with `crash_at = n > 0` the process exits at step n of an
+  episode.
 """
 
 import os
@@ -67,15 +68,21 @@ class Misbehave(Counter):
 
 
 class Continuous(gym.Env):
-    def __init__(self):
+    def __init__(self, crash_at: int = 0):
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.crash_at = int(crash_at)
+        self.t = 0
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
+        self.t = 0
         return np.zeros(2, dtype=np.float32), {}
 
     def step(self, action):
+        self.t += 1
+        if self.crash_at > 0 and self.t >= self.crash_at:
+            os._exit(3)
         a = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
         return a, -float(np.sum(a * a)), False, False, {}
 

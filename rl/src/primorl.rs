@@ -20,6 +20,18 @@ pub trait PrimorlTaskExt {
 
 impl PrimorlTaskExt for PrimorlTask {
     fn ensemble_shape(&self) -> std::result::Result<crate::ensemble::EnsembleSpec, TaskError> {
+        // A Gymnasium dataset's spaces are the ones its table declares (the workers are
+        // checked against them at generation): no Python is needed to know the shape.
+        if let Some((_, g)) = self.dataset.generated().and_then(|s| s.gymnasium_env()) {
+            let spec = crate::ensemble::EnsembleSpec::new(
+                g.obs_dim,
+                g.act_dim,
+                self.ensemble.hidden.clone(),
+                self.ensemble.members,
+            );
+            spec.check().map_err(|e| model_error("task.ensemble", e))?;
+            return Ok(spec);
+        }
         // A stored dataset without `env` records its own: read from its header.
         let env_id = match self.dataset.env() {
             Some(e) => e.to_string(),
@@ -204,7 +216,8 @@ pub fn private_rows<'a>(
 /// Seed 001's normalised score: Pendulum-v1's return mapped from [-1500, 0] to [0, 1000]
 /// (appendix C); dm_control tasks already score in [0, 1000] and are returned unchanged.
 pub fn normalized_return(env_id: &str, ret: f64) -> f64 {
-    if env_id == "Pendulum-v1" {
+    // Gymnasium's Pendulum-v1 through the bridge is the same task (same reward).
+    if env_id.strip_prefix("gymnasium:").unwrap_or(env_id) == "Pendulum-v1" {
         (ret + 1500.0) / 1500.0 * 1000.0
     } else {
         ret
@@ -460,6 +473,60 @@ pub fn policy_phase(
     device: &candle_core::Device,
     on_epoch: &mut dyn FnMut(&PolicyEpoch),
 ) -> Result<(crate::sac::SacAgent, Vec<PolicyEpoch>)> {
+    let env = PhaseEnv::Sim(fedrl_sim::make(env_id)?);
+    let (agent, curve, _) = policy_phase_in(ensemble, env_id, env, cfg, data, device, on_epoch)?;
+    Ok((agent, curve))
+}
+
+/// The real environment of a policy phase, as the phase sees it.
+pub enum PhaseEnv {
+    /// fedrl's own: rollouts start from its resets (its public initial distribution), and each
+    /// epoch's policy is evaluated in it.
+    Sim(Box<dyn fedrl_sim::Env>),
+    /// An environment known by its spaces only: a Gymnasium environment, which the aggregator
+    /// cannot step (it runs no Python, DESIGN §2.6). Rollouts that would start from the
+    /// environment's resets start from `initial` instead: the first observations of the public
+    /// split's episodes (public data: a sample of the same initial distribution), drawn
+    /// uniformly. No epoch is evaluated here: each epoch's actor is returned instead, for
+    /// `fedrl run` to evaluate through the bridge on [`eval_seed`]'s episodes, and the epochs'
+    /// evaluation fields are left at 0 (the report marks the curve `deferred`).
+    Recorded {
+        spaces: crate::offline::continuous::RecordedSpaces,
+        /// `k x obs_dim` start states, `k >= 1`.
+        initial: Vec<f32>,
+    },
+}
+
+/// The reset seed of evaluation episode `k` of a policy phase with settings `cfg`: the same in
+/// the aggregator and in a deferred evaluation.
+pub fn eval_seed(cfg: &fedrl_common::task::primorl::PolicyPhaseConfig, k: usize) -> u64 {
+    EVAL_SEED_BASE + cfg.seed * 10_000 + k as u64
+}
+
+/// The first observation of each episode of `episodes` (the public split's: where a
+/// [`PhaseEnv::Recorded`] phase's rollouts start instead of the environment's resets).
+pub fn initial_states<'a>(
+    obs_dim: usize,
+    episodes: impl IntoIterator<Item = &'a ContinuousEpisode>,
+) -> Vec<f32> {
+    episodes
+        .into_iter()
+        .filter(|e| e.observations.len() >= obs_dim)
+        .flat_map(|e| e.observations[..obs_dim].iter().copied())
+        .collect()
+}
+
+/// [`policy_phase`] in `env`; also returns each epoch's actor parameters when `env` is
+/// [`PhaseEnv::Recorded`] (empty otherwise).
+pub fn policy_phase_in(
+    ensemble: &crate::ensemble::Ensemble,
+    env_id: &str,
+    mut env: PhaseEnv,
+    cfg: &fedrl_common::task::primorl::PolicyPhaseConfig,
+    data: StartData<'_>,
+    device: &candle_core::Device,
+    on_epoch: &mut dyn FnMut(&PolicyEpoch),
+) -> Result<(crate::sac::SacAgent, Vec<PolicyEpoch>, Vec<Vec<f32>>)> {
     use rand::RngExt;
     use rand::SeedableRng;
     use rand::rngs::Xoshiro256PlusPlus;
@@ -467,15 +534,34 @@ pub fn policy_phase(
     use crate::sac::{ReplayBuffer, SacAgent, SacConfig};
 
     let started = std::time::Instant::now();
-    let mut env = fedrl_sim::make(env_id)?;
-    let obs_dim = env.observation_space().dim();
-    let fedrl_sim::Space::Box { low, high } = env.action_space().clone() else {
+    let (obs_space, act_space) = match &env {
+        PhaseEnv::Sim(e) => (e.observation_space().clone(), e.action_space().clone()),
+        PhaseEnv::Recorded { spaces, initial } => {
+            let d = spaces.obs_low.len();
+            if d == 0 || initial.is_empty() || initial.len() % d != 0 {
+                return Err(NnError::Invalid(format!(
+                    "{env_id}: the policy phase needs the public split's initial states ({} \
+                     values for observations of {d})",
+                    initial.len()
+                )));
+            }
+            (
+                spaces.observation_space(),
+                fedrl_sim::Space::Box {
+                    low: spaces.act_low.clone(),
+                    high: spaces.act_high.clone(),
+                },
+            )
+        }
+    };
+    let obs_dim = obs_space.dim();
+    let fedrl_sim::Space::Box { low, high } = act_space else {
         return Err(NnError::Invalid(format!(
             "{env_id}: the policy phase needs box actions"
         )));
     };
     let spec = ensemble.spec();
-    let bounds = rollout_bounds(env.observation_space(), spec);
+    let bounds = rollout_bounds(&obs_space, spec);
     if spec.obs_dim != obs_dim || spec.act_dim != low.len() {
         return Err(NnError::Invalid(format!(
             "{env_id} has observations of {obs_dim} and actions of {}; the ensemble models {} and {}",
@@ -532,10 +618,19 @@ pub fn policy_phase(
     let rollouts = |agent: &mut SacAgent,
                     buffer: &mut ReplayBuffer,
                     rng: &mut Xoshiro256PlusPlus,
-                    env: &mut Box<dyn fedrl_sim::Env>,
+                    env: &mut PhaseEnv,
                     range: &mut Vec<(f32, f32)>|
      -> Result<(f64, f64, u64)> {
-        let starts = rollout_starts(cfg, data, buffer, rng, env.as_mut())?;
+        let starts = match env {
+            PhaseEnv::Sim(e) => rollout_starts(cfg, data, buffer, rng, e.as_mut())?,
+            PhaseEnv::Recorded { initial, .. } => {
+                let mut from = InitialStates {
+                    states: initial,
+                    obs_space: &obs_space,
+                };
+                rollout_starts(cfg, data, buffer, rng, &mut from)?
+            }
+        };
         let (mut r_sum, mut p_sum, mut count) = (0.0, 0.0, 0u64);
         let mut cur = starts;
         for _ in 0..cfg.rollout_length {
@@ -589,32 +684,9 @@ pub fn policy_phase(
         Ok((r_sum, p_sum, count))
     };
 
-    let evaluate =
-        |agent: &mut SacAgent, env: &mut Box<dyn fedrl_sim::Env>| -> Result<(f64, f64)> {
-            let mut returns = Vec::with_capacity(cfg.eval_episodes);
-            let mut obs = vec![0.0f32; obs_dim];
-            for k in 0..cfg.eval_episodes {
-                env.reset(EVAL_SEED_BASE + cfg.seed * 10_000 + k as u64, &mut obs);
-                let mut ret = 0.0;
-                loop {
-                    let a = agent.act(&obs, true)?;
-                    let mut next = vec![0.0f32; obs_dim];
-                    let s = env.step(fedrl_sim::Action::Continuous(&a), &mut next)?;
-                    obs = next;
-                    ret += s.reward;
-                    if s.terminated || s.truncated {
-                        break;
-                    }
-                }
-                returns.push(ret);
-            }
-            let m = returns.iter().sum::<f64>() / returns.len() as f64;
-            let var = returns.iter().map(|r| (r - m).powi(2)).sum::<f64>() / returns.len() as f64;
-            Ok((m, var.sqrt()))
-        };
-
     let mut last = Default::default();
     let mut updates = 0u64;
+    let mut actors = Vec::new();
     let mut range = Vec::new();
     for epoch in 1..=cfg.epochs {
         for u in 0..cfg.updates_per_epoch {
@@ -647,7 +719,14 @@ pub fn policy_phase(
             last = agent.update(&batch)?;
             updates += 1;
         }
-        let (m, sd) = evaluate(&mut agent, &mut env)?;
+        let (m, sd) = match &mut env {
+            PhaseEnv::Sim(e) => evaluate_actor(&mut agent, e.as_mut(), cfg)?,
+            PhaseEnv::Recorded { .. } => {
+                actors.push(agent.actor_params()?);
+                (0.0, 0.0)
+            }
+        };
+        let deferred = matches!(env, PhaseEnv::Recorded { .. });
         let e = PolicyEpoch {
             epoch,
             updates,
@@ -656,7 +735,7 @@ pub fn policy_phase(
             normalized_return: normalized_return(env_id, m),
             normalized_return_std: sd
                 * (normalized_return(env_id, 1.0) - normalized_return(env_id, 0.0)).abs(),
-            eval_episodes: cfg.eval_episodes,
+            eval_episodes: if deferred { 0 } else { cfg.eval_episodes },
             model_reward: reward_sum / steps.max(1) as f64,
             penalty: penalty_sum / steps.max(1) as f64,
             alpha: last.alpha,
@@ -669,5 +748,204 @@ pub fn policy_phase(
         on_epoch(&e);
         curve.push(e);
     }
-    Ok((agent, curve))
+    Ok((agent, curve, actors))
+}
+
+/// The deterministic policy of `agent` over `cfg.eval_episodes` episodes of `env`, episode `k`
+/// reset with [`eval_seed`]`(cfg, k)`: the mean undiscounted return and its (population)
+/// standard deviation. The policy phase's per-epoch evaluation.
+pub fn evaluate_actor(
+    agent: &mut crate::sac::SacAgent,
+    env: &mut dyn fedrl_sim::Env,
+    cfg: &fedrl_common::task::primorl::PolicyPhaseConfig,
+) -> Result<(f64, f64)> {
+    let obs_dim = env.observation_space().dim();
+    let mut returns = Vec::with_capacity(cfg.eval_episodes);
+    let mut obs = vec![0.0f32; obs_dim];
+    for k in 0..cfg.eval_episodes {
+        env.reset(eval_seed(cfg, k), &mut obs);
+        let mut ret = 0.0;
+        loop {
+            let a = agent.act(&obs, true)?;
+            let mut next = vec![0.0f32; obs_dim];
+            let s = env.step(fedrl_sim::Action::Continuous(&a), &mut next)?;
+            obs = next;
+            ret += s.reward;
+            if s.terminated || s.truncated {
+                break;
+            }
+        }
+        returns.push(ret);
+    }
+    Ok(mean_std(&returns))
+}
+
+/// Metadata key of an actor-snapshot file (JSON: `{"epochs": E}`).
+pub const SNAPSHOTS_META_KEY: &str = "fedrl.primorl_policy_actors";
+
+/// Writes each policy-phase epoch's actor to `path`: tensors `actor.<epoch>` (1-based), each
+/// the flat parameters [`crate::sac::SacAgent::actor_params`] gives, written to a temporary
+/// file renamed into place.
+pub fn save_actor_snapshots(actors: &[Vec<f32>], path: &std::path::Path) -> Result<()> {
+    use crate::tensor_io::{Tensor, serialize};
+    let tensors: Vec<Tensor> = actors
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Tensor::f32(format!("actor.{}", i + 1), vec![a.len()], a))
+        .collect();
+    let meta = serde_json::json!({ "epochs": actors.len() }).to_string();
+    let bytes = serialize(&tensors, SNAPSHOTS_META_KEY, meta)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Reads [`save_actor_snapshots`]'s file: the actors of epochs `1..=E`, in order.
+pub fn load_actor_snapshots(path: &std::path::Path) -> Result<Vec<Vec<f32>>> {
+    use crate::tensor_io::{le_f32s, metadata_entry, parse, tensor_bytes};
+    let bytes = std::fs::read(path)?;
+    let bad = |m: &str| NnError::Invalid(format!("{}: {m}", path.display()));
+    let meta = metadata_entry(&bytes, SNAPSHOTS_META_KEY)?
+        .ok_or_else(|| bad("not a policy snapshot file"))?;
+    let epochs = serde_json::from_str::<serde_json::Value>(&meta)
+        .ok()
+        .and_then(|v| v["epochs"].as_u64())
+        .ok_or_else(|| bad("no epoch count"))?;
+    let st = parse(&bytes)?;
+    (1..=epochs)
+        .map(|e| {
+            Ok(le_f32s(tensor_bytes(
+                &st,
+                &format!("actor.{e}"),
+                safetensors::Dtype::F32,
+                None,
+            )?))
+        })
+        .collect()
+}
+
+/// Evaluates each of `actors` (loaded into `agent` in turn) in the default environment of the
+/// `gymnasium:<id>` dataset `spec` (`gymnasium.make(id, **kwargs)`) through the bridge, on the
+/// episodes the policy phase evaluates in (episode `k` reset with [`eval_seed`]`(cfg, k)`):
+/// per actor, the mean return and its standard deviation, as [`evaluate_actor`] computes them.
+/// The `cfg.eval_episodes` episodes are played together, each step one message per worker and
+/// the workers concurrently; every action is the actor's on that episode's observation alone,
+/// so the figures are those a one-episode-at-a-time loop gives. `on_actor(i, mean, std)`
+/// follows the progress.
+pub fn evaluate_actors_gym(
+    spec: &fedrl_common::task::primorl::ContinuousDatasetSpec,
+    agent: &mut crate::sac::SacAgent,
+    actors: &[Vec<f32>],
+    cfg: &fedrl_common::task::primorl::PolicyPhaseConfig,
+    on_actor: &mut dyn FnMut(usize, f64, f64),
+) -> Result<Vec<(f64, f64)>> {
+    use crate::offline::gym::{
+        bridge_config, make_envs, reset_shares, start_declared, step_shares,
+    };
+    use fedrl_sim::gym_bridge::{DeclaredAction, DeclaredSpaces};
+    let Some((id, g)) = spec.gymnasium_env() else {
+        return Err(NnError::Invalid(format!(
+            "{:?} is not a gymnasium:<id> dataset",
+            spec.env
+        )));
+    };
+    let mut pool = start_declared(
+        bridge_config(id, g.bridge(), spec.seed),
+        DeclaredSpaces {
+            obs_dim: g.obs_dim,
+            action: DeclaredAction::Box { dim: g.act_dim },
+        },
+    )?;
+    let n = cfg.eval_episodes;
+    let users: Vec<u64> = (0..n as u64).collect();
+    let mut envs = make_envs(&mut pool, &users, &vec![g.kwargs.clone(); n])?;
+    let shares = pool.workers();
+    let (d, a) = (g.obs_dim, g.act_dim);
+    let seeds: Vec<u64> = (0..n).map(|k| eval_seed(cfg, k)).collect();
+    let mut out = Vec::with_capacity(actors.len());
+    for (i, actor) in actors.iter().enumerate() {
+        agent.set_actor_params(actor)?;
+        let mut obs = vec![0.0f32; n * d];
+        reset_shares(&mut envs, &seeds, &mut obs, d, shares)?;
+        let mut returns = vec![0.0f64; n];
+        let mut live: Vec<usize> = (0..n).collect();
+        while !live.is_empty() {
+            let mut actions = Vec::with_capacity(live.len() * a);
+            for &k in &live {
+                actions.extend(agent.act(&obs[k * d..(k + 1) * d], true)?);
+            }
+            let steps = step_shares(&mut envs, &live, &actions, a, &mut obs, d, shares)?;
+            let mut still = Vec::with_capacity(live.len());
+            for (&k, s) in live.iter().zip(steps) {
+                returns[k] += s.reward;
+                if !(s.terminated || s.truncated) {
+                    still.push(k);
+                }
+            }
+            live = still;
+        }
+        let (m, sd) = mean_std(&returns);
+        on_actor(i, m, sd);
+        out.push((m, sd));
+    }
+    Ok(out)
+}
+
+/// Mean and population standard deviation (0 and 0 for no values).
+pub fn mean_std(returns: &[f64]) -> (f64, f64) {
+    if returns.is_empty() {
+        return (0.0, 0.0);
+    }
+    let m = returns.iter().sum::<f64>() / returns.len() as f64;
+    let var = returns.iter().map(|r| (r - m).powi(2)).sum::<f64>() / returns.len() as f64;
+    (m, var.sqrt())
+}
+
+/// The public split's initial states as an "environment" whose reset draws one of them: what
+/// [`rollout_starts`] reads of a [`PhaseEnv::Recorded`] environment. Only `reset` and the
+/// observation space are used; the reset seed picks the state (uniform over them).
+struct InitialStates<'a> {
+    states: &'a [f32],
+    obs_space: &'a fedrl_sim::Space,
+}
+
+impl fedrl_sim::Env for InitialStates<'_> {
+    fn id(&self) -> &'static str {
+        "public-initial-states"
+    }
+    fn observation_space(&self) -> &fedrl_sim::Space {
+        self.obs_space
+    }
+    fn action_space(&self) -> &fedrl_sim::Space {
+        self.obs_space
+    }
+    fn reset(&mut self, seed: u64, obs: &mut [f32]) {
+        let d = self.obs_space.dim();
+        let n = (self.states.len() / d.max(1)) as u64;
+        let k = (seed % n.max(1)) as usize;
+        obs[..d].copy_from_slice(&self.states[k * d..(k + 1) * d]);
+    }
+    fn step(
+        &mut self,
+        _action: fedrl_sim::Action<'_>,
+        _obs: &mut [f32],
+    ) -> std::result::Result<fedrl_sim::Step, fedrl_sim::SimError> {
+        Err(fedrl_sim::SimError::Invalid(
+            "the public split's initial states cannot be stepped".into(),
+        ))
+    }
+    fn state(&self) -> Vec<f64> {
+        Vec::new()
+    }
+    fn set_state(
+        &mut self,
+        _state: &[f64],
+        _obs: &mut [f32],
+    ) -> std::result::Result<(), fedrl_sim::SimError> {
+        Err(fedrl_sim::SimError::Invalid(
+            "the public split's initial states have no state to set".into(),
+        ))
+    }
 }

@@ -15,6 +15,7 @@ fn spec(units: u64, public: u64) -> ContinuousDatasetSpec {
         public,
         seed: 3,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     }
 }
 

@@ -50,6 +50,7 @@ fn the_policy_phase_completes_with_the_dataset_deleted() {
         public: 4,
         seed: 11,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     let model_file = dir.path().join("ensemble.safetensors");
     // Half the rollouts branch from the public split's states, kept in memory from the start as
@@ -191,6 +192,7 @@ fn mopo_mixes_real_transitions_into_each_minibatch() {
         public: 2,
         seed: 3,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
     let steps: usize = data.episodes.iter().map(|e| e.len()).sum();
@@ -305,6 +307,7 @@ fn rollouts_branch_from_dataset_states_only_when_asked() {
         public: 1,
         seed: 11,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
     let real = real_transitions(3, 1, &data.episodes).expect("real buffer");
@@ -359,6 +362,7 @@ fn public_starts_come_from_the_public_split_only() {
         public: 2,
         seed: 13,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     let data = load_or_generate(&spec_d, dir.path(), &mut |_| {}).expect("dataset");
     let (public, private) = data.split(spec_d.units);

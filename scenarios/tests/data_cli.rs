@@ -357,6 +357,46 @@ fn generate_from_a_spec_file() {
     assert_eq!(out["summary"]["n_actions"], 3);
 }
 
+/// `--continuous`: a PriMORL dataset spec (as a scenario's `[task.dataset]`) generated into the
+/// continuous format, then found in the cache under the same name.
+#[test]
+fn generate_a_continuous_dataset_from_a_spec_file() {
+    let root = tempfile::tempdir().unwrap();
+    let spec = root.path().join("spec.toml");
+    std::fs::write(
+        &spec,
+        "env = \"Pendulum-v1\"\nunits = 3\npublic = 1\nseed = 4\nbehaviour = { kind = \"random\" }\n",
+    )
+    .unwrap();
+    let args = [
+        "data",
+        "generate",
+        "--continuous",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--json",
+    ];
+    let out = json_of(&fedrl(root.path(), &args));
+    assert_eq!(out["source"], "generated");
+    let id = out["id"].as_str().unwrap();
+    assert!(id.starts_with("continuous/pendulum_v1-"), "{id}");
+    assert_eq!(out["summary"]["episodes"], 4);
+    assert_eq!(out["summary"]["act_dim"], 1);
+    let again = json_of(&fedrl(root.path(), &args));
+    assert_eq!(again["source"], "cache");
+    assert_eq!(again["summary"], out["summary"]);
+    // A gymnasium: spec without its table is refused before anything starts.
+    std::fs::write(
+        &spec,
+        "env = \"gymnasium:Pendulum-v1\"\nunits = 3\npublic = 1\nbehaviour = { kind = \"random\" }\n",
+    )
+    .unwrap();
+    let bad = fedrl(root.path(), &args);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("[task.dataset.gymnasium]"), "{err}");
+}
+
 #[test]
 fn experts_generate_and_summarise_with_their_return_spread() {
     let root = tempfile::tempdir().unwrap();
@@ -423,6 +463,7 @@ fn continuous_datasets_are_listed_and_summarised() {
         public: 1,
         seed: 2,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     let ds =
         fedrl_rl::offline::continuous::load_or_generate(&spec, root.path(), &mut |_| {}).unwrap();
@@ -489,6 +530,7 @@ fn damaged_datasets_are_marked_and_the_others_listed() {
         public: 1,
         seed: 2,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     fedrl_rl::offline::continuous::load_or_generate(&cspec, root.path(), &mut |_| {}).unwrap();
     let good = root.path().join("continuous").join(cspec.file_name());

@@ -495,6 +495,7 @@ fn primorl_reads_a_stored_continuous_dataset_by_name() {
         public: 0,
         seed: 3,
         behaviour: ContinuousBehaviour::Random,
+        gymnasium: None,
     };
     fedrl_rl::offline::continuous::load_or_generate(&spec, &root, &mut |_| {}).unwrap();
     let stem = spec

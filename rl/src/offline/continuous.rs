@@ -10,6 +10,19 @@
 //! the CQL tasks keep Minari's layout ([`super::minari`]); this one is fedrl's own. A Minari
 //! dataset with a 1-D float32 Box action space (parquet or arrow) is imported into it by
 //! [`import_minari`] (`fedrl data import`), its SHA-256 sidecar written as for a generated one.
+//!
+//! A `gymnasium:<id>` spec (`[task.dataset.gymnasium]`) is generated through the Gymnasium
+//! bridge ([`generate_gym`]): unit `u` in its user's environment, the behaviour's SAC learning
+//! run in the default one, every step of a batch one message per worker with the workers
+//! stepping concurrently ([`record_in`]); the file then records the workers' spaces
+//! ([`ContinuousMeta::spaces`]) for the processes that run no Python.
+//!
+//! Invariants: a spec's data does not depend on the batching, the worker count or the machine
+//! (every episode is reset with its own seed and explores with its own stream; the cache key and
+//! the recorded procedure leave the interpreter, the worker count and the deadlines out); fedrl's
+//! own environments step at once through [`fedrl_sim::Env::step_queue`]'s default, so their
+//! datasets are the ones earlier versions generated, byte for byte; a worker fault fails the
+//! generation with its reason, never a dataset with units missing.
 
 use std::path::Path;
 
@@ -87,6 +100,63 @@ pub struct ContinuousMeta {
     pub act_dim: usize,
     /// How the episodes were made (free-form JSON: the generating procedure and its settings).
     pub procedure: serde_json::Value,
+    /// The spaces of the environment, as the Gymnasium bridge's workers reported them: recorded
+    /// for `gymnasium:<id>` datasets only (absent, and not written, for fedrl's own
+    /// environments, whose spaces `fedrl_sim` knows), so that a process without Python (the
+    /// aggregator's policy phase) knows the action box and the observation bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spaces: Option<RecordedSpaces>,
+}
+
+/// An environment's Box spaces as a dataset records them ([`ContinuousMeta::spaces`]); an
+/// infinite observation bound is `null`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedSpaces {
+    pub obs_low: Vec<Option<f32>>,
+    pub obs_high: Vec<Option<f32>>,
+    pub act_low: Vec<f32>,
+    pub act_high: Vec<f32>,
+}
+
+impl RecordedSpaces {
+    /// The record of Box spaces `obs` and `act`; an error for other spaces or unbounded actions.
+    pub fn of(obs: &fedrl_sim::Space, act: &fedrl_sim::Space) -> Result<Self> {
+        let (fedrl_sim::Space::Box { low: ol, high: oh }, fedrl_sim::Space::Box { low, high }) =
+            (obs, act)
+        else {
+            return Err(invalid(format!(
+                "a continuous dataset needs box observations and actions, got {obs:?} and {act:?}"
+            )));
+        };
+        if !low.iter().chain(high).all(|x| x.is_finite()) {
+            return Err(invalid(format!(
+                "the action box must be bounded, got [{low:?}, {high:?}]"
+            )));
+        }
+        let finite = |v: &[f32]| v.iter().map(|x| x.is_finite().then_some(*x)).collect();
+        Ok(RecordedSpaces {
+            obs_low: finite(ol),
+            obs_high: finite(oh),
+            act_low: low.clone(),
+            act_high: high.clone(),
+        })
+    }
+
+    /// The observation space (infinite where no bound was recorded).
+    pub fn observation_space(&self) -> fedrl_sim::Space {
+        fedrl_sim::Space::Box {
+            low: self
+                .obs_low
+                .iter()
+                .map(|x| x.unwrap_or(f32::NEG_INFINITY))
+                .collect(),
+            high: self
+                .obs_high
+                .iter()
+                .map(|x| x.unwrap_or(f32::INFINITY))
+                .collect(),
+        }
+    }
 }
 
 /// What a stored dataset's header says: [`ContinuousDataset::read_header`].
@@ -674,8 +744,30 @@ impl SacCheckpoints {
         seed: u64,
         progress: &mut dyn FnMut(ContinuousProgress),
     ) -> Result<Self> {
-        use crate::sac::{OnlineOptions, SacConfig, train_online};
         let mut env = user_env(env_id, seed, BEHAVIOUR_USER)?;
+        Self::learn_in(
+            env.as_mut(),
+            env_id,
+            steps,
+            checkpoints,
+            noise_std,
+            seed,
+            progress,
+        )
+    }
+
+    /// [`SacCheckpoints::learn`] in `env` (named `env_id` in errors): a Gymnasium dataset's
+    /// default environment, stepped by the bridge.
+    pub fn learn_in(
+        env: &mut dyn fedrl_sim::Env,
+        env_id: &str,
+        steps: u64,
+        checkpoints: u32,
+        noise_std: f64,
+        seed: u64,
+        progress: &mut dyn FnMut(ContinuousProgress),
+    ) -> Result<Self> {
+        use crate::sac::{OnlineOptions, SacConfig, train_online};
         let fedrl_sim::Space::Box { low, high } = env.action_space().clone() else {
             return Err(invalid(format!("{env_id}: actions are not a box")));
         };
@@ -690,7 +782,7 @@ impl SacCheckpoints {
         };
         let mut actors = Vec::new();
         let (agent, _) = train_online(
-            env.as_mut(),
+            env,
             every * snapshots,
             &SacConfig::default(),
             &opts,
@@ -775,6 +867,15 @@ fn mix(words: &[u64]) -> u64 {
     h
 }
 
+/// Where a recording's environments come from.
+pub enum RecordEnvs<'a> {
+    /// fedrl's own: unit `u` gets [`user_env`]`(env_id, seed, u)`.
+    Rust,
+    /// The Gymnasium bridge's workers: unit `u` gets the population's drawn kwargs for user `u`
+    /// ([`super::gym::user_envs`]); the workers step concurrently, one thread each.
+    Gym(&'a mut fedrl_sim::gym_bridge::GymPool),
+}
+
 /// Records `units` episodes of `env_id` (ids `0..units`; a population name gives unit `u` its
 /// user `u`'s environment, [`user_env`]), unit `u` playing one episode with actor `u % count`,
 /// reset with seed `mix(seed, u)` and exploring with a generator seeded by `mix(seed, u, 1)`:
@@ -788,8 +889,49 @@ pub fn record(
     procedure: serde_json::Value,
     progress: &mut dyn FnMut(ContinuousProgress),
 ) -> Result<ContinuousDataset> {
-    let probe = user_env(env_id, seed, BEHAVIOUR_USER)?;
-    let (obs_dim, act_dim) = match (probe.observation_space(), probe.action_space()) {
+    record_in(
+        RecordEnvs::Rust,
+        env_id,
+        units,
+        seed,
+        policy,
+        procedure,
+        progress,
+    )
+}
+
+/// [`record`] in `envs`: fedrl's own environments, or a Gymnasium pool's (`env_id` is then
+/// `gymnasium:<id>`, and the dataset records the workers' spaces, [`ContinuousMeta::spaces`]).
+/// The episodes are the same whatever the number of workers: each is reset with its own seed
+/// and explores with its own stream. A worker fault fails the recording with its reason.
+pub fn record_in(
+    mut envs: RecordEnvs<'_>,
+    env_id: &str,
+    units: u64,
+    seed: u64,
+    policy: &mut dyn BehaviourPolicy,
+    procedure: serde_json::Value,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<ContinuousDataset> {
+    let (obs_space, act_space, spaces) = match &envs {
+        RecordEnvs::Rust => {
+            let probe = user_env(env_id, seed, BEHAVIOUR_USER)?;
+            (
+                probe.observation_space().clone(),
+                probe.action_space().clone(),
+                None,
+            )
+        }
+        RecordEnvs::Gym(pool) => {
+            let (o, a) = (
+                pool.observation_space().clone(),
+                pool.action_space().clone(),
+            );
+            let rec = RecordedSpaces::of(&o, &a).map_err(|e| invalid(format!("{env_id}: {e}")))?;
+            (o, a, Some(rec))
+        }
+    };
+    let (obs_dim, act_dim) = match (&obs_space, &act_space) {
         (fedrl_sim::Space::Box { low: o, .. }, fedrl_sim::Space::Box { low: a, .. }) => {
             (o.len(), a.len())
         }
@@ -806,8 +948,22 @@ pub fn record(
     for actor in 0..count {
         let mine: Vec<u64> = (actor..units).step_by(count as usize).collect();
         for chunk in mine.chunks(RECORD_BATCH) {
+            let (mut batch, shares) = match &mut envs {
+                RecordEnvs::Rust => (
+                    chunk
+                        .iter()
+                        .map(|&u| user_env(env_id, seed, u))
+                        .collect::<Result<Vec<_>>>()?,
+                    1,
+                ),
+                RecordEnvs::Gym(pool) => {
+                    let shares = pool.workers();
+                    (super::gym::user_envs(pool, chunk)?, shares)
+                }
+            };
             episodes.extend(record_batch(
-                env_id,
+                &mut batch,
+                shares,
                 chunk,
                 seed,
                 actor as usize,
@@ -826,6 +982,7 @@ pub fn record(
             obs_dim,
             act_dim,
             procedure,
+            spaces,
         },
         episodes,
     };
@@ -833,9 +990,17 @@ pub fn record(
     Ok(ds)
 }
 
-/// Plays one episode for each unit of `units` (all with actor `actor`) in lockstep.
+/// Plays one episode for each unit of `units` (all with actor `actor`, unit `units[k]` in
+/// `envs[k]`) in lockstep: each step, one policy forward for every running episode, then
+/// every episode's action queued before any result is collected, the environments stepped
+/// in `shares` contiguous parts by one thread each ([`super::gym::step_shares`]): with a
+/// Gymnasium pool's environments and its worker count, every worker steps its share of the
+/// batch in one message, concurrently with the others. Rust environments (`shares` 1) step at
+/// once in this thread, exactly as `step` would.
+#[allow(clippy::too_many_arguments)]
 fn record_batch(
-    env_id: &str,
+    envs: &mut [Box<dyn fedrl_sim::Env>],
+    shares: usize,
     units: &[u64],
     seed: u64,
     actor: usize,
@@ -844,18 +1009,23 @@ fn record_batch(
     policy: &mut dyn BehaviourPolicy,
 ) -> Result<Vec<ContinuousEpisode>> {
     let n = units.len();
-    let mut envs = Vec::with_capacity(n);
+    if envs.len() != n {
+        return Err(invalid(format!(
+            "{} environments for {n} episodes",
+            envs.len()
+        )));
+    }
+    let d = obs_dim;
+    let mut obs = vec![0.0f32; n * d];
+    let seeds: Vec<u64> = units.iter().map(|&u| mix(&[seed, u])).collect();
+    super::gym::reset_shares(envs, &seeds, &mut obs, d, shares)?;
     let mut eps = Vec::with_capacity(n);
     let mut rngs = Vec::with_capacity(n);
-    let mut obs = vec![0.0f32; obs_dim];
-    for &u in units {
-        let mut env = user_env(env_id, seed, u)?;
-        env.reset(mix(&[seed, u]), &mut obs);
-        envs.push(env);
+    for (k, &u) in units.iter().enumerate() {
         rngs.push(Xoshiro256PlusPlus::seed_from_u64(mix(&[seed, u, 1])));
         eps.push(ContinuousEpisode {
             unit: u,
-            observations: obs.clone(),
+            observations: obs[k * d..(k + 1) * d].to_vec(),
             actions: Vec::new(),
             rewards: Vec::new(),
             terminated: false,
@@ -863,10 +1033,9 @@ fn record_batch(
     }
     let mut live: Vec<usize> = (0..n).collect();
     while !live.is_empty() {
-        let mut batch_obs = Vec::with_capacity(live.len() * obs_dim);
+        let mut batch_obs = Vec::with_capacity(live.len() * d);
         for &k in &live {
-            let o = &eps[k].observations;
-            batch_obs.extend_from_slice(&o[o.len() - obs_dim..]);
+            batch_obs.extend_from_slice(&obs[k * d..(k + 1) * d]);
         }
         let mut batch_rngs: Vec<Xoshiro256PlusPlus> =
             live.iter().map(|&k| rngs[k].clone()).collect();
@@ -878,15 +1047,15 @@ fn record_batch(
                 live.len()
             )));
         }
+        let steps = super::gym::step_shares(envs, &live, &actions, act_dim, &mut obs, d, shares)?;
         let mut still = Vec::with_capacity(live.len());
-        for (j, &k) in live.iter().enumerate() {
+        for (j, (&k, step)) in live.iter().zip(steps).enumerate() {
             rngs[k] = batch_rngs[j].clone();
-            let a = &actions[j * act_dim..(j + 1) * act_dim];
-            let step = envs[k].step(fedrl_sim::Action::Continuous(a), &mut obs)?;
             let e = &mut eps[k];
-            e.actions.extend_from_slice(a);
+            e.actions
+                .extend_from_slice(&actions[j * act_dim..(j + 1) * act_dim]);
             e.rewards.push(step.reward as f32);
-            e.observations.extend_from_slice(&obs);
+            e.observations.extend_from_slice(&obs[k * d..(k + 1) * d]);
             if step.terminated {
                 e.terminated = true;
             } else if !step.truncated {
@@ -898,14 +1067,17 @@ fn record_batch(
     Ok(eps)
 }
 
-/// Generates the dataset `spec` names (see [`ContinuousBehaviour`]).
+/// Generates the dataset `spec` names (see [`ContinuousBehaviour`]); a `gymnasium:<id>` spec
+/// through the Gymnasium bridge ([`generate_gym`]).
 pub fn generate(
     spec: &ContinuousDatasetSpec,
     progress: &mut dyn FnMut(ContinuousProgress),
 ) -> Result<ContinuousDataset> {
     spec.validate().map_err(invalid)?;
-    let procedure =
-        serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
+    if spec.gymnasium_env().is_some() {
+        return generate_gym(spec, progress);
+    }
+    let procedure = procedure_of(spec)?;
     let mut policy: Box<dyn BehaviourPolicy> = match &spec.behaviour {
         ContinuousBehaviour::Random => {
             let env = user_env(&spec.env, spec.seed, BEHAVIOUR_USER)?;
@@ -931,6 +1103,83 @@ pub fn generate(
         )?),
     };
     record(
+        &spec.env,
+        spec.units + spec.public,
+        spec.seed,
+        policy.as_mut(),
+        procedure,
+        progress,
+    )
+}
+
+/// The procedure a dataset of `spec` records: its data identity (a Gymnasium table without the
+/// interpreter, worker count and deadlines; fedrl's own environments' specs as they are).
+fn procedure_of(spec: &ContinuousDatasetSpec) -> Result<serde_json::Value> {
+    serde_json::to_value(spec.data_identity()).map_err(|e| invalid(format!("dataset spec: {e}")))
+}
+
+/// Generates a `gymnasium:<id>` dataset through the bridge: the workers of
+/// `[task.dataset.gymnasium]` (their spaces checked against `obs_dim` and `act_dim` at
+/// start), unit `u` playing in its user's environment (the drawn `user_kwargs` for user `u`,
+/// population seed `spec.seed`), the `sac_checkpoints` behaviour learning in the default
+/// environment (`kwargs` only) as user [`BEHAVIOUR_USER`]. A missing interpreter is refused
+/// naming the install script; a worker fault fails the generation with its reason (a dataset
+/// with a unit missing would be another dataset under the same key).
+pub fn generate_gym(
+    spec: &ContinuousDatasetSpec,
+    progress: &mut dyn FnMut(ContinuousProgress),
+) -> Result<ContinuousDataset> {
+    use fedrl_sim::gym_bridge::{DeclaredAction, DeclaredSpaces};
+    spec.validate().map_err(invalid)?;
+    let Some((id, g)) = spec.gymnasium_env() else {
+        return Err(invalid(format!(
+            "{:?} is not a gymnasium:<id> dataset",
+            spec.env
+        )));
+    };
+    let procedure = procedure_of(spec)?;
+    let mut pool = super::gym::start_declared(
+        super::gym::bridge_config(id, g.bridge(), spec.seed),
+        DeclaredSpaces {
+            obs_dim: g.obs_dim,
+            action: DeclaredAction::Box { dim: g.act_dim },
+        },
+    )?;
+    let mut policy: Box<dyn BehaviourPolicy> = match &spec.behaviour {
+        ContinuousBehaviour::Random => {
+            let fedrl_sim::Space::Box { low, high } = pool.action_space() else {
+                return Err(invalid(format!("{}: actions are not a box", spec.env)));
+            };
+            Box::new(RandomPolicy {
+                low: low.clone(),
+                high: high.clone(),
+            })
+        }
+        ContinuousBehaviour::SacCheckpoints {
+            steps,
+            checkpoints,
+            noise_std,
+        } => {
+            let mut env = super::gym::make_envs(
+                &mut pool,
+                &[BEHAVIOUR_USER],
+                std::slice::from_ref(&g.kwargs),
+            )?
+            .pop()
+            .ok_or_else(|| invalid("no environment for the behaviour's learning run"))?;
+            Box::new(SacCheckpoints::learn_in(
+                env.as_mut(),
+                &spec.env,
+                *steps,
+                *checkpoints,
+                *noise_std,
+                spec.seed,
+                progress,
+            )?)
+        }
+    };
+    record_in(
+        RecordEnvs::Gym(&mut pool),
         &spec.env,
         spec.units + spec.public,
         spec.seed,
@@ -1158,7 +1407,7 @@ pub fn prepare(
 /// A stored dataset must have been made by `spec`'s procedure (same file name, other settings
 /// would be a hash collision or a tampered file).
 fn check_procedure(spec: &ContinuousDatasetSpec, path: &Path, meta: &ContinuousMeta) -> Result<()> {
-    let want = serde_json::to_value(spec).map_err(|e| invalid(format!("dataset spec: {e}")))?;
+    let want = procedure_of(spec)?;
     if meta.procedure != want {
         return Err(invalid(format!(
             "{}: made by {}, expected {want}",
@@ -1239,6 +1488,7 @@ pub fn import_minari(dir: &Path, id: &str, root: &Path) -> Result<Imported> {
                 "imported_from": h.id,
                 "minari_version": h.minari_version,
             }),
+            spaces: None,
         },
         episodes,
     };

@@ -1,7 +1,10 @@
 //! Offline datasets recorded in Gymnasium environments (`env = "gymnasium:<id>"`): the bridge's
-//! Python workers ([`GymPool`]) made from a spec's `[task.dataset.gymnasium]` table
-//! ([`DatasetGymnasium`]), and a lockstep player that steps many episodes at once so that every
-//! step of a batch is one message per worker.
+//! Python workers ([`GymPool`]) made from a spec's `[task.dataset.gymnasium]` table (discrete:
+//! [`DatasetGymnasium`]; continuous: `fedrl_common::task::primorl::ContinuousGymnasium`, both
+//! through [`BridgeFields`]), a lockstep player that steps many episodes at once so that every
+//! step of a batch is one message per worker, and [`reset_shares`] / [`step_shares`], which do
+//! one batched reset or step with one thread per worker share (the continuous recorder's and
+//! PriMORL's deferred evaluations).
 //!
 //! Invariants:
 //! - The data does not depend on how the episodes are batched or on the number of workers:
@@ -13,7 +16,7 @@
 //!   dataset with missing units would be another dataset under the same key).
 //! - A missing interpreter is refused before anything starts, naming the install script.
 
-use fedrl_common::offline::{DatasetGymnasium, DatasetSpec, GYMNASIUM_PREFIX};
+use fedrl_common::offline::{BridgeFields, DatasetGymnasium, DatasetSpec, GYMNASIUM_PREFIX};
 use fedrl_common::task::dppg::KwargDraw;
 use fedrl_sim::gym_bridge::{DeclaredAction, DeclaredSpaces, Draw, GymConfig, GymPool};
 use fedrl_sim::{Action, Env};
@@ -42,9 +45,15 @@ pub fn gymnasium_of(spec: &DatasetSpec) -> Result<Option<(&str, &DatasetGymnasiu
 /// The bridge configuration of a dataset's environments: `population_seed` keys the users'
 /// drawn kwargs, as for a `gymnasium:<id>` DPPG population.
 pub fn gym_config(env_id: &str, g: &DatasetGymnasium, population_seed: u64) -> GymConfig {
+    bridge_config(env_id, g.bridge(), population_seed)
+}
+
+/// [`gym_config`] of any `[task.dataset.gymnasium]` table's worker settings (discrete or
+/// continuous datasets).
+pub fn bridge_config(env_id: &str, g: BridgeFields<'_>, population_seed: u64) -> GymConfig {
     let mut cfg = GymConfig::new(env_id);
-    cfg.module = g.module.clone();
-    cfg.python = g.python.as_ref().map(std::path::PathBuf::from);
+    cfg.module = g.module.map(str::to_string);
+    cfg.python = g.python.map(std::path::PathBuf::from);
     cfg.kwargs = g.kwargs.clone();
     cfg.user_kwargs = g
         .user_kwargs
@@ -75,6 +84,16 @@ pub fn gym_config(env_id: &str, g: &DatasetGymnasium, population_seed: u64) -> G
 /// Starts the workers of `cfg`, their spaces checked against the table's declaration. A missing
 /// interpreter is refused first with the command that installs one.
 pub fn start_pool(cfg: GymConfig, g: &DatasetGymnasium) -> Result<GymPool> {
+    let declared = DeclaredSpaces {
+        obs_dim: g.obs_dim,
+        action: DeclaredAction::Discrete { n: g.actions },
+    };
+    start_declared(cfg, declared)
+}
+
+/// [`start_pool`] with the declared spaces given: a Discrete action of `n` values or a Box of
+/// `dim` values (continuous datasets).
+pub fn start_declared(cfg: GymConfig, declared: DeclaredSpaces) -> Result<GymPool> {
     let python = cfg.python_path();
     if !python.exists() {
         return Err(invalid(format!(
@@ -86,10 +105,6 @@ pub fn start_pool(cfg: GymConfig, g: &DatasetGymnasium) -> Result<GymPool> {
             python.display()
         )));
     }
-    let declared = DeclaredSpaces {
-        obs_dim: g.obs_dim,
-        action: DeclaredAction::Discrete { n: g.actions },
-    };
     let id = cfg.env_id.clone();
     GymPool::start(cfg, Some(declared)).map_err(|e| invalid(format!("gymnasium:{id}: {e}")))
 }
@@ -274,6 +289,150 @@ pub fn play_parallel(
     Ok(out)
 }
 
+/// The environments `0..n` split into `shares` contiguous parts, as the pool splits a MAKE's
+/// users over its workers (`GymPool::envs_for`): part `w` is `n w / shares .. n (w + 1) /
+/// shares`.
+fn share_bounds(n: usize, shares: usize) -> Vec<usize> {
+    let shares = shares.clamp(1, n.max(1));
+    (0..=shares).map(|w| n * w / shares).collect()
+}
+
+/// What [`in_shares`] runs on each part: `(environments, index of the first, their observation
+/// rows)`.
+type ShareFn<'a, T> = dyn Fn(&mut [Box<dyn Env>], usize, &mut [f32]) -> Result<T> + Sync + 'a;
+
+/// Runs `f(part, first index, obs rows)` on each part of `envs` (and the matching rows of
+/// `obs`, `d` values per environment) in its own thread, the results in part order; one part
+/// runs in this thread.
+fn in_shares<T: Send>(
+    envs: &mut [Box<dyn Env>],
+    obs: &mut [f32],
+    d: usize,
+    shares: usize,
+    f: &ShareFn<'_, T>,
+) -> Result<Vec<T>> {
+    let n = envs.len();
+    if obs.len() < n * d {
+        return Err(invalid(format!(
+            "{} observation values for {n} environments of {d}",
+            obs.len()
+        )));
+    }
+    let bounds = share_bounds(n, shares);
+    if bounds.len() <= 2 {
+        return Ok(vec![f(envs, 0, &mut obs[..n * d])?]);
+    }
+    let (mut env_rest, mut obs_rest) = (envs, &mut obs[..n * d]);
+    let mut parts = Vec::with_capacity(bounds.len() - 1);
+    for w in 0..bounds.len() - 1 {
+        let len = bounds[w + 1] - bounds[w];
+        let (e, er) = env_rest.split_at_mut(len);
+        let (o, or) = obs_rest.split_at_mut(len * d);
+        parts.push((bounds[w], e, o));
+        env_rest = er;
+        obs_rest = or;
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|(first, e, o)| s.spawn(move || f(e, first, o)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(invalid("an environment thread panicked".into())))
+            })
+            .collect()
+    })
+}
+
+/// Resets `envs[i]` with `seeds[i]`, writing its first observation into `obs[i d..(i + 1) d]`:
+/// every reset queued before any is collected, the environments in `shares` contiguous parts
+/// ([`GymPool`]'s split of a MAKE over its workers) reset by one thread each, so each worker
+/// gets one RESET message and the workers answer concurrently. Rust environments reset at once
+/// (the trait's default queue); with `shares` 1 nothing leaves this thread.
+pub fn reset_shares(
+    envs: &mut [Box<dyn Env>],
+    seeds: &[u64],
+    obs: &mut [f32],
+    d: usize,
+    shares: usize,
+) -> Result<()> {
+    if seeds.len() != envs.len() {
+        return Err(invalid(format!(
+            "{} reset seeds for {} environments",
+            seeds.len(),
+            envs.len()
+        )));
+    }
+    in_shares(envs, obs, d, shares, &|part, first, o| {
+        let mut now = Vec::with_capacity(part.len());
+        for (k, env) in part.iter_mut().enumerate() {
+            now.push(env.reset_queue(seeds[first + k], &mut o[k * d..(k + 1) * d]));
+        }
+        for (k, env) in part.iter_mut().enumerate() {
+            if !now[k] {
+                env.reset_collect(&mut o[k * d..(k + 1) * d])?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// Steps `envs[i]` for each `i` of `live` (ascending) with the Box action
+/// `actions[j act_dim..(j + 1) act_dim]` (`j` its position in `live`), writing its next
+/// observation into `obs[i d..(i + 1) d]`; the steps come back in `live` order. As
+/// [`reset_shares`]: every action queued before any result is collected, one thread per
+/// contiguous part, so a pool's workers each step their share in one message, concurrently.
+pub fn step_shares(
+    envs: &mut [Box<dyn Env>],
+    live: &[usize],
+    actions: &[f32],
+    act_dim: usize,
+    obs: &mut [f32],
+    d: usize,
+    shares: usize,
+) -> Result<Vec<fedrl_sim::Step>> {
+    if actions.len() != live.len() * act_dim || live.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(invalid(format!(
+            "{} action values for {} environments of {act_dim} (ascending)",
+            actions.len(),
+            live.len()
+        )));
+    }
+    if live.last().is_some_and(|&i| i >= envs.len()) {
+        return Err(invalid(format!(
+            "an environment index beyond the {} environments",
+            envs.len()
+        )));
+    }
+    let parts = in_shares(envs, obs, d, shares, &|part, first, o| {
+        // The live environments of this part, with their positions in `live`.
+        let mine: Vec<(usize, usize)> = live
+            .iter()
+            .enumerate()
+            .filter(|&(_, &i)| i >= first && i < first + part.len())
+            .map(|(j, &i)| (j, i - first))
+            .collect();
+        let mut queued = Vec::with_capacity(mine.len());
+        for &(j, k) in &mine {
+            let a = &actions[j * act_dim..(j + 1) * act_dim];
+            queued.push(part[k].step_queue(Action::Continuous(a), &mut o[k * d..(k + 1) * d])?);
+        }
+        let mut out = Vec::with_capacity(mine.len());
+        for (q, &(_, k)) in queued.into_iter().zip(&mine) {
+            out.push(match q {
+                Some(s) => s,
+                None => part[k].step_collect(&mut o[k * d..(k + 1) * d])?,
+            });
+        }
+        Ok(out)
+    })?;
+    Ok(parts.into_iter().flatten().collect())
+}
+
 /// The greedy evaluation of a Q-network ([`super::train::evaluate_greedy_in`]) in the default
 /// environment of a `gymnasium:<id>` dataset (`gymnasium.make(id, **kwargs)`), `episodes`
 /// episodes played together in the bridge's workers. Several networks: [`GreedyGymEvaluator`],
@@ -381,5 +540,38 @@ mod tests {
             assert_eq!(e.observations, obs);
             assert_eq!(e.unit, i as u64 / 2);
         }
+    }
+
+    #[test]
+    fn stepping_in_shares_equals_stepping_in_one_thread() {
+        // Rust environments step at once; split over threads they must give what one loop
+        // gives, every step back in `live` order, and a wrong action length is refused.
+        let n = 7;
+        let run = |shares: usize| {
+            let mut envs: Vec<Box<dyn Env>> = (0..n)
+                .map(|_| fedrl_sim::make("Pendulum-v1").unwrap())
+                .collect();
+            let seeds: Vec<u64> = (0..n as u64).map(|i| 40 + i).collect();
+            let mut obs = vec![0.0f32; n * 3];
+            reset_shares(&mut envs, &seeds, &mut obs, 3, shares).unwrap();
+            let mut rewards = Vec::new();
+            for t in 0..5 {
+                // Every other environment sits out odd steps.
+                let live: Vec<usize> = (0..n).filter(|i| t % 2 == 0 || i % 2 == 0).collect();
+                let actions: Vec<f32> = live.iter().map(|&i| (i as f32 - 3.0) / 2.0).collect();
+                let steps =
+                    step_shares(&mut envs, &live, &actions, 1, &mut obs, 3, shares).unwrap();
+                assert_eq!(steps.len(), live.len());
+                rewards.extend(steps.iter().map(|s| s.reward));
+            }
+            (obs, rewards)
+        };
+        let one = run(1);
+        assert_eq!(run(3), one);
+        assert_eq!(run(n + 4), one);
+        let mut envs: Vec<Box<dyn Env>> = vec![fedrl_sim::make("Pendulum-v1").unwrap()];
+        let mut obs = vec![0.0f32; 3];
+        assert!(step_shares(&mut envs, &[0], &[0.0, 1.0], 1, &mut obs, 3, 1).is_err());
+        assert!(step_shares(&mut envs, &[1], &[0.0], 1, &mut obs, 3, 1).is_err());
     }
 }

@@ -121,6 +121,11 @@ struct GenerateArgs {
     /// Print one JSON object (id, path, source, summary) instead of lines.
     #[arg(long)]
     json: bool,
+    /// `--spec` holds a continuous-action (PriMORL) dataset spec, as a scenario's
+    /// `[task.dataset]` (env, units, public, seed, behaviour, and `[gymnasium]` for a
+    /// `gymnasium:<id>` environment); stored as `continuous/<name>`.
+    #[arg(long, requires = "spec")]
+    continuous: bool,
 }
 
 #[derive(clap::Args)]
@@ -389,7 +394,46 @@ pub(crate) fn show_continuous_generation(
     }
 }
 
+/// `fedrl data generate --continuous --spec FILE`: the continuous dataset of the spec, generated
+/// (through the Gymnasium bridge for a `gymnasium:<id>` environment) or found under the root.
+fn generate_continuous(a: &GenerateArgs, path: &Path) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let spec: fedrl_common::task::primorl::ContinuousDatasetSpec =
+        toml::from_str(&text).map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
+    spec.validate()
+        .map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
+    let root = root(&a.root)?;
+    let file = root.join("continuous").join(spec.file_name());
+    let source = if file.is_file() { "cache" } else { "generated" };
+    let bar = generation_bar()?;
+    let started = std::time::Instant::now();
+    fedrl_rl::offline::continuous::prepare(&spec, &root, &mut |p| {
+        show_continuous_generation(&bar, &p)
+    })?;
+    let seconds = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let listed = format!(
+        "continuous/{}",
+        spec.file_name().trim_end_matches(".safetensors")
+    );
+    if a.json {
+        let summary = ContinuousDataset::summarize_file(&file)?;
+        println!(
+            "{}",
+            json!({ "id": listed, "path": file, "source": source, "seconds": seconds,
+                    "summary": summary })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{source}: {listed} ({seconds:.1} s)");
+    continuous_summary(&file, false)
+}
+
 fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    if let (true, Some(path)) = (a.continuous, &a.spec) {
+        return generate_continuous(&a, path);
+    }
     let spec = spec_of(&a)?;
     let root = root(&a.root)?;
     let bar = generation_bar()?;

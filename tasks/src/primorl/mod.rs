@@ -12,7 +12,7 @@ pub mod server;
 
 pub use client::PrimorlTrainer;
 pub use fedrl_rl::primorl::PrimorlTaskExt;
-pub use server::{ENSEMBLE_FILE, POLICY_FILE, PrimorlModel};
+pub use server::{ENSEMBLE_FILE, POLICY_FILE, POLICY_SNAPSHOTS_FILE, PrimorlModel};
 
 use anyhow::Context;
 use fedrl_common::protocol::UnitRange;
@@ -24,6 +24,15 @@ use fedrl_rl::candle_core::Device;
 use crate::client::LocalTrainer;
 use crate::registry::TaskKind;
 use crate::server::ServerModel;
+
+/// Whether the task's policy phase is evaluated in a Gymnasium environment: the aggregator then
+/// runs it without evaluations and `fedrl run` evaluates each epoch's actor through the bridge
+/// (the aggregator runs no Python).
+pub fn evaluates_in_gymnasium(task: &PrimorlTask) -> bool {
+    task.dataset
+        .generated()
+        .is_some_and(|s| s.gymnasium.is_some())
+}
 
 /// The PriMORL kind in the registry.
 pub struct Primorl;

@@ -3,6 +3,15 @@
 //! server learning rate 1), early stopping on the public split's MSE, and at the end the policy
 //! phase: SAC inside the pessimistic released model, which reads no dataset (post-processing).
 //!
+//! A Gymnasium environment (`task.dataset.env = "gymnasium:<id>"`) cannot be stepped here: the
+//! aggregator runs no Python (DESIGN §2.6). Its policy phase then runs without real-environment
+//! evaluations ([`fedrl_rl::primorl::PhaseEnv::Recorded`]: the spaces the dataset recorded,
+//! rollouts from the public split's initial states instead of the environment's resets), keeps
+//! each epoch's actor (post-processing of the released ensemble and the public split: a DP
+//! output) in [`POLICY_SNAPSHOTS_FILE`], and reports its curve `deferred`; `fedrl run` evaluates
+//! the snapshots through the bridge on the episodes this model would have used
+//! (`scenarios/src/primorl_gym_eval.rs`).
+//!
 //! The public split: in this simulation every party generates the dataset from its public,
 //! seeded procedure; the aggregator keeps only the public episodes (ids from `dataset.units` on,
 //! owned by no unit) and drops the rest at once. In a deployment the public split is data
@@ -14,7 +23,10 @@ use anyhow::Context;
 use fedrl_common::task::primorl::PrimorlTask;
 use fedrl_rl::candle_core::Device;
 use fedrl_rl::ensemble::{self, Ensemble, EnsembleSpec, ModelRows};
-use fedrl_rl::primorl::{PolicyData, PolicyEpoch, ensemble_spec, policy_phase, public_rows};
+use fedrl_rl::offline::continuous::RecordedSpaces;
+use fedrl_rl::primorl::{
+    PhaseEnv, PolicyData, PolicyEpoch, ensemble_spec, initial_states, policy_phase_in, public_rows,
+};
 use fedrl_rl::sac::SacAgent;
 
 use crate::server::{ModelError, ModelState, ServerModel};
@@ -23,6 +35,10 @@ use crate::server::{ModelError, ModelState, ServerModel};
 pub const ENSEMBLE_FILE: &str = "ensemble.safetensors";
 /// File name of the SAC agent of the policy phase (actor, critics, temperature).
 pub const POLICY_FILE: &str = "sac_policy.safetensors";
+/// File name of each policy-phase epoch's actor, kept when the evaluations are deferred to
+/// `fedrl run` (a Gymnasium environment): [`fedrl_rl::primorl::save_actor_snapshots`]'s layout;
+/// the agent's other settings are [`POLICY_FILE`]'s.
+pub const POLICY_SNAPSHOTS_FILE: &str = "policy_actors.safetensors";
 
 pub struct PrimorlModel {
     task: PrimorlTask,
@@ -42,6 +58,11 @@ pub struct PrimorlModel {
     device: Device,
     /// The policy phase's agent, once it ran.
     policy: Option<SacAgent>,
+    /// A Gymnasium environment's recorded spaces and the public split's initial states: the
+    /// policy phase runs without evaluations ([`fedrl_rl::primorl::PhaseEnv::Recorded`]).
+    recorded: Option<(RecordedSpaces, Vec<f32>)>,
+    /// Each epoch's actor, kept when the evaluations are deferred.
+    actors: Vec<Vec<f32>>,
     /// The MOPO baseline's real transitions (every episode of the dataset; only a non-private
     /// scenario with `task.policy.real_ratio > 0` or `data_start_fraction > 0` keeps them, the
     /// scenario refuses it otherwise) and the public split's start states
@@ -65,6 +86,22 @@ impl PrimorlModel {
         device: Device,
     ) -> anyhow::Result<Self> {
         let root = fedrl_rl::offline::data_root(root)?;
+        let gym = super::evaluates_in_gymnasium(task);
+        if let Some(spec) = task.dataset.generated().filter(|_| gym) {
+            // Generating it would start Python workers here: `fedrl run` and `fedrl data
+            // generate` make it first.
+            let path = root.join("continuous").join(spec.file_name());
+            if !path.is_file() {
+                anyhow::bail!(
+                    "the dataset of {} is not under {} (continuous/{}): the aggregator runs no \
+                     Python, so a Gymnasium dataset must be generated first (`fedrl run` does; \
+                     or `fedrl data generate` the scenario)",
+                    spec.env,
+                    root.display(),
+                    spec.file_name()
+                );
+            }
+        }
         // The public split sets the normalisation, early stopping and public starts; only the
         // MOPO baseline (not private) reads the private trajectories too.
         let reads = task.policy.reads_data();
@@ -84,6 +121,19 @@ impl PrimorlModel {
             private_units,
             task.policy.reads_data(),
         )?;
+        let recorded = if gym {
+            let spaces = dataset.meta.spaces.clone().with_context(|| {
+                format!(
+                    "the dataset of {} records no spaces (made before datasets recorded them?)",
+                    env
+                )
+            })?;
+            let (public, _) = dataset.split(private_units);
+            let initial = initial_states(dataset.meta.obs_dim, public);
+            Some((spaces, initial))
+        } else {
+            None
+        };
         drop(dataset);
         let params = spec.init(task.model_seed);
         Ok(PrimorlModel {
@@ -99,6 +149,8 @@ impl PrimorlModel {
             since_best: 0,
             device,
             policy: None,
+            recorded,
+            actors: Vec::new(),
             data,
         })
     }
@@ -151,13 +203,38 @@ impl PrimorlModel {
             p.uncertainty,
             p.lambda,
         );
-        let (agent, curve) = policy_phase(
+        let env = match &self.recorded {
+            Some((spaces, initial)) => {
+                eprintln!(
+                    "  {}: no Python here, so no epoch is evaluated now (fedrl run evaluates each \
+                     epoch's actor through the Gymnasium bridge); rollouts start from the {} \
+                     public episodes' initial states",
+                    self.env,
+                    initial.len() / self.spec.obs_dim.max(1)
+                );
+                PhaseEnv::Recorded {
+                    spaces: spaces.clone(),
+                    initial: initial.clone(),
+                }
+            }
+            None => PhaseEnv::Sim(fedrl_sim::make(&self.env)?),
+        };
+        let deferred = self.recorded.is_some();
+        let (agent, curve, actors) = policy_phase_in(
             &ens,
             &self.env,
+            env,
             p,
             self.data.starts(),
             &self.device,
             &mut |e| {
+                if deferred {
+                    eprintln!(
+                        "  SAC epoch {:>3}/{}: (evaluation deferred), model reward {:7.3}, penalty {:6.3}, alpha {:.3}, {:.0} s",
+                        e.epoch, p.epochs, e.model_reward, e.penalty, e.alpha, e.seconds
+                    );
+                    return;
+                }
                 eprintln!(
                     "  SAC epoch {:>3}/{}: return {:9.2} (normalised {:7.1}), model reward {:7.3}, penalty {:6.3}, alpha {:.3}, {:.0} s",
                     e.epoch,
@@ -173,6 +250,7 @@ impl PrimorlModel {
             },
         )?;
         self.policy = Some(agent);
+        self.actors = actors;
         Ok(curve)
     }
 
@@ -271,6 +349,17 @@ impl ServerModel for PrimorlModel {
             "selected_round": self.best_round,
         });
         match self.run_policy_phase() {
+            Ok(curve) if self.recorded.is_some() => {
+                // `fedrl run` fills the evaluations in (primorl_gym_eval).
+                let mut c = serde_json::to_value(&curve).unwrap_or_default();
+                for e in c.as_array_mut().into_iter().flatten() {
+                    for k in DEFERRED_FIELDS {
+                        e[k] = serde_json::Value::Null;
+                    }
+                }
+                out["policy_curve"] = c;
+                out["deferred"] = true.into();
+            }
             Ok(curve) => {
                 let last = curve.last();
                 out["policy_curve"] = serde_json::to_value(&curve).unwrap_or_default();
@@ -289,9 +378,24 @@ impl ServerModel for PrimorlModel {
         if let Some(agent) = &self.policy {
             agent.save(&dir.join(POLICY_FILE))?;
         }
+        if !self.actors.is_empty() {
+            fedrl_rl::primorl::save_actor_snapshots(
+                &self.actors,
+                &dir.join(POLICY_SNAPSHOTS_FILE),
+            )?;
+        }
         Ok(())
     }
 }
+
+/// The fields of a policy-curve epoch that a deferred evaluation fills in (null until then).
+pub const DEFERRED_FIELDS: [&str; 5] = [
+    "eval_return",
+    "eval_return_std",
+    "normalized_return",
+    "normalized_return_std",
+    "eval_episodes",
+];
 
 #[cfg(test)]
 mod tests {
@@ -337,5 +441,33 @@ mod tests {
             "{out}"
         );
         assert!(model.policy.is_some());
+    }
+
+    /// The aggregator never starts Python: a `gymnasium:` dataset it does not find is refused
+    /// with what to do, not generated.
+    #[test]
+    fn the_aggregator_does_not_generate_a_gymnasium_dataset() {
+        let task: PrimorlTask = serde_json::from_value(serde_json::json!({
+            "dataset": {"env": "gymnasium:Pendulum-v1", "units": 6, "public": 2, "seed": 4,
+                        "behaviour": {"kind": "random"},
+                        "gymnasium": {"obs_dim": 3, "act_dim": 1,
+                                      "python": "/nonexistent/python"}},
+            "ensemble": {"hidden": [16, 16], "members": 2, "clipping": "per-layer"},
+            "policy": {"uncertainty": "max-aleatoric", "lambda": 1.0, "rollout_length": 5,
+                       "epochs": 1, "updates_per_epoch": 10, "eval_episodes": 1},
+        }))
+        .expect("task");
+        task.validate().expect("valid task");
+        assert!(super::super::evaluates_in_gymnasium(&task));
+        // The shape comes from the declared spaces, without Python.
+        let shape = fedrl_rl::primorl::PrimorlTaskExt::ensemble_shape(&task).expect("shape");
+        assert_eq!((shape.obs_dim, shape.act_dim), (3, 1));
+        let dir = tempfile::tempdir().expect("tmp");
+        let e = PrimorlModel::with_data_root(&task, Some(dir.path()), Device::Cpu)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("runs no") && e.contains("fedrl run"), "{e}");
+        assert!(!dir.path().join("continuous").exists());
     }
 }

@@ -65,7 +65,9 @@ pub enum ContinuousBehaviour {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ContinuousDatasetSpec {
-    /// Environment id with a Box action space (`Pendulum-v1`, `cartpole-balance`, ...).
+    /// Environment id with a Box action space (`Pendulum-v1`, `cartpole-balance`, ...), a
+    /// population name (`pendulum-gml`), or `gymnasium:<id>` (a Gymnasium environment stepped
+    /// by the bridge's Python workers, made as [`ContinuousDatasetSpec::gymnasium`] says).
     pub env: String,
     /// Private episodes K (one per unit).
     pub units: u64,
@@ -76,16 +78,157 @@ pub struct ContinuousDatasetSpec {
     #[serde(default)]
     pub seed: u64,
     pub behaviour: ContinuousBehaviour,
+    /// `env = "gymnasium:<id>"` only (required there, refused elsewhere): how the Gymnasium
+    /// bridge makes the environments and the spaces they must have. Absent, and left out of
+    /// the canonical JSON, for fedrl's own environments, so their cache keys do not move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gymnasium: Option<Box<ContinuousGymnasium>>,
+}
+
+/// How a `gymnasium:<id>` continuous dataset's environments are made by the Gymnasium bridge
+/// (`fedrl_sim::gym_bridge`), in the process that generates the data (`fedrl run`, `fedrl data
+/// generate`, a client agent), never in the aggregator, which works from the declared spaces.
+///
+/// Unit `u` (and public episode `u`) plays in `gymnasium.make(id, **kwargs, **drawn)`, `drawn`
+/// being `user_kwargs` drawn for user `u` from the spec's `seed` (the population seed, as a
+/// `gymnasium:<id>` DPPG population's users); the `sac_checkpoints` behaviour learns in the
+/// default environment, `gymnasium.make(id, **kwargs)`. The same fields as the discrete
+/// datasets' `[task.dataset.gymnasium]` (`crate::offline::DatasetGymnasium`), with a Box
+/// action of `act_dim` values instead of `actions`, and no experts' grid.
+///
+/// Everything but `python`, `workers` and the deadlines enters the dataset's cache key (they do
+/// not change the data: every episode is reset with its own seed and explores with its own
+/// random stream).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContinuousGymnasium {
+    /// Observation length (a Box observation, flattened).
+    pub obs_dim: usize,
+    /// Action length (a Box action; its bounds come from the environment).
+    pub act_dim: usize,
+    /// A Python module imported before `gymnasium.make` (it may register the user's own
+    /// environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// The Python interpreter. Default: `FEDRL_PYTHON`, else `.venv-bridge/bin/python` made by
+    /// `scripts/install-python-bridge.sh`. Not part of the cache key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// Keyword arguments of every environment (the default one and every unit's).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Keyword arguments drawn per unit (after `kwargs`), as `[task.gymnasium.user_kwargs]` of
+    /// a DPPG task.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub user_kwargs: std::collections::BTreeMap<String, crate::task::dppg::KwargDraw>,
+    /// Worker processes stepping the environments. Default 2. Not part of the cache key.
+    #[serde(default = "d_gym_workers")]
+    pub workers: usize,
+    /// Seconds one batched reset or step may take. Default 60. Not part of the cache key.
+    #[serde(default = "d_gym_step_timeout")]
+    pub step_timeout_s: f64,
+    /// Seconds a worker may take to start or to make a batch of environments. Default 300.
+    /// Not part of the cache key.
+    #[serde(default = "d_gym_start_timeout")]
+    pub start_timeout_s: f64,
+}
+
+fn d_gym_workers() -> usize {
+    crate::offline::d_gym_workers()
+}
+fn d_gym_step_timeout() -> f64 {
+    crate::offline::d_gym_step_timeout()
+}
+fn d_gym_start_timeout() -> f64 {
+    crate::offline::d_gym_start_timeout()
+}
+
+impl ContinuousGymnasium {
+    /// The bridge's worker settings (shared with the discrete datasets' table).
+    pub fn bridge(&self) -> crate::offline::BridgeFields<'_> {
+        crate::offline::BridgeFields {
+            module: self.module.as_deref(),
+            python: self.python.as_deref(),
+            kwargs: &self.kwargs,
+            user_kwargs: &self.user_kwargs,
+            workers: self.workers,
+            step_timeout_s: self.step_timeout_s,
+            start_timeout_s: self.start_timeout_s,
+        }
+    }
+
+    /// Checks what needs no Python: the declared spaces, the workers, deadlines and draws.
+    pub fn check(&self) -> Result<(), String> {
+        if self.obs_dim == 0 || self.act_dim == 0 {
+            return Err(format!(
+                "task.dataset.gymnasium: obs_dim and act_dim must be >= 1 (a continuous dataset \
+                 has Box observations and actions), got {} and {}",
+                self.obs_dim, self.act_dim
+            ));
+        }
+        self.bridge().check()
+    }
 }
 
 /// Version of the continuous generation procedure and file layout (part of every cache key).
 pub const CONTINUOUS_FORMAT_VERSION: u32 = 1;
 
 impl ContinuousDatasetSpec {
-    /// The stable key of this spec: FNV-1a (64 bits) of its canonical JSON and
-    /// [`CONTINUOUS_FORMAT_VERSION`], as 16 lowercase hex digits.
+    /// The Gymnasium id and table of a `gymnasium:<id>` spec, `None` for fedrl's own
+    /// environments (checked by [`ContinuousDatasetSpec::check_gymnasium`]).
+    pub fn gymnasium_env(&self) -> Option<(&str, &ContinuousGymnasium)> {
+        match (
+            self.env.strip_prefix(crate::offline::GYMNASIUM_PREFIX),
+            &self.gymnasium,
+        ) {
+            (Some(id), Some(g)) => Some((id, &**g)),
+            _ => None,
+        }
+    }
+
+    /// The table is given exactly when `env` is `gymnasium:<id>`, and checks.
+    pub fn check_gymnasium(&self) -> Result<(), String> {
+        let gym = self.env.starts_with(crate::offline::GYMNASIUM_PREFIX);
+        match (gym, &self.gymnasium) {
+            (false, None) => Ok(()),
+            (false, Some(_)) => Err(format!(
+                "task.dataset.gymnasium applies to env = \"gymnasium:<id>\" only, not {:?}",
+                self.env
+            )),
+            (true, None) => Err(format!(
+                "task.dataset.env = {:?} needs a [task.dataset.gymnasium] table (obs_dim, \
+                 act_dim, ...)",
+                self.env
+            )),
+            (true, Some(g)) => {
+                if self.env.len() == crate::offline::GYMNASIUM_PREFIX.len() {
+                    return Err("task.dataset.env: gymnasium:<id> needs an id".into());
+                }
+                g.check()
+            }
+        }
+    }
+
+    /// This spec with what cannot change the data at its defaults: a Gymnasium dataset's
+    /// interpreter path (machine-specific), worker count and deadlines. Two specs with equal
+    /// identities describe the same data; the cache key and the procedure a dataset file
+    /// records are computed from it.
+    pub fn data_identity(&self) -> ContinuousDatasetSpec {
+        let mut keyed = self.clone();
+        if let Some(g) = &mut keyed.gymnasium {
+            g.python = None;
+            g.workers = d_gym_workers();
+            g.step_timeout_s = d_gym_step_timeout();
+            g.start_timeout_s = d_gym_start_timeout();
+        }
+        keyed
+    }
+
+    /// The stable key of this spec: FNV-1a (64 bits) of the canonical JSON of its
+    /// [`ContinuousDatasetSpec::data_identity`] and [`CONTINUOUS_FORMAT_VERSION`], as 16
+    /// lowercase hex digits.
     pub fn cache_key(&self) -> String {
-        let canonical = serde_json::to_value(self)
+        let canonical = serde_json::to_value(self.data_identity())
             .map(|v| v.to_string())
             .unwrap_or_else(|e| unreachable!("a ContinuousDatasetSpec always serialises: {e}"));
         let text = format!("{canonical}#continuous{CONTINUOUS_FORMAT_VERSION}");
@@ -122,6 +265,7 @@ impl ContinuousDatasetSpec {
         if self.units == 0 {
             return Err("task.dataset.units must be >= 1".into());
         }
+        self.check_gymnasium()?;
         if let ContinuousBehaviour::SacCheckpoints {
             steps,
             checkpoints,
@@ -553,4 +697,111 @@ fn d_eval_every() -> u64 {
 }
 fn d_patience() -> u64 {
     10
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `scenarios/pendulum-primorl.toml`'s dataset: its key, computed before the Gymnasium
+    /// table existed (and the name of the file it generated), must not move.
+    #[test]
+    fn an_existing_specs_cache_key_is_unchanged() {
+        let spec: ContinuousDatasetSpec = toml::from_str(
+            "env = \"Pendulum-v1\"\nunits = 29700\npublic = 300\nseed = 0\n\
+             behaviour = { kind = \"sac_checkpoints\", steps = 20000, checkpoints = 10, noise_std = 0.3 }",
+        )
+        .expect("spec");
+        assert_eq!(spec.cache_key(), "c278809e67da0d1d");
+        assert!(!serde_json::to_string(&spec).unwrap().contains("gymnasium"));
+        assert!(spec.validate().is_ok());
+    }
+
+    fn gym_spec() -> ContinuousDatasetSpec {
+        toml::from_str(
+            "env = \"gymnasium:Pendulum-v1\"\nunits = 4\npublic = 1\nseed = 2\n\
+             behaviour = { kind = \"random\" }\n\
+             [gymnasium]\nobs_dim = 3\nact_dim = 1\nkwargs = { g = 9.81 }",
+        )
+        .expect("gym spec")
+    }
+
+    #[test]
+    fn the_gymnasium_table_keys_the_data_not_the_machine() {
+        let spec = gym_spec();
+        spec.validate().expect("valid");
+        let key = spec.cache_key();
+        let mut local = spec.clone();
+        let g = local.gymnasium.as_mut().unwrap();
+        g.python = Some("/opt/py/bin/python".into());
+        g.workers = 7;
+        g.step_timeout_s = 5.0;
+        g.start_timeout_s = 9.0;
+        assert_eq!(
+            local.cache_key(),
+            key,
+            "python, workers and deadlines are not data"
+        );
+        assert_eq!(local.data_identity(), spec.data_identity());
+        let mut other = spec.clone();
+        other
+            .gymnasium
+            .as_mut()
+            .unwrap()
+            .kwargs
+            .insert("g".into(), serde_json::json!(5.0));
+        assert_ne!(other.cache_key(), key, "kwargs change the environment");
+        let mut drawn = spec.clone();
+        drawn.gymnasium.as_mut().unwrap().user_kwargs.insert(
+            "m".into(),
+            crate::task::dppg::KwargDraw::Uniform([0.5, 1.5]),
+        );
+        assert_ne!(drawn.cache_key(), key);
+        assert_eq!(spec.gymnasium_env().map(|(id, _)| id), Some("Pendulum-v1"));
+    }
+
+    #[test]
+    fn the_gymnasium_table_goes_with_a_gymnasium_env_only() {
+        let mut no_table = gym_spec();
+        no_table.gymnasium = None;
+        let e = no_table.validate().unwrap_err();
+        assert!(e.contains("needs a [task.dataset.gymnasium] table"), "{e}");
+        let mut rust = gym_spec();
+        rust.env = "Pendulum-v1".into();
+        let e = rust.validate().unwrap_err();
+        assert!(e.contains("gymnasium:<id>\" only"), "{e}");
+        let mut zero = gym_spec();
+        zero.gymnasium.as_mut().unwrap().act_dim = 0;
+        let e = zero.validate().unwrap_err();
+        assert!(e.contains("act_dim"), "{e}");
+        let mut workers = gym_spec();
+        workers.gymnasium.as_mut().unwrap().workers = 0;
+        assert!(workers.validate().unwrap_err().contains("workers"));
+        let typo = toml::from_str::<ContinuousDatasetSpec>(
+            "env = \"gymnasium:Pendulum-v1\"\nunits = 4\nbehaviour = { kind = \"random\" }\n\
+             [gymnasium]\nobs_dim = 3\nactions = 1",
+        );
+        assert!(typo.is_err(), "unknown fields are refused");
+    }
+
+    /// PrivORL's continuous variant reads the same specs but evaluates its utility in the
+    /// aggregator (no Python there): a Gymnasium dataset is refused when the scenario loads.
+    #[test]
+    fn privorl_refuses_a_gymnasium_continuous_dataset() {
+        use crate::task::TaskSpec;
+        let scenario: toml::Value =
+            toml::from_str(include_str!("../../../scenarios/pendulum-privorl.toml")).unwrap();
+        let mut table = scenario["task"].clone();
+        table.as_table_mut().expect("[task]").remove("kind");
+        let mut task: crate::task::privorl::PrivorlTask = table.try_into().expect("privorl task");
+        task.check().expect("the shipped scenario is valid");
+        let c = task.continuous.as_mut().expect("continuous");
+        c.dataset.env = "gymnasium:Pendulum-v1".into();
+        c.dataset.gymnasium = gym_spec().gymnasium;
+        let e = task.check().unwrap_err().to_string();
+        assert!(
+            e.contains("task.continuous.dataset.env") && e.contains("runs no Python"),
+            "{e}"
+        );
+    }
 }

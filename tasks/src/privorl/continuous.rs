@@ -277,6 +277,7 @@ pub fn release_dataset(
             obs_dim: d,
             act_dim: a,
             procedure,
+            spaces: None,
         },
         episodes,
     };

@@ -610,6 +610,21 @@ impl PrivorlTask {
                     .into(),
             );
         }
+        // PrivORL's utility (TD3+BC evaluated in the real environment) and its action box are
+        // the aggregator's, which runs no Python (DESIGN §2.6): a Gymnasium environment cannot
+        // be evaluated there, and its evaluation is not deferred to `fedrl run` as PriMORL's is.
+        for (what, d) in [("dataset", &c.dataset), ("public", &c.public)] {
+            if d.env.starts_with(crate::offline::GYMNASIUM_PREFIX) || d.gymnasium.is_some() {
+                return bad(format!(
+                    "task.continuous.{what}.env = {:?}: PrivORL evaluates its release's utility \
+                     (TD3+BC in the real environment) in the aggregator, which runs no Python, \
+                     so its continuous datasets must be fedrl's own environments; a \
+                     gymnasium:<id> dataset works with PriMORL, whose policy evaluations \
+                     `fedrl run` completes through the bridge",
+                    d.env
+                ));
+            }
+        }
         c.dataset.validate().map_err(|e| {
             TaskError::Invalid(e.replace("task.dataset", "task.continuous.dataset"))
         })?;

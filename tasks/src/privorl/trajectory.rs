@@ -899,6 +899,7 @@ impl TrajectoryModel {
                         "privorl": "PrivORL-j (fedrl): DP synthetic trajectories generated fragment by fragment from a diffusion model fine-tuned by trajectory-level DP-SGD",
                         "task": self.task,
                     }),
+                    spaces: None,
                 },
                 episodes,
             };
