@@ -41,6 +41,12 @@
 //! evaluation whose snapshot exists is evaluated again), so a resumed run ends as an
 //! uninterrupted one. A failed evaluation becomes `eval_error` (`final_eval_error`) as in the
 //! aggregator; the run stands.
+//!
+//! PriMORL on a dataset recorded in a Gymnasium environment defers its policy phase's
+//! per-epoch evaluations instead (they live in the final evaluation, not in round lines):
+//! [`primorl`] completes them, from [`complete`]; `fedrl eval --deferred` does not yet.
+
+mod primorl;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -278,7 +284,10 @@ fn filled(mark: &Value, result: &Result<Value, String>) -> Value {
 /// (see the module doc); nothing for any other run. Returns whether it did anything.
 pub fn complete(run: &LocalRun, result: &mut RunResult) -> anyhow::Result<bool> {
     let out = &run.out_dir;
-    complete_in(&run.scenario, &out.join("state"), out, &mut result.report)
+    let rows = complete_in(&run.scenario, &out.join("state"), out, &mut result.report)?;
+    // PriMORL's deferred evaluations are its policy phase's epochs, not metrics rows.
+    let policy = primorl::complete(run, result)?;
+    Ok(rows || policy)
 }
 
 /// [`complete`] for any layout: the aggregator's state directory `state_dir` (snapshots, the

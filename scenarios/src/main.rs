@@ -6,7 +6,6 @@ mod deploy;
 mod metrics_files;
 mod overrides;
 mod plot;
-mod primorl_gym_eval;
 mod replicates;
 
 use std::process::ExitCode;

@@ -2,7 +2,7 @@
 //! (`task.dataset.env = "gymnasium:Pendulum-v1"`): `fedrl run` generates the dataset in the
 //! bridge's workers, the aggregator (no Python) trains the ensemble and runs the policy phase
 //! without real-environment evaluations, keeping each epoch's actor, and `fedrl run` evaluates
-//! them through the bridge afterwards (scenarios/src/primorl_gym_eval.rs): the curve is filled,
+//! them through the bridge afterwards (scenarios/src/deferred_eval/primorl.rs): the curve is filled,
 //! the final figures are the last epoch's, and the report says `deferred`.
 //!
 //! Needs `.venv-bridge` (`scripts/install-python-bridge.sh`; `.ci/run` runs it first); without

@@ -190,9 +190,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
         return interrupted(e);
     }
-    if let Err(e) = crate::primorl_gym_eval::complete(&run, &mut result) {
-        return interrupted(e);
-    }
     // Offline CQL evaluates by training step (a Selective run's free steps have no round):
     // its curves are drawn against steps, the others' against rounds.
     let by_step = !step_points(&result.report).is_empty();
@@ -226,9 +223,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(e) => return interrupted(e),
         };
         if let Err(e) = crate::deferred_eval::complete(t, &mut tr) {
-            return interrupted(e);
-        }
-        if let Err(e) = crate::primorl_gym_eval::complete(t, &mut tr) {
             return interrupted(e);
         }
         finish(t, &mut tr)?;
@@ -362,9 +356,6 @@ fn replicate_arm(
         Err(e) => return interrupted(e).map(Err),
     };
     if let Err(e) = crate::deferred_eval::complete(&run, &mut result) {
-        return interrupted(e).map(Err);
-    }
-    if let Err(e) = crate::primorl_gym_eval::complete(&run, &mut result) {
         return interrupted(e).map(Err);
     }
     finish(&run, &mut result)?;

@@ -10,7 +10,7 @@
 //! each epoch's actor (post-processing of the released ensemble and the public split: a DP
 //! output) in [`POLICY_SNAPSHOTS_FILE`], and reports its curve `deferred`; `fedrl run` evaluates
 //! the snapshots through the bridge on the episodes this model would have used
-//! (`scenarios/src/primorl_gym_eval.rs`).
+//! (`scenarios/src/deferred_eval/primorl.rs`).
 //!
 //! The public split: in this simulation every party generates the dataset from its public,
 //! seeded procedure; the aggregator keeps only the public episodes (ids from `dataset.units` on,
@@ -350,7 +350,7 @@ impl ServerModel for PrimorlModel {
         });
         match self.run_policy_phase() {
             Ok(curve) if self.recorded.is_some() => {
-                // `fedrl run` fills the evaluations in (primorl_gym_eval).
+                // `fedrl run` fills the evaluations in (scenarios/src/deferred_eval/primorl.rs).
                 let mut c = serde_json::to_value(&curve).unwrap_or_default();
                 for e in c.as_array_mut().into_iter().flatten() {
                     for k in DEFERRED_FIELDS {
