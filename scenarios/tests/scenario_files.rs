@@ -412,6 +412,12 @@ fn privorl_scenarios_and_their_twins() {
         "unit_kind = \"trajectory\"",
         "unit_kind",
     );
+    // The utility is measured in the aggregator, which runs no Python: no Gymnasium data.
+    refused(
+        "[task.dataset]\nenv = \"CartPole-v1\"",
+        "[task.dataset]\nenv = \"gymnasium:CartPole-v1\"\ngymnasium = { obs_dim = 4, actions = 2 }",
+        "runs no Python",
+    );
 }
 
 /// PrivORL-n on continuous control (issue 56): `pendulum-privorl` and `swingup-privorl` at

@@ -254,10 +254,20 @@ pub fn batch_transitions(
 
 /// The environment the utility is evaluated in (and the release is named after).
 pub fn eval_env(task: &PrivorlTask) -> Result<String, TaskError> {
-    match &task.continuous {
-        Some(c) => Ok(c.dataset.env.clone()),
-        None => Ok(crate::stored::source_env(&task.dataset)?.0),
+    let env = match &task.continuous {
+        Some(c) => c.dataset.env.clone(),
+        None => crate::stored::source_env(&task.dataset)?.0,
+    };
+    // A stored dataset recorded through the Gymnasium bridge (generation specs are refused at
+    // load, `PrivorlTask::check`): the aggregator, where the utility runs, has no Python.
+    if env.starts_with(fedrl_common::offline::GYMNASIUM_PREFIX) {
+        return Err(TaskError::Invalid(format!(
+            "the sensitive dataset was recorded in {env}: PrivORL evaluates its release's utility \
+             in the aggregator, which runs no Python; use a dataset of one of fedrl's own \
+             environments"
+        )));
     }
+    Ok(env)
 }
 
 /// The sensitive dataset's units and held-out transitions ([`split_sensitive`], or

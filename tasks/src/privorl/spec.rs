@@ -477,6 +477,17 @@ impl TaskSpec for PrivorlTask {
             }
         }
         for (name, d) in specs {
+            // As for continuous data (`check_continuous`): the utility is measured in the
+            // aggregator, which runs no Python.
+            if d.env.starts_with(crate::offline::GYMNASIUM_PREFIX) || d.gymnasium.is_some() {
+                return bad(format!(
+                    "{name}.env = {:?}: PrivORL evaluates its release's utility (CQL in the real \
+                     environment) in the aggregator, which runs no Python, so its datasets must \
+                     be fedrl's own environments; a gymnasium:<id> dataset works with offline \
+                     CQL and PriMORL, whose evaluations `fedrl run` completes through the bridge",
+                    d.env
+                ));
+            }
             if d.units == 0 || d.episodes_per_unit != 1 {
                 return bad(format!(
                     "{name}: units must be >= 1 and episodes_per_unit = 1 (PrivORL-n reads transitions)"
