@@ -47,8 +47,9 @@ def main():
     for (name, sets), rows in groups.items():
         util = [r.get("percent_of_real", r.get("utility_percent_of_real")) for r in rows]
         eps = rows[0]["epsilon"]
+        eps = "inf" if eps is None else f"{eps:.2f}"
         print(
-            f"| {name} | {sets or '-'} | {len(rows)} | {eps:.2f} | {interval(util)} | "
+            f"| {name} | {sets or '-'} | {len(rows)} | {eps} | {interval(util)} | "
             f"{interval([r['fidelity_marginal'] for r in rows])} | "
             f"{interval([r['fidelity_correlation'] for r in rows])} | "
             f"{interval([r.get('mia_tpr_at_10pct_fpr') for r in rows])} |"
