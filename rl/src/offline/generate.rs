@@ -244,6 +244,28 @@ fn train_checkpoints(
     Ok(out)
 }
 
+/// Reports each checkpoint's mean return over the episodes it played (unit `u` plays with
+/// checkpoint `u % checkpoints.len()`).
+fn report_checkpoints<P>(
+    checkpoints: &[(u64, P)],
+    episodes: &[Episode],
+    progress: &mut dyn FnMut(Progress),
+) {
+    for (k, (iteration, _)) in checkpoints.iter().enumerate() {
+        let eps: Vec<f64> = episodes
+            .iter()
+            .filter(|e| e.unit % checkpoints.len() as u64 == k as u64)
+            .map(Episode::total_return)
+            .collect();
+        progress(Progress::Checkpoint {
+            index: k as u32,
+            iteration: *iteration,
+            mean_return: eps.iter().sum::<f64>() / eps.len().max(1) as f64,
+            episodes: eps.len() as u64,
+        });
+    }
+}
+
 /// Generates the dataset `spec` describes (see the module documentation). The dataset's id is
 /// [`DatasetSpec::minari_id`]; its `env_id` the population's environment.
 ///
@@ -392,19 +414,7 @@ pub fn generate(spec: &DatasetSpec, progress: &mut dyn FnMut(Progress)) -> Resul
     for r in results {
         episodes.extend(r?);
     }
-    for (k, (iteration, _)) in checkpoints.iter().enumerate() {
-        let eps: Vec<f64> = episodes
-            .iter()
-            .filter(|e| e.unit % checkpoints.len() as u64 == k as u64)
-            .map(Episode::total_return)
-            .collect();
-        progress(Progress::Checkpoint {
-            index: k as u32,
-            iteration: *iteration,
-            mean_return: eps.iter().sum::<f64>() / eps.len().max(1) as f64,
-            episodes: eps.len() as u64,
-        });
-    }
+    report_checkpoints(&checkpoints, &episodes, progress);
     Ok(Dataset {
         id: spec.minari_id(),
         env_id: pop.env_id().to_string(),
@@ -530,19 +540,7 @@ fn generate_gym(
         });
         first = last;
     }
-    for (k, (iteration, _)) in checkpoints.iter().enumerate() {
-        let eps: Vec<f64> = episodes
-            .iter()
-            .filter(|e| e.unit % checkpoints.len() as u64 == k as u64)
-            .map(Episode::total_return)
-            .collect();
-        progress(Progress::Checkpoint {
-            index: k as u32,
-            iteration: *iteration,
-            mean_return: eps.iter().sum::<f64>() / eps.len().max(1) as f64,
-            episodes: eps.len() as u64,
-        });
-    }
+    report_checkpoints(&checkpoints, &episodes, progress);
     Ok(Dataset {
         id: spec.minari_id(),
         env_id: spec.env.clone(),

@@ -381,6 +381,46 @@ fn finetune_config(task: &PrivorlTask) -> fedrl_rl::diffusion::SynthesizerConfig
     cfg
 }
 
+/// The membership audit's operator-only report (`model_audit.membership`) and its summary line
+/// on stderr, for either level: `unit` names the unit when it is not a transition.
+pub(crate) fn membership_json(
+    audit: Result<MembershipReport, String>,
+    unit: Option<&str>,
+    attack: &str,
+    started: Instant,
+) -> serde_json::Value {
+    match audit {
+        Ok(r) => {
+            eprintln!(
+                "operator-only (an audit reading the units' data, do not publish): membership \
+                 inference{}: TPR {:.1}% at 10% FPR, {:.1}% at 1% FPR, AUC {:.3} ({} members, {} \
+                 non-members)",
+                unit.map_or(String::new(), |u| format!(" over {u}s")),
+                100.0 * r.tpr_at_10pct_fpr,
+                100.0 * r.tpr_at_1pct_fpr,
+                r.auc,
+                r.members,
+                r.non_members
+            );
+            let mut m = serde_json::json!({
+                "attack": attack,
+                "members": r.members,
+                "non_members": r.non_members,
+                "tpr_at_10pct_fpr": r.tpr_at_10pct_fpr,
+                "tpr_at_1pct_fpr": r.tpr_at_1pct_fpr,
+                "auc": r.auc,
+                "chance": { "tpr_at_10pct_fpr": 0.1, "tpr_at_1pct_fpr": 0.01, "auc": 0.5 },
+                "seconds": started.elapsed().as_secs_f64(),
+            });
+            if let Some(u) = unit {
+                m["unit"] = u.into();
+            }
+            serde_json::json!({ "membership": m })
+        }
+        Err(e) => serde_json::json!({ "membership": { "error": e } }),
+    }
+}
+
 /// The released synthetic dataset, in the format of its action space.
 enum Released {
     /// Discrete actions: Minari's layout.
@@ -635,31 +675,12 @@ impl ServerModel for PrivorlModel {
         let audit = score(members)
             .and_then(|m| Ok((m, score(non_members)?)))
             .and_then(|(m, n)| MembershipReport::new(&m, &n));
-        Some(match audit {
-            Ok(r) => {
-                eprintln!(
-                    "operator-only (an audit reading the units' data, do not publish): membership \
-                     inference TPR {:.1}% at 10% FPR, {:.1}% at 1% FPR, AUC {:.3} ({} members, {} \
-                     non-members)",
-                    100.0 * r.tpr_at_10pct_fpr,
-                    100.0 * r.tpr_at_1pct_fpr,
-                    r.auc,
-                    r.members,
-                    r.non_members
-                );
-                serde_json::json!({ "membership": {
-                    "attack": "white-box denoising loss (seed 003 section IX-D), EMA weights",
-                    "members": r.members,
-                    "non_members": r.non_members,
-                    "tpr_at_10pct_fpr": r.tpr_at_10pct_fpr,
-                    "tpr_at_1pct_fpr": r.tpr_at_1pct_fpr,
-                    "auc": r.auc,
-                    "chance": { "tpr_at_10pct_fpr": 0.1, "tpr_at_1pct_fpr": 0.01, "auc": 0.5 },
-                    "seconds": t0.elapsed().as_secs_f64(),
-                } })
-            }
-            Err(e) => serde_json::json!({ "membership": { "error": e.to_string() } }),
-        })
+        Some(membership_json(
+            audit.map_err(|e| e.to_string()),
+            None,
+            "white-box denoising loss (seed 003 section IX-D), EMA weights",
+            t0,
+        ))
     }
 
     /// Writes the synthetic dataset into `dir/synthetic/<id>` (Minari's layout), or, with

@@ -70,7 +70,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::SliceRandom;
 
 use super::client::{PrivorlTrainer, UnitCompute};
-use super::server::{FinetunedNet, Finetuning, SYNTHETIC_DIR, synthetic_id};
+use super::server::{FinetunedNet, Finetuning, SYNTHETIC_DIR, membership_json, synthetic_id};
 use super::{
     Downstream, PrivorlTaskExt, batch_transitions, continuous, downstream, eval_env,
     transitions_in_order,
@@ -1147,32 +1147,12 @@ impl ServerModel for TrajectoryModel {
             .trajectory_scores(members)
             .and_then(|m| Ok((m, self.trajectory_scores(non_members)?)))
             .and_then(|(m, n)| Ok(MembershipReport::new(&m, &n)?));
-        Some(match audit {
-            Ok(r) => {
-                eprintln!(
-                    "operator-only (an audit reading the units' data, do not publish): membership \
-                     inference over trajectories: TPR {:.1}% at 10% FPR, {:.1}% at 1% FPR, AUC \
-                     {:.3} ({} members, {} non-members)",
-                    100.0 * r.tpr_at_10pct_fpr,
-                    100.0 * r.tpr_at_1pct_fpr,
-                    r.auc,
-                    r.members,
-                    r.non_members
-                );
-                serde_json::json!({ "membership": {
-                    "attack": "white-box denoising loss (seed 003 section IX-D), EMA weights; a trajectory's score is its fragments' mean loss",
-                    "unit": "trajectory",
-                    "members": r.members,
-                    "non_members": r.non_members,
-                    "tpr_at_10pct_fpr": r.tpr_at_10pct_fpr,
-                    "tpr_at_1pct_fpr": r.tpr_at_1pct_fpr,
-                    "auc": r.auc,
-                    "chance": { "tpr_at_10pct_fpr": 0.1, "tpr_at_1pct_fpr": 0.01, "auc": 0.5 },
-                    "seconds": t0.elapsed().as_secs_f64(),
-                } })
-            }
-            Err(e) => serde_json::json!({ "membership": { "error": format!("{e:#}") } }),
-        })
+        Some(membership_json(
+            audit.map_err(|e| format!("{e:#}")),
+            Some("trajectory"),
+            "white-box denoising loss (seed 003 section IX-D), EMA weights; a trajectory's score is its fragments' mean loss",
+            t0,
+        ))
     }
 
     /// Writes the synthetic trajectories into `dir/synthetic/<id>` (Minari's layout), or, with
